@@ -1,0 +1,153 @@
+"""SQLAlchemy models of the CPersona v13 tables (spec storage.md §4).
+
+The layout is the one every CPersona 2.5 database has, so an adopted file and a
+fresh one look alike to the ORM. Server defaults are SQL expressions rather than
+Python callables because rows are also written by raw SQL, by migrations, by
+imports and by the reference implementation itself (spec IMPL-4).
+
+The FTS5 virtual tables and their triggers are not mapped: they are raw DDL in
+the migrations and are kept in step by SQLite itself.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    Text,
+    UniqueConstraint,
+    text,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+NOW = text("(datetime('now'))")
+EMPTY = text("''")
+EMPTY_JSON = text("'{}'")
+ZERO = text("0")
+
+# SQLite's AUTOINCREMENT keeps deleted ids from being reused (spec VF-8); refs
+# like mem:<id> rely on that.
+_AUTOINC = {"sqlite_autoincrement": True}
+
+# INTEGER (not BIGINT) on SQLite so the primary key is the rowid alias that FTS5's
+# content_rowid and AUTOINCREMENT require; BIGINT elsewhere.
+IdType = BigInteger().with_variant(Integer(), "sqlite")
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData()
+
+
+class SchemaVersion(Base):
+    __tablename__ = "schema_version"
+
+    version: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    applied_at: Mapped[str] = mapped_column(Text, server_default=NOW)
+
+
+class Memory(Base):
+    __tablename__ = "memories"
+    __table_args__ = (
+        Index("idx_memories_agent", "agent_id", text("created_at DESC")),
+        Index("idx_memories_msg_id", "agent_id", "msg_id"),
+        Index("idx_memories_agent_channel", "agent_id", "channel", text("created_at DESC")),
+        Index("idx_memories_isolation", "agent_id", "project_id", text("created_at DESC")),
+        Index(
+            "idx_memories_dedup_content",
+            "agent_id",
+            "project_id",
+            "channel",
+            "content",
+            unique=True,
+        ),
+        Index(
+            "idx_memories_dedup_msg_id",
+            "agent_id",
+            "project_id",
+            "msg_id",
+            unique=True,
+            sqlite_where=text("msg_id != ''"),
+            postgresql_where=text("msg_id != ''"),
+        ),
+        _AUTOINC,
+    )
+
+    id: Mapped[int] = mapped_column(IdType, primary_key=True, autoincrement=True)
+    agent_id: Mapped[str] = mapped_column(Text)
+    project_id: Mapped[str] = mapped_column(Text, server_default=EMPTY)
+    msg_id: Mapped[str] = mapped_column(Text, server_default=EMPTY)
+    content: Mapped[str] = mapped_column(Text)
+    source: Mapped[str] = mapped_column(Text, server_default=EMPTY_JSON)
+    timestamp: Mapped[str] = mapped_column(Text)
+    metadata_: Mapped[str] = mapped_column("metadata", Text, server_default=EMPTY_JSON)
+    embedding: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
+    channel: Mapped[str] = mapped_column(Text, server_default=EMPTY)
+    recall_count: Mapped[int] = mapped_column(Integer, server_default=ZERO)
+    last_recalled_at: Mapped[str | None] = mapped_column(Text, nullable=True)
+    locked: Mapped[int] = mapped_column(Integer, server_default=ZERO)
+    created_at: Mapped[str] = mapped_column(Text, server_default=NOW)
+
+    @property
+    def ref(self) -> str:
+        return f"mem:{self.id}"
+
+
+class Episode(Base):
+    __tablename__ = "episodes"
+    __table_args__ = (
+        Index("idx_episodes_agent", "agent_id", text("created_at DESC")),
+        Index("idx_episodes_agent_channel", "agent_id", "channel", text("created_at DESC")),
+        Index("idx_episodes_isolation", "agent_id", "project_id", text("created_at DESC")),
+        _AUTOINC,
+    )
+
+    id: Mapped[int] = mapped_column(IdType, primary_key=True, autoincrement=True)
+    agent_id: Mapped[str] = mapped_column(Text)
+    project_id: Mapped[str] = mapped_column(Text, server_default=EMPTY)
+    summary: Mapped[str] = mapped_column(Text)
+    keywords: Mapped[str] = mapped_column(Text, server_default=EMPTY)
+    embedding: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
+    start_time: Mapped[str | None] = mapped_column(Text, nullable=True)
+    end_time: Mapped[str | None] = mapped_column(Text, nullable=True)
+    resolved: Mapped[int] = mapped_column(Integer, server_default=ZERO)
+    channel: Mapped[str] = mapped_column(Text, server_default=EMPTY)
+    created_at: Mapped[str] = mapped_column(Text, server_default=NOW)
+
+    @property
+    def ref(self) -> str:
+        return f"ep:{self.id}"
+
+
+class Profile(Base):
+    __tablename__ = "profiles"
+    # project_id is deliberately not part of the key: one profile per agent and
+    # user whatever the project (spec storage.md §4.4).
+    __table_args__ = (UniqueConstraint("agent_id", "user_id"), _AUTOINC)
+
+    id: Mapped[int] = mapped_column(IdType, primary_key=True, autoincrement=True)
+    agent_id: Mapped[str] = mapped_column(Text)
+    project_id: Mapped[str] = mapped_column(Text, server_default=EMPTY)
+    user_id: Mapped[str] = mapped_column(Text, server_default=EMPTY)
+    content: Mapped[str] = mapped_column(Text)
+    updated_at: Mapped[str] = mapped_column(Text, server_default=NOW)
+
+
+class PendingMemoryTask(Base):
+    __tablename__ = "pending_memory_tasks"
+    __table_args__ = (_AUTOINC,)
+
+    id: Mapped[int] = mapped_column(IdType, primary_key=True, autoincrement=True)
+    task_type: Mapped[str] = mapped_column(Text)
+    agent_id: Mapped[str] = mapped_column(Text)
+    project_id: Mapped[str] = mapped_column(Text, server_default=EMPTY)
+    payload: Mapped[str] = mapped_column(Text)
+    retries: Mapped[int] = mapped_column(Integer, server_default=ZERO)
+    created_at: Mapped[str] = mapped_column(Text, server_default=NOW)
+
+
+# Names of objects that live outside the ORM (raw DDL in migrations); the
+# autogenerate filter and the drift test skip them and their shadow tables.
+FTS_TABLES = ("memories_fts", "episodes_fts")
