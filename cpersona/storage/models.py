@@ -36,6 +36,14 @@ _AUTOINC = {"sqlite_autoincrement": True}
 # content_rowid and AUTOINCREMENT require; BIGINT elsewhere.
 IdType = BigInteger().with_variant(Integer(), "sqlite")
 
+# Two deliberate differences from the v13 DDL text, both so that Alembic's
+# comparison of these models with a migrated database finds nothing (spec IMPL-4);
+# the DDL itself lives in migrations/versions/0001_v13_base.py and is exact:
+# - indexes on "created_at DESC" are declared on plain "created_at": SQLite's
+#   reflection does not report the direction, so a DESC here always reads as drift;
+# - integer primary keys are nullable=True because the v13 DDL says
+#   "INTEGER PRIMARY KEY" without NOT NULL (a rowid alias can never be NULL anyway).
+
 
 class Base(DeclarativeBase):
     metadata = MetaData()
@@ -44,17 +52,17 @@ class Base(DeclarativeBase):
 class SchemaVersion(Base):
     __tablename__ = "schema_version"
 
-    version: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    version: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False, nullable=True)
     applied_at: Mapped[str] = mapped_column(Text, server_default=NOW)
 
 
 class Memory(Base):
     __tablename__ = "memories"
     __table_args__ = (
-        Index("idx_memories_agent", "agent_id", text("created_at DESC")),
+        Index("idx_memories_agent", "agent_id", "created_at"),
         Index("idx_memories_msg_id", "agent_id", "msg_id"),
-        Index("idx_memories_agent_channel", "agent_id", "channel", text("created_at DESC")),
-        Index("idx_memories_isolation", "agent_id", "project_id", text("created_at DESC")),
+        Index("idx_memories_agent_channel", "agent_id", "channel", "created_at"),
+        Index("idx_memories_isolation", "agent_id", "project_id", "created_at"),
         Index(
             "idx_memories_dedup_content",
             "agent_id",
@@ -75,7 +83,7 @@ class Memory(Base):
         _AUTOINC,
     )
 
-    id: Mapped[int] = mapped_column(IdType, primary_key=True, autoincrement=True)
+    id: Mapped[int] = mapped_column(IdType, primary_key=True, autoincrement=True, nullable=True)
     agent_id: Mapped[str] = mapped_column(Text)
     project_id: Mapped[str] = mapped_column(Text, server_default=EMPTY)
     msg_id: Mapped[str] = mapped_column(Text, server_default=EMPTY)
@@ -98,13 +106,13 @@ class Memory(Base):
 class Episode(Base):
     __tablename__ = "episodes"
     __table_args__ = (
-        Index("idx_episodes_agent", "agent_id", text("created_at DESC")),
-        Index("idx_episodes_agent_channel", "agent_id", "channel", text("created_at DESC")),
-        Index("idx_episodes_isolation", "agent_id", "project_id", text("created_at DESC")),
+        Index("idx_episodes_agent", "agent_id", "created_at"),
+        Index("idx_episodes_agent_channel", "agent_id", "channel", "created_at"),
+        Index("idx_episodes_isolation", "agent_id", "project_id", "created_at"),
         _AUTOINC,
     )
 
-    id: Mapped[int] = mapped_column(IdType, primary_key=True, autoincrement=True)
+    id: Mapped[int] = mapped_column(IdType, primary_key=True, autoincrement=True, nullable=True)
     agent_id: Mapped[str] = mapped_column(Text)
     project_id: Mapped[str] = mapped_column(Text, server_default=EMPTY)
     summary: Mapped[str] = mapped_column(Text)
@@ -127,7 +135,7 @@ class Profile(Base):
     # user whatever the project (spec storage.md §4.4).
     __table_args__ = (UniqueConstraint("agent_id", "user_id"), _AUTOINC)
 
-    id: Mapped[int] = mapped_column(IdType, primary_key=True, autoincrement=True)
+    id: Mapped[int] = mapped_column(IdType, primary_key=True, autoincrement=True, nullable=True)
     agent_id: Mapped[str] = mapped_column(Text)
     project_id: Mapped[str] = mapped_column(Text, server_default=EMPTY)
     user_id: Mapped[str] = mapped_column(Text, server_default=EMPTY)
@@ -139,7 +147,7 @@ class PendingMemoryTask(Base):
     __tablename__ = "pending_memory_tasks"
     __table_args__ = (_AUTOINC,)
 
-    id: Mapped[int] = mapped_column(IdType, primary_key=True, autoincrement=True)
+    id: Mapped[int] = mapped_column(IdType, primary_key=True, autoincrement=True, nullable=True)
     task_type: Mapped[str] = mapped_column(Text)
     agent_id: Mapped[str] = mapped_column(Text)
     project_id: Mapped[str] = mapped_column(Text, server_default=EMPTY)
