@@ -156,12 +156,18 @@ def probe(path: Path | str) -> Probe | None:
     """Read a file's layout through a read-only connection; None if there is no database yet.
 
     The connection is opened with ``mode=ro`` so nothing, not even the WAL switch
-    every engine connection makes, reaches the file.
+    every engine connection makes, reaches the file. When no ``-wal`` / ``-shm``
+    file exists no connection has the database open in WAL mode, and it is read
+    as immutable so that not even those side files get created; otherwise they
+    hold committed data and must be read through. ``upgrade`` checks again
+    inside its write transaction, so a writer racing this probe is still caught.
     """
     path = Path(path).expanduser()
     if not path.exists() or path.stat().st_size == 0:
         return None
-    uri = f"file:{quote(str(path.resolve()))}?mode=ro"
+    resolved = path.resolve()
+    side_files = any(resolved.with_name(resolved.name + suffix).exists() for suffix in ("-wal", "-shm"))
+    uri = f"file:{quote(str(resolved))}?mode=ro" + ("" if side_files else "&immutable=1")
     try:
         conn = sqlite3.connect(uri, uri=True)
     except sqlite3.Error as exc:
@@ -220,7 +226,9 @@ def upgrade(db: Database, *, fts_enabled: bool = True) -> None:
     except MigrationError:
         raise
     except DBAPIError as exc:
-        raise MigrationError(f"could not upgrade {db.path or 'the database'}: {exc.orig}") from exc
+        raise MigrationError(
+            f"could not upgrade {db.path or 'the database'}: {exc.orig}; nothing was changed"
+        ) from exc
 
 
 def _upgrade_in_transaction(conn: Connection, path: Path | None, *, fts_enabled: bool) -> None:
@@ -257,7 +265,8 @@ def adopt_legacy(conn: Connection, current: int, *, fts_enabled: bool = True) ->
                 step(conn, ddl)
             except DBAPIError as exc:
                 raise MigrationError(
-                    f"adopting the CPersona database failed in the v{version} step: {exc.orig}"
+                    f"adopting the CPersona database failed in the v{version} step: {exc.orig}; "
+                    "nothing was changed"
                 ) from exc
     if rebuild:
         _rebuild_fts(conn)  # MV-9
