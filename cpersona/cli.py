@@ -1,0 +1,94 @@
+"""The ``cpersona`` command: serve MCP (the default), plus maintenance subcommands.
+
+stdout belongs to the MCP protocol while serving, so everything this module
+says goes to stderr. Exit status: 0 after a clean shutdown, 2 for unusable
+configuration, 3 for a database this build must not open, 1 for any other
+start-up failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable, Sequence
+
+from cpersona import __version__
+
+log = logging.getLogger("cpersona")
+
+EXIT_OK = 0
+EXIT_START_FAILED = 1
+EXIT_BAD_CONFIG = 2
+EXIT_DATABASE_TOO_NEW = 3
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="cpersona",
+        description="Persistent memory for LLM agents over MCP. Configuration comes from CPERSONA_* "
+                    "environment variables (see docs/configuration.md).",
+    )
+    parser.add_argument("--version", action="version", version=f"cpersona {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    commands.add_parser("serve", help="serve MCP on the transport CPERSONA_TRANSPORT names (the default command)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    handler: Callable[[argparse.Namespace], int] = COMMANDS[args.command or "serve"]
+    return handler(args)
+
+
+def _log_to_stderr() -> None:
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO,
+                        format="%(asctime)s [%(name)s] %(levelname)s: %(message)s")
+    # Alembic announces every plugin it loads at INFO; only its problems matter here.
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+
+
+def _fail(message: str, status: int) -> int:
+    print(f"cpersona: {message}", file=sys.stderr)
+    return status
+
+
+def serve(args: argparse.Namespace) -> int:
+    # Imported here so --help and --version answer without loading the stack.
+    import anyio
+
+    from cpersona.config import ConfigError, load_settings
+
+    try:
+        settings = load_settings()
+    except ConfigError as exc:
+        return _fail(str(exc), EXIT_BAD_CONFIG)
+    if settings.transport != "stdio":
+        # Checked before the database is opened (spec T-1, T-7).
+        return _fail(f"CPERSONA_TRANSPORT={settings.transport} is not available in this build yet; "
+                     "use stdio (the default)", EXIT_BAD_CONFIG)
+
+    _log_to_stderr()
+    from cpersona.mcp.server import build_server
+    from cpersona.mcp.stdio import serve_stdio
+    from cpersona.services.app import App
+    from cpersona.storage.migrate import MigrationError, TooNewDatabase, open_and_upgrade
+
+    try:
+        db = open_and_upgrade(settings.db_file, fts_enabled=settings.fts_enabled)
+    except TooNewDatabase as exc:
+        return _fail(str(exc), EXIT_DATABASE_TOO_NEW)
+    except (MigrationError, OSError) as exc:
+        return _fail(f"cannot open the database {settings.db_file}: {exc}", EXIT_START_FAILED)
+
+    log.info("cpersona %s serving stdio, database %s", __version__, settings.db_file)
+    try:
+        anyio.run(serve_stdio, build_server(App(db=db, settings=settings)))
+    except KeyboardInterrupt:
+        pass
+    finally:
+        db.close()
+    return EXIT_OK
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {"serve": serve}

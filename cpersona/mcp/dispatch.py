@@ -1,0 +1,116 @@
+"""The one call path every tool takes, from raw arguments to the service's answer.
+
+    look up the tool            unknown name       → error
+    walk the arguments          bound crossed      → input validation error
+                                lone surrogate     → the tool's own refusal (G-6)
+    validate against schema     violation          → input validation error (G-3)
+    keep declared keys                              (G-5)
+    fit to the service          declared argument the service cannot honour yet
+                                                   → the tool's own refusal
+    gate chain                  a gate may answer instead of the service
+    run the service off the event loop
+                                ToolFailure        → its response (not an MCP error)
+                                any other crash    → logged, error (G-4)
+
+Nothing here knows the MCP SDK: the result is an :class:`Outcome`, which
+:mod:`cpersona.mcp.server` turns into a ``CallToolResult``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import anyio.to_thread
+
+from cpersona.mcp.gates import GateChain, Response, ToolCall
+from cpersona.mcp.registry import Registry, ToolSpec
+from cpersona.mcp.validation import conform, inspect_arguments, schema_violation
+from cpersona.services.app import App
+from cpersona.services.responses import ToolFailure, failure
+
+log = logging.getLogger(__name__)
+
+INPUT_ERROR_PREFIX = "Input validation error: "
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A tool's answer and whether it is an MCP-level error (``isError``)."""
+
+    payload: dict[str, Any]
+    is_error: bool = False
+
+
+def input_error(detail: str) -> Outcome:
+    # The reference answers the bare string "Input validation error: ..."; every
+    # answer of ours is a JSON object with ok:false, so the same words go in `error`.
+    return Outcome(failure(INPUT_ERROR_PREFIX + detail), is_error=True)
+
+
+async def call_tool(app: App, registry: Registry, gates: GateChain, name: str,
+                    arguments: Mapping[str, Any] | None, context: Mapping[str, Any] | None = None) -> Outcome:
+    spec = registry.get(name)
+    if spec is None:
+        return Outcome(failure(f"Unknown tool: {name}"), is_error=True)
+    if arguments is None:
+        arguments = {}
+    if not isinstance(arguments, Mapping):
+        return input_error(f"arguments must be an object, not {type(arguments).__name__}")
+
+    report = inspect_arguments(arguments)
+    if report.bound_crossed:
+        return input_error(report.bound_crossed)
+    if report.lone_surrogate_at:
+        return Outcome(spec.refusal(
+            f"{report.lone_surrogate_at} contains a lone UTF-16 surrogate, which is not valid text; nothing was done",
+            arguments))
+    violation = schema_violation(spec.input_schema, arguments)
+    if violation:
+        return input_error(violation)
+    declared = conform(spec.input_schema, arguments)
+
+    try:
+        fitted = _fit_to_service(spec, declared)
+        if isinstance(fitted, Outcome):
+            return fitted
+        payload = await gates.run(ToolCall(app, spec, fitted, dict(context or {})), _run_service)
+        if not isinstance(payload, dict):
+            raise TypeError(f"service for {spec.name} returned {type(payload).__name__}, not a dict")
+    except ToolFailure as refusal:
+        return Outcome(refusal.as_response())
+    except Exception as exc:  # noqa: BLE001 — G-4: one bad call must never stop the server
+        log.exception("tool %s failed", name)
+        return Outcome(failure(f"{type(exc).__name__}: {exc}"), is_error=True)
+    return Outcome(payload)
+
+
+def _fit_to_service(spec: ToolSpec, arguments: dict[str, Any]) -> dict[str, Any] | Outcome:
+    """Refuse declared arguments the service cannot honour yet, rather than ignore them.
+
+    Our schemas match the reference's so clients see the same surface; a feature
+    another issue has not built yet must say so, not silently behave as if the
+    argument were absent. An argument left at its declared default is harmless
+    and simply not passed on.
+    """
+    accepted = spec.accepted_arguments()
+    if accepted is None:
+        return arguments
+    fitted: dict[str, Any] = {}
+    for key, value in arguments.items():
+        if key in accepted:
+            fitted[key] = value
+        elif "default" in spec.properties[key] and value == spec.properties[key]["default"]:
+            continue
+        else:
+            return Outcome(spec.refusal(f"{key} is not supported by this server yet; nothing was done", arguments))
+    return fitted
+
+
+async def _run_service(call: ToolCall) -> Response:
+    # Services are blocking (SQLite, HTTP embeddings); the event loop keeps
+    # serving other requests while one runs in a worker thread.
+    return await anyio.to_thread.run_sync(partial(call.spec.service_function(), call.app, **call.arguments))

@@ -1,0 +1,115 @@
+"""The tool table: what each MCP tool is called, what it accepts, and which service runs it.
+
+A tool is data (:class:`ToolSpec`); the single call path that runs any of them
+lives in :mod:`cpersona.mcp.dispatch`. Adding a tool means adding one
+declaration to a module under :mod:`cpersona.mcp.tools` — nothing else changes.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from cpersona.services.responses import failure
+
+ServiceFn = Callable[..., dict[str, Any]]
+# Builds the tool's own failure object for a refusal that happens before the
+# service runs (spec G-6: each tool refuses in the shape its callers branch on).
+# It sees the raw arguments (store adds locked:false when lock was asked for).
+Refusal = Callable[[str, Mapping[str, Any]], dict[str, Any]]
+
+
+def error_refusal(message: str, arguments: Mapping[str, Any]) -> dict[str, Any]:
+    """The common failure shape: ``{ok: false, error}``."""
+    return failure(message)
+
+
+@dataclass(frozen=True)
+class Annotations:
+    """MCP behaviour hints; ``None`` means the hint is left out of the declaration."""
+
+    read_only: bool | None = None
+    destructive: bool | None = None
+    idempotent: bool | None = None
+
+    def as_wire(self) -> dict[str, bool]:
+        pairs = (("readOnlyHint", self.read_only), ("destructiveHint", self.destructive),
+                 ("idempotentHint", self.idempotent))
+        return {key: value for key, value in pairs if value is not None}
+
+
+READ_ONLY = Annotations(read_only=True)
+
+
+@functools.cache
+def _import_service(path: str) -> ServiceFn:
+    module_name, _, attr = path.partition(":")
+    return getattr(importlib.import_module(module_name), attr)
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """One MCP tool: its public declaration and the service function behind it.
+
+    ``service`` is a ``"module:function"`` path, imported on first use so that a
+    tool table can be built (and listed) without importing every service; a
+    function object is taken as is.
+    """
+
+    name: str
+    description: str
+    input_schema: Mapping[str, Any]
+    annotations: Annotations
+    service: str | ServiceFn
+    refusal: Refusal = error_refusal
+    meta: Mapping[str, Any] | None = None
+
+    def service_function(self) -> ServiceFn:
+        return self.service if callable(self.service) else _import_service(self.service)
+
+    def accepted_arguments(self) -> frozenset[str] | None:
+        """Argument names the service takes, or None when it takes any (``**kwargs``)."""
+        params = list(inspect.signature(self.service_function()).parameters.values())[1:]  # skip app
+        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+            return None
+        return frozenset(p.name for p in params
+                         if p.kind in (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD))
+
+    @property
+    def properties(self) -> Mapping[str, Any]:
+        return self.input_schema.get("properties", {})
+
+
+class Registry:
+    """The tools a server offers, in declaration order (the order ``tools/list`` shows)."""
+
+    def __init__(self, specs: Iterable[ToolSpec] = ()) -> None:
+        self._specs: dict[str, ToolSpec] = {}
+        for spec in specs:
+            self.add(spec)
+
+    def add(self, spec: ToolSpec) -> None:
+        if spec.name in self._specs:
+            raise ValueError(f"tool {spec.name!r} is declared twice")
+        if spec.input_schema.get("type") != "object":
+            raise ValueError(f"tool {spec.name!r}: the input schema must describe an object")
+        self._specs[spec.name] = spec
+
+    def get(self, name: str) -> ToolSpec | None:
+        return self._specs.get(name)
+
+    def names(self) -> list[str]:
+        return list(self._specs)
+
+    def __iter__(self) -> Iterator[ToolSpec]:
+        return iter(self._specs.values())
+
+    def __len__(self) -> int:
+        return len(self._specs)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._specs

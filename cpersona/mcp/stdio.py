@@ -1,0 +1,181 @@
+"""Serving over stdio, with a second chance for lines the SDK cannot parse.
+
+The SDK's stdio transport parses each line with a strict JSON parser that
+refuses two things JSON allows: a lone UTF-16 surrogate escape (``"\\ud800"``)
+and nesting deeper than about 200 levels. It then drops the line with a debug
+log and never answers, so the client waits forever. Spec G-6 wants the lone
+surrogate refused in the tool's own shape, and the brief wants every bad input
+answered, so such lines get a second chance here:
+
+- re-parsed with Python's ``json`` (which accepts lone surrogates and nests as
+  deep as the interpreter allows): the request then takes the normal call path,
+  whose own checks refuse it properly;
+- still unreadable (say, 10,000 levels deep): if the request's ``id`` can be
+  found, it is answered directly — a tool error for ``tools/call``, a JSON-RPC
+  parse error otherwise — and the server reads the next line.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from json.decoder import scanstring
+from types import TracebackType
+from typing import Any
+
+import anyio
+import mcp.types as types
+import pydantic
+from mcp.server import Server
+from mcp.server.stdio import stdio_server
+from mcp.shared.message import SessionMessage
+
+from cpersona.mcp.dispatch import input_error
+from cpersona.mcp.results import to_result
+
+log = logging.getLogger(__name__)
+
+_NUMBER = re.compile(r"-?[0-9]+(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
+
+
+async def serve_stdio(server: Server[Any]) -> None:
+    async with stdio_server() as (read_stream, write_stream):
+        await server.run(SecondChanceReader(read_stream, write_stream), write_stream,
+                         server.create_initialization_options())
+
+
+class SecondChanceReader:
+    """A read stream that passes messages through and retries lines the SDK rejected."""
+
+    def __init__(self, inner: Any, write_stream: Any) -> None:
+        self._inner = inner
+        self._write = write_stream
+
+    @property
+    def last_context(self) -> Any:
+        # The SDK restores each sender's contextvars from here (duck-typed).
+        return getattr(self._inner, "last_context", None)
+
+    async def receive(self) -> SessionMessage | Exception:
+        while True:
+            item = await self._inner.receive()
+            if not isinstance(item, Exception):
+                return item
+            line = _unparsed_line(item)
+            if line is None:
+                return item
+            message = reparse(line)
+            if message is not None:
+                return SessionMessage(message)
+            await self._answer_unreadable(line, item)
+
+    async def _answer_unreadable(self, line: str, exc: Exception) -> None:
+        request_id = top_level_member(line, "id")
+        if not isinstance(request_id, (int, str)) or isinstance(request_id, bool):
+            log.warning("dropped an unreadable line without a request id (%d characters)", len(line))
+            return
+        method = top_level_member(line, "method")
+        reason = _reason(exc)
+        log.warning("answered unreadable request %r (%s): %s", request_id, method, reason)
+        if method == "tools/call":
+            result = to_result(input_error(f"the request could not be read: {reason}"))
+            reply: types.JSONRPCResponse | types.JSONRPCError = types.JSONRPCResponse(
+                jsonrpc="2.0", id=request_id, result=result.model_dump(by_alias=True, exclude_none=True, mode="json"))
+        else:
+            reply = types.JSONRPCError(jsonrpc="2.0", id=request_id, error=types.ErrorData(
+                code=types.PARSE_ERROR, message=f"the request could not be read: {reason}"))
+        await self._write.send(SessionMessage(reply))
+
+    def __aiter__(self) -> SecondChanceReader:
+        return self
+
+    async def __anext__(self) -> SessionMessage | Exception:
+        try:
+            return await self.receive()
+        except anyio.EndOfStream:
+            raise StopAsyncIteration from None
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    async def __aenter__(self) -> SecondChanceReader:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.aclose()
+
+
+def _unparsed_line(exc: Exception) -> str | None:
+    """The raw line behind a JSON syntax failure of the SDK's parser, else None."""
+    if not isinstance(exc, pydantic.ValidationError):
+        return None
+    for error in exc.errors():
+        if error.get("type") == "json_invalid" and isinstance(error.get("input"), str):
+            return error["input"]
+    return None
+
+
+def _reason(exc: Exception) -> str:
+    if isinstance(exc, pydantic.ValidationError):
+        msg = exc.errors()[0].get("msg", "")
+        if "recursion limit" in msg:
+            return "it is nested too deeply"
+        return msg
+    return type(exc).__name__
+
+
+def reparse(line: str) -> types.JSONRPCMessage | None:
+    """Parse with Python's json and validate as JSON-RPC; None if either fails."""
+    try:
+        raw = json.loads(line)
+        return types.jsonrpc_message_adapter.validate_python(raw, by_name=False)
+    except (ValueError, RecursionError, pydantic.ValidationError):
+        return None
+
+
+def top_level_member(line: str, wanted: str) -> Any:
+    """The string or number value of key ``wanted`` in the outermost object of ``line``.
+
+    A flat scan that tracks depth instead of parsing, so any nesting costs one
+    pass. Returns None when the key is absent or its value is not a scalar.
+    """
+    depth = 0
+    key: str | None = None
+    awaiting_value = False
+    pos, end = 0, len(line)
+    while pos < end:
+        char = line[pos]
+        if char == '"':
+            try:
+                text, pos = scanstring(line, pos + 1, False)
+            except ValueError:
+                return None
+            if depth == 1:
+                if awaiting_value:
+                    if key == wanted:
+                        return text
+                    awaiting_value = False
+                else:
+                    key = text
+            continue
+        if char in "{[":
+            depth += 1
+            awaiting_value = False if depth > 1 else awaiting_value
+        elif char in "}]":
+            depth -= 1
+        elif depth == 1 and char == ":":
+            awaiting_value = True
+        elif depth == 1 and char == ",":
+            key, awaiting_value = None, False
+        elif depth == 1 and awaiting_value and char in "-0123456789":
+            match = _NUMBER.match(line, pos)
+            if match and key == wanted:
+                number = match.group()
+                return int(number) if re.fullmatch(r"-?[0-9]+", number) else float(number)
+            awaiting_value = False
+            pos = match.end() if match else pos + 1
+            continue
+        pos += 1
+    return None
