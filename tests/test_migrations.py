@@ -55,6 +55,9 @@ V13_INDEXES = {
     "idx_episodes_agent_channel",
     "idx_episodes_isolation",
 }
+# spec storage.md §6.7, revision 0002
+UNVERSIONED_INDEXES = {"idx_memories_lost_embedding", "idx_episodes_lost_embedding", "idx_memories_span"}
+HEAD_INDEXES = V13_INDEXES | UNVERSIONED_INDEXES
 V13_TRIGGERS = {
     "memories_fts_ai",
     "memories_fts_ad",
@@ -173,7 +176,7 @@ def test_fresh_upgrade_creates_exactly_the_v13_objects(db: Database) -> None:
     assert tables - {"sqlite_sequence", "alembic_version"} == V13_TABLES | FTS_TABLES | FTS_SHADOW
     assert "memories_fts_content" not in tables  # external content: no copy of the text (DB-2)
     user_indexes = {i for i in objects(db, "index") if not i.startswith("sqlite_autoindex")}
-    assert user_indexes == V13_INDEXES
+    assert user_indexes == HEAD_INDEXES
     assert objects(db, "trigger") == V13_TRIGGERS
     assert q(db, "SELECT version FROM schema_version") == [(REFERENCE_VERSION,)]
     assert q(db, "SELECT version_num FROM alembic_version") == [(head_revision(),)]
@@ -301,14 +304,18 @@ def test_downgrade_to_base_and_back(db: Database) -> None:
     assert q(db, "SELECT version FROM schema_version") == [(13,)]
 
 
-def test_models_match_the_migrated_schema(db: Database) -> None:
-    # spec IMPL-4: FTS shadow tables and sqlite_sequence are excluded, nothing else differs
+def assert_no_model_drift(db: Database) -> None:
     with db.engine.connect() as conn:
         context = MigrationContext.configure(
             conn,
             opts={"include_name": include_name(conn), "compare_type": True, "compare_server_default": True},
         )
         assert compare_metadata(context, Base.metadata) == []
+
+
+def test_models_match_the_migrated_schema(db: Database) -> None:
+    # spec IMPL-4: FTS shadow tables and sqlite_sequence are excluded, nothing else differs
+    assert_no_model_drift(db)
 
 
 def test_fts_disabled_then_enabled(db_path: Path) -> None:
@@ -405,6 +412,16 @@ def test_database_of_a_newer_cpersona_revision_is_refused(db: Database) -> None:
         upgrade(db)
 
 
+def test_our_database_stamped_by_a_26_build_is_still_upgraded(db: Database, caplog) -> None:
+    # Both schema_version and alembic_version: ours (decision 9 refuses only files
+    # that never were); the 2.6 stamp is kept, a warning names it.
+    w(db, "INSERT INTO schema_version (version) VALUES (21)")
+    upgrade(db)
+    assert q(db, "SELECT version_num FROM alembic_version") == [(head_revision(),)]
+    assert q(db, "SELECT version FROM schema_version ORDER BY version") == [(13,), (21,)]
+    assert "2.6 build" in caplog.text
+
+
 def test_not_a_database_is_a_clear_error(tmp_path: Path) -> None:
     path = tmp_path / "notes.db"
     path.write_bytes(b"this is not sqlite at all, just some text that is long enough" * 20)
@@ -424,9 +441,10 @@ def _assert_adopted(db: Database) -> None:
     assert V13_TRIGGERS <= objects(db, "trigger")
     au = q(db, "SELECT sql FROM sqlite_master WHERE name = 'memories_fts_au'")[0][0]
     assert "AFTER UPDATE OF content" in au and "WHEN old.content <> new.content" in au
-    assert V13_INDEXES <= objects(db, "index")
+    assert HEAD_INDEXES <= objects(db, "index")
     assert q(db, "PRAGMA user_version") == [(0,)]
     fts_integrity_ok(db)
+    assert_no_model_drift(db)
 
 
 @pytest.mark.parametrize("fixture,version", [(V10_FIXTURE, 10), (V13_FIXTURE, 13)])
@@ -644,6 +662,31 @@ def test_adoption_that_fails_leaves_the_file_as_it_was(tmp_path: Path) -> None:
         assert conn.execute("SELECT COUNT(*) FROM schema_version").fetchone() == (0,)
     finally:
         conn.close()
+
+
+def test_adoption_is_one_transaction_with_the_alembic_stamp(tmp_path: Path, monkeypatch) -> None:
+    # A failure after the ladder, the stamp and the Alembic upgrade (here: in the
+    # every-boot repair that follows them) rolls all of it back; the v10 file keeps
+    # its rows, its version and its old triggers.
+    import cpersona.storage.migrate as migrate
+
+    def fail(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("simulated crash after the stamp")
+
+    monkeypatch.setattr(migrate, "repair_on_boot", fail)
+    path = legacy_fixture(V10_FIXTURE, tmp_path)
+    before = raw_counts(path)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        open_and_upgrade(path)
+    conn = sqlite3.connect(path)
+    try:
+        names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
+        assert "alembic_version" not in names
+        assert "memories_fts_au" not in names  # v10 had none; MV-7 would have created it
+        assert conn.execute("SELECT MAX(version) FROM schema_version").fetchone() == (10,)
+    finally:
+        conn.close()
+    assert raw_counts(path) == before
 
 
 # ---------------------------------------------------------------------------

@@ -234,6 +234,13 @@ def upgrade(db: Database, *, fts_enabled: bool = True) -> None:
 def _upgrade_in_transaction(conn: Connection, path: Path | None, *, fts_enabled: bool) -> None:
     found = _probe_rows(lambda sql: [tuple(r) for r in conn.exec_driver_sql(sql).fetchall()])
     _refuse_if_too_new(found, path)
+    if found.is_ours and (found.version or 0) > REFERENCE_VERSION:
+        # Ours, but a 2.6 build has since stamped it; its extra tables are left alone.
+        log.warning(
+            "schema_version of %s is %s: a CPersona 2.6 build has opened this database",
+            path or "the database",
+            found.version,
+        )
     cfg = alembic_config(conn, fts_enabled=fts_enabled)
     if found.is_legacy:
         adopt_legacy(conn, found.version or 0, fts_enabled=fts_enabled)

@@ -80,6 +80,14 @@ class Memory(Base):
             sqlite_where=text("msg_id != ''"),
             postgresql_where=text("msg_id != ''"),
         ),
+        # spec storage.md §6.7 (revision 0002)
+        Index(
+            "idx_memories_lost_embedding",
+            "id",
+            sqlite_where=text("embedding IS NULL"),
+            postgresql_where=text("embedding IS NULL"),
+        ),
+        Index("idx_memories_span", "agent_id", "timestamp", "project_id", "channel"),
         _AUTOINC,
     )
 
@@ -109,6 +117,13 @@ class Episode(Base):
         Index("idx_episodes_agent", "agent_id", "created_at"),
         Index("idx_episodes_agent_channel", "agent_id", "channel", "created_at"),
         Index("idx_episodes_isolation", "agent_id", "project_id", "created_at"),
+        # spec storage.md §6.7 (revision 0002)
+        Index(
+            "idx_episodes_lost_embedding",
+            "id",
+            sqlite_where=text("embedding IS NULL"),
+            postgresql_where=text("embedding IS NULL"),
+        ),
         _AUTOINC,
     )
 
