@@ -1,0 +1,163 @@
+"""The search primitives recall is built from, independent of the database engine.
+
+Recall never writes SQL itself: it asks a :class:`SearchBackend` for ranked
+candidates (keyword search over memories and over episodes, the recency
+listing), for the size of the gated pool, for rows by reference and for the few
+scope facts the scoring step needs. ``search_sqlite`` serves them with FTS5
+trigram indexes; a PostgreSQL backend (pg_trgm) and the vector channel plug in
+behind the same interface.
+
+Every primitive takes a :class:`~cpersona.storage.scope.Scope` and applies it
+inside its own query (spec ISO-2): a result list is already isolated, so no
+caller can forget to filter it, and no other agent's rows can crowd the depth.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Literal, Protocol
+
+from cpersona.storage.scope import Scope
+
+Kind = Literal["mem", "ep"]
+RowKey = tuple[str, int]  # ("mem" | "ep", id): the identity fusion votes on
+
+# Bounds on what one query can cost. Only the head of a very long query is
+# tokenised, and only its first terms are searched: every extra OR term is one
+# more posting list to rank, and ranking cost grows with the number of hits.
+MAX_QUERY_CHARS = 8192
+MAX_TERMS = 64
+
+_EDGE_PUNCTUATION = "\"'`.,;:!?()[]{}"
+_CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uff66-\uff9f"
+_RUNS = re.compile(f"[{_CJK}]+|[^\\s{_CJK}]+")
+_CJK_RUN = re.compile(f"[{_CJK}]")
+# NUL and the other C0/C1 controls are never meaningful in a search; reading
+# them as spaces keeps them out of MATCH expressions and LIKE patterns, where a
+# NUL would silently end the pattern early.
+_CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def clean_query(query: str) -> str:
+    """The query with control characters read as spaces, trimmed."""
+    return _CONTROLS.sub(" ", query).strip()
+
+
+def query_terms(query: str) -> list[str]:
+    """The substrings a trigram index can look up for ``query`` (spec §5.7.1).
+
+    Whitespace-separated words lose surrounding punctuation; runs of CJK text
+    contribute every 3-character window (a trigram index cannot match less, and
+    Japanese has no spaces to split on); other runs of 3 or more characters
+    count whole, inner punctuation kept (``CVE-2024-3094``). Order of first
+    appearance, no duplicates, at most :data:`MAX_TERMS`.
+    """
+    words = (w.strip(_EDGE_PUNCTUATION) for w in clean_query(query[:MAX_QUERY_CHARS]).split())
+    terms: dict[str, None] = {}
+    for run in _RUNS.findall(" ".join(w for w in words if w)):
+        if _CJK_RUN.match(run):
+            pieces = [run[i : i + 3] for i in range(len(run) - 2)]
+        else:
+            pieces = [run] if len(run) >= 3 else []
+        for piece in pieces:
+            terms.setdefault(piece, None)
+            if len(terms) >= MAX_TERMS:
+                return list(terms)
+    return list(terms)
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One memory or episode as recall sees it.
+
+    ``text`` is the stored text without any label (a memory's content, an
+    episode's summary); ``timestamp`` is what the response shows (a memory's
+    caller stamp; an episode's start_time, else its created_at).
+    """
+
+    kind: Kind
+    id: int
+    text: str
+    source: str  # stored JSON text; '' for episodes (they carry no per-user source)
+    timestamp: str
+    msg_id: str = ""
+    created_at: str = ""
+    resolved: bool = False
+    has_embedding: bool = False
+    recall_count: int = 0
+    last_recalled_at: str | None = None
+
+    @property
+    def key(self) -> RowKey:
+        return (self.kind, self.id)
+
+    @property
+    def ref(self) -> str:
+        return f"{self.kind}:{self.id}"
+
+    @property
+    def content(self) -> str:
+        """The text as recall shows it (episodes carry their label)."""
+        return f"[Episode] {self.text}" if self.kind == "ep" else self.text
+
+
+@dataclass(frozen=True, slots=True)
+class Hit:
+    """A retrieved row and the retriever's own score for it.
+
+    ``raw`` is on the retriever's native scale, higher is better (for FTS5 this
+    is ``-bm25``); ``None`` when the retriever has no score (LIKE, recency).
+    """
+
+    record: Record
+    raw: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class KeywordResult:
+    """The memories keyword arm: its hits and how they were found."""
+
+    hits: list[Hit]
+    method: Literal["fts", "like", "none"]
+
+
+class SearchBackend(Protocol):
+    """What recall needs from a database. Every method applies ``scope`` itself."""
+
+    def keyword_memories(
+        self, scope: Scope, query: str, depth: int, *, source_id: str = ""
+    ) -> KeywordResult:
+        """Memories matching ``query``, best first, at most ``depth``.
+
+        Full-text search where it can serve the query; otherwise (no usable
+        term, no match, index disabled or failing) a newest-first substring
+        match standing in for it (spec KW-1).
+        """
+        ...
+
+    def keyword_episodes(self, scope: Scope, query: str, depth: int) -> list[Hit]:
+        """Episodes whose summary or keywords match ``query``, best first."""
+        ...
+
+    def recent_memories(self, scope: Scope, depth: int, *, source_id: str = "") -> list[Hit]:
+        """The ``depth`` newest memories in scope (created_at desc, id desc)."""
+        ...
+
+    def pool_count(self, scope: Scope) -> int:
+        """Memories plus episodes in scope: the pool the quality gate scales with."""
+        ...
+
+    def fetch(self, scope: Scope, keys: Iterable[RowKey]) -> dict[RowKey, Record]:
+        """Rows by reference, silently omitting any outside ``scope``."""
+        ...
+
+    def episode_boundary(self, scope: Scope) -> datetime | None:
+        """The instant the newest episode in scope was archived, if any."""
+        ...
+
+    def profile(self, agent_id: str) -> str | None:
+        """The agent's profile text (profiles are per agent only, spec ISO-5)."""
+        ...

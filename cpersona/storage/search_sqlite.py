@@ -1,0 +1,276 @@
+"""SearchBackend over SQLite: FTS5 trigram indexes, a LIKE fallback, recency.
+
+The FTS5 tables (spec storage.md §4.5) index memory ``content`` and episode
+``summary`` + ``keywords`` with the trigram tokenizer, so any substring of 3 or
+more characters can be found, in any script. A term shorter than that matches
+nothing at all, silently; queries that yield no usable term, or whose MATCH
+finds nothing, fall back to a plain substring scan of memories (spec KW-1).
+
+Every statement carries the isolation fragment of :mod:`cpersona.storage.scope`
+in its own WHERE clause, next to the MATCH or LIKE it filters.
+
+Cost bounds: a query contributes at most ``search.MAX_TERMS`` terms, each one
+quoted as an FTS5 phrase (no user text is ever read as FTS5 syntax), and each
+statement runs under a deadline; a statement that overruns it is abandoned and
+treated like a failed search, so no query can hold a worker thread for long.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.orm import Session
+
+from cpersona.storage.engine import Database
+from cpersona.storage.scope import Scope, sql_fragment
+from cpersona.storage.search import Hit, KeywordResult, Record, RowKey, clean_query, query_terms
+
+log = logging.getLogger(__name__)
+
+# A statement running longer than this is interrupted (progress handler).
+# Ranked FTS over 100k rows takes well under 100 ms for common 3-letter terms
+# (notes/stack.md §2); the deadline only stops pathological inputs.
+STATEMENT_DEADLINE_SECONDS = 2.0
+_PROGRESS_STEPS = 10_000  # VM instructions between deadline checks
+
+# spec KW-2: patterns longer than this are not run at all.
+LIKE_MAX_PATTERN_BYTES = 50_000
+
+_MEMORY_COLUMNS = (
+    "m.id, m.content, m.source, m.timestamp, m.msg_id, m.created_at, "
+    "m.embedding IS NOT NULL AS has_embedding, m.recall_count, m.last_recalled_at"
+)
+_EPISODE_COLUMNS = (
+    "e.id, e.summary, e.start_time, e.created_at, e.resolved, e.embedding IS NOT NULL AS has_embedding"
+)
+
+
+def fts5_match(terms: Iterable[str]) -> str:
+    """An FTS5 query that ORs ``terms``, each quoted so it is read literally."""
+    return " OR ".join('"' + term.replace('"', '""') + '"' for term in terms)
+
+
+def like_pattern(query: str) -> str:
+    """``%query%`` with LIKE's wildcards and the escape character escaped."""
+    escaped = query.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return f"%{escaped}%"
+
+
+def source_filter(source_id: str, alias: str = "m") -> tuple[str, dict[str, Any]]:
+    """The per-user ``source_id`` predicate of spec ISO-3, as SQL and parameters.
+
+    An id ending in a letter or digit must match ``source.$.id`` exactly; one
+    ending in anything else (``discord:``, ``docs/``) is a prefix. A row whose
+    source is not valid JSON never matches (CASE keeps json_extract from
+    raising on it).
+    """
+    if not source_id:
+        return "1=1", {}
+    row_id = f"CAST(CASE WHEN json_valid({alias}.source) THEN json_extract({alias}.source, '$.id') END AS TEXT)"
+    if source_id[-1].isalnum():
+        return f"{row_id} = :source_id", {"source_id": source_id}
+    return (
+        f"substr({row_id}, 1, :source_id_len) = :source_id",
+        {"source_id": source_id, "source_id_len": len(source_id)},
+    )
+
+
+def _memory(row: Any) -> Record:
+    return Record(
+        kind="mem",
+        id=row.id,
+        text=row.content,
+        source=row.source,
+        timestamp=row.timestamp or "",
+        msg_id=row.msg_id or "",
+        created_at=row.created_at or "",
+        has_embedding=bool(row.has_embedding),
+        recall_count=row.recall_count or 0,
+        last_recalled_at=row.last_recalled_at,
+    )
+
+
+def _episode(row: Any) -> Record:
+    return Record(
+        kind="ep",
+        id=row.id,
+        text=row.summary,
+        source="",
+        timestamp=row.start_time or row.created_at or "",
+        created_at=row.created_at or "",
+        resolved=bool(row.resolved),
+        has_embedding=bool(row.has_embedding),
+    )
+
+
+def _julian_to_datetime(jd: float) -> datetime:
+    # A julian day is a double: good to about a millisecond, so round to that.
+    millis = round((jd - 2440587.5) * 86_400_000)
+    return datetime(1970, 1, 1, tzinfo=timezone.utc) + timedelta(milliseconds=millis)
+
+
+class SqliteSearch:
+    """:class:`~cpersona.storage.search.SearchBackend` for a SQLite database."""
+
+    def __init__(self, db: Database, *, fts_enabled: bool = True, max_memories: int = 10000) -> None:
+        self.db = db
+        self.fts_enabled = fts_enabled
+        # The LIKE fallback reads at most min(max_memories, max(depth*5, 50)) rows.
+        self.max_memories = max_memories
+
+    # -- keyword arms -----------------------------------------------------------
+
+    def keyword_memories(
+        self, scope: Scope, query: str, depth: int, *, source_id: str = ""
+    ) -> KeywordResult:
+        if depth <= 0 or not clean_query(query):
+            return KeywordResult([], "none")
+        terms = query_terms(query)
+        if self.fts_enabled and terms:
+            hits = self._fts_memories(scope, terms, depth, source_id)
+            if hits:
+                return KeywordResult(hits, "fts")
+        return KeywordResult(self._like_memories(scope, query, depth, source_id), "like")
+
+    def _fts_memories(self, scope: Scope, terms: list[str], depth: int, source_id: str) -> list[Hit] | None:
+        where, params = sql_fragment(scope, "m")
+        by_source, source_params = source_filter(source_id)
+        sql = text(
+            f"SELECT {_MEMORY_COLUMNS}, memories_fts.rank AS rank "
+            "FROM memories_fts JOIN memories m ON m.id = memories_fts.rowid "
+            f"WHERE memories_fts MATCH :match AND {where} AND {by_source} "
+            "ORDER BY memories_fts.rank, m.id LIMIT :depth"
+        )
+        rows = self._run("memories FTS", sql, {**params, **source_params, "match": fts5_match(terms), "depth": depth})
+        if rows is None:
+            return None
+        # bm25 is "more negative is better"; hits carry -bm25 so higher is better.
+        return [Hit(_memory(r), -float(r.rank)) for r in rows]
+
+    def _like_memories(self, scope: Scope, query: str, depth: int, source_id: str) -> list[Hit]:
+        needle = clean_query(query)
+        pattern = like_pattern(needle)
+        if len(pattern.encode("utf-8")) > LIKE_MAX_PATTERN_BYTES:
+            return []
+        where, params = sql_fragment(scope, "m")
+        by_source, source_params = source_filter(source_id)
+        sql = text(
+            f"SELECT {_MEMORY_COLUMNS} FROM memories m "
+            f"WHERE m.content LIKE :pattern ESCAPE '\\' AND {where} AND {by_source} "
+            "ORDER BY m.created_at DESC, m.id DESC LIMIT :depth"
+        )
+        read = min(self.max_memories, max(depth * 5, 50))
+        rows = self._run("memories LIKE", sql, {**params, **source_params, "pattern": pattern, "depth": read})
+        return [Hit(_memory(r)) for r in (rows or [])[:depth]]
+
+    def keyword_episodes(self, scope: Scope, query: str, depth: int) -> list[Hit]:
+        terms = query_terms(query)
+        if depth <= 0 or not self.fts_enabled or not terms:
+            return []
+        where, params = sql_fragment(scope, "e")
+        sql = text(
+            f"SELECT {_EPISODE_COLUMNS}, episodes_fts.rank AS rank "
+            "FROM episodes_fts JOIN episodes e ON e.id = episodes_fts.rowid "
+            f"WHERE episodes_fts MATCH :match AND {where} "
+            "ORDER BY episodes_fts.rank, e.id LIMIT :depth"
+        )
+        rows = self._run("episodes FTS", sql, {**params, "match": fts5_match(terms), "depth": depth})
+        return [Hit(_episode(r), -float(r.rank)) for r in (rows or [])]
+
+    # -- listings and scope facts -----------------------------------------------
+
+    def recent_memories(self, scope: Scope, depth: int, *, source_id: str = "") -> list[Hit]:
+        if depth <= 0:
+            return []
+        where, params = sql_fragment(scope, "m")
+        by_source, source_params = source_filter(source_id)
+        sql = text(
+            f"SELECT {_MEMORY_COLUMNS} FROM memories m WHERE {where} AND {by_source} "
+            "ORDER BY m.created_at DESC, m.id DESC LIMIT :depth"
+        )
+        rows = self._run("recency", sql, {**params, **source_params, "depth": depth})
+        return [Hit(_memory(r)) for r in (rows or [])]
+
+    def pool_count(self, scope: Scope) -> int:
+        m_where, params = sql_fragment(scope, "m")
+        e_where, _ = sql_fragment(scope, "e")
+        sql = text(
+            f"SELECT (SELECT count(*) FROM memories m WHERE {m_where}) "
+            f"+ (SELECT count(*) FROM episodes e WHERE {e_where})"
+        )
+        with self.db.read() as session:
+            return int(session.execute(sql, params).scalar_one())
+
+    def fetch(self, scope: Scope, keys: Iterable[RowKey]) -> dict[RowKey, Record]:
+        wanted: dict[str, list[int]] = {"mem": [], "ep": []}
+        for kind, row_id in keys:
+            wanted[kind].append(int(row_id))
+        found: dict[RowKey, Record] = {}
+        with self.db.read() as session:
+            for kind, ids in wanted.items():
+                if not ids:
+                    continue
+                alias, table, columns, build = (
+                    ("m", "memories", _MEMORY_COLUMNS, _memory)
+                    if kind == "mem"
+                    else ("e", "episodes", _EPISODE_COLUMNS, _episode)
+                )
+                where, params = sql_fragment(scope, alias)
+                marks = ", ".join(f":id{i}" for i in range(len(ids)))
+                params.update({f"id{i}": v for i, v in enumerate(ids)})
+                sql = text(f"SELECT {columns} FROM {table} {alias} WHERE {alias}.id IN ({marks}) AND {where}")
+                for row in session.execute(sql, params):
+                    record = build(row)
+                    found[record.key] = record
+        return found
+
+    def episode_boundary(self, scope: Scope) -> datetime | None:
+        # julianday() reads both SQLite's own 'YYYY-MM-DD HH:MM:SS' and ISO-8601
+        # stamps with offsets, so "newest" is decided by instant, not by text.
+        where, params = sql_fragment(scope, "e")
+        sql = text(f"SELECT max(julianday(e.created_at)) FROM episodes e WHERE {where}")
+        with self.db.read() as session:
+            jd = session.execute(sql, params).scalar_one()
+        return None if jd is None else _julian_to_datetime(float(jd))
+
+    def profile(self, agent_id: str) -> str | None:
+        sql = text(
+            "SELECT content FROM profiles WHERE agent_id = :agent "
+            "ORDER BY user_id != '', id LIMIT 1"
+        )
+        with self.db.read() as session:
+            return session.execute(sql, {"agent": agent_id}).scalar_one_or_none()
+
+    # -- execution ----------------------------------------------------------------
+
+    def _run(self, what: str, sql: Any, params: dict[str, Any]) -> list[Any] | None:
+        """Rows of one search statement, or None when it failed or overran."""
+        with self.db.read() as session:
+            try:
+                with _deadline(session, STATEMENT_DEADLINE_SECONDS):
+                    return list(session.execute(sql, params))
+            except DBAPIError as exc:
+                log.warning("%s search failed, treated as no match: %s", what, exc.orig)
+                return None
+
+
+@contextmanager
+def _deadline(session: Session, seconds: float) -> Iterator[None]:
+    """Interrupt statements of ``session`` that run longer than ``seconds``."""
+    dbapi = session.connection().connection.driver_connection
+    if not hasattr(dbapi, "set_progress_handler"):  # pragma: no cover - other drivers
+        yield
+        return
+    stop_at = time.monotonic() + seconds
+    dbapi.set_progress_handler(lambda: int(time.monotonic() > stop_at), _PROGRESS_STEPS)
+    try:
+        yield
+    finally:
+        dbapi.set_progress_handler(None, 0)
