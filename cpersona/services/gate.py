@@ -1,0 +1,161 @@
+"""The quality gate and autocut: which scored candidates are good enough to return.
+
+The gate (spec §5.10) judges each row on one signal, chosen by priority
+confidence > rsf > cosine > rrf, against either the calibrated gate (when one
+was measured for that very signal) or a pool-size heuristic: the larger the
+agent's pool, the lower the bar, because a bigger store makes a chance match
+at a given rank less surprising. It only removes rows; order is kept.
+
+Autocut (spec §5.12) then trims a tail after a large score gap, but only on
+similarity-scale scores: fused scores are never autocut.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from cpersona.storage.search import Record, RowKey
+
+PROFILE_KEY: RowKey = ("profile", -1)
+PROFILE_MIN_POOL = 50  # the profile rides along only in a scope this large (spec ORD-3)
+UNSCORED_MIN_POOL = 100  # rows with no score at all pass only in a pool this large
+
+
+@dataclass(slots=True)
+class Candidate:
+    """A row on its way from fusion to the response, with every score it carries."""
+
+    key: RowKey
+    record: Record | None = None  # None for the profile row
+    profile_text: str | None = None
+    rrf: float | None = None
+    rsf: float | None = None
+    cosine: float | None = None
+    confidence: float | None = None  # only under legacy confidence ordering
+    single_arm: bool = False  # only one retriever could have ranked it (spec §5.8.2)
+
+    @property
+    def is_profile(self) -> bool:
+        return self.key == PROFILE_KEY
+
+    @property
+    def signal(self) -> tuple[str, float] | None:
+        """The (name, value) the gate judges this row on, or None when unscored."""
+        for name in ("confidence", "rsf", "cosine", "rrf"):
+            value = getattr(self, name)
+            if value is not None:
+                return name, value
+        return None
+
+    def scale(self, factor: float) -> None:
+        """Multiply every score the row carries (the episode penalty does this)."""
+        for name in ("rrf", "rsf", "cosine"):
+            value = getattr(self, name)
+            if value is not None:
+                setattr(self, name, value * factor)
+
+
+@dataclass(frozen=True, slots=True)
+class CalibratedGate:
+    """A measured threshold and the one signal it was measured on."""
+
+    threshold: float
+    signal: str  # "rrf", "rsf", "cosine" or "confidence"
+
+
+def heuristic_min_score(pool: int) -> float:
+    """The bar for a pool of ``pool`` rows without calibration (spec GATE-2).
+
+    0.5 for an empty pool, falling with log(pool) to 0.2 at 499 rows and beyond.
+    """
+    if pool <= 0:
+        return 0.5
+    return round(0.5 - 0.3 * min(1.0, math.log(pool + 1) / math.log(500)), 4)
+
+
+def calibrated_gate_for(extras: dict[str, Any], agent_id: str, *, enabled: bool) -> CalibratedGate | None:
+    """The calibrated fused gate that applies to ``agent_id``, if any (spec GATE-3).
+
+    Calibration is measured and persisted elsewhere; it publishes its result in
+    ``App.extras["fused_gates"]`` as ``{"signal": str, "global": float | None,
+    "agents": {agent_id: float}}``. Until it has, recall uses the heuristic.
+    """
+    gates = extras.get("fused_gates") if enabled else None
+    if not gates or not gates.get("signal"):
+        return None
+    threshold = gates.get("agents", {}).get(agent_id)
+    if threshold is None:
+        threshold = gates.get("global")
+    return None if threshold is None else CalibratedGate(float(threshold), str(gates["signal"]))
+
+
+def apply_gate(
+    candidates: Sequence[Candidate],
+    *,
+    pool: int,
+    query_blank: bool,
+    deep: bool,
+    rrf_k: int,
+    calibrated: CalibratedGate | None = None,
+) -> list[Candidate]:
+    """The candidates that pass the gate, in their original order (spec GATE-5, GATE-6)."""
+    min_score = heuristic_min_score(pool)
+    gate = calibrated.threshold if calibrated else None
+    if deep:  # spec GATE-4: deep recall halves both bars
+        min_score *= 0.5
+        gate = None if gate is None else gate * 0.5
+
+    def passes(row: Candidate) -> bool:
+        if row.is_profile:
+            return pool >= PROFILE_MIN_POOL
+        judged = row.signal
+        if judged is None:
+            return query_blank or pool >= UNSCORED_MIN_POOL
+        name, value = judged
+        if gate is not None and calibrated is not None and calibrated.signal == name:
+            return value >= gate
+        if name != "rrf":
+            return value >= min_score
+        # Fused rank scores live on a scale of at most 3/(K+1) (three first
+        # places), so the bar is scaled down to it. A row only one retriever could
+        # have ranked can reach 1/(K+1) at best; a bar above that would block
+        # even that retriever's best match.
+        bar = min_score * 3 / (rrf_k + 1)
+        if row.single_arm:
+            bar = min(bar, 1 / (rrf_k + 1))
+        return value >= bar
+
+    return [row for row in candidates if passes(row)]
+
+
+def autocut(candidates: Sequence[Candidate], *, min_results: int, min_gap_ratio: float) -> list[Candidate]:
+    """Drop the tail after the largest score gap, on similarity-scale scores only.
+
+    The profile row is set aside and kept where it is. Fusion scores (rrf/rsf)
+    are positions among co-candidates, not similarities, so a list keyed on
+    them is never cut; neither is a list where some row lacks a cosine.
+    """
+    scored = [row for row in candidates if not row.is_profile]
+    if len(scored) < max(2, min_results):
+        return list(candidates)
+    first = scored[0]
+    if first.confidence is not None:
+        scores = [row.confidence for row in scored]
+    elif first.rsf is not None or first.rrf is not None:
+        return list(candidates)
+    else:
+        scores = [row.cosine for row in scored]
+    if any(s is None for s in scores):
+        return list(candidates)
+    values: list[float] = [float(s) for s in scores]  # type: ignore[arg-type]
+    if values[0] <= 0:
+        return list(candidates)
+    gaps = [values[i] - values[i + 1] for i in range(len(values) - 1)]
+    widest = max(gaps)
+    if widest / values[0] < min_gap_ratio:
+        return list(candidates)
+    keep = {id(row) for row in scored[: gaps.index(widest) + 1]}
+    return [row for row in candidates if row.is_profile or id(row) in keep]
