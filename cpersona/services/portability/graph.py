@@ -1,0 +1,484 @@
+"""Declared associations (entities, aliases, mentions, relations) in bulk operations.
+
+Spec storage.md §6.2 (tables), §8.1 (records), associations-and-reconstruct.md
+§10 CA-1/CA-2. The tables use the 2.6 layout exactly (decision 8), so the same
+SQL reads a 2.6 database and — once our association revision exists — ours.
+While our database has no association tables every entry point here still
+counts what it was handed, and callers report those records as not supported.
+
+Carrying rules (CA-2): every ``mem:<id>`` / ``ep:<id>`` of the source is
+re-pointed through a :class:`RefMap` to the row that now holds that record; an
+entity is re-resolved or registered in its own exact scope under the target
+agent; an alias that already names another entity visible from that scope is
+refused; mentions and relations are insert-or-ignore, so carrying twice writes
+once. In a dry run nothing is written and new ids are stand-ins (negative), so
+the counts are those a real run reports.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import Connection, bindparam, text
+
+from cpersona.services.portability import coerce
+from cpersona.services.portability.coerce import LineRefused
+from cpersona.storage.scope import Scope, sql_fragment
+
+PAGE_SIZE = 500
+KINDS = ("entity", "mention", "relation")
+MAX_NAME = 256  # A-3
+
+
+def normalize(value: str) -> str:
+    """A-1: NFKC, full case fold, whitespace runs collapsed, trimmed."""
+    return " ".join(unicodedata.normalize("NFKC", value).casefold().split())
+
+
+def parse_ref(ref: Any) -> tuple[str, int] | None:
+    """``mem:<id>`` / ``ep:<id>`` in canonical decimal form (VF-7), else None."""
+    if not isinstance(ref, str):
+        return None
+    kind, _, digits = ref.partition(":")
+    if kind not in ("mem", "ep") or not digits.isascii() or not digits.isdigit():
+        return None
+    if digits != str(int(digits)):
+        return None
+    return kind, int(digits)
+
+
+class RefMap:
+    """Source record ids → ids of the rows that now hold those records (JL-7).
+
+    Only ids some graph record points at are remembered, so restoring a large
+    file keeps a mapping the size of its graph, not of its records.
+    """
+
+    def __init__(self) -> None:
+        self._wanted: dict[str, set[int]] = {"mem": set(), "ep": set()}
+        self._found: dict[str, dict[int, int]] = {"mem": {}, "ep": {}}
+
+    def want_from(self, record: dict[str, Any]) -> None:
+        """Note the record ids a mention or relation record refers to."""
+        self._want_ref(record.get("ref"))
+        self._want_ref(record.get("anchor_ref"))
+        for side in ("subject", "object"):
+            kind, ident = record.get(f"{side}_kind"), record.get(f"{side}_id")
+            if kind in self._wanted and type(ident) is int:
+                self._wanted[kind].add(ident)
+
+    def _want_ref(self, ref: Any) -> None:
+        parsed = parse_ref(ref)
+        if parsed is not None:
+            self._wanted[parsed[0]].add(parsed[1])
+
+    def wants(self, kind: str, ident: Any) -> bool:
+        return type(ident) is int and ident in self._wanted[kind]
+
+    def record(self, kind: str, ident: Any, new_id: int) -> None:
+        if self.wants(kind, ident):
+            self._found[kind][ident] = new_id
+
+    def lookup(self, kind: str, ident: Any) -> int | None:
+        return self._found[kind].get(ident) if type(ident) is int else None
+
+    def repoint(self, ref: str) -> str | None:
+        parsed = parse_ref(ref)
+        if parsed is None:
+            return None
+        new_id = self.lookup(*parsed)
+        return None if new_id is None else f"{parsed[0]}:{new_id}"
+
+
+@dataclass
+class GraphCounts:
+    entities: int = 0
+    mentions: int = 0
+    relations: int = 0
+
+    def add(self, kind: str, n: int = 1) -> None:
+        setattr(self, _FIELD[kind], getattr(self, _FIELD[kind]) + n)
+
+    def get(self, kind: str) -> int:
+        return getattr(self, _FIELD[kind])
+
+    def total(self) -> int:
+        return self.entities + self.mentions + self.relations
+
+    def as_dict(self) -> dict[str, int]:
+        return {"entities": self.entities, "mentions": self.mentions, "relations": self.relations}
+
+
+_FIELD = {"entity": "entities", "mention": "mentions", "relation": "relations"}
+
+
+# --- reading (export, merge, the 2.6 copier) -------------------------------
+
+
+class GraphReader:
+    """The declarations of one agent (None: every agent), as export records."""
+
+    def __init__(self, conn: Connection, agent_id: str | None) -> None:
+        self.conn = conn
+        self._entities_where, self._params = sql_fragment(Scope(agent_id=agent_id), "e")
+        self._relations_where, _ = sql_fragment(Scope(agent_id=agent_id), "r")
+
+    def counts(self) -> GraphCounts:
+        one = lambda sql: self.conn.execute(text(sql), self._params).scalar_one()  # noqa: E731
+        return GraphCounts(
+            entities=one(f"SELECT count(*) FROM entities e WHERE {self._entities_where}"),
+            mentions=one(
+                "SELECT count(*) FROM entity_mentions m JOIN entities e ON e.id = m.entity_id "
+                f"WHERE {self._entities_where}"
+            ),
+            relations=one(f"SELECT count(*) FROM relations r WHERE {self._relations_where}"),
+        )
+
+    def records(self) -> Iterator[dict[str, Any]]:
+        """Entities (ascending id), mentions (entity id, ref), relations (id): JL-2."""
+        yield from self._entities()
+        yield from self._mentions()
+        yield from self._relations()
+
+    def _entities(self) -> Iterator[dict[str, Any]]:
+        aliases_of = text(
+            "SELECT entity_id, alias FROM entity_aliases WHERE entity_id IN :ids "
+            "ORDER BY entity_id, normalized"
+        ).bindparams(bindparam("ids", expanding=True))
+        last = 0
+        while True:
+            page = self.conn.execute(
+                text(
+                    "SELECT e.id, e.agent_id, e.project_id, e.channel, e.name, e.declared_by, "
+                    f"e.created_at FROM entities e WHERE {self._entities_where} AND e.id > :last "
+                    "ORDER BY e.id LIMIT :n"
+                ),
+                {**self._params, "last": last, "n": PAGE_SIZE},
+            ).all()
+            aliases: dict[int, list[str]] = {row.id: [] for row in page}
+            if page:
+                for entity_id, alias in self.conn.execute(aliases_of, {"ids": list(aliases)}):
+                    aliases[entity_id].append(alias)
+            for row in page:
+                yield {
+                    "_type": "entity", "id": row.id, "agent_id": row.agent_id,
+                    "project_id": row.project_id, "channel": row.channel, "name": row.name,
+                    "declared_by": row.declared_by, "created_at": row.created_at,
+                    "aliases": aliases[row.id],
+                }
+            if len(page) < PAGE_SIZE:
+                return
+            last = page[-1].id
+
+    def _mentions(self) -> Iterator[dict[str, Any]]:
+        after: tuple[int, str] = (0, "")
+        while True:
+            page = self.conn.execute(
+                text(
+                    "SELECT m.entity_id, m.ref, m.declared_by, m.created_at FROM entity_mentions m "
+                    f"JOIN entities e ON e.id = m.entity_id WHERE {self._entities_where} "
+                    "AND (m.entity_id > :e OR (m.entity_id = :e AND m.ref > :r)) "
+                    "ORDER BY m.entity_id, m.ref LIMIT :n"
+                ),
+                {**self._params, "e": after[0], "r": after[1], "n": PAGE_SIZE},
+            ).all()
+            for row in page:
+                yield {
+                    "_type": "mention", "entity": row.entity_id, "ref": row.ref,
+                    "declared_by": row.declared_by, "created_at": row.created_at,
+                }
+            if len(page) < PAGE_SIZE:
+                return
+            after = (page[-1].entity_id, page[-1].ref)
+
+    def _relations(self) -> Iterator[dict[str, Any]]:
+        last = 0
+        while True:
+            page = self.conn.execute(
+                text(
+                    "SELECT r.id, r.agent_id, r.project_id, r.channel, r.subject_kind, "
+                    "r.subject_id, r.predicate, r.object_kind, r.object_id, r.anchor_ref, "
+                    f"r.declared_by, r.declared_at FROM relations r WHERE {self._relations_where} "
+                    "AND r.id > :last ORDER BY r.id LIMIT :n"
+                ),
+                {**self._params, "last": last, "n": PAGE_SIZE},
+            ).all()
+            for row in page:
+                yield {"_type": "relation", **row._asdict()}
+            if len(page) < PAGE_SIZE:
+                return
+            last = page[-1].id
+
+
+# --- carrying (import, merge, the 2.6 copier) -------------------------------
+
+
+@dataclass
+class _Entity:
+    source_id: Any
+    agent_id: str
+    project_id: str
+    channel: str
+    name: str
+    declared_by: str
+    created_at: str
+    aliases: list[str]
+
+
+@dataclass
+class CarryResult:
+    carried: GraphCounts = field(default_factory=GraphCounts)
+    dropped: GraphCounts = field(default_factory=GraphCounts)
+    aliases_dropped: int = 0
+    # Present only while this database has no association tables.
+    not_supported: GraphCounts | None = None
+
+    @property
+    def not_carried(self) -> int:
+        return self.dropped.total() + self.aliases_dropped
+
+    def summary_line(self) -> str | None:
+        """One error line for everything that could not be carried (IM-9)."""
+        if self.not_supported is not None:
+            if not self.not_supported.total():
+                return None
+            n = self.not_supported
+            return (
+                f"{n.total()} association records ({n.entities} entities, {n.mentions} "
+                f"mentions, {n.relations} relations) were not restored: this server has "
+                "no association tables yet"
+            )
+        if not self.not_carried:
+            return None
+        d = self.dropped
+        return (
+            f"{self.not_carried} association items were not carried ({d.entities} entities, "
+            f"{d.mentions} mentions, {d.relations} relations, {self.aliases_dropped} aliases): "
+            "they name a record or entity that was not restored, are malformed, or the alias "
+            "already names another entity in scope"
+        )
+
+    def response(self) -> dict[str, Any]:
+        out: dict[str, Any] = self.carried.as_dict()
+        if self.not_supported is not None:
+            out["not_supported"] = self.not_supported.as_dict()
+        return out
+
+
+class GraphCarrier:
+    """Collects graph records while records are restored, then writes them through a RefMap."""
+
+    def __init__(self, conn: Connection, *, supported: bool, dry_run: bool, now: str) -> None:
+        self.conn = conn
+        self.supported = supported
+        self.dry_run = dry_run
+        self.now = now
+        self.result = CarryResult(not_supported=None if supported else GraphCounts())
+        self._entities: list[_Entity] = []
+        self._mentions: list[dict[str, Any]] = []
+        self._relations: list[dict[str, Any]] = []
+        self._entity_ids: dict[Any, int] = {}
+        # What this run registered, so a dry run sees its own earlier items.
+        self._names: dict[tuple[str, str, str, str], int] = {}
+        self._aliases: dict[tuple[str, str, str, str], int] = {}
+        self._stand_in = 0
+
+    def collect(self, record: dict[str, Any], kind: str, agent_id: str | None) -> None:
+        """Keep one graph record for later. ``agent_id`` overrides the record's (a target)."""
+        if not self.supported:
+            self.result.not_supported.add(kind)  # type: ignore[union-attr]
+            return
+        try:
+            if kind == "entity":
+                self._entities.append(self._entity(record, agent_id))
+            elif kind == "mention":
+                self._mentions.append(record)
+            else:
+                self._relations.append({**record, "agent_id": self._agent(record, agent_id)})
+        except LineRefused:
+            self.result.dropped.add(kind)
+
+    @staticmethod
+    def _agent(record: dict[str, Any], agent_id: str | None) -> str:
+        if agent_id:
+            return agent_id
+        if not isinstance(record.get("agent_id"), str):
+            raise LineRefused("agent_id is missing")
+        return record["agent_id"]
+
+    def _entity(self, record: dict[str, Any], agent_id: str | None) -> _Entity:
+        aliases = record.get("aliases") or []
+        if not isinstance(aliases, list):
+            raise LineRefused("aliases is not a list")
+        return _Entity(
+            source_id=record.get("id"),
+            agent_id=self._agent(record, agent_id),
+            project_id=coerce.text(record, "project_id"),
+            channel=coerce.text(record, "channel"),
+            name=coerce.text(record, "name").strip(),
+            declared_by=coerce.text(record, "declared_by") or "agent",
+            created_at=coerce.text(record, "created_at") or self.now,
+            aliases=aliases,
+        )
+
+    def apply(self, refs: RefMap) -> CarryResult:
+        if self.supported:
+            for entity in self._entities:
+                self._carry_entity(entity)
+            for mention in self._mentions:
+                self._carry_mention(mention, refs)
+            for relation in self._relations:
+                self._carry_relation(relation, refs)
+        return self.result
+
+    # -- entities and aliases
+
+    def _carry_entity(self, item: _Entity) -> None:
+        norm = normalize(item.name)
+        if not norm or len(item.name) > MAX_NAME:
+            self.result.dropped.add("entity")
+            return
+        key = (item.agent_id, item.project_id, item.channel, norm)
+        entity_id = self._names.get(key)
+        if entity_id is None:
+            entity_id = self.conn.execute(
+                text(
+                    "SELECT id FROM entities WHERE agent_id = :a AND project_id = :p "
+                    "AND channel = :c AND normalized = :n"
+                ),
+                {"a": key[0], "p": key[1], "c": key[2], "n": norm},
+            ).scalar()
+        if entity_id is None:
+            entity_id = self._insert(
+                "INSERT INTO entities (agent_id, project_id, channel, name, normalized, "
+                "declared_by, created_at) VALUES (:a, :p, :c, :name, :n, :by, :at) RETURNING id",
+                {"a": key[0], "p": key[1], "c": key[2], "name": item.name, "n": norm,
+                 "by": item.declared_by, "at": item.created_at},
+            )
+        self._names[key] = entity_id
+        if item.source_id is not None:
+            self._entity_ids[item.source_id] = entity_id
+        self.result.carried.add("entity")
+        for alias in item.aliases:
+            self._carry_alias(item, entity_id, alias)
+
+    def _carry_alias(self, item: _Entity, entity_id: int, alias: Any) -> None:
+        written = alias.strip() if isinstance(alias, str) else ""
+        norm = normalize(written)
+        if not norm or len(written) > MAX_NAME:
+            self.result.aliases_dropped += 1
+            return
+        owner = self._alias_owner(item, norm)
+        if owner is not None and owner != entity_id:
+            self.result.aliases_dropped += 1
+            return
+        if owner == entity_id:
+            return  # already names this entity: nothing to add
+        if not self.dry_run:
+            self.conn.execute(
+                text(
+                    "INSERT INTO entity_aliases (entity_id, alias, normalized) "
+                    "VALUES (:e, :alias, :n) ON CONFLICT DO NOTHING"
+                ),
+                {"e": entity_id, "alias": written, "n": norm},
+            )
+        self._aliases[(item.agent_id, item.project_id, item.channel, norm)] = entity_id
+
+    def _alias_owner(self, item: _Entity, norm: str) -> int | None:
+        """The entity this normalized string already names from the item's scope (A-4, A-5)."""
+        stored = self.conn.execute(
+            text(
+                "SELECT min(id) FROM ("
+                " SELECT e.id FROM entities e WHERE e.agent_id = :a AND e.project_id IN (:p, '')"
+                "  AND e.channel IN (:c, '') AND e.normalized = :n"
+                " UNION ALL"
+                " SELECT e.id FROM entity_aliases x JOIN entities e ON e.id = x.entity_id"
+                "  WHERE e.agent_id = :a AND e.project_id IN (:p, '') AND e.channel IN (:c, '')"
+                "  AND x.normalized = :n) AS named"
+            ),
+            {"a": item.agent_id, "p": item.project_id, "c": item.channel, "n": norm},
+        ).scalar()
+        if stored is not None:
+            return stored
+        # A dry run wrote nothing: what this run registered lives only here.
+        for project in (item.project_id, ""):
+            for channel in (item.channel, ""):
+                key = (item.agent_id, project, channel, norm)
+                if key in self._names:
+                    return self._names[key]
+                if key in self._aliases:
+                    return self._aliases[key]
+        return None
+
+    # -- mentions and relations
+
+    def _carry_mention(self, record: dict[str, Any], refs: RefMap) -> None:
+        entity_id = self._entity_ids.get(record.get("entity"))
+        ref = refs.repoint(record.get("ref"))  # type: ignore[arg-type]
+        if entity_id is None or ref is None:
+            self.result.dropped.add("mention")
+            return
+        try:
+            by = coerce.text(record, "declared_by") or "agent"
+            at = coerce.text(record, "created_at") or self.now
+        except LineRefused:
+            self.result.dropped.add("mention")
+            return
+        if not self.dry_run:
+            self.conn.execute(
+                text(
+                    "INSERT INTO entity_mentions (entity_id, ref, declared_by, created_at) "
+                    "VALUES (:e, :ref, :by, :at) ON CONFLICT DO NOTHING"
+                ),
+                {"e": entity_id, "ref": ref, "by": by, "at": at},
+            )
+        self.result.carried.add("mention")
+
+    def _endpoint(self, kind: Any, ident: Any, refs: RefMap) -> int | None:
+        if kind == "entity":
+            return self._entity_ids.get(ident)
+        if kind in ("mem", "ep"):
+            return refs.lookup(kind, ident)
+        return None
+
+    def _carry_relation(self, record: dict[str, Any], refs: RefMap) -> None:
+        subject = self._endpoint(record.get("subject_kind"), record.get("subject_id"), refs)
+        obj = self._endpoint(record.get("object_kind"), record.get("object_id"), refs)
+        anchor = record.get("anchor_ref") or ""
+        anchor = refs.repoint(anchor) if anchor else ""
+        try:
+            predicate = normalize(coerce.text(record, "predicate"))
+            values = {
+                "a": record["agent_id"],
+                "p": coerce.text(record, "project_id"),
+                "c": coerce.text(record, "channel"),
+                "sk": record.get("subject_kind"), "si": subject, "pred": predicate,
+                "ok": record.get("object_kind"), "oi": obj, "anchor": anchor,
+                "by": coerce.text(record, "declared_by") or "agent",
+                "at": coerce.text(record, "declared_at") or self.now,
+            }
+        except LineRefused:
+            values = None
+        if values is None or subject is None or obj is None or anchor is None or not predicate:
+            self.result.dropped.add("relation")
+            return
+        if not self.dry_run:
+            self.conn.execute(
+                text(
+                    "INSERT INTO relations (agent_id, project_id, channel, subject_kind, "
+                    "subject_id, predicate, object_kind, object_id, anchor_ref, declared_by, "
+                    "declared_at) VALUES (:a, :p, :c, :sk, :si, :pred, :ok, :oi, :anchor, :by, :at) "
+                    "ON CONFLICT DO NOTHING"
+                ),
+                values,
+            )
+        self.result.carried.add("relation")
+
+    def _insert(self, sql: str, params: dict[str, Any]) -> int:
+        if self.dry_run:
+            self._stand_in -= 1
+            return self._stand_in
+        return self.conn.execute(text(sql), params).scalar_one()

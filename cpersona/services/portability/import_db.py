@@ -1,0 +1,156 @@
+"""``cpersona import-db PATH``: copy a CPersona 2.6 database into ours.
+
+A 2.6 database (schema_version 14..21) is never opened for writing (spec README
+decision 9): it is opened read-only (``mode=ro`` URI plus ``query_only``) and
+read in one snapshot. Its rows are turned into the same records an export
+would write and fed through the import path, so the copy obeys exactly the
+import rules — dedup, profiles kept when ours are newer, id re-pointing for
+the declared graph — and re-running the command copies nothing twice. The
+whole copy is one write transaction on our side: all of it or none of it.
+
+Not copied, by design: derived tables (record nodes, blocks, vector and block
+change logs — rebuilt from the records, LR-6), the task queue (its payloads
+name the source's row ids), and declared folders (out of scope, decision 6);
+their row counts are reported.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from sqlalchemy import Connection, create_engine, event, text
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.pool import NullPool
+
+from cpersona.services.app import App
+from cpersona.services.portability import jsonl
+from cpersona.services.portability.graph import GraphReader, RefMap
+from cpersona.services.portability.importer import ErrorLog, RecordImporter
+from cpersona.services.portability.layout import Layout
+from cpersona.services.portability.reader import SnapshotReader
+from cpersona.services.responses import ToolFailure, failure
+from cpersona.storage.engine import _sqlite_module
+
+log = logging.getLogger(__name__)
+
+# Tables of the source that hold something we do not copy, reported by count.
+NOT_COPIED = {
+    "pending_tasks": "pending_memory_tasks",
+    "folders": "folders",
+    "folder_members": "folder_members",
+}
+
+
+@contextmanager
+def read_only_snapshot(path: Path) -> Iterator[Connection]:
+    """A connection that cannot write to ``path``, inside one read transaction."""
+    uri = f"file:{quote(str(path))}?mode=ro"
+    engine = create_engine(
+        "sqlite+pysqlite://",
+        module=_sqlite_module(),
+        creator=lambda: _sqlite_module().connect(uri, uri=True, check_same_thread=False),
+        poolclass=NullPool,
+    )
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        dbapi_conn.isolation_level = None  # our BEGIN below, not the driver's
+        dbapi_conn.execute("PRAGMA query_only = ON")
+        dbapi_conn.execute("PRAGMA busy_timeout = 5000")
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        conn.exec_driver_sql("BEGIN")
+
+    try:
+        with engine.connect() as conn, conn.begin() as txn:
+            yield conn
+            txn.rollback()
+    finally:
+        engine.dispose()
+
+
+def _vet_source(app: App, source_path: Any) -> Path:
+    if not isinstance(source_path, (str, os.PathLike)) or not str(source_path):
+        raise ToolFailure("a database path is required")
+    path = Path(source_path).expanduser()
+    if not path.exists():
+        raise ToolFailure(f"File not found: {path}")
+    if not path.is_file():
+        raise ToolFailure(f"not a regular file: {path}")
+    path = path.resolve()
+    ours = app.db.path
+    if ours is not None and ours.exists() and os.path.samefile(path, ours):
+        raise ToolFailure(f"{path} is this server's own database; name the database to copy from")
+    return path
+
+
+def import_db(app: App, source_path: Any) -> dict[str, Any]:
+    """Copy every record of the database at ``source_path`` into ours; counts per table."""
+    try:
+        path = _vet_source(app, source_path)
+        return _copy(app, path)
+    except ToolFailure as refused:
+        return refused.as_response()
+    except SQLAlchemyError as exc:
+        log.exception("import-db from %s failed", source_path)
+        reason = getattr(exc, "orig", None) or exc
+        return failure(f"import-db aborted and rolled back: {reason}")
+
+
+def _copy(app: App, path: Path) -> dict[str, Any]:
+    with read_only_snapshot(path) as source:
+        layout = Layout.of(source)
+        if not {"memories", "episodes", "profiles"} <= layout.tables:
+            raise ToolFailure(f"{path} is not a CPersona database (no memories/episodes/profiles tables)")
+        version = (
+            source.execute(text("SELECT max(version) FROM schema_version")).scalar()
+            if "schema_version" in layout.tables else None
+        )
+        reader = SnapshotReader(source, layout, None)
+        graph = GraphReader(source, None) if layout.has_graph else None
+        refs = RefMap()
+        for record in graph.records() if graph else ():
+            refs.want_from(record)
+
+        errors = ErrorLog()
+        with app.db.write() as session:
+            importer = RecordImporter(
+                app, session.connection(), target_agent_id="", dry_run=False,
+                refs=refs, export_headed=False, errors=errors,
+            )
+            for row in reader.memories():
+                importer.feed(f"memories id {row.id}", jsonl.memory_record(row, True))
+            for row in reader.episodes():
+                importer.feed(f"episodes id {row.id}", jsonl.episode_record(row, True))
+            for row in reader.profiles():
+                importer.feed(f"profiles id {row.id}", jsonl.profile_record(row))
+            for record in graph.records() if graph else ():
+                importer.feed(f"{record['_type']} {record.get('id', '')}".rstrip(), record)
+            extra = importer.finish()
+        not_copied = {
+            label: source.execute(text(f"SELECT count(*) FROM {table}")).scalar_one()
+            for label, table in NOT_COPIED.items() if table in layout.tables
+        }
+
+    t = importer.tallies
+    answer: dict[str, Any] = {
+        "ok": True,
+        "source": str(path),
+        "source_schema_version": version,
+        "memories": {"copied": t.imported_memories, "skipped": t.skipped_memories},
+        "episodes": {"copied": t.imported_episodes, "skipped": t.skipped_episodes},
+        "profiles": {"copied": t.profiles_applied},
+        **extra,
+    }
+    if any(not_copied.values()):
+        answer["not_copied"] = {k: v for k, v in not_copied.items() if v}
+    if listed := errors.as_list():
+        answer["errors"] = listed
+    return answer

@@ -1,0 +1,438 @@
+"""``import_memories``: restore a JSONL export (spec admin-and-safety.md §7).
+
+The data path, top to bottom:
+
+1. vet the path and the file (IM-1) — :func:`vet_import`;
+2. first pass over the file (:func:`jsonl.scan`): header, per-type counts, parse
+   errors, the record ids graph records point at. A header whose counts do not
+   match the file means a truncated file, and nothing is written (IM-10);
+3. second pass inside ONE write transaction (a read snapshot for a dry run):
+   every line goes through :class:`RecordImporter`, which refuses a bad line
+   with its line number and carries on (IM-3..IM-8);
+4. graph records are written last, through the id map (IM-9);
+5. the answer (§7.3).
+
+Any failure after the first write rolls everything back: an import is applied
+whole or not at all (IM-13).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Connection, text
+from sqlalchemy.exc import SQLAlchemyError
+
+from cpersona.services.app import App
+from cpersona.services.portability import coerce, jsonl
+from cpersona.services.portability.coerce import LineRefused, VectorRejected
+from cpersona.services.portability.graph import GraphCarrier, RefMap
+from cpersona.services.portability.layout import Layout
+from cpersona.services.portability.paths import vet_input_file
+from cpersona.services.portability.writer import EpisodeRow, MemoryRow, ProfileRow, RecordWriter
+from cpersona.services.responses import ToolFailure, failure
+
+log = logging.getLogger(__name__)
+
+MAX_LISTED_ERRORS = 100  # IM-16
+
+
+class ErrorLog:
+    """Per-line messages, at most 100 listed plus a count of the rest (IM-16)."""
+
+    def __init__(self) -> None:
+        self.listed: list[str] = []
+        self.unlisted = 0
+
+    def add(self, message: str) -> None:
+        if len(self.listed) < MAX_LISTED_ERRORS:
+            self.listed.append(message)
+        else:
+            self.unlisted += 1
+
+    def as_list(self) -> list[str]:
+        if self.unlisted:
+            return self.listed + [f"{self.unlisted} more errors were not listed"]
+        return list(self.listed)
+
+
+@dataclass
+class Tallies:
+    imported_memories: int = 0
+    skipped_memories: int = 0
+    imported_episodes: int = 0
+    skipped_episodes: int = 0
+    profile_updated: bool = False
+    profiles_applied: int = 0
+    future_timestamps: int = 0
+    future_episode_timestamps: int = 0
+    memories_without_project: int = 0
+    episodes_without_project: int = 0
+
+    def counts(self) -> dict[str, Any]:
+        return {
+            "imported_memories": self.imported_memories,
+            "skipped_memories": self.skipped_memories,
+            "imported_episodes": self.imported_episodes,
+            "skipped_episodes": self.skipped_episodes,
+            "profile_updated": self.profile_updated,
+        }
+
+
+class FutureClock:
+    """Counts stamps ahead of the server clock by more than the allowance (IM-12)."""
+
+    def __init__(self, app: App, conn: Connection) -> None:
+        self.conn = conn
+        self.now = app.clock()
+        self.allowance = app.settings.future_timestamp_skew_seconds
+
+    def ahead(self, stamp: str | None) -> bool:
+        moment = coerce.parse_stamp(stamp)
+        if moment is None and stamp and self.conn.dialect.name == "sqlite":
+            # FT-1: a stamp ISO refuses is judged the way SQLite's date
+            # functions read it (julianday numbers, "now", ...).
+            seconds = self.conn.execute(
+                text("SELECT (julianday(:s) - 2440587.5) * 86400.0"), {"s": stamp}
+            ).scalar()
+            if seconds is None:
+                return False
+            return seconds - self.now.timestamp() > self.allowance
+        if moment is None:
+            return False
+        return (moment - self.now).total_seconds() > self.allowance
+
+
+class RecordImporter:
+    """Restores records one at a time into a writer; shared by the file import and import-db.
+
+    ``where`` names the record in messages ("Line 12", "memories id 7").
+    """
+
+    def __init__(
+        self,
+        app: App,
+        conn: Connection,
+        *,
+        target_agent_id: str,
+        dry_run: bool,
+        refs: RefMap,
+        export_headed: bool,
+        errors: ErrorLog,
+    ) -> None:
+        layout = Layout.of(conn)
+        self.settings = app.settings
+        self.target = target_agent_id
+        self.refs = refs
+        self.export_headed = export_headed
+        self.errors = errors
+        self.tallies = Tallies()
+        self.writer = RecordWriter(conn, layout, dry_run=dry_run)
+        self.graph = GraphCarrier(conn, supported=layout.has_graph, dry_run=dry_run, now=app.now_iso())
+        self.clock = FutureClock(app, conn)
+        self.now_sql = coerce.sql_stamp(app.clock())
+        self.folders_skipped = 0
+        self._profile_lines: dict[tuple[str, str], str] = {}
+
+    # -- dispatch
+
+    def feed(self, where: str, record: dict[str, Any]) -> None:
+        kind = jsonl.record_type(record)
+        if kind in ("", "header"):
+            return
+        if kind in jsonl.GRAPH_TYPES:
+            self.graph.collect(record, kind, self.target or None)
+            return
+        if kind in jsonl.FOLDER_TYPES:
+            self.folders_skipped += 1  # declared folders are out of scope (decision 6)
+            return
+        handler = {"memory": self._memory, "episode": self._episode, "profile": self._profile}.get(kind)
+        if handler is None:
+            self.errors.add(f"{where}: unknown type '{kind}'")
+            return
+        agent = self._agent(where, kind, record)
+        if agent is None:
+            return
+        try:
+            handler(where, record, agent)
+        except LineRefused as refused:
+            self.errors.add(f"{where}: {kind} {refused.reason}; it was not imported")
+            if kind == "memory":
+                self.tallies.skipped_memories += 1
+            elif kind == "episode":
+                self.tallies.skipped_episodes += 1
+
+    def _agent(self, where: str, kind: str, record: dict[str, Any]) -> str | None:
+        """IM-4: the target, else the record's own agent — ``""`` included (decision 7)."""
+        if self.target:
+            return self.target
+        agent = record.get("agent_id")
+        if agent is None:
+            self.errors.add(f"{where}: {kind} missing agent_id")
+            return None
+        if not isinstance(agent, str):
+            self.errors.add(f"{where}: {kind} agent_id is not a string; it was not imported")
+            return None
+        try:
+            return coerce.text(record, "agent_id")
+        except LineRefused as refused:
+            self.errors.add(f"{where}: {kind} {refused.reason}; it was not imported")
+            return None
+
+    def _project(self, record: dict[str, Any]) -> tuple[str, bool]:
+        """(project_id, whether the record lacked the key) — IM-11."""
+        return coerce.text(record, "project_id"), "project_id" not in record
+
+    # -- records
+
+    def _vector(self, where: str, kind: str, record: dict[str, Any]) -> tuple[bytes | None, str, str | None]:
+        """(blob, label, error line) for the record's optional vector (JL-6)."""
+        if record.get("embedding_b64") is None:
+            return None, "", None
+        try:
+            blob = coerce.decode_vector(record["embedding_b64"])
+        except VectorRejected as why:
+            return None, "", f"{where}: {kind} {why}; it was imported without a vector"
+        label = record.get("embedding_model")
+        return blob, label if isinstance(label, str) else "", None
+
+    def _memory(self, where: str, record: dict[str, Any], agent: str) -> None:
+        raw = coerce.text(record, "content")
+        if not raw:
+            self.tallies.skipped_memories += 1  # IM-6.1: silently
+            return
+        project, no_project = self._project(record)
+        row = MemoryRow(
+            agent_id=agent,
+            project_id=project,
+            channel=coerce.text(record, "channel"),
+            msg_id=coerce.text(record, "msg_id"),
+            content=raw,
+            source=coerce.json_column(record, "source"),
+            timestamp=coerce.text(record, "timestamp"),
+            metadata=coerce.json_column(record, "metadata"),
+            created_at=coerce.text(record, "created_at") or self.now_sql,
+            locked=coerce.flag(record, "locked"),
+            recall_count=coerce.count(record, "recall_count"),
+            last_recalled_at=coerce.optional_text(record, "last_recalled_at"),
+        )
+        row.embedding, row.embedding_model, vector_error = self._vector(where, "memory", record)
+        row.content, truncated = coerce.sanitize(raw, self.settings.max_content_length)
+        if not row.content:
+            raise LineRefused("content is empty after sanitization")
+        inserted, row_id = self.writer.put_memory(row)
+        self.refs.record("mem", record.get("id"), row_id)
+        if not inserted:
+            self.tallies.skipped_memories += 1
+            return
+        self.tallies.imported_memories += 1
+        if truncated:
+            self.errors.add(
+                f"{where}: memory content exceeded the "
+                f"{self.settings.max_content_length}-character cap and was truncated"
+            )
+        if vector_error:
+            self.errors.add(vector_error)
+        if self.clock.ahead(row.timestamp):
+            self.tallies.future_timestamps += 1
+        if no_project and self.export_headed:
+            self.tallies.memories_without_project += 1
+
+    def _episode(self, where: str, record: dict[str, Any], agent: str) -> None:
+        raw = coerce.text(record, "summary")
+        if not raw:
+            return  # IM-7: ignored, not counted
+        project, no_project = self._project(record)
+        row = EpisodeRow(
+            agent_id=agent,
+            project_id=project,
+            channel=coerce.text(record, "channel"),
+            summary=raw,
+            keywords=coerce.keywords(record),
+            created_at=coerce.text(record, "created_at") or self.now_sql,
+            start_time=coerce.optional_text(record, "start_time"),
+            end_time=coerce.optional_text(record, "end_time"),
+            resolved=coerce.flag(record, "resolved"),
+        )
+        row.embedding, row.embedding_model, vector_error = self._vector(where, "episode", record)
+        row.summary, truncated = coerce.sanitize(raw, self.settings.max_content_length)
+        if not row.summary:
+            raise LineRefused("summary is empty after sanitization")
+        inserted, row_id = self.writer.put_episode(row)
+        self.refs.record("ep", record.get("id"), row_id)
+        if not inserted:
+            self.tallies.skipped_episodes += 1
+            return
+        self.tallies.imported_episodes += 1
+        if truncated:
+            self.errors.add(
+                f"{where}: episode summary exceeded the "
+                f"{self.settings.max_content_length}-character cap and was truncated"
+            )
+        if vector_error:
+            self.errors.add(vector_error)
+        if self.clock.ahead(row.start_time) or self.clock.ahead(row.end_time):
+            self.tallies.future_episode_timestamps += 1
+        if no_project and self.export_headed:
+            self.tallies.episodes_without_project += 1
+
+    def _profile(self, where: str, record: dict[str, Any], agent: str) -> None:
+        user_id = coerce.text(record, "user_id")
+        raw = coerce.text(record, "content")
+        if not raw:
+            self.errors.add(f"{where}: profile has no content; the existing profile was kept")
+            return
+        content, _ = coerce.sanitize(raw, self.settings.max_profile_length)
+        if not content:
+            raise LineRefused("content is empty after sanitization")
+        key = (agent, user_id)
+        if key in self._profile_lines:
+            self.errors.add(
+                f"{where}: profile for agent '{agent}' and user_id '{user_id}' already "
+                f"came from {self._profile_lines[key]}; only the first one is applied"
+            )
+            return
+        self._profile_lines[key] = where
+        updated_at = coerce.text(record, "updated_at") or self.now_sql
+        stored = self.writer.stored_profile(agent, user_id)
+        if stored is not None and coerce.is_newer(stored.updated_at, updated_at):
+            self.errors.add(
+                f"{where}: the stored profile for agent '{agent}' is newer than this one "
+                f"({stored.updated_at} > {updated_at}); the stored profile was kept"
+            )
+            return
+        self.writer.put_profile(
+            ProfileRow(agent, user_id, coerce.text(record, "project_id"), content, updated_at)
+        )
+        self.tallies.profile_updated = True
+        self.tallies.profiles_applied += 1
+
+    # -- after the last record
+
+    def finish(self) -> dict[str, Any]:
+        """Write the graph (IM-9), add the summary lines, return the optional answer keys."""
+        carried = self.graph.apply(self.refs)
+        if (line := carried.summary_line()) is not None:
+            self.errors.add(line)
+        t = self.tallies
+        if t.memories_without_project or t.episodes_without_project:
+            self.errors.add(
+                f"{t.memories_without_project} memory and {t.episodes_without_project} episode "
+                "records had no project_id (an export from before that axis was exported); "
+                "they were restored into the global pool"
+            )
+        if self.folders_skipped:
+            self.errors.add(
+                f"{self.folders_skipped} folder records were not restored: declared folders "
+                "are not supported by this server"
+            )
+        extra: dict[str, Any] = {}
+        if carried.carried.total() or (carried.not_supported and carried.not_supported.total()):
+            extra["associations"] = carried.response()
+        if t.future_timestamps:
+            extra["future_timestamps"] = t.future_timestamps
+        if t.future_episode_timestamps:
+            extra["future_episode_timestamps"] = t.future_episode_timestamps
+        return extra
+
+
+# --- the tool ---------------------------------------------------------------
+
+
+def vet_import(app: App, input_path: Any) -> None:
+    """IM-1 alone, for the MCP facade to run before its pause gate (IM-2)."""
+    s = app.settings
+    vet_input_file(input_path, s.export_dir, s.max_import_bytes)
+
+
+class _Abort(Exception):
+    """Stops a run and rolls it back; the message completes "import aborted …"."""
+
+
+def _zero_counts() -> dict[str, Any]:
+    return Tallies().counts()
+
+
+def import_memories(
+    app: App,
+    *,
+    input_path: Any,
+    target_agent_id: Any = "",
+    dry_run: bool = False,
+    session_key: str = "",  # selects the pause bucket; the facade's gate reads it
+) -> dict[str, Any]:
+    del session_key
+    settings = app.settings
+    target = target_agent_id if isinstance(target_agent_id, str) else ""
+    dry_run = dry_run is True
+    try:
+        path = vet_input_file(input_path, settings.export_dir, settings.max_import_bytes)
+        if target:
+            target.encode("utf-8")
+        found = jsonl.scan(path, settings.max_import_bytes)
+    except ToolFailure as refused:
+        return refused.as_response()
+    except UnicodeEncodeError:
+        return failure("target_agent_id holds an unpaired surrogate")
+
+    aborted = "import aborted (dry run — nothing was written)" if dry_run else "import aborted and rolled back"
+    if (problem := found.truncation()) is not None:
+        extra: dict[str, Any] = {"dry_run": dry_run, **_zero_counts()}
+        if found.parse_errors:
+            extra["errors"] = found.parse_errors[:MAX_LISTED_ERRORS]
+        return failure(f"{aborted}: {problem}", **extra)
+
+    errors = ErrorLog()
+    importer: RecordImporter | None = None
+    try:
+        with (app.db.read() if dry_run else app.db.write()) as session:
+            importer = RecordImporter(
+                app,
+                session.connection(),
+                target_agent_id=target,
+                dry_run=dry_run,
+                refs=found.refs,
+                export_headed=found.export_headed,
+                errors=errors,
+            )
+            seen = _restore_lines(importer, path, settings.max_import_bytes, errors)
+            if seen != found.counts:
+                raise _Abort("the file changed while it was being imported")
+            extra = importer.finish()
+    except (_Abort, ToolFailure) as stop:
+        reason = stop.message if isinstance(stop, ToolFailure) else str(stop)
+        return failure(f"{aborted}: {reason}", dry_run=dry_run, **_zero_counts(), **_errors(errors))
+    except SQLAlchemyError as exc:
+        log.exception("import of %s failed", path)
+        return failure(f"{aborted}: database error: {getattr(exc, 'orig', None) or exc}", dry_run=dry_run,
+                       **_zero_counts(), **_errors(errors))
+
+    return {"ok": True, "dry_run": dry_run, **importer.tallies.counts(), **extra, **_errors(errors)}
+
+
+def _restore_lines(importer: RecordImporter, path: Any, max_bytes: int, errors: ErrorLog) -> Counter[str]:
+    """Second pass: every line into the importer; returns the per-type counts it saw."""
+    seen: Counter[str] = Counter()
+    for line in jsonl.read_lines(path, max_bytes):
+        if line.record is None:
+            errors.add(line.error or "")
+            continue
+        kind = jsonl.record_type(line.record)
+        if kind in jsonl.KNOWN_TYPES and kind != "header":
+            seen[kind] += 1
+        importer.feed(f"Line {line.number}", line.record)
+    return seen
+
+
+def _errors(errors: ErrorLog) -> dict[str, Any]:
+    listed = errors.as_list()
+    return {"errors": listed} if listed else {}
+
+
+def paused_import_body() -> dict[str, Any]:
+    """The success shape a paused, non-dry import answers before the facade adds
+    ``persisted``/``reason`` (spec §9.5)."""
+    return {"ok": True, "dry_run": True, **_zero_counts()}

@@ -1,0 +1,244 @@
+"""``merge_memories``: copy or move one agent's records into another (spec §8).
+
+One transaction (a read snapshot for a dry run): read the source agent in id
+order, in pages; write each record under the target unless the target already
+holds an equal one (the dedup keys of :mod:`writer`); carry the declared graph
+through the id map; for a move, delete exactly the source rows that were copied.
+Content is copied verbatim — it was sanitised when it was first stored (MG-3).
+Any failure rolls the whole merge back (MG-9).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Connection, delete, text
+from sqlalchemy.exc import SQLAlchemyError
+
+from cpersona.services.app import App
+from cpersona.services.portability.graph import CarryResult, GraphCarrier, GraphReader, RefMap
+from cpersona.services.portability.layout import Layout
+from cpersona.services.portability.reader import SnapshotReader
+from cpersona.services.portability.writer import EpisodeRow, MemoryRow, ProfileRow, RecordWriter
+from cpersona.services.responses import ToolFailure, failure
+from cpersona.storage.models import Episode, Memory, PendingMemoryTask, Profile
+
+log = logging.getLogger(__name__)
+
+STRATEGIES = ("skip",)
+MODES = ("copy", "move")
+DELETE_CHUNK = 500
+
+
+def validate_merge(source_agent_id: Any, target_agent_id: Any, strategy: Any, mode: Any) -> None:
+    """MG-1, in its order; exposed so the facade can run it before its pause gate (MG-2)."""
+    if not isinstance(source_agent_id, str) or not source_agent_id:
+        raise ToolFailure("source_agent_id is required")
+    if not isinstance(target_agent_id, str) or not target_agent_id:
+        raise ToolFailure("target_agent_id is required")
+    if source_agent_id == target_agent_id:
+        raise ToolFailure("source_agent_id and target_agent_id must differ")
+    if strategy not in STRATEGIES:
+        raise ToolFailure(f"Unsupported strategy '{strategy}'. Currently supported: 'skip'")
+    if mode not in MODES:
+        raise ToolFailure(f"Invalid mode '{mode}'. Supported: 'copy', 'move'")
+
+
+@dataclass
+class MergeTallies:
+    merged_memories: int = 0
+    skipped_memories: int = 0
+    merged_episodes: int = 0
+    skipped_episodes: int = 0
+    profile_copied: bool = False
+    skipped_profile: bool = False
+
+    def counts(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+class _Merge:
+    def __init__(self, app: App, conn: Connection, source: str, target: str, *, dry_run: bool) -> None:
+        self.app = app
+        self.conn = conn
+        self.source = source
+        self.target = target
+        self.dry_run = dry_run
+        self.layout = Layout.of(conn)
+        self.reader = SnapshotReader(conn, self.layout, source)
+        self.writer = RecordWriter(conn, self.layout, dry_run=dry_run)
+        self.refs = RefMap()
+        self.tallies = MergeTallies()
+        self.copied: dict[str, list[int]] = {"memories": [], "episodes": [], "profiles": []}
+
+    def run(self, *, move: bool) -> dict[str, Any]:
+        carrier = self._collect_graph()
+        self._memories()
+        self._episodes()
+        self._profiles()
+        carried = carrier.apply(self.refs) if carrier else CarryResult()
+        extra: dict[str, Any] = {}
+        if carried.carried.total() or carried.not_carried:
+            extra["associations"] = carried.carried.as_dict()
+            if carried.not_carried:
+                extra["associations"]["not_carried"] = carried.not_carried
+        if move and not self.dry_run:
+            extra.update(self._delete_source(graph_complete=carrier is not None and not carried.not_carried))
+        return extra
+
+    def _collect_graph(self) -> GraphCarrier | None:
+        """Read the source's declarations first: they say which record ids to remember."""
+        if not self.layout.has_graph:
+            return None  # no tables, so nothing was ever declared
+        carrier = GraphCarrier(self.conn, supported=True, dry_run=self.dry_run, now=self.app.now_iso())
+        for record in GraphReader(self.conn, self.source).records():
+            self.refs.want_from(record)
+            carrier.collect(record, record["_type"], self.target)
+        return carrier
+
+    def _memories(self) -> None:
+        t = self.tallies
+        for row in self.reader.memories():
+            if not row.content:
+                t.skipped_memories += 1
+                continue
+            inserted, new_id = self.writer.put_memory(MemoryRow(
+                agent_id=self.target, project_id=row.project_id, channel=row.channel,
+                msg_id=row.msg_id, content=row.content, source=row.source,
+                timestamp=row.timestamp, metadata=row.metadata, created_at=row.created_at,
+                locked=row.locked, recall_count=row.recall_count,
+                last_recalled_at=row.last_recalled_at, embedding=row.embedding,
+                embedding_model=row.embedding_model or "",
+            ))
+            self.refs.record("mem", row.id, new_id)
+            if inserted:
+                t.merged_memories += 1
+                self.copied["memories"].append(row.id)
+            else:
+                t.skipped_memories += 1
+
+    def _episodes(self) -> None:
+        t = self.tallies
+        for row in self.reader.episodes():
+            if not row.summary:
+                t.skipped_episodes += 1
+                continue
+            inserted, new_id = self.writer.put_episode(EpisodeRow(
+                agent_id=self.target, project_id=row.project_id, channel=row.channel,
+                summary=row.summary, keywords=row.keywords, created_at=row.created_at,
+                start_time=row.start_time, end_time=row.end_time, resolved=row.resolved,
+                embedding=row.embedding, embedding_model=row.embedding_model or "",
+            ))
+            self.refs.record("ep", row.id, new_id)
+            if inserted:
+                t.merged_episodes += 1
+                self.copied["episodes"].append(row.id)
+            else:
+                t.skipped_episodes += 1
+
+    def _profiles(self) -> None:
+        """MG-5: copied only where the target has no profile for that user_id."""
+        for row in self.reader.profiles():
+            if self.writer.stored_profile(self.target, row.user_id) is not None:
+                self.tallies.skipped_profile = True
+                continue
+            self.writer.put_profile(
+                ProfileRow(self.target, row.user_id, row.project_id, row.content, row.updated_at)
+            )
+            self.tallies.profile_copied = True
+            self.copied["profiles"].append(row.id)
+
+    def _delete_source(self, *, graph_complete: bool) -> dict[str, Any]:
+        """MG-7: remove exactly the copied source rows; clean up only an emptied source."""
+        deleted = {
+            name: self._delete_ids(model, self.copied[name])
+            for name, model in (("memories", Memory), ("episodes", Episode), ("profiles", Profile))
+        }
+        left = self.reader.counts()
+        left_at_source = {"memories": left["memory"], "episodes": left["episode"], "profiles": left["profile"]}
+        deleted_tasks = 0
+        if not any(left_at_source.values()):
+            deleted_tasks = self.conn.execute(
+                delete(PendingMemoryTask).where(PendingMemoryTask.agent_id == self.source)
+            ).rowcount
+            if graph_complete:
+                self.conn.execute(text("DELETE FROM relations WHERE agent_id = :a"), {"a": self.source})
+                # The entities trigger removes their aliases and mentions (LR-2).
+                self.conn.execute(text("DELETE FROM entities WHERE agent_id = :a"), {"a": self.source})
+        if self.layout.has_graph:
+            for name in ("entities", "relations"):
+                remaining = self.conn.execute(
+                    text(f"SELECT count(*) FROM {name} WHERE agent_id = :a"), {"a": self.source}
+                ).scalar_one()
+                if remaining:
+                    left_at_source[name] = remaining
+        return {
+            "source_deleted": {
+                "ok": True,
+                "agent_id": self.source,
+                "deleted_memories": deleted["memories"],
+                "deleted_profiles": deleted["profiles"],
+                "deleted_episodes": deleted["episodes"],
+                "deleted_pending_tasks": deleted_tasks,
+            },
+            "left_at_source": left_at_source,
+        }
+
+    def _delete_ids(self, model: Any, ids: list[int]) -> int:
+        total = 0
+        for start in range(0, len(ids), DELETE_CHUNK):
+            chunk = ids[start:start + DELETE_CHUNK]
+            total += self.conn.execute(
+                delete(model).where(model.id.in_(chunk), model.agent_id == self.source)
+            ).rowcount
+        return total
+
+
+def merge_memories(
+    app: App,
+    *,
+    source_agent_id: Any,
+    target_agent_id: Any,
+    strategy: Any = "skip",
+    mode: Any = "copy",
+    dry_run: bool = False,
+    session_key: str = "",  # selects the pause bucket; the facade's gate reads it
+) -> dict[str, Any]:
+    del session_key
+    try:
+        validate_merge(source_agent_id, target_agent_id, strategy, mode)
+    except ToolFailure as refused:
+        return refused.as_response()
+    dry_run = dry_run is True
+    merge: _Merge | None = None
+    try:
+        with (app.db.read() if dry_run else app.db.write()) as session:
+            merge = _Merge(app, session.connection(), source_agent_id, target_agent_id, dry_run=dry_run)
+            extra = merge.run(move=mode == "move")
+    except SQLAlchemyError as exc:
+        log.exception("merge %s -> %s failed", source_agent_id, target_agent_id)
+        seen = merge.tallies if merge else MergeTallies()
+        return failure(
+            f"merge aborted and rolled back: {getattr(exc, 'orig', None) or exc}",
+            dry_run=dry_run, source_agent_id=source_agent_id, target_agent_id=target_agent_id,
+            merged_memories=0, skipped_memories=seen.skipped_memories, merged_episodes=0,
+            skipped_episodes=seen.skipped_episodes, profile_copied=False,
+            skipped_profile=seen.skipped_profile,
+        )
+    return {
+        "ok": True, "dry_run": dry_run, "source_agent_id": source_agent_id,
+        "target_agent_id": target_agent_id, "strategy": strategy, "mode": mode,
+        **merge.tallies.counts(), **extra,
+    }
+
+
+def paused_merge_body(source_agent_id: str, target_agent_id: str, strategy: str, mode: str) -> dict[str, Any]:
+    """The success shape a paused, non-dry merge answers before the facade adds
+    ``persisted``/``reason`` (spec §9.5)."""
+    return {
+        "ok": True, "dry_run": True, "source_agent_id": source_agent_id,
+        "target_agent_id": target_agent_id, "strategy": strategy, "mode": mode,
+        **MergeTallies().counts(),
+    }
