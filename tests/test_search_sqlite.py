@@ -132,7 +132,8 @@ def test_like_is_ascii_case_insensitive_newest_first_and_escaped(db, search):
 
 @pytest.mark.parametrize(
     "query",
-    ['"""', "*", '"', "NEAR(a b)", "a OR NOT b AND", "col:x ^y", "(((", "\x00", "\x00alpha\x00", "'; DROP TABLE memories; --"],
+    ['"""', "*", '"', "NEAR(a b)", "a OR NOT b AND", "col:x ^y", "(((", "\x00", "\x00alpha\x00",
+     "'; DROP TABLE memories; --"],
 )
 def test_hostile_queries_are_read_literally(db, search, query):
     add_memories(db, {"content": "alpha beta gamma"})
@@ -144,9 +145,11 @@ def test_hostile_queries_are_read_literally(db, search, query):
         assert session.execute(text("select count(*) from memories")).scalar() == 1
 
 
-@pytest.mark.parametrize("query", ["x" * 100_000, '"' * 100_000, "*" * 100_000, "東京タワー" * 20_000, "word " * 20_000])
+@pytest.mark.parametrize(
+    "query", ["x" * 100_000, '"' * 100_000, "*" * 100_000, "東京タワー" * 20_000, "word " * 20_000]
+)
 def test_huge_queries_answer_quickly(db, search, query):
-    add_memories(*[db], *({"content": f"row {i} about words and 東京タワー"} for i in range(200)))
+    add_memories(db, *({"content": f"row {i} about words and 東京タワー"} for i in range(200)))
     started = time.monotonic()
     result = search.keyword_memories(Scope("a"), query, 10)
     search.keyword_episodes(Scope("a"), query, 10)
@@ -249,7 +252,8 @@ def test_scope_is_applied_before_the_depth_cut(db, search):
 
 
 def test_fetch_hydrates_only_rows_in_scope(search, spread):
-    found = search.fetch(Scope("a", project_id="p1"), [("mem", 1), ("mem", 2), ("mem", 3), ("mem", 6), ("ep", 2), ("ep", 99)])
+    wanted = [("mem", 1), ("mem", 2), ("mem", 3), ("mem", 6), ("ep", 2), ("ep", 99)]
+    found = search.fetch(Scope("a", project_id="p1"), wanted)
     assert sorted(found) == [("ep", 2), ("mem", 1), ("mem", 2)]
     assert found[("ep", 2)].content == "[Episode] alpha ep p1"
 

@@ -82,7 +82,7 @@ def rsf(lists: Sequence[RankedList]) -> list[Fused]:
             continue
         used += 1
         normalised = min_max([entry.raw for entry in ranked.entries])
-        for entry, value in zip(ranked.entries, normalised):
+        for entry, value in zip(ranked.entries, normalised, strict=True):
             row = fused.setdefault(entry.key, Fused(entry.key, 0.0))
             row.score += value * ranked.weight
             row.ranks.setdefault(ranked.channel, entry.rank)

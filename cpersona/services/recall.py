@@ -1,0 +1,511 @@
+"""recall: find the memories and episodes that answer a query (spec §1, §3.2).
+
+The pipeline, top to bottom:
+
+    validate → depth → retrieve (one ranked list per retriever) → fuse
+      → score (episode boundary penalty) → gate → autocut → cut to limit
+      → reverse (the best row ends the list) → messages → counters
+      → advisory → preview tier / full-content budget
+
+Retrievers are the vector channel (not wired yet: ``app.embedder`` is None in
+this release), FTS over episodes and FTS over memories with its LIKE fallback.
+Each produces a :class:`~cpersona.services.fusion.RankedList`; a new retriever
+is one more list handed to fusion, and a row the vector channel scored carries
+its cosine into the gate and ``match_reason`` through :class:`Candidate`.
+
+:func:`run_recall` is the library entry (steps up to the response, no preview
+cut), reused by ``recall_with_context``; :func:`recall` is the tool.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import update
+
+from cpersona.services.app import App
+from cpersona.services.fusion import Ranked, RankedList, cascade, rrf, rsf
+from cpersona.services.gate import (
+    PROFILE_KEY,
+    Candidate,
+    apply_gate,
+    autocut,
+    calibrated_gate_for,
+)
+from cpersona.services.preview import (
+    FULL_CONTENT_BUDGET,
+    apply_full_content_budget,
+    apply_preview_tier,
+)
+from cpersona.services.responses import ToolFailure
+from cpersona.storage.models import Memory
+from cpersona.storage.scope import Scope
+from cpersona.storage.search import Hit, Record, RowKey, SearchBackend, clean_query
+
+log = logging.getLogger(__name__)
+
+EXCLUDE_PREFIX_MIN = 32  # exclusion entries this long also match by prefix (spec §5.7.5)
+ADVISORY_SESSIONS = 256  # sessions remembered as "already told" (spec ADV-6)
+KEYLESS = ""  # the advisory / pause bucket of callers that declare no session_key
+
+
+# -- arguments ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RecallRequest:
+    """The tool's arguments after validation, in the types the pipeline uses."""
+
+    agent_id: str
+    query: str
+    limit: int
+    deep: bool = False
+    channel: str = ""
+    exclude_contents: tuple[str, ...] = ()
+    session_key: str = ""
+    project_id: str | None = None
+    source_id: str = ""
+    full_content: bool = False
+
+    @property
+    def scope(self) -> Scope:
+        return Scope(agent_id=self.agent_id, project_id=self.project_id, channel=self.channel or None)
+
+    @property
+    def blank(self) -> bool:
+        return not clean_query(self.query)
+
+
+def _has_lone_surrogate(value: Any) -> bool:
+    if isinstance(value, str):
+        return any("\ud800" <= ch <= "\udfff" for ch in value)
+    if isinstance(value, dict):
+        return any(_has_lone_surrogate(k) or _has_lone_surrogate(v) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return any(_has_lone_surrogate(v) for v in value)
+    return False
+
+
+def _text(name: str, value: Any, *, default: str = "") -> str:
+    if value is None:
+        return default
+    if not isinstance(value, str):
+        raise ToolFailure(f"{name} must be a string", messages=[])
+    return value
+
+
+def _flag(name: str, value: Any) -> bool:
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise ToolFailure(f"{name} must be true or false", messages=[])
+    return value
+
+
+def parse_request(app: App, arguments: dict[str, Any]) -> RecallRequest:
+    """Check the arguments and normalise them; raise ToolFailure on bad input."""
+    for name, value in arguments.items():
+        if _has_lone_surrogate(value):
+            raise ToolFailure(f"{name} contains an unpaired UTF-16 surrogate, which is not valid text", messages=[])
+    if arguments.get("agent_id") is None:
+        raise ToolFailure("agent_id is required", messages=[])
+    if arguments.get("query") is None:
+        raise ToolFailure("query is required", messages=[])
+    limit = arguments.get("limit", 10)
+    if limit is None:
+        limit = 10
+    if isinstance(limit, bool) or not isinstance(limit, int):
+        raise ToolFailure("limit must be an integer from 0 to 100", messages=[])
+    exclude = arguments.get("exclude_contents") or []
+    if not isinstance(exclude, (list, tuple)) or not all(isinstance(e, str) for e in exclude):
+        raise ToolFailure("exclude_contents must be a list of strings", messages=[])
+    project_id = arguments.get("project_id")
+    time_cue = arguments.get("time_cue")
+    if time_cue is not None and not isinstance(time_cue, dict):
+        raise ToolFailure("time_cue must be an object", messages=[])
+    return RecallRequest(
+        agent_id=_text("agent_id", arguments["agent_id"]),
+        query=_text("query", arguments["query"]),
+        limit=max(0, min(limit, app.settings.recall_library_max_limit)),
+        deep=_flag("deep", arguments.get("deep")),
+        channel=_text("channel", arguments.get("channel")),
+        exclude_contents=tuple(exclude),
+        session_key=_text("session_key", arguments.get("session_key")),
+        project_id=None if project_id is None else _text("project_id", project_id),
+        source_id=_text("source_id", arguments.get("source_id")),
+        full_content=_flag("full_content", arguments.get("full_content")),
+    )
+
+
+# -- retrieval -----------------------------------------------------------------------
+
+
+def search_backend(app: App) -> SearchBackend:
+    if not app.db.is_sqlite:
+        raise ToolFailure(f"recall is not available on the {app.db.dialect} backend yet", messages=[])
+    from cpersona.storage.search_sqlite import SqliteSearch
+
+    return SqliteSearch(app.db, fts_enabled=app.settings.fts_enabled, max_memories=app.settings.max_memories)
+
+
+def exclusion(entries: Sequence[str]) -> Callable[[str], bool]:
+    """Whether a row's text is one the caller already holds (spec §5.7.5).
+
+    Entries are compared trimmed and lower-cased. Any entry excludes an equal
+    row; an entry of 32 characters or more also excludes a row it starts with
+    or that starts with it (a caller's copy may be cut, or extended).
+    """
+    exact = {e.strip().lower() for e in entries if e.strip()}
+    long = [e for e in exact if len(e) >= EXCLUDE_PREFIX_MIN]
+
+    def excluded(text: str) -> bool:
+        row = text.strip().lower()
+        if not row:
+            return False
+        return row in exact or any(e.startswith(row) or row.startswith(e) for e in long)
+
+    return excluded
+
+
+@dataclass
+class Retrieval:
+    """What the retrievers found: ranked lists plus the rows they name."""
+
+    lists: list[RankedList] = field(default_factory=list)
+    records: dict[RowKey, Record] = field(default_factory=dict)
+    cosines: dict[RowKey, float] = field(default_factory=dict)  # from the vector channel
+    query_embedded: bool = False  # the vector channel ran for this query
+
+    def add(self, channel: str, hits: Sequence[Hit], excluded: Callable[[str], bool]) -> None:
+        """Add one retriever's hits; excluded rows drop out but keep no one's rank."""
+        entries = []
+        for rank, hit in enumerate(hits):
+            if excluded(hit.record.content):
+                continue
+            self.records.setdefault(hit.record.key, hit.record)
+            entries.append(Ranked(hit.record.key, rank, hit.raw))
+        self.lists.append(RankedList(channel, tuple(entries)))
+
+    def keys(self, channel: str) -> list[RowKey]:
+        return [e.key for lst in self.lists if lst.channel == channel for e in lst.entries]
+
+
+def retrieve(backend: SearchBackend, req: RecallRequest, depth: int, excluded: Callable[[str], bool]) -> Retrieval:
+    """Run the retrievers, in fusion order: vector near, far, episodes, memories."""
+    found = Retrieval()
+    if req.blank:  # spec §5.7.4: a blank query is a recency listing
+        found.add("memories", backend.recent_memories(req.scope, depth, source_id=req.source_id), excluded)
+        return found
+    # Vector channel: joins here as found.add("vector", ...) with cosines once an
+    # embedder exists (next issue); until then every lexical row is single-arm.
+    if not req.source_id or req.channel:  # spec ISO-4: episodes carry no per-user source
+        found.add("episodes", backend.keyword_episodes(req.scope, req.query, depth), excluded)
+    keyword = backend.keyword_memories(req.scope, req.query, depth, source_id=req.source_id)
+    found.add("memories", keyword.hits, excluded)
+    return found
+
+
+# -- fusion and scoring --------------------------------------------------------------
+
+
+def fuse(app: App, req: RecallRequest, found: Retrieval, profile: str | None) -> list[Candidate]:
+    """One candidate list, best first, with the profile row where its mode puts it."""
+    mode = app.settings.recall_mode
+    profile_row = Candidate(PROFILE_KEY, profile_text=profile) if profile is not None else None
+    if req.blank or mode == "cascade":
+        order = cascade(
+            found.keys("vector"),
+            found.keys("episodes"),
+            found.keys("memories"),
+            limit=req.limit,
+            profile=PROFILE_KEY if profile_row else None,
+        )
+        return [profile_row if key == PROFILE_KEY else _candidate(found, key) for key in order]  # type: ignore[misc]
+    fused = rrf(found.lists, app.settings.rrf_k) if mode == "rrf" else rsf(found.lists)
+    rows = []
+    for row in fused:
+        candidate = _candidate(found, row.key)
+        setattr(candidate, mode, row.score)
+        candidate.single_arm = _single_arm(found, row.key)
+        rows.append(candidate)
+    return rows + ([profile_row] if profile_row else [])
+
+
+def _candidate(found: Retrieval, key: RowKey) -> Candidate:
+    return Candidate(key, record=found.records[key], cosine=found.cosines.get(key))
+
+
+def _single_arm(found: Retrieval, key: RowKey) -> bool:
+    """Only one retriever could have ranked this row (spec §5.8.2)."""
+    if key in found.cosines:
+        return False
+    return not found.query_embedded or not found.records[key].has_embedding
+
+
+def parse_instant(stamp: str) -> datetime | None:
+    """An ISO-8601 stamp as an aware instant (naive = UTC), or None."""
+    try:
+        moment = datetime.fromisoformat(stamp.strip())
+    except (ValueError, AttributeError):
+        return None
+    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+
+
+def apply_episode_penalty(
+    app: App, backend: SearchBackend, scope: Scope, rows: list[Candidate], *, legacy: bool
+) -> list[Candidate]:
+    """Age memories written before the newest episode (spec §5.9.1).
+
+    Archiving an episode closes a chapter: memories from before it keep their
+    place but count for less, down to the floor, so an old corpus does not
+    drown what was said since.
+    """
+    settings = app.settings
+    if not settings.episode_penalty_enabled or not any(r.record and r.record.kind == "mem" for r in rows):
+        return rows
+    boundary = backend.episode_boundary(scope)
+    if boundary is None:
+        return rows
+    penalised = False
+    for row in rows:
+        if row.record is None or row.record.kind != "mem":
+            continue
+        stamp = parse_instant(row.record.timestamp)
+        if stamp is None or stamp >= boundary:
+            continue
+        hours = (boundary - stamp).total_seconds() / 3600
+        factor = max(math.exp(-settings.episode_decay_rate * hours), settings.episode_decay_floor)
+        if factor < 1:
+            row.scale(factor)
+            penalised = True
+    scored = [r for r in rows if not r.is_profile]
+    for name in ("rrf", "rsf"):
+        if penalised and not legacy and scored and all(getattr(r, name) is not None for r in scored):
+            profile = [r for r in rows if r.is_profile]
+            return sorted(scored, key=lambda r: -getattr(r, name)) + profile
+    return rows
+
+
+# -- response ------------------------------------------------------------------------
+
+
+def parse_source(stored: str) -> Any:
+    try:
+        return json.loads(stored)
+    except (TypeError, ValueError):
+        return {}
+
+
+def match_reason(row: Candidate) -> dict[str, Any] | None:
+    """Why a scored row is here: the gate's signal and every score it carries (§5.14)."""
+    judged = row.signal
+    if judged is None:
+        return None
+    reason: dict[str, Any] = {"signal": judged[0], "score": judged[1]}
+    for name in ("cosine", "rrf", "rsf"):
+        value = getattr(row, name)
+        if value is not None:
+            reason[name] = value
+    return reason
+
+
+def message(row: Candidate) -> dict[str, Any]:
+    if row.is_profile:
+        return {"content": f"[Profile] {row.profile_text}", "source": {"System": "profile"}}
+    record = row.record
+    assert record is not None
+    out: dict[str, Any] = {"content": record.content, "ref": record.ref}
+    out["source"] = {"System": "episode"} if record.kind == "ep" else parse_source(record.source)
+    if record.timestamp:
+        out["timestamp"] = record.timestamp
+    if record.msg_id:
+        out["id"] = record.msg_id
+    if (reason := match_reason(row)) is not None:
+        out["match_reason"] = reason
+    return out
+
+
+def bump_recall_counters(app: App, memory_ids: Sequence[int]) -> None:
+    """Count a recall of each returned memory (spec §5.9.5); failure is not the caller's."""
+    if not memory_ids:
+        return
+    stamp = app.clock().astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+    try:
+        with app.db.write() as session:
+            session.execute(
+                update(Memory)
+                .where(Memory.id.in_(memory_ids))
+                .values(recall_count=Memory.recall_count + 1, last_recalled_at=stamp)
+            )
+    except Exception:  # noqa: BLE001 - a lost counter must not fail the read
+        log.warning("could not update recall counters", exc_info=True)
+
+
+# -- degraded advisory ---------------------------------------------------------------
+
+
+_HINT_REASON = "embeddings disabled (mode=none); recall is keyword/FTS-only"
+_HINT_EVIDENCE = "mode=none / no embedding backend configured"
+_HINT_RUNBOOK = (
+    "Please tell the user: memory search is running without an embedding backend "
+    "(CPERSONA_EMBEDDING_MODE=none), so recall matches keywords and substrings only. "
+    "Memories worded differently from the question, and older ones, can be missed.\n\n"
+    "To search by meaning, run an embedding server that speaks the CPersona embedding "
+    "contract (POST {\"texts\": [...]} -> {\"embeddings\": [...]}), then set "
+    "CPERSONA_EMBEDDING_MODE=http and CPERSONA_EMBEDDING_URL to its /embed endpoint "
+    "(or CPERSONA_EMBEDDING_MODE=api for an OpenAI-compatible service) and restart.\n\n"
+    "In plain words for the user: \"I can only find memories by their exact words right "
+    "now; with an embedding service I could also find them by meaning.\"\n\n"
+    "Setting CPERSONA_DEGRADED_ADVISORY=false stops this notice; it does not turn "
+    "semantic search on."
+)
+_HINT_REMINDER = f"Reminder: keyword-only recall ({_HINT_EVIDENCE})."
+
+
+@dataclass
+class AdvisoryMemory:
+    """Who has already been given the full notice in the current degradation episode."""
+
+    episode: int = 0
+    sessions: OrderedDict[str, None] = field(default_factory=OrderedDict)
+    keyless_told: bool = False
+
+    def first_time(self, episode: int, session_key: str) -> bool:
+        if episode != self.episode:  # a new episode of degradation re-arms everyone
+            self.episode, self.sessions, self.keyless_told = episode, OrderedDict(), False
+        if session_key == KEYLESS:
+            told, self.keyless_told = self.keyless_told, True
+            return not told
+        if session_key in self.sessions:
+            self.sessions.move_to_end(session_key)
+            return False
+        self.sessions[session_key] = None
+        while len(self.sessions) > ADVISORY_SESSIONS:
+            self.sessions.popitem(last=False)
+        return True
+
+
+def session_bucket(session_key: str) -> str:
+    """spec SH-2: absent, blank or the literal ``transport`` all mean keyless."""
+    key = session_key.strip()
+    return KEYLESS if key in ("", "transport") else key
+
+
+def advisory(app: App, session_key: str) -> dict[str, Any] | None:
+    """The notice that recall is degraded, while it is (spec §5.17).
+
+    Only the static case exists yet: mode ``none`` is a standing hint. Faults
+    of a configured backend are measured by the embedding client and join here
+    through the same once-per-session memory.
+    """
+    if not app.settings.degraded_advisory or app.settings.embedding_mode != "none":
+        return None
+    memory: AdvisoryMemory = app.extras.setdefault("recall_advisory", AdvisoryMemory())
+    bucket = session_bucket(session_key)
+    full = memory.first_time(0, bucket)
+    shared = app.settings.transport != "stdio"
+    return {
+        "degraded": True,
+        "severity": "hint",
+        "reason": _HINT_REASON,
+        "evidence": _HINT_EVIDENCE,
+        "runbook": _HINT_RUNBOOK if full else _HINT_REMINDER,
+        "advisory_scope": "process" if bucket == KEYLESS and shared else "session",
+    }
+
+
+# -- the pipeline --------------------------------------------------------------------
+
+
+@dataclass
+class RecallOutcome:
+    """Messages worst → best, before any preview cut, and the response's extra keys."""
+
+    messages: list[dict[str, Any]]
+    extras: dict[str, Any] = field(default_factory=dict)
+
+
+def depth_for(app: App, req: RecallRequest) -> int:
+    """Rows each retriever returns (spec §5.8.1)."""
+    if req.blank or app.settings.recall_mode == "cascade":
+        return req.limit
+    return min(max(req.limit, app.settings.recall_depth_floor), app.settings.recall_library_max_limit)
+
+
+def run_recall(app: App, req: RecallRequest) -> RecallOutcome:
+    """Steps 2–15 of the pipeline for a validated request (no preview cut)."""
+    settings = app.settings
+    extras: dict[str, Any] = {}
+    if (notice := advisory(app, req.session_key)) is not None:
+        extras["advisory"] = notice
+    depth = depth_for(app, req)
+    if depth != req.limit:
+        extras["depth"] = depth
+    if req.limit == 0:
+        return RecallOutcome([], extras)
+
+    backend = search_backend(app)
+    found = retrieve(backend, req, depth, exclusion(req.exclude_contents))
+    rows = fuse(app, req, found, backend.profile(req.agent_id))
+    legacy = settings.confidence_enabled and settings.confidence_ordering == "legacy"
+    rows = apply_episode_penalty(app, backend, req.scope, rows, legacy=legacy)
+
+    gate = calibrated_gate_for(app.extras, req.agent_id, enabled=settings.fused_gate_enabled)
+    rows = apply_gate(
+        rows, pool=backend.pool_count(req.scope), query_blank=req.blank, deep=req.deep,
+        rrf_k=settings.rrf_k, calibrated=gate,
+    )  # fmt: skip
+    if settings.autocut_enabled:
+        rows = autocut(rows, min_results=settings.autocut_min_results, min_gap_ratio=settings.autocut_min_gap_ratio)
+
+    ranked = rows[: req.limit]
+    ranked.reverse()  # spec RC-1: the best row is the last one, nearest the reader
+    if settings.confidence_enabled and not req.deep:
+        bump_recall_counters(app, [r.record.id for r in ranked if r.record and r.record.kind == "mem"])
+    return RecallOutcome([message(row) for row in ranked], extras)
+
+
+def recall(
+    app: App,
+    *,
+    agent_id: Any = None,
+    query: Any = None,
+    limit: Any = 10,
+    deep: Any = False,
+    channel: Any = "",
+    exclude_contents: Any = None,
+    session_key: Any = "",
+    project_id: Any = None,
+    source_id: Any = "",
+    full_content: Any = False,
+    trace: Any = False,
+    time_cue: Any = None,
+) -> dict[str, Any]:
+    """The ``recall`` tool: ``{messages: [...]}`` worst → best, plus optional keys."""
+    arguments = dict(
+        agent_id=agent_id, query=query, limit=limit, deep=deep, channel=channel,
+        exclude_contents=exclude_contents, session_key=session_key, project_id=project_id,
+        source_id=source_id, full_content=full_content, trace=trace, time_cue=time_cue,
+    )  # fmt: skip
+    try:
+        req = parse_request(app, arguments)
+        outcome = run_recall(app, req)
+    except ToolFailure as failure:
+        return failure.as_response()
+    settings = app.settings
+    cut = {"preview_chars": settings.recall_preview_chars, "excerpt_chars": settings.recall_excerpt_chars,
+           "query": req.query}
+    response: dict[str, Any] = {"messages": outcome.messages}
+    if not req.full_content:
+        apply_preview_tier(outcome.messages, **cut)
+    elif apply_full_content_budget(outcome.messages, **cut):
+        response["full_content_budget_chars"] = FULL_CONTENT_BUDGET
+    response.update(outcome.extras)
+    return response
