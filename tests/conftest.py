@@ -11,6 +11,7 @@ from cpersona.config import load_settings
 from cpersona.services.app import App
 from cpersona.storage.engine import Database, open_sqlite
 from cpersona.storage.migrate import upgrade
+from embed_server import embed_server  # noqa: F401  (a real local embedding server, as a fixture)
 
 LEGACY_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "legacy"
 
