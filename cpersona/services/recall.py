@@ -184,7 +184,7 @@ class Retrieval:
     query_embedded: bool = False  # the vector channel ran for this query
 
     def add(self, channel: str, hits: Sequence[Hit], excluded: Callable[[str], bool]) -> None:
-        """Add one retriever's hits; excluded rows drop out but keep no one's rank."""
+        """Add one retriever's hits; an excluded row casts no vote, later rows keep their rank."""
         entries = []
         for rank, hit in enumerate(hits):
             if excluded(hit.record.content):
@@ -227,7 +227,8 @@ def fuse(app: App, req: RecallRequest, found: Retrieval, profile: str | None) ->
             limit=req.limit,
             profile=PROFILE_KEY if profile_row else None,
         )
-        return [profile_row if key == PROFILE_KEY else _candidate(found, key) for key in order]  # type: ignore[misc]
+        placed = {PROFILE_KEY: profile_row} if profile_row else {}
+        return [placed.get(key) or _candidate(found, key) for key in order]
     fused = rrf(found.lists, app.settings.rrf_k) if mode == "rrf" else rsf(found.lists)
     rows = []
     for row in fused:
