@@ -51,6 +51,15 @@ def _import_service(path: str) -> ServiceFn:
     return getattr(importlib.import_module(module_name), attr)
 
 
+@functools.cache
+def _keyword_parameters(fn: ServiceFn) -> frozenset[str] | None:
+    params = list(inspect.signature(fn).parameters.values())[1:]  # the first one is the App
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return None
+    return frozenset(p.name for p in params
+                     if p.kind in (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD))
+
+
 @dataclass(frozen=True)
 class ToolSpec:
     """One MCP tool: its public declaration and the service function behind it.
@@ -73,11 +82,7 @@ class ToolSpec:
 
     def accepted_arguments(self) -> frozenset[str] | None:
         """Argument names the service takes, or None when it takes any (``**kwargs``)."""
-        params = list(inspect.signature(self.service_function()).parameters.values())[1:]  # skip app
-        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
-            return None
-        return frozenset(p.name for p in params
-                         if p.kind in (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD))
+        return _keyword_parameters(self.service_function())
 
     @property
     def properties(self) -> Mapping[str, Any]:

@@ -32,7 +32,7 @@ from mcp.server.stdio import stdio_server
 from mcp.shared.message import SessionMessage
 
 from cpersona.mcp.dispatch import input_error
-from cpersona.mcp.results import to_result
+from cpersona.mcp.results import replace_lone_surrogates, to_result
 
 log = logging.getLogger(__name__)
 
@@ -127,12 +127,27 @@ def _reason(exc: Exception) -> str:
 
 
 def reparse(line: str) -> types.JSONRPCMessage | None:
-    """Parse with Python's json and validate as JSON-RPC; None if either fails."""
+    """Parse with Python's json and validate as JSON-RPC; None if either fails.
+
+    Lone surrogates may stay only inside a tool call's arguments, where the call
+    path refuses them without echoing them. Anywhere else (a method name, a
+    cursor) the SDK might echo one back, and its UTF-8 writer would then fail and
+    take the whole connection down, so there they become U+FFFD.
+    """
     try:
-        raw = json.loads(line)
+        raw = _surrogates_only_in_arguments(json.loads(line))
         return types.jsonrpc_message_adapter.validate_python(raw, by_name=False)
     except (ValueError, RecursionError, pydantic.ValidationError):
         return None
+
+
+def _surrogates_only_in_arguments(raw: Any) -> Any:
+    params = raw.get("params") if isinstance(raw, dict) else None
+    if isinstance(params, dict) and raw.get("method") == "tools/call" and "arguments" in params:
+        envelope = replace_lone_surrogates({**raw, "params": {k: v for k, v in params.items() if k != "arguments"}})
+        envelope["params"]["arguments"] = params["arguments"]
+        return envelope
+    return replace_lone_surrogates(raw)
 
 
 def top_level_member(line: str, wanted: str) -> Any:

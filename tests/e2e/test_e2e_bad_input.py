@@ -67,9 +67,15 @@ def test_non_tool_request_that_cannot_be_read_gets_a_json_rpc_parse_error(raw_se
     still_serving(raw_session)
 
 
-def test_surrogate_in_a_non_tool_request_still_gets_an_answer(raw_session):
+def test_surrogate_outside_tool_arguments_cannot_break_the_connection(raw_session):
+    # The SDK echoes an unknown method name; an echoed lone surrogate would make its
+    # UTF-8 writer fail and end the process.
+    reply = raw_session.reply(raw_session.request("tools/\ud800"))
+    assert reply["error"]["code"] == -32601
     reply = raw_session.reply(raw_session.request("tools/list", raw_params='{"cursor":"\\ud800"}'))
-    assert "result" in reply or "error" in reply  # answered either way, never left hanging
+    assert "result" in reply or "error" in reply
+    body, _ = tool_answer(raw_session.call("no_such_\ud800", "{}"))
+    assert body == {"ok": False, "error": "Unknown tool: no_such_\ufffd"}
     still_serving(raw_session)
 
 
