@@ -13,7 +13,7 @@
                                 any other crash    → logged, error (G-4)
 
 Nothing here knows the MCP SDK: the result is an :class:`Outcome`, which
-:mod:`cpersona.mcp.server` turns into a ``CallToolResult``.
+:mod:`cpersona.mcp.results` turns into a ``CallToolResult``.
 """
 
 from __future__ import annotations
