@@ -168,8 +168,17 @@ def test_hostile_and_huge_queries_answer_quickly_and_cleanly(db, app, query):
 
 
 def test_nul_characters_do_not_turn_like_into_match_all(db, app):
+    # Differs from CPersona 2.6.14, whose MATCH fails on the NUL and whose LIKE
+    # pattern ends at it, matching every row newest first.
     add_memories(db, {"content": "alpha"}, {"content": "omega"})
     assert refs(recall(app, agent_id="a", query="\x00om")) == ["mem:2"]
+
+
+def test_like_fallback_ignores_surrounding_whitespace_and_control_characters(db, app):
+    # Differs from CPersona 2.6.14, which searches " 東京 " with its spaces and finds nothing.
+    add_memories(db, {"content": "私は東京タワーに行った"})
+    assert refs(recall(app, agent_id="a", query=" 東京 ")) == ["mem:1"]
+    assert refs(recall(app, agent_id="a", query="東京\x01")) == ["mem:1"]
 
 
 # -- blank query ------------------------------------------------------------------------------
