@@ -106,7 +106,11 @@ def import_db(app: App, source_path: Any) -> dict[str, Any]:
 
 def _copy(app: App, path: Path) -> dict[str, Any]:
     with read_only_snapshot(path) as source:
-        layout = Layout.of(source)
+        try:
+            layout = Layout.of(source)
+        except SQLAlchemyError as exc:
+            # Nothing of ours was touched yet: a file SQLite cannot read.
+            raise ToolFailure(f"could not read {path}: {getattr(exc, 'orig', None) or exc}") from None
         if not {"memories", "episodes", "profiles"} <= layout.tables:
             raise ToolFailure(f"{path} is not a CPersona database (no memories/episodes/profiles tables)")
         version = (
