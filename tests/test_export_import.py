@@ -630,3 +630,96 @@ def test_paused_body_matches_the_spec() -> None:
     assert paused_import_body() == {
         "ok": True, "dry_run": True, "imported_memories": 0, "skipped_memories": 0,
         "imported_episodes": 0, "skipped_episodes": 0, "profile_updated": False}
+
+
+# --- declared graph (where the association tables exist) ----------------------
+
+
+def _declare(db: Database, sql: str, **params: Any) -> None:
+    with db.write() as session:
+        session.execute(text(sql), params)
+
+
+def test_graph_export_and_import_repoint_refs(app: App, db: Database, fresh: Database, tmp_path: Path) -> None:
+    # spec CA-1 / CA-2 / IM-9 / JL-7: file ids are the source's; import maps them
+    # to the rows that now hold the records.
+    from test_import_db import STAMP, add_graph_tables_to
+
+    add_graph_tables_to(db)
+    add_graph_tables_to(fresh)
+    m1 = add_memory(db, content="Mina owns the ledger.")
+    e1 = add(db, Episode, agent_id="alice", summary="Ledger review.")
+    _declare(db, "INSERT INTO entities (agent_id, name, normalized, declared_by, created_at) "
+                 "VALUES ('alice', 'Mina', 'mina', 'agent', :s)", s=STAMP)
+    _declare(db, "INSERT INTO entity_aliases VALUES (1, 'mina-san', 'mina-san')")
+    _declare(db, "INSERT INTO entity_mentions VALUES (1, :r, 'agent', :s)", r=f"mem:{m1}", s=STAMP)
+    _declare(db, "INSERT INTO relations (agent_id, subject_kind, subject_id, predicate, object_kind, "
+                 "object_id, anchor_ref, declared_by, declared_at) VALUES "
+                 "('alice', 'entity', 1, 'reviewed', 'ep', :e, :r, 'agent', :s)", e=e1, r=f"mem:{m1}", s=STAMP)
+    out = tmp_path / "graph.jsonl"
+    answer = export_memories(app, agent_id="alice", output_path=str(out))
+    assert answer["associations"] == {"entities": 1, "mentions": 1, "relations": 1}
+    records = read_file(out)
+    assert (records[0]["entity_count"], records[0]["mention_count"], records[0]["relation_count"]) == (1, 1, 1)
+    assert [r["_type"] for r in records[1:]] == ["memory", "episode", "entity", "mention", "relation"]
+    assert records[3]["aliases"] == ["mina-san"] and "normalized" not in records[3]
+
+    for i in range(3):  # shift the target's ids
+        add_memory(fresh, content=f"filler {i}")
+    target = make_app(fresh)
+    dry = import_memories(target, input_path=str(out), dry_run=True)
+    real = import_memories(target, input_path=str(out))
+    assert real["associations"] == {"entities": 1, "mentions": 1, "relations": 1}
+    assert dry == {**real, "dry_run": True}
+    new_mem = rows(fresh, "memories", ("id", "content"))
+    new_m1 = next(i for i, c in new_mem if c == "Mina owns the ledger.")
+    new_e1 = rows(fresh, "episodes", ("id",))[0][0]
+    assert new_m1 != m1
+    assert rows(fresh, "entity_mentions", ("ref",)) == [(f"mem:{new_m1}",)]
+    assert rows(fresh, "relations", ("subject_kind", "predicate", "object_kind", "object_id", "anchor_ref")) == [
+        ("entity", "reviewed", "ep", new_e1, f"mem:{new_m1}")]
+    assert rows(fresh, "entity_aliases", ("alias", "normalized")) == [("mina-san", "mina-san")]
+    again = import_memories(target, input_path=str(out))  # carrying twice writes once
+    assert again["associations"] == {"entities": 1, "mentions": 1, "relations": 1}
+    assert count(fresh, "relations") == count(fresh, "entity_mentions") == count(fresh, "entities") == 1
+
+
+def test_graph_items_that_cannot_be_carried_are_summarised(app: App, db: Database, tmp_path: Path) -> None:
+    # spec IM-9: items naming a record that was not restored, and aliases that
+    # already name another entity in scope, are dropped with one summary line.
+    from test_import_db import add_graph_tables_to
+
+    add_graph_tables_to(db)
+    _declare(db, "INSERT INTO entities (agent_id, name, normalized, declared_by, created_at) "
+                 "VALUES ('alice', 'Bob', 'bob', 'agent', 'x')")
+    source = write_jsonl(
+        tmp_path / "in.jsonl",
+        mem("kept", id=10),
+        mem("", id=11),  # empty: not restored, so nothing may point at it
+        {"_type": "entity", "id": 5, "agent_id": "alice", "project_id": "", "channel": "",
+         "name": "Robert", "declared_by": "agent", "created_at": "t", "aliases": ["bob", "Rob"]},
+        {"_type": "mention", "entity": 5, "ref": "mem:10", "declared_by": "agent", "created_at": "t"},
+        {"_type": "mention", "entity": 5, "ref": "mem:11", "declared_by": "agent", "created_at": "t"},
+        {"_type": "mention", "entity": 99, "ref": "mem:10", "declared_by": "agent", "created_at": "t"},
+    )
+    answer = import_memories(app, input_path=str(source))
+    assert answer["associations"] == {"entities": 1, "mentions": 1, "relations": 0}
+    assert answer["errors"] == [
+        "3 association items were not carried (0 entities, 2 mentions, 0 relations, 1 aliases): "
+        "they name a record or entity that was not restored, are malformed, or the alias "
+        "already names another entity in scope"]
+    assert rows(db, "entity_aliases", ("alias",)) == [("Rob",)]
+
+
+def test_import_is_all_or_nothing(app: App, db: Database, tmp_path: Path) -> None:
+    # spec IM-13: a real run is one transaction; a failure rolls every line back
+    with db.write_connection() as conn:
+        conn.exec_driver_sql(
+            "CREATE TRIGGER refuse_poison BEFORE INSERT ON memories WHEN new.content = 'poison' "
+            "BEGIN SELECT RAISE(ABORT, 'disk said no'); END")
+    source = write_jsonl(tmp_path / "in.jsonl", mem("one"), mem("two"), mem("poison"), mem("four"))
+    answer = import_memories(app, input_path=str(source))
+    assert answer == {"ok": False, "error": "import aborted and rolled back: database error: disk said no",
+                      "dry_run": False, "imported_memories": 0, "skipped_memories": 0,
+                      "imported_episodes": 0, "skipped_episodes": 0, "profile_updated": False}
+    assert count(db, "memories") == 0
