@@ -1,0 +1,390 @@
+"""``store``: write one memory, never twice (spec memory-and-recall §3.1, §5.3).
+
+The path, top to bottom:
+
+    validate in the order ST-2 fixes      → rejected {ok:false, result, reason}
+    sanitize the content (§5.2)           → rejected when nothing is left
+    future-timestamp policy (§5.4)        → rejected in reject mode, reported in warn mode
+    dedup probe on a read snapshot        → skipped / rejected without embedding anything
+    embed the sanitized text, once        (outside the write lock: no network under it)
+    under the write lock: probe again, insert in a savepoint
+                                          → the unique indexes have the last word
+    lock the resolved row when asked      (ST-12)
+
+Pause gating, ACL and the ``@auto`` project are decided before this function
+runs (the MCP facade's gates); ``session_key`` only matters to them.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from cpersona.services.app import App
+from cpersona.services.responses import failure
+from cpersona.services.sanitize import (
+    check_json_size,
+    check_key_field,
+    check_timestamp_field,
+    find_lone_surrogate,
+    has_nul,
+    normalize_source,
+    parse_stored_json,
+    sanitize,
+    source_id_text,
+    to_json,
+)
+from cpersona.services.timestamps import FuturePolicy, sql_stamp
+from cpersona.storage.models import Memory
+from cpersona.storage.scope import Scope, predicates
+
+log = logging.getLogger(__name__)
+
+
+class _Omitted:
+    """Marks an argument the caller did not send (``source`` has a default that depends on it)."""
+
+    _instance: _Omitted | None = None
+
+    def __new__(cls) -> _Omitted:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "OMITTED"
+
+
+OMITTED: Any = _Omitted()
+
+MIXED_FORMS = (
+    "send content, id, source, timestamp and metadata either at the top level or inside message, not both"
+)
+MISSING_AGENT = (
+    "agent_id is required: it can be omitted only on a connection whose ACL grants write access to exactly one agent"
+)
+SAME_BUCKET_COPY = (
+    "this content is already stored under a different source id in the same agent, project and channel; "
+    "one copy is kept per bucket, so it was not stored for this source"
+)
+LONE_SURROGATE = "the arguments contain a lone UTF-16 surrogate, which is not valid text; nothing was stored"
+
+
+class _Rejected(Exception):
+    """A refusal of this store: nothing is written, ``reason`` tells why."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class _Write:
+    """A store request once validated and cleaned: exactly what the row will hold."""
+
+    agent_id: str
+    project_id: str
+    channel: str
+    msg_id: str
+    content: str
+    truncated: bool
+    source: Any  # normalized value; source_json is its stored text
+    source_json: str
+    metadata_json: str
+    timestamp: str  # the caller's stamp, or '' for "now"
+    lock: bool
+
+
+@dataclass(frozen=True, slots=True)
+class _Probe:
+    """What the dedup probe decided: proceed, skip (echoing a row) or reject."""
+
+    result: str  # "proceed" | "skipped" | "rejected"
+    reason: str = ""
+    row_id: int | None = None
+
+
+_PROCEED = _Probe("proceed")
+
+
+def store(
+    app: App,
+    *,
+    content: Any = None,
+    agent_id: Any = None,
+    id: Any = "",  # noqa: A002 — the tool's argument is called "id"
+    source: Any = OMITTED,
+    timestamp: Any = "",
+    metadata: Any = None,
+    lock: Any = False,
+    message: Any = None,
+    channel: Any = "",
+    project_id: Any = "",
+    session_key: Any = "",
+    associations: Any = None,
+) -> dict[str, Any]:
+    """Store one memory; answers ``stored``, ``skipped`` or ``rejected`` (spec §3.1)."""
+    lock_requested = lock is True
+    try:
+        if not isinstance(lock, bool):
+            raise _Rejected("lock must be true or false")
+        request = _validate(
+            app, content=content, agent_id=agent_id, msg_id=id, source=source, timestamp=timestamp,
+            metadata=metadata, lock=lock, message=message, channel=channel, project_id=project_id,
+            associations=associations,
+        )
+        # Only a stamp the caller sent can be ahead; the server's own never is.
+        policy = FuturePolicy.from_settings(app.settings)
+        ahead = policy.judge([request.timestamp] if request.timestamp else [], app.clock())
+        if ahead is not None and policy.rejects:
+            raise _Rejected(ahead.refusal())  # before dedup: a duplicate does not excuse it (FT-2)
+    except _Rejected as refusal:
+        extra = {"locked": False} if lock_requested else {}
+        return failure(refusal.reason, key="reason", result="rejected", **extra)
+
+    # A cheap look before embedding: a duplicate costs no embedding request.
+    with app.db.read() as session:
+        early = _probe(session, request)
+    if early.result != "proceed":
+        return _answer_without_insert(app, request, early)
+
+    embedding = _embed(app, request.content)  # ST-11: the sanitized text, once, no lock held
+
+    with app.db.write() as session:
+        # The authoritative probe: another writer may have stored the same row
+        # while the embedding request was out.
+        probe = _probe(session, request)
+        if probe.result != "proceed":
+            return _finish_probe(session, request, probe)
+        new_id = _insert(session, app, request, embedding)
+
+    if new_id is None:
+        # DD-5: lost a race to the unique indexes (another process wrote the
+        # same row between our probe and our insert).
+        return _with_lock_flag({"ok": True, "result": "skipped", "reason": "duplicate (unique index)"},
+                               request, locked=False)
+
+    response: dict[str, Any] = {"ok": True, "result": "stored", "id": new_id, "embedded": embedding is not None}
+    if request.truncated:
+        response["truncated"] = True
+    if ahead is not None:
+        response["timestamp_ahead_of_clock"] = ahead.report()
+    # associations: the rider is accepted and ignored until the associations
+    # feature lands; the memory is stored regardless (spec §3.1).
+    return _with_lock_flag(response, request, locked=True)
+
+
+# -- validation (ST-2 order) ------------------------------------------------------------
+
+
+def _validate(
+    app: App, *, content: Any, agent_id: Any, msg_id: Any, source: Any, timestamp: Any, metadata: Any,
+    lock: bool, message: Any, channel: Any, project_id: Any, associations: Any,
+) -> _Write:
+    settings = app.settings
+
+    # 1. one form or the other (ST-1)
+    if message is not None and not isinstance(message, dict):
+        raise _Rejected("message must be an object")
+    if message:
+        top_level_used = (
+            content not in (None, "") or msg_id not in (None, "") or timestamp not in (None, "")
+            or bool(metadata) or source is not OMITTED
+        )
+        if top_level_used:
+            raise _Rejected(MIXED_FORMS)
+        content = message.get("content")
+        msg_id = message.get("id", "")
+        timestamp = message.get("timestamp", "")
+        metadata = message.get("metadata")
+        source = message.get("source")  # the older form's default producer is "unknown" ({})
+
+    # 2. whose memory
+    if agent_id is None:
+        raise _Rejected(MISSING_AGENT)
+    if not isinstance(agent_id, str):
+        raise _Rejected("agent_id must be a string")
+
+    # 3. The operating context's '@auto' resolution (and its refusals) will hook in
+    # here, before anything is read or written; until then '@auto' is a literal.
+    # ISO-1: a missing or non-string project/channel is the global bucket.
+    project_id = project_id if isinstance(project_id, str) else ""
+    channel = channel if isinstance(channel, str) else ""
+
+    # 4. (pause: answered by the facade before this function runs)
+
+    # 5. something to store
+    if content is None or content == "":
+        raise _Rejected("empty content")
+    if not isinstance(content, str):
+        raise _Rejected(f"content must be a string, not {type(content).__name__}")
+
+    # 6. key fields are refused, never cut (§5.2.2)
+    if msg_id is None:
+        msg_id = ""
+    if not isinstance(msg_id, str):
+        raise _Rejected("id must be a string")
+    for name, value in (("id", msg_id), ("channel", channel), ("project_id", project_id)):
+        if problem := check_key_field(name, value):
+            raise _Rejected(problem)
+    if has_nul(agent_id):
+        raise _Rejected("agent_id contains a NUL character")
+
+    # 7. timestamp bound
+    if timestamp is None:
+        timestamp = ""
+    if not isinstance(timestamp, str):
+        raise _Rejected("timestamp must be a string")
+    if problem := check_timestamp_field(timestamp):
+        raise _Rejected(problem)
+
+    # 8. text that cannot be encoded
+    if find_lone_surrogate(content, agent_id, msg_id, channel, project_id, timestamp, source, metadata):
+        raise _Rejected(LONE_SURROGATE)
+
+    # 9. source and metadata as stored JSON, within their cap
+    if source is OMITTED:
+        source = {"type": "Agent", "id": agent_id, "name": ""}  # ST-8
+    source = normalize_source(source)
+    if metadata is None:
+        metadata = {}
+    if not isinstance(metadata, dict):
+        raise _Rejected("metadata must be an object")
+    source_json = _serialize("source", source)
+    metadata_json = _serialize("metadata", metadata)
+    for name, text in (("source", source_json), ("metadata", metadata_json)):
+        if problem := check_json_size(name, text, settings.max_metadata_length):
+            raise _Rejected(problem)
+
+    if associations is not None and not isinstance(associations, dict):
+        raise _Rejected("associations must be an object")
+
+    # 10. the content itself (SAN-1, ST-3)
+    cleaned = sanitize(content, settings.max_content_length)
+    if cleaned.empty:
+        raise _Rejected("empty after sanitization")
+
+    return _Write(
+        agent_id=agent_id, project_id=project_id, channel=channel, msg_id=msg_id,
+        content=cleaned.text, truncated=cleaned.truncated, source=source, source_json=source_json,
+        metadata_json=metadata_json, timestamp=timestamp, lock=lock,
+    )
+
+
+def _serialize(name: str, value: Any) -> str:
+    try:
+        return to_json(value)
+    except ValueError as exc:
+        raise _Rejected(f"{name} is {exc}") from None
+
+
+# -- dedup (§5.3) ----------------------------------------------------------------------------
+
+
+def _probe(session: Session, request: _Write) -> _Probe:
+    """Decide skip / reject / proceed against what is already stored (DD-1, DD-2)."""
+    # The project axis reads like a recall in the write's project: bucket P plus
+    # the global pool (DD-3). Channel is narrower than a read's: a write to ''
+    # is answered only by channel-less rows.
+    in_projects = predicates(Memory, Scope(agent_id=request.agent_id, project_id=request.project_id))
+
+    if request.msg_id:
+        # DD-1: the same caller id anywhere in those projects, whatever the channel.
+        row_id = session.scalar(
+            select(Memory.id).where(in_projects, Memory.msg_id == request.msg_id).order_by(Memory.id).limit(1)
+        )
+        if row_id is not None:
+            return _Probe("skipped", "duplicate msg_id", row_id)
+
+    channels = (request.channel, "") if request.channel else ("",)
+    copies = session.execute(
+        select(Memory.id, Memory.source, Memory.project_id, Memory.channel)
+        .where(in_projects, Memory.channel.in_(channels), Memory.content == request.content)
+        .order_by(Memory.id)
+    ).all()
+    wanted = source_id_text(request.source)
+    for copy in copies:
+        if source_id_text(parse_stored_json(copy.source)) == wanted:
+            return _Probe("skipped", "duplicate content", copy.id)
+    if any(c.project_id == request.project_id and c.channel == request.channel for c in copies):
+        # ST-5: one copy per exact bucket, whoever declared it.
+        return _Probe("rejected", SAME_BUCKET_COPY)
+    return _PROCEED
+
+
+def _answer_without_insert(app: App, request: _Write, probe: _Probe) -> dict[str, Any]:
+    """Answer an early skip / reject; a skip with lock:true still has to lock its row."""
+    if probe.result == "skipped" and request.lock:
+        with app.db.write() as session:
+            return _finish_probe(session, request, probe)
+    return _probe_answer(request, probe, locked=False)
+
+
+def _finish_probe(session: Session, request: _Write, probe: _Probe) -> dict[str, Any]:
+    locked = False
+    if probe.result == "skipped" and request.lock and probe.row_id is not None:
+        # ST-12: the row the store resolved to is the one that gets locked.
+        changed = session.execute(update(Memory).where(Memory.id == probe.row_id).values(locked=1))
+        locked = changed.rowcount == 1
+    return _probe_answer(request, probe, locked=locked)
+
+
+def _probe_answer(request: _Write, probe: _Probe, *, locked: bool) -> dict[str, Any]:
+    if probe.result == "rejected":
+        return _with_lock_flag(failure(probe.reason, key="reason", result="rejected"), request, locked=False)
+    return _with_lock_flag(
+        {"ok": True, "result": "skipped", "reason": probe.reason, "id": probe.row_id}, request, locked=locked
+    )
+
+
+def _with_lock_flag(response: dict[str, Any], request: _Write, *, locked: bool) -> dict[str, Any]:
+    # `locked` is part of the answer only when the caller asked for a lock (ST-12).
+    if request.lock:
+        response["locked"] = locked
+    return response
+
+
+# -- embedding and insert -------------------------------------------------------------------
+
+
+def _embed(app: App, text: str) -> bytes | None:
+    """The row's vector, or None; an embedding failure never fails the store (ST-6)."""
+    if app.embedder is None:
+        return None
+    try:
+        return app.embedder.embed(text)
+    except Exception:  # noqa: BLE001 — the row is still worth storing without a vector
+        log.warning("embedding failed; the memory is stored without a vector", exc_info=True)
+        return None
+
+
+def _insert(session: Session, app: App, request: _Write, embedding: bytes | None) -> int | None:
+    """Insert the row and return its id, or None when a unique index refused it (DD-5)."""
+    now = app.clock()
+    row = Memory(
+        agent_id=request.agent_id,
+        project_id=request.project_id,
+        msg_id=request.msg_id,
+        content=request.content,
+        source=request.source_json,
+        timestamp=request.timestamp or now.isoformat(timespec="microseconds"),  # ST-7
+        metadata_=request.metadata_json,
+        embedding=embedding,
+        channel=request.channel,
+        locked=1 if request.lock else 0,
+        created_at=sql_stamp(now),
+    )
+    try:
+        # A savepoint, not the whole transaction: portable insert-or-ignore that
+        # leaves the session usable (SQLite and PostgreSQL alike).
+        with session.begin_nested():
+            session.add(row)
+            session.flush()
+    except IntegrityError:
+        return None
+    return row.id
