@@ -8,9 +8,10 @@ import time
 from datetime import datetime, timezone
 
 import pytest
-from conftest import make_app
 from sqlalchemy import insert, select
 
+from cpersona.config import load_settings
+from cpersona.services.app import App
 from cpersona.services.preview import SEPARATOR, apply_full_content_budget, make_excerpt
 from cpersona.services.recall import recall
 from cpersona.storage.models import Episode, Memory, Profile
@@ -20,6 +21,14 @@ from cpersona.storage.models import Episode, Memory, Profile
 EPISODE_CREATED = "2026-06-01 12:00:00"
 MEMORY_STAMP = "2026-06-02T00:00:00+00:00"
 TOP = 1 / 61  # a first place on one list under rrf with K = 60
+
+
+def make_app(db, **env: str) -> App:
+    """An App on ``db`` with CPERSONA_<NAME> settings (tests/conftest.py's helper,
+    restated because ``from conftest import`` picks up tests/e2e/conftest.py in a
+    full run)."""
+    environ = {"CPERSONA_DB_PATH": str(db.path), **{f"CPERSONA_{k}": v for k, v in env.items()}}
+    return App(db=db, settings=load_settings(environ))
 
 
 def add_memories(db, *rows: dict) -> None:

@@ -152,7 +152,7 @@ def search_backend(app: App) -> SearchBackend:
         raise ToolFailure(f"recall is not available on the {app.db.dialect} backend yet", messages=[])
     from cpersona.storage.search_sqlite import SqliteSearch
 
-    return SqliteSearch(app.db, fts_enabled=app.settings.fts_enabled, max_memories=app.settings.max_memories)
+    return SqliteSearch(app.db, fts_enabled=app.settings.fts_enabled)
 
 
 def exclusion(entries: Sequence[str]) -> Callable[[str], bool]:

@@ -119,11 +119,9 @@ def _julian_to_datetime(jd: float) -> datetime:
 class SqliteSearch:
     """:class:`~cpersona.storage.search.SearchBackend` for a SQLite database."""
 
-    def __init__(self, db: Database, *, fts_enabled: bool = True, max_memories: int = 10000) -> None:
+    def __init__(self, db: Database, *, fts_enabled: bool = True) -> None:
         self.db = db
         self.fts_enabled = fts_enabled
-        # The LIKE fallback reads at most min(max_memories, max(depth*5, 50)) rows.
-        self.max_memories = max_memories
 
     # -- keyword arms -----------------------------------------------------------
 
@@ -155,6 +153,9 @@ class SqliteSearch:
         return [Hit(_memory(r), -float(r.rank)) for r in rows]
 
     def _like_memories(self, scope: Scope, query: str, depth: int, source_id: str) -> list[Hit]:
+        # The reference reads up to max(depth*5, 50) rows and filters them in
+        # Python; here scope and source are in the WHERE clause, so reading
+        # `depth` rows gives the same answer.
         needle = clean_query(query)
         pattern = like_pattern(needle)
         if len(pattern.encode("utf-8")) > LIKE_MAX_PATTERN_BYTES:
@@ -166,9 +167,8 @@ class SqliteSearch:
             f"WHERE m.content LIKE :pattern ESCAPE '\\' AND {where} AND {by_source} "
             "ORDER BY m.created_at DESC, m.id DESC LIMIT :depth"
         )
-        read = min(self.max_memories, max(depth * 5, 50))
-        rows = self._run("memories LIKE", sql, {**params, **source_params, "pattern": pattern, "depth": read})
-        return [Hit(_memory(r)) for r in (rows or [])[:depth]]
+        rows = self._run("memories LIKE", sql, {**params, **source_params, "pattern": pattern, "depth": depth})
+        return [Hit(_memory(r)) for r in (rows or [])]
 
     def keyword_episodes(self, scope: Scope, query: str, depth: int) -> list[Hit]:
         terms = query_terms(query)
