@@ -153,7 +153,7 @@ def store(
     if early.result != "proceed":
         return _answer_without_insert(app, request, early)
 
-    embedding = _embed(app, request.content)  # ST-11: the sanitized text, once, no lock held
+    embedding = embed_text(app, request.content)  # ST-11: the sanitized text, once, no lock held
 
     with app.db.write() as session:
         # The authoritative probe: another writer may have stored the same row
@@ -352,14 +352,17 @@ def _with_lock_flag(response: dict[str, Any], request: _Write, *, locked: bool) 
 # -- embedding and insert -------------------------------------------------------------------
 
 
-def _embed(app: App, text: str) -> bytes | None:
-    """The row's vector, or None; an embedding failure never fails the store (ST-6)."""
+def embed_text(app: App, text: str) -> bytes | None:
+    """The text's vector, or None; an embedding failure never fails a write (ST-6, AE-5).
+
+    Call it before ``app.db.write()``: no network request may run under the write lock.
+    """
     if app.embedder is None:
         return None
     try:
         return app.embedder.embed(text)
     except Exception:  # noqa: BLE001 — the row is still worth storing without a vector
-        log.warning("embedding failed; the memory is stored without a vector", exc_info=True)
+        log.warning("embedding failed; the row is stored without a vector", exc_info=True)
         return None
 
 
