@@ -30,7 +30,12 @@ ZERO = text("0")
 
 # SQLite's AUTOINCREMENT keeps deleted ids from being reused (spec VF-8); refs
 # like mem:<id> rely on that.
-_AUTOINC = {"sqlite_autoincrement": True}
+# implicit_returning is off because the primary keys are declared nullable (see
+# below): SQLAlchemy's batched INSERT..RETURNING needs a NOT NULL "sentinel"
+# column and refuses to flush several new rows at once otherwise. Ids then come
+# from the cursor's lastrowid, one statement per row, which is what SQLite does
+# underneath anyway; Core inserts may still ask for .returning() explicitly.
+_AUTOINC = {"sqlite_autoincrement": True, "implicit_returning": False}
 
 # INTEGER (not BIGINT) on SQLite so the primary key is the rowid alias that FTS5's
 # content_rowid and AUTOINCREMENT require; BIGINT elsewhere.
