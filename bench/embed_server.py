@@ -30,7 +30,7 @@ import re
 import sys
 import threading
 import zlib
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable, Sequence
 
@@ -135,10 +135,16 @@ def parse_texts(body: bytes) -> list[str]:
 
 
 def make_handler(embedder: CachedEmbedder, backend: str) -> type[BaseHTTPRequestHandler]:
+    # "POST /embed 200" -> count: shows in /health which routes a server tried and what it got.
+    requests_seen: Counter[str] = Counter()
+    requests_lock = threading.Lock()
+
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"  # keep-alive: the servers send one request per store
 
         def _send(self, status: int, payload: dict) -> None:
+            with requests_lock:
+                requests_seen[f"{self.command} {self.path} {status}"] += 1
             data = json.dumps(payload).encode("utf-8")
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
@@ -150,23 +156,28 @@ def make_handler(embedder: CachedEmbedder, backend: str) -> type[BaseHTTPRequest
             if self.path.rstrip("/") == "/health":
                 self._send(200, {"ok": True, "backend": backend, "dimensions": DIMENSIONS,
                                  "texts_embedded": embedder.texts_embedded,
-                                 "texts_served": embedder.texts_served})
+                                 "texts_served": embedder.texts_served,
+                                 "requests": dict(requests_seen)})
             else:
                 self._send(404, {"error": f"no route {self.path}"})
 
         def do_POST(self) -> None:  # noqa: N802
-            if self.path.rstrip("/") != "/embed":
-                self._send(404, {"error": f"no route {self.path}"})
-                return
+            # The body is read before any answer, 404 included: an unread body
+            # left on a keep-alive connection would corrupt the next request.
             try:
                 length = int(self.headers.get("Content-Length", "0"))
             except ValueError:
                 length = -1
             if length < 0 or length > MAX_BODY_BYTES:
+                self.close_connection = True
                 self._send(400, {"error": "missing or oversized Content-Length"})
                 return
+            body = self.rfile.read(length)
+            if self.path.rstrip("/") != "/embed":
+                self._send(404, {"error": f"no route {self.path}"})
+                return
             try:
-                texts = parse_texts(self.rfile.read(length))
+                texts = parse_texts(body)
             except ValueError as exc:
                 self._send(400, {"error": str(exc)})
                 return
