@@ -1,0 +1,188 @@
+"""Episodes: ``archive_episode`` (spec §3.5) and ``list_episodes`` (spec §3.10).
+
+An episode is a caller-computed summary of a finished conversation; the server
+summarises nothing (AE-1, SH-3). Every successful archive adds a row: there is
+no dedup (DD-6). The row is dated by the conversation's history: its earliest
+and latest timestamps, stored as the caller sent them (AE-3).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import select
+
+from cpersona.services.app import App
+from cpersona.services.listing import ListBounds, bounded_response, fetch_capped, listing_scope
+from cpersona.services.memories import embed_text
+from cpersona.services.responses import ToolFailure
+from cpersona.services.sanitize import check_key_field, find_lone_surrogate, has_nul, sanitize
+from cpersona.services.timestamps import FuturePolicy, parse_iso, sql_stamp
+from cpersona.storage.models import Episode
+from cpersona.storage.scope import predicates
+
+EPISODE_ROW_CAP = 200
+EPISODE_CHAR_BUDGET = 800_000
+EPISODE_BOUNDS = ListBounds(EPISODE_ROW_CAP, EPISODE_CHAR_BUDGET, ("summary", "keywords"), "ep")
+
+NO_SUMMARY = (
+    "summary is required: server-side episode summarisation was removed; "
+    "pre-compute summary (and keywords) before calling archive_episode"
+)
+EMPTY_SUMMARY = "summary is required to archive an episode"
+
+
+def archive_episode(
+    app: App,
+    *,
+    agent_id: Any = None,
+    summary: Any = None,
+    history: Any = None,
+    keywords: Any = "",
+    resolved: Any = False,
+    project_id: Any = "",
+    channel: Any = "",
+    session_key: Any = "",
+) -> dict[str, Any]:
+    """Store a caller-computed summary as a new episode row."""
+    try:
+        return _archive(app, agent_id=agent_id, summary=summary, history=history, keywords=keywords,
+                        resolved=resolved, project_id=project_id, channel=channel)
+    except ToolFailure as refusal:
+        return refusal.as_response()
+
+
+def _refuse(message: str) -> ToolFailure:
+    return ToolFailure(message, episode_id=None)
+
+
+def _archive(app: App, *, agent_id: Any, summary: Any, history: Any, keywords: Any, resolved: Any,
+             project_id: Any, channel: Any) -> dict[str, Any]:
+    if not isinstance(agent_id, str):
+        raise _refuse("agent_id is required" if agent_id is None else "agent_id must be a string")
+    if summary is None or summary == "":
+        raise _refuse(NO_SUMMARY)  # AE-1
+    if not isinstance(summary, str):
+        raise _refuse(f"summary must be a string, not {type(summary).__name__}")
+    if not isinstance(keywords, str):
+        keywords = ""  # AE-2: keywords are optional colour; a wrong type is dropped, not fatal
+    if history is None:
+        history = []
+    if not isinstance(history, list):
+        raise _refuse("history must be an array of message objects")
+    if isinstance(resolved, bool):
+        resolved_flag = resolved
+    elif resolved in (0, 1) and not isinstance(resolved, float):
+        resolved_flag = bool(resolved)
+    else:
+        raise _refuse("resolved must be true or false")
+
+    # The operating context's '@auto' resolution will hook in here for this
+    # write; until then '@auto' is stored as a literal project. ISO-1: a
+    # missing or non-string project/channel is the global bucket.
+    project_id = project_id if isinstance(project_id, str) else ""
+    channel = channel if isinstance(channel, str) else ""
+    for name, value in (("channel", channel), ("project_id", project_id)):
+        if problem := check_key_field(name, value):  # AE-7
+            raise _refuse(problem)
+    if has_nul(agent_id):
+        raise _refuse("agent_id contains a NUL character")
+    if find_lone_surrogate(agent_id, summary, keywords, channel, project_id, history):
+        raise _refuse("the arguments contain a lone UTF-16 surrogate, which is not valid text; nothing was stored")
+
+    cap = app.settings.max_content_length
+    clean_summary = sanitize(summary, cap)
+    if clean_summary.empty:
+        raise _refuse(EMPTY_SUMMARY)  # SAN-1, AE-2
+    clean_keywords = sanitize(keywords, cap)
+
+    start_time, end_time = history_span(history)
+    if any(stamp is not None and has_nul(stamp) for stamp in (start_time, end_time)):
+        raise _refuse("history timestamp contains a NUL character")
+
+    policy = FuturePolicy.from_settings(app.settings)
+    ahead = policy.judge([s for s in (end_time, start_time) if s], app.clock())  # AE-4: end, then start
+    if ahead is not None and policy.rejects:
+        raise _refuse(ahead.refusal("history timestamp"))
+
+    embedding = embed_text(app, clean_summary.text)  # AE-5: the summary only, before the write lock
+
+    with app.db.write() as session:
+        row = Episode(
+            agent_id=agent_id,
+            project_id=project_id,
+            summary=clean_summary.text,
+            keywords=clean_keywords.text,
+            embedding=embedding,
+            start_time=start_time,
+            end_time=end_time,
+            resolved=1 if resolved_flag else 0,
+            channel=channel,
+            created_at=sql_stamp(app.clock()),
+        )
+        session.add(row)
+        session.flush()
+        episode_id = row.id
+
+    response: dict[str, Any] = {"ok": True, "episode_id": episode_id}
+    if clean_summary.truncated or clean_keywords.truncated:
+        response["truncated"] = True
+    if ahead is not None:
+        response["timestamp_ahead_of_clock"] = ahead.report()
+    return response
+
+
+def history_span(history: list[Any]) -> tuple[str | None, str | None]:
+    """Earliest and latest history stamps, as sent (spec AE-3).
+
+    Chosen by parsed instant; when none parses, by plain string order; with no
+    usable stamp at all, both are None. Non-string and empty stamps are ignored.
+    """
+    stamps = [
+        item["timestamp"] for item in history
+        if isinstance(item, dict) and isinstance(item.get("timestamp"), str) and item["timestamp"]
+    ]
+    if not stamps:
+        return None, None
+    dated = [(moment, stamp) for stamp in stamps if (moment := parse_iso(stamp)) is not None]
+    if dated:
+        # min/max keep the first of equal instants, so ties resolve to the earliest-sent stamp.
+        return min(dated, key=lambda pair: pair[0])[1], max(dated, key=lambda pair: pair[0])[1]
+    return min(stamps), max(stamps)
+
+
+# -- list_episodes ------------------------------------------------------------------------------
+
+_EPISODE_COLUMNS = (
+    Episode.id, Episode.agent_id, Episode.project_id, Episode.summary, Episode.keywords,
+    Episode.start_time, Episode.end_time, Episode.created_at,
+)
+
+
+def list_episodes(app: App, *, agent_id: Any = None, limit: Any = 50, project_id: Any = None) -> dict[str, Any]:
+    """The newest episodes, every agent's when ``agent_id`` is omitted or '' (spec §3.10)."""
+    try:
+        scope = listing_scope(agent_id, project_id)
+        query = (
+            select(*_EPISODE_COLUMNS)
+            .where(predicates(Episode, scope))
+            .order_by(Episode.created_at.desc(), Episode.id.desc())
+        )
+        rows, capped = fetch_capped(app, query, limit, EPISODE_BOUNDS.row_cap)
+    except ToolFailure as refusal:
+        return refusal.as_response() | {"episodes": [], "count": 0}
+    # No channel and no resolved flag in a listed episode (spec §3.10).
+    episodes = [
+        {
+            "id": row.id,
+            "agent_id": row.agent_id,
+            "project_id": row.project_id,
+            "summary": row.summary,
+            "keywords": row.keywords,
+            "start_time": row.start_time,
+            "end_time": row.end_time,
+            "created_at": row.created_at,
+        }
+        for row in rows
+    ]
+    return bounded_response("episodes", episodes, capped, EPISODE_BOUNDS, app.settings.recall_preview_chars)

@@ -1,0 +1,162 @@
+"""Dashboard listings: ``list_memories`` and the budget both listings share.
+
+Rows come newest first (spec LM-1). A listing is bounded two ways (§5.15.3):
+a row cap (500 memories, 200 episodes; ``budget_rows`` says when it bit) and a
+character budget over the text fields. No row is ever dropped for the budget:
+once it is spent, each later field longer than the preview cap is cut to a
+prefix and the row gains a ``ref`` that ``get_contents`` expands.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Select, select
+
+from cpersona.services.app import App
+from cpersona.services.responses import ToolFailure
+from cpersona.services.sanitize import parse_stored_json
+from cpersona.storage.models import Memory
+from cpersona.storage.scope import Scope, predicates
+
+MEMORY_ROW_CAP = 500
+MEMORY_CHAR_BUDGET = 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class ListBounds:
+    """One listing's limits: how many rows, how many characters over which fields."""
+
+    row_cap: int
+    char_budget: int
+    fields: tuple[str, ...]
+    ref_prefix: str  # "mem" | "ep"
+
+
+MEMORY_BOUNDS = ListBounds(MEMORY_ROW_CAP, MEMORY_CHAR_BUDGET, ("content",), "mem")
+
+
+# Listed columns only: the embedding blob is never needed here.
+_MEMORY_COLUMNS = (
+    Memory.id, Memory.agent_id, Memory.project_id, Memory.content, Memory.source,
+    Memory.timestamp, Memory.created_at, Memory.locked, Memory.channel,
+)
+
+
+def list_memories(app: App, *, agent_id: Any = None, limit: Any = 100, project_id: Any = None) -> dict[str, Any]:
+    """The newest memories, every agent's when ``agent_id`` is omitted or ''."""
+    try:
+        scope = listing_scope(agent_id, project_id)
+        # Newest first; same-second rows newest id first (spec §6 item 6: the
+        # reference lists them oldest first, which is not "newest first").
+        query = (
+            select(*_MEMORY_COLUMNS)
+            .where(predicates(Memory, scope))
+            .order_by(Memory.created_at.desc(), Memory.id.desc())
+        )
+        rows, capped = fetch_capped(app, query, limit, MEMORY_BOUNDS.row_cap)
+    except ToolFailure as refusal:
+        return refusal.as_response() | {"memories": [], "count": 0}
+    memories = [_memory_row(row) for row in rows]
+    return bounded_response("memories", memories, capped, MEMORY_BOUNDS, app.settings.recall_preview_chars)
+
+
+def _memory_row(row: Any) -> dict[str, Any]:
+    # The caller's msg_id is not part of a listed row (LM-5).
+    return {
+        "id": row.id,
+        "agent_id": row.agent_id,
+        "project_id": row.project_id,
+        "content": row.content,
+        "source": parse_stored_json(row.source),
+        "timestamp": row.timestamp,
+        "created_at": row.created_at,
+        "locked": bool(row.locked),
+        "channel": row.channel,
+    }
+
+
+# -- shared by list_memories and list_episodes ------------------------------------------------
+
+
+def listing_scope(agent_id: Any, project_id: Any) -> Scope:
+    """The read scope of a listing: '' or omitted agent lists every agent (spec §3.9)."""
+    if agent_id is not None and not isinstance(agent_id, str):
+        raise ToolFailure("agent_id must be a string")
+    if project_id is not None and not isinstance(project_id, str):
+        raise ToolFailure("project_id must be a string")
+    # The operating context's '@auto' project resolution will hook in here for
+    # reads; until then '@auto' filters as a literal project.
+    return Scope(agent_id=agent_id or None, project_id=project_id)
+
+
+def checked_limit(limit: Any) -> int:
+    """The caller's limit as an int; a negative one lists nothing (LM-2)."""
+    if isinstance(limit, bool) or not isinstance(limit, int):
+        raise ToolFailure(f"limit must be an integer, not {type(limit).__name__}")
+    return max(limit, 0)
+
+
+def fetch_capped(app: App, query: Select, limit: Any, row_cap: int) -> tuple[list[Any], bool]:
+    """Up to ``min(limit, row_cap)`` rows, and whether the cap hid more the caller asked for.
+
+    One row past the cap is read only to learn whether it exists, so that
+    ``budget_rows`` is reported exactly when a larger limit would have found more.
+    """
+    wanted = checked_limit(limit)
+    take = min(wanted, row_cap)
+    probe = take + 1 if wanted > row_cap else take
+    if probe == 0:
+        return [], False
+    with app.db.read() as session:
+        rows = session.execute(query.limit(probe)).all()
+    capped = len(rows) > take
+    return rows[:take], capped
+
+
+def apply_char_budget(rows: Sequence[dict[str, Any]], bounds: ListBounds, preview_chars: int) -> bool:
+    """Degrade rows past the character budget in place; True if any row was cut (§5.15.3).
+
+    Walking from the newest row, a row is admitted whole while the running
+    total stays within the budget (the first row always is). From the first row
+    that does not fit, every row's fields longer than the preview cap become
+    their first ``preview_chars`` characters. A preview cap of 0 disables it all.
+    """
+    if preview_chars <= 0:
+        return False
+    used = 0
+    spent = False
+    degraded = False
+    for index, row in enumerate(rows):
+        cost = sum(len(row[name] or "") for name in bounds.fields)
+        if not spent and (index == 0 or used + cost <= bounds.char_budget):
+            used += cost
+            continue
+        spent = True
+        cut = False
+        for name in bounds.fields:
+            text = row[name] or ""
+            if len(text) > preview_chars:
+                row[name] = text[:preview_chars]
+                row[f"{name}_len"] = len(text)
+                row[f"{name}_truncated"] = True
+                cut = True
+        if cut:
+            row["ref"] = f"{bounds.ref_prefix}:{row['id']}"
+            degraded = True
+    return degraded
+
+
+def bounded_response(
+    key: str, rows: list[dict[str, Any]], capped: bool, bounds: ListBounds, preview_chars: int
+) -> dict[str, Any]:
+    """``{<key>: rows, count}`` plus ``budget_chars`` / ``budget_rows`` when they bit."""
+    degraded = apply_char_budget(rows, bounds, preview_chars)
+    response: dict[str, Any] = {key: rows, "count": len(rows)}
+    if degraded:
+        response["budget_chars"] = bounds.char_budget
+    if capped:
+        response["budget_rows"] = bounds.row_cap
+    return response

@@ -1,0 +1,90 @@
+"""Agent profiles: ``get_profile`` (spec §3.7) and ``update_profile`` (spec §3.8).
+
+A profile is caller-written text about the agent's user, one per agent: it is
+not scoped by project or channel, and a new one replaces the old (UP-3). Every
+write path stores ``user_id = ''``, which with the unique key
+(agent_id, user_id) keeps it to one row.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import select, update
+from sqlalchemy.exc import IntegrityError
+
+from cpersona.services.app import App
+from cpersona.services.responses import ToolFailure
+from cpersona.services.sanitize import find_lone_surrogate, has_nul, sanitize
+from cpersona.services.timestamps import sql_stamp
+from cpersona.storage.models import Profile
+
+
+def get_profile(app: App, *, agent_id: Any = None) -> dict[str, Any]:
+    """``{profile: <text>}``, '' when the agent has none; no ``ok`` on success (G-2)."""
+    if not isinstance(agent_id, str):
+        return ToolFailure("agent_id is required" if agent_id is None else "agent_id must be a string").as_response()
+    with app.db.read() as session:
+        text = session.scalar(
+            select(Profile.content)
+            .where(Profile.agent_id == agent_id)
+            # Our writes use user_id ''; an older file may hold a row under
+            # another user_id, which is still this agent's profile.
+            .order_by((Profile.user_id == "").desc(), Profile.updated_at.desc(), Profile.id.desc())
+            .limit(1)
+        )
+    return {"profile": text or ""}
+
+
+def update_profile(app: App, *, agent_id: Any = None, profile: Any = None, session_key: Any = "") -> dict[str, Any]:
+    """Replace the agent's profile with caller-computed text (capped, sanitized)."""
+    try:
+        text, truncated = _checked_profile(app, agent_id, profile)
+    except ToolFailure as refusal:
+        return refusal.as_response()
+
+    now = sql_stamp(app.clock())
+    with app.db.write() as session:
+        replaced = session.execute(
+            update(Profile)
+            .where(Profile.agent_id == agent_id, Profile.user_id == "")
+            .values(content=text, updated_at=now)
+        ).rowcount
+        if not replaced:
+            try:
+                with session.begin_nested():
+                    session.add(Profile(agent_id=agent_id, user_id="", content=text, updated_at=now))
+                    session.flush()
+            except IntegrityError:
+                # Another process created the row since our update looked: replace it.
+                session.execute(
+                    update(Profile)
+                    .where(Profile.agent_id == agent_id, Profile.user_id == "")
+                    .values(content=text, updated_at=now)
+                )
+
+    response: dict[str, Any] = {"ok": True, "profiles_updated": 1}
+    if truncated:
+        response["truncated"] = True
+    return response
+
+
+def _refuse(reason: str) -> ToolFailure:
+    return ToolFailure(reason, key="reason", profiles_updated=0)
+
+
+def _checked_profile(app: App, agent_id: Any, profile: Any) -> tuple[str, bool]:
+    if not isinstance(agent_id, str):
+        raise _refuse("agent_id is required" if agent_id is None else "agent_id must be a string")
+    if has_nul(agent_id):
+        raise _refuse("agent_id contains a NUL character")
+    if profile is None or profile == "":
+        raise _refuse("empty profile")  # UP-2
+    if not isinstance(profile, str):
+        raise _refuse(f"profile must be a string, not {type(profile).__name__}")
+    if find_lone_surrogate(agent_id, profile):
+        raise _refuse("the arguments contain a lone UTF-16 surrogate, which is not valid text; nothing was stored")
+    cleaned = sanitize(profile, app.settings.max_profile_length)  # UP-1
+    if cleaned.empty:
+        raise _refuse("empty after sanitization")
+    return cleaned.text, cleaned.truncated
