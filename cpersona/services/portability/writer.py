@@ -23,7 +23,7 @@ import hashlib
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from sqlalchemy import Connection, column, select, table, update
+from sqlalchemy import Connection, bindparam, column, select, table, update
 
 from cpersona.services.portability.layout import Layout
 from cpersona.storage.models import Episode, Memory, Profile
@@ -71,6 +71,28 @@ class ProfileRow:
     updated_at: str
 
 
+# Built once: a bulk restore runs these per record, and building a statement
+# costs far more than executing its cached compiled form.
+_MEMORY_BY_MSG_ID = select(Memory.id).where(
+    Memory.agent_id == bindparam("agent_id"),
+    Memory.project_id == bindparam("project_id"),
+    Memory.msg_id == bindparam("msg_id"),
+    Memory.msg_id != "",  # lets SQLite use the partial unique index
+).limit(1)
+_MEMORY_BY_CONTENT = select(Memory.id).where(
+    Memory.agent_id == bindparam("agent_id"),
+    Memory.project_id == bindparam("project_id"),
+    Memory.channel == bindparam("channel"),
+    Memory.content == bindparam("content"),
+).limit(1)
+_EPISODE_BY_SUMMARY = select(Episode.id).where(
+    Episode.agent_id == bindparam("agent_id"),
+    Episode.project_id == bindparam("project_id"),
+    Episode.channel == bindparam("channel"),
+    Episode.summary == bindparam("summary"),
+).limit(1)
+
+
 def _digest(*parts: str) -> bytes:
     h = hashlib.blake2b(digest_size=16)
     for part in parts:
@@ -88,8 +110,10 @@ class RecordWriter:
         episode_cols = [c for c in asdict(_EMPTY_EPISODE) if c != "embedding_model" or layout.episode_labels]
         # Lightweight tables so an optional column (embedding_model, 2.6 v18)
         # is written exactly when this database has it.
-        self._memories = table("memories", column("id"), *(column(c) for c in memory_cols))
-        self._episodes = table("episodes", column("id"), *(column(c) for c in episode_cols))
+        memories = table("memories", column("id"), *(column(c) for c in memory_cols))
+        episodes = table("episodes", column("id"), *(column(c) for c in episode_cols))
+        self._insert_memory = memories.insert().returning(memories.c.id)
+        self._insert_episode = episodes.insert().returning(episodes.c.id)
         self._memory_cols = memory_cols
         self._episode_cols = episode_cols
         self._seen: dict[bytes, int] = {}
@@ -101,25 +125,17 @@ class RecordWriter:
     def find_memory(self, row: MemoryRow) -> int | None:
         """The id of the row that already holds this memory, if any."""
         if row.msg_id:
-            key = _digest("msg", row.agent_id, row.project_id, row.msg_id)
-            found = self._seen.get(key) or self.conn.execute(
-                select(Memory.id).where(
-                    Memory.agent_id == row.agent_id,
-                    Memory.project_id == row.project_id,
-                    Memory.msg_id == row.msg_id,
-                    Memory.msg_id != "",  # lets SQLite use the partial unique index
-                ).limit(1)
+            found = self._remembered("msg", row.agent_id, row.project_id, row.msg_id) or self.conn.execute(
+                _MEMORY_BY_MSG_ID,
+                {"agent_id": row.agent_id, "project_id": row.project_id, "msg_id": row.msg_id},
             ).scalar()
             if found is not None:
                 return found
-        key = _digest("content", row.agent_id, row.project_id, row.channel, row.content)
-        return self._seen.get(key) or self.conn.execute(
-            select(Memory.id).where(
-                Memory.agent_id == row.agent_id,
-                Memory.project_id == row.project_id,
-                Memory.channel == row.channel,
-                Memory.content == row.content,
-            ).limit(1)
+        content_key = ("content", row.agent_id, row.project_id, row.channel, row.content)
+        return self._remembered(*content_key) or self.conn.execute(
+            _MEMORY_BY_CONTENT,
+            {"agent_id": row.agent_id, "project_id": row.project_id,
+             "channel": row.channel, "content": row.content},
         ).scalar()
 
     def put_memory(self, row: MemoryRow) -> tuple[bool, int]:
@@ -130,35 +146,37 @@ class RecordWriter:
         if self.dry_run:
             new_id = self._next_stand_in()
             if row.msg_id:
-                self._seen[_digest("msg", row.agent_id, row.project_id, row.msg_id)] = new_id
-            self._seen[_digest("content", row.agent_id, row.project_id, row.channel, row.content)] = new_id
+                self._remember(new_id, "msg", row.agent_id, row.project_id, row.msg_id)
+            self._remember(new_id, "content", row.agent_id, row.project_id, row.channel, row.content)
             return True, new_id
         values = {c: getattr(row, c) for c in self._memory_cols}
-        return True, self.conn.execute(
-            self._memories.insert().values(values).returning(self._memories.c.id)
-        ).scalar_one()
+        return True, self.conn.execute(self._insert_memory, values).scalar_one()
 
     # -- episodes
 
     def put_episode(self, row: EpisodeRow) -> tuple[bool, int]:
-        key = _digest(row.agent_id, row.project_id, row.channel, row.summary)
-        existing = self._seen.get(key) or self.conn.execute(
-            select(Episode.id).where(
-                Episode.agent_id == row.agent_id,
-                Episode.project_id == row.project_id,
-                Episode.channel == row.channel,
-                Episode.summary == row.summary,
-            ).limit(1)
+        key = ("episode", row.agent_id, row.project_id, row.channel, row.summary)
+        existing = self._remembered(*key) or self.conn.execute(
+            _EPISODE_BY_SUMMARY,
+            {"agent_id": row.agent_id, "project_id": row.project_id,
+             "channel": row.channel, "summary": row.summary},
         ).scalar()
         if existing is not None:
             return False, existing
         if self.dry_run:
-            self._seen[key] = self._next_stand_in()
-            return True, self._seen[key]
+            new_id = self._next_stand_in()
+            self._remember(new_id, *key)
+            return True, new_id
         values = {c: getattr(row, c) for c in self._episode_cols}
-        return True, self.conn.execute(
-            self._episodes.insert().values(values).returning(self._episodes.c.id)
-        ).scalar_one()
+        return True, self.conn.execute(self._insert_episode, values).scalar_one()
+
+    # -- what a dry run would have written (real runs ask the database)
+
+    def _remembered(self, *key: str) -> int | None:
+        return self._seen.get(_digest(*key)) if self.dry_run else None
+
+    def _remember(self, new_id: int, *key: str) -> None:
+        self._seen[_digest(*key)] = new_id
 
     # -- profiles (one per agent and user_id, spec storage.md §4.4)
 
