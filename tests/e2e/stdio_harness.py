@@ -1,5 +1,9 @@
 """Driving the real ``python -m cpersona`` process over stdio in tests.
 
+The fixtures live here, not in a conftest.py: a second conftest module would
+shadow tests/conftest.py for every ``from conftest import ...`` in the suite.
+Test modules import the fixtures they use by name.
+
 Two ways to talk to it: the SDK's own client (what an MCP host does), and raw
 JSON-RPC lines (to send what the SDK client cannot encode, such as a lone
 surrogate escape, and to prove an unreadable line does not hang the server).
@@ -15,6 +19,9 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+import pytest
+from mcp import StdioServerParameters
 
 REFERENCE = json.loads((Path(__file__).parent / "reference_tools.json").read_text())
 
@@ -89,3 +96,22 @@ class RawSession:
         finally:
             self._selector.close()
             self.proc.stdout.close()
+
+
+@pytest.fixture
+def e2e_db_path(tmp_path: Path) -> Path:
+    return tmp_path / "data" / "memory.db"
+
+
+@pytest.fixture
+def stdio_params(e2e_db_path: Path) -> StdioServerParameters:
+    return StdioServerParameters(command=sys.executable, args=["-m", "cpersona"], env=server_env(e2e_db_path))
+
+
+@pytest.fixture
+def raw_session(e2e_db_path: Path):
+    session = RawSession(server_env(e2e_db_path))
+    session.initialize()
+    yield session
+    if session.proc.poll() is None:
+        session.close()

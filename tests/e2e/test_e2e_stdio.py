@@ -12,7 +12,7 @@ from mcp import Client
 
 import cpersona
 
-from stdio_harness import REFERENCE, run_cli, server_env
+from stdio_harness import REFERENCE, e2e_db_path, run_cli, server_env, stdio_params  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.anyio
 
