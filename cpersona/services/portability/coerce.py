@@ -14,8 +14,10 @@ import json
 import math
 import re
 import struct
-from datetime import datetime, timezone
 from typing import Any
+
+from cpersona.services.sanitize import has_nul, to_json
+from cpersona.services.timestamps import parse_iso
 
 INT64_MAX = 2**63 - 1
 INT64_MIN = -(2**63)
@@ -104,24 +106,13 @@ def keywords(record: dict[str, Any]) -> str:
     return text(record, "keywords")
 
 
-def _finite(value: Any) -> Any:
-    """The JSON value with NaN/±Infinity replaced by null (IM-6.5)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {key: _finite(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_finite(item) for item in value]
-    return value
-
-
 def json_column(record: dict[str, Any], field: str) -> str:
     """``source`` / ``metadata`` as stored text.
 
     ``<field>_text`` (JL-5) carries the verbatim text of a column that was not
     valid JSON, and wins. Otherwise the parsed value is serialised the way the
-    store writes it (default separators, non-ASCII escaped, spec VF-4); absent
-    or null means the empty object, as on ``store``.
+    store writes it (:func:`cpersona.services.sanitize.to_json`); absent or
+    null means the empty object, as on ``store``.
     """
     verbatim = record.get(f"{field}_text")
     if isinstance(verbatim, str):
@@ -130,9 +121,9 @@ def json_column(record: dict[str, Any], field: str) -> str:
     if value is None:
         return "{}"
     try:
-        return json.dumps(_finite(value), allow_nan=False)
-    except (ValueError, RecursionError):
-        raise LineRefused(f"{field} cannot be serialised") from None
+        return to_json(value)  # non-finite numbers become null (IM-6.5)
+    except ValueError:
+        raise LineRefused(f"{field} cannot be serialised as JSON") from None
 
 
 def _reject_constant(name: str) -> Any:
@@ -174,48 +165,21 @@ def encode_vector(blob: bytes) -> str:
     return base64.b64encode(blob).decode("ascii")
 
 
-# --- text sanitiser -------------------------------------------------------
-# The same three steps `store` applies (memory-and-recall.md §5.2.1).
-_ANNOTATION = re.compile(r"\[Memory from [^\]]*\]\s*")
+def key(record: dict[str, Any], field: str) -> str:
+    """An identity field (msg_id, project_id, channel, user_id): text without NUL.
 
-
-def sanitize(value: str, cap: int) -> tuple[str, bool]:
-    """(clean text, whether the cap cut it): annotations out, trimmed, capped."""
-    while True:
-        cleaned = _ANNOTATION.sub("", value)
-        if cleaned == value:
-            break
-        value = cleaned
-    value = value.strip()
-    if len(value) <= cap:
-        return value, False
-    return value[:cap].rstrip(), True
-
-
-# --- time stamps ------------------------------------------------------------
-
-
-def parse_stamp(value: str | None) -> datetime | None:
-    """An ISO-8601 or ``YYYY-MM-DD HH:MM:SS`` stamp as aware UTC; None if unreadable."""
-    if not value:
-        return None
-    try:
-        stamp = datetime.fromisoformat(value.strip())
-    except ValueError:
-        return None
-    if stamp.tzinfo is None:
-        stamp = stamp.replace(tzinfo=timezone.utc)
-    return stamp
-
-
-def sql_stamp(moment: datetime) -> str:
-    """The server clock in SQLite's ``datetime('now')`` shape (spec VF-1)."""
-    return moment.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+    A NUL would make two keys compare equal in some SQL functions and cannot be
+    stored by PostgreSQL; the store refuses it in keys too.
+    """
+    value = text(record, field)
+    if has_nul(value):
+        raise LineRefused(f"{field} contains a NUL character")
+    return value
 
 
 def is_newer(left: str | None, right: str | None) -> bool:
     """Whether stamp ``left`` is later than ``right`` (text order if either is unreadable)."""
-    a, b = parse_stamp(left), parse_stamp(right)
+    a, b = parse_iso(left or ""), parse_iso(right or "")
     if a is not None and b is not None:
         return a > b
     return (left or "") > (right or "")

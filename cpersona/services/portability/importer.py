@@ -23,7 +23,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, text
+from sqlalchemy import Connection
 from sqlalchemy.exc import SQLAlchemyError
 
 from cpersona.services.app import App
@@ -34,6 +34,8 @@ from cpersona.services.portability.layout import Layout
 from cpersona.services.portability.paths import vet_input_file
 from cpersona.services.portability.writer import EpisodeRow, MemoryRow, ProfileRow, RecordWriter
 from cpersona.services.responses import ToolFailure, failure
+from cpersona.services.sanitize import sanitize
+from cpersona.services.timestamps import ahead_of_clock, sql_stamp
 
 log = logging.getLogger(__name__)
 
@@ -83,27 +85,18 @@ class Tallies:
 
 
 class FutureClock:
-    """Counts stamps ahead of the server clock by more than the allowance (IM-12)."""
+    """Counts stamps ahead of the server clock by more than the allowance (IM-12).
 
-    def __init__(self, app: App, conn: Connection) -> None:
-        self.conn = conn
+    Import stores them whatever CPERSONA_FUTURE_TIMESTAMP_MODE says: an export
+    must come back as it was written.
+    """
+
+    def __init__(self, app: App) -> None:
         self.now = app.clock()
         self.allowance = app.settings.future_timestamp_skew_seconds
 
     def ahead(self, stamp: str | None) -> bool:
-        moment = coerce.parse_stamp(stamp)
-        if moment is None and stamp and self.conn.dialect.name == "sqlite":
-            # FT-1: a stamp ISO refuses is judged the way SQLite's date
-            # functions read it (julianday numbers, "now", ...).
-            seconds = self.conn.execute(
-                text("SELECT (julianday(:s) - 2440587.5) * 86400.0"), {"s": stamp}
-            ).scalar()
-            if seconds is None:
-                return False
-            return seconds - self.now.timestamp() > self.allowance
-        if moment is None:
-            return False
-        return (moment - self.now).total_seconds() > self.allowance
+        return bool(stamp) and ahead_of_clock(stamp, self.now, self.allowance) is not None
 
 
 class RecordImporter:
@@ -132,8 +125,8 @@ class RecordImporter:
         self.tallies = Tallies()
         self.writer = RecordWriter(conn, layout, dry_run=dry_run)
         self.graph = GraphCarrier(conn, supported=layout.has_graph, dry_run=dry_run, now=app.now_iso())
-        self.clock = FutureClock(app, conn)
-        self.now_sql = coerce.sql_stamp(app.clock())
+        self.clock = FutureClock(app)
+        self.now_sql = sql_stamp(app.clock())
         self.folders_skipped = 0
         self._profile_lines: dict[tuple[str, str], str] = {}
 
@@ -184,7 +177,7 @@ class RecordImporter:
 
     def _project(self, record: dict[str, Any]) -> tuple[str, bool]:
         """(project_id, whether the record lacked the key) — IM-11."""
-        return coerce.text(record, "project_id"), "project_id" not in record
+        return coerce.key(record, "project_id"), "project_id" not in record
 
     # -- records
 
@@ -208,8 +201,8 @@ class RecordImporter:
         row = MemoryRow(
             agent_id=agent,
             project_id=project,
-            channel=coerce.text(record, "channel"),
-            msg_id=coerce.text(record, "msg_id"),
+            channel=coerce.key(record, "channel"),
+            msg_id=coerce.key(record, "msg_id"),
             content=raw,
             source=coerce.json_column(record, "source"),
             timestamp=coerce.text(record, "timestamp"),
@@ -220,7 +213,8 @@ class RecordImporter:
             last_recalled_at=coerce.optional_text(record, "last_recalled_at"),
         )
         row.embedding, row.embedding_model, vector_error = self._vector(where, "memory", record)
-        row.content, truncated = coerce.sanitize(raw, self.settings.max_content_length)
+        cleaned = sanitize(raw, self.settings.max_content_length)
+        row.content, truncated = cleaned.text, cleaned.truncated
         if not row.content:
             raise LineRefused("content is empty after sanitization")
         inserted, row_id = self.writer.put_memory(row)
@@ -249,7 +243,7 @@ class RecordImporter:
         row = EpisodeRow(
             agent_id=agent,
             project_id=project,
-            channel=coerce.text(record, "channel"),
+            channel=coerce.key(record, "channel"),
             summary=raw,
             keywords=coerce.keywords(record),
             created_at=coerce.text(record, "created_at") or self.now_sql,
@@ -258,7 +252,8 @@ class RecordImporter:
             resolved=coerce.flag(record, "resolved"),
         )
         row.embedding, row.embedding_model, vector_error = self._vector(where, "episode", record)
-        row.summary, truncated = coerce.sanitize(raw, self.settings.max_content_length)
+        cleaned = sanitize(raw, self.settings.max_content_length)
+        row.summary, truncated = cleaned.text, cleaned.truncated
         if not row.summary:
             raise LineRefused("summary is empty after sanitization")
         inserted, row_id = self.writer.put_episode(row)
@@ -280,12 +275,12 @@ class RecordImporter:
             self.tallies.episodes_without_project += 1
 
     def _profile(self, where: str, record: dict[str, Any], agent: str) -> None:
-        user_id = coerce.text(record, "user_id")
+        user_id = coerce.key(record, "user_id")
         raw = coerce.text(record, "content")
         if not raw:
             self.errors.add(f"{where}: profile has no content; the existing profile was kept")
             return
-        content, _ = coerce.sanitize(raw, self.settings.max_profile_length)
+        content = sanitize(raw, self.settings.max_profile_length).text
         if not content:
             raise LineRefused("content is empty after sanitization")
         key = (agent, user_id)
@@ -305,7 +300,7 @@ class RecordImporter:
             )
             return
         self.writer.put_profile(
-            ProfileRow(agent, user_id, coerce.text(record, "project_id"), content, updated_at)
+            ProfileRow(agent, user_id, coerce.key(record, "project_id"), content, updated_at)
         )
         self.tallies.profile_updated = True
         self.tallies.profiles_applied += 1
