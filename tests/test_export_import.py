@@ -224,7 +224,7 @@ def test_export_replaces_atomically_and_cleans_up_on_failure(app: App, db: Datab
     out = tmp_path / "deep" / "er" / "dump.jsonl"
     assert export_memories(app, agent_id="", output_path=str(out))["ok"] is True
     assert (out.stat().st_mode & 0o777) == 0o600
-    assert (out.parent.stat().st_mode & 0o777) == 0o700
+    assert (out.parent.stat().st_mode & 0o777) == (out.parent.parent.stat().st_mode & 0o777) == 0o700
     before = out.read_bytes()
 
     def broken(row: Any, include: bool) -> dict[str, Any]:

@@ -31,10 +31,23 @@ from cpersona.services.responses import ToolFailure, failure
 log = logging.getLogger(__name__)
 
 
+def make_private_dirs(directory: Path) -> None:
+    """Create ``directory`` and each missing ancestor with mode 0700 (EX-5).
+
+    ``mkdir(parents=True)`` would give the ancestors the default mode.
+    """
+    missing = []
+    while not directory.exists():
+        missing.append(directory)
+        directory = directory.parent
+    for folder in reversed(missing):
+        folder.mkdir(mode=0o700, exist_ok=True)
+
+
 @contextmanager
 def atomic_file(path: Path) -> Iterator[IO[str]]:
     """A text file that appears at ``path`` only if the block completes."""
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    make_private_dirs(path.parent)
     fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
