@@ -461,8 +461,9 @@ class GraphCarrier:
                 "at": coerce.text(record, "declared_at") or self.now,
             }
         except LineRefused:
-            values = None
-        if values is None or subject is None or obj is None or anchor is None or not predicate:
+            self.result.dropped.add("relation")
+            return
+        if subject is None or obj is None or anchor is None or not predicate:
             self.result.dropped.add("relation")
             return
         if not self.dry_run:
