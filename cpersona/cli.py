@@ -69,11 +69,19 @@ def serve(args: argparse.Namespace) -> int:
                      "use stdio (the default)", EXIT_BAD_CONFIG)
 
     _log_to_stderr()
+    from cpersona.embedding.client import build_embedder
     from cpersona.mcp.server import build_server
     from cpersona.mcp.stdio import serve_stdio
     from cpersona.services.app import App
     from cpersona.storage.migrate import MigrationError, TooNewDatabase, open_and_upgrade
 
+    # Spec T-7 order: embedding mode and client, then the database.
+    try:
+        embedder = build_embedder(settings)
+    except ValueError as exc:
+        return _fail(str(exc), EXIT_BAD_CONFIG)
+    if embedder is not None:
+        embedder.refresh_identity(force=True)  # bounded (≤ 3 s); a silent backend is tolerated
     try:
         db = open_and_upgrade(settings.db_file, fts_enabled=settings.fts_enabled)
     except TooNewDatabase as exc:
@@ -81,13 +89,16 @@ def serve(args: argparse.Namespace) -> int:
     except (MigrationError, OSError) as exc:
         return _fail(f"cannot open the database {settings.db_file}: {exc}", EXIT_START_FAILED)
 
-    log.info("cpersona %s serving stdio, database %s", __version__, settings.db_file)
+    log.info("cpersona %s serving stdio, database %s, embeddings %s", __version__, settings.db_file,
+             settings.embedding_mode)
     try:
-        anyio.run(serve_stdio, build_server(App(db=db, settings=settings)))
+        anyio.run(serve_stdio, build_server(App(db=db, settings=settings, embedder=embedder)))
     except KeyboardInterrupt:
         pass
     finally:
         db.close()
+        if embedder is not None:
+            embedder.close()
     return EXIT_OK
 
 

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from mcp import Client
+from mcp import Client, StdioServerParameters
 
 import cpersona
 
@@ -172,3 +172,17 @@ def test_serve_is_the_default_command(e2e_db_path):
         assert done.returncode == 0, done.stderr
         assert done.stdout == ""
     assert e2e_db_path.exists()
+
+
+async def test_http_embeddings_are_wired_into_the_served_app(e2e_db_path, embed_server):  # spec ST-6, T-7
+    params = StdioServerParameters(command=sys.executable, args=["-m", "cpersona"], env=server_env(
+        e2e_db_path, CPERSONA_EMBEDDING_MODE="http", CPERSONA_EMBEDDING_URL=embed_server.url))
+    async with Client(params) as client:
+        stored = answer(await client.call_tool("store", {"agent_id": "e2e", "content": ENGLISH}))
+    assert stored["result"] == "stored" and stored["embedded"] is True
+
+
+def test_unsupported_embedding_mode_is_refused_before_the_database_opens(e2e_db_path):  # spec T-7 (5)
+    done = run_cli(env=server_env(e2e_db_path, CPERSONA_EMBEDDING_MODE="gpu"))
+    assert done.returncode == 2 and "CPERSONA_EMBEDDING_MODE" in done.stderr
+    assert not e2e_db_path.exists()
