@@ -28,3 +28,18 @@ def test_ci_runs_the_readme_test_command():
 def test_top_level_layout():
     for name in ("pyproject.toml", "cpersona", "migrations", "tests", "docs", "alembic.ini"):
         assert (ROOT / name).exists(), name
+
+
+def test_every_package_folder_ships():
+    import tomllib
+
+    declared = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {
+        ".".join(init.parent.relative_to(ROOT).parts)
+        for init in (ROOT / "cpersona").rglob("__init__.py")
+    }
+    found |= {
+        "cpersona." + ".".join(init.parent.relative_to(ROOT).parts)
+        for init in (ROOT / "migrations").rglob("__init__.py")
+    }
+    assert found <= declared, sorted(found - declared)
