@@ -39,7 +39,7 @@ PRAGMAS = (
 )
 
 
-def _sqlite_module() -> Any:
+def sqlite_module() -> Any:
     """The DB-API module that can load sqlite-vec on this interpreter."""
     try:
         import sqlean
@@ -139,7 +139,7 @@ class Database:
 
 def sqlite_engine(path: Path | str, *, foreign_keys: bool = True) -> Engine:
     """An engine on a SQLite file with sqlite-vec loaded on every connection."""
-    module = _sqlite_module()
+    module = sqlite_module()
     url = "sqlite+pysqlite:///" + (str(path) if str(path) == ":memory:" else str(Path(path)))
     engine = create_engine(url, module=module, pool_size=8, max_overflow=8)
     pragmas = PRAGMAS if foreign_keys else PRAGMAS[:-1] + ("foreign_keys=OFF",)

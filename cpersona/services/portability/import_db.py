@@ -35,7 +35,7 @@ from cpersona.services.portability.importer import ErrorLog, RecordImporter
 from cpersona.services.portability.layout import Layout
 from cpersona.services.portability.reader import SnapshotReader
 from cpersona.services.responses import ToolFailure, failure
-from cpersona.storage.engine import _sqlite_module
+from cpersona.storage.engine import sqlite_module
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +53,8 @@ def read_only_snapshot(path: Path) -> Iterator[Connection]:
     uri = f"file:{quote(str(path))}?mode=ro"
     engine = create_engine(
         "sqlite+pysqlite://",
-        module=_sqlite_module(),
-        creator=lambda: _sqlite_module().connect(uri, uri=True, check_same_thread=False),
+        module=sqlite_module(),
+        creator=lambda: sqlite_module().connect(uri, uri=True, check_same_thread=False),
         poolclass=NullPool,
     )
 
