@@ -179,3 +179,6 @@ class PendingMemoryTask(Base):
 # Names of objects that live outside the ORM (raw DDL in migrations); the
 # autogenerate filter and the drift test skip them and their shadow tables.
 FTS_TABLES = ("memories_fts", "episodes_fts")
+
+# The association tables and record nodes (revisions 0003/0004) join Base.metadata here.
+from cpersona.storage import models_associations  # noqa: E402,F401
