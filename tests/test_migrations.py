@@ -57,7 +57,17 @@ V13_INDEXES = {
 }
 # spec storage.md §6.7, revision 0002
 UNVERSIONED_INDEXES = {"idx_memories_lost_embedding", "idx_episodes_lost_embedding", "idx_memories_span"}
-HEAD_INDEXES = V13_INDEXES | UNVERSIONED_INDEXES
+# spec storage.md §6.2 / §6.1, revisions 0003 (associations) and 0004 (record nodes)
+LATER_TABLES = {"entities", "entity_aliases", "entity_mentions", "relations", "record_nodes"}
+LATER_INDEXES = {
+    "idx_entity_aliases_normalized", "idx_entity_mentions_ref",
+    "idx_relations_subject", "idx_relations_object", "idx_relations_anchor",
+}
+LATER_TRIGGERS = {
+    "associations_entities_ad", "associations_memories_ad", "associations_episodes_ad",
+    "record_nodes_memories_ad", "record_nodes_memories_au", "record_nodes_episodes_ad", "record_nodes_episodes_au",
+}
+HEAD_INDEXES = V13_INDEXES | UNVERSIONED_INDEXES | LATER_INDEXES
 V13_TRIGGERS = {
     "memories_fts_ai",
     "memories_fts_ad",
@@ -173,11 +183,11 @@ def include_name(db_conn):
 def test_fresh_upgrade_creates_exactly_the_v13_objects(db: Database) -> None:
     # spec DB-1, DB-2, DB-3, §4.6, §4.7
     tables = objects(db, "table")
-    assert tables - {"sqlite_sequence", "alembic_version"} == V13_TABLES | FTS_TABLES | FTS_SHADOW
+    assert tables - {"sqlite_sequence", "alembic_version"} == V13_TABLES | FTS_TABLES | FTS_SHADOW | LATER_TABLES
     assert "memories_fts_content" not in tables  # external content: no copy of the text (DB-2)
     user_indexes = {i for i in objects(db, "index") if not i.startswith("sqlite_autoindex")}
     assert user_indexes == HEAD_INDEXES
-    assert objects(db, "trigger") == V13_TRIGGERS
+    assert objects(db, "trigger") == V13_TRIGGERS | LATER_TRIGGERS
     assert q(db, "SELECT version FROM schema_version") == [(REFERENCE_VERSION,)]
     assert q(db, "SELECT version_num FROM alembic_version") == [(head_revision(),)]
     assert q(db, "PRAGMA user_version") == [(0,)]  # spec PG-3
@@ -299,8 +309,8 @@ def test_downgrade_to_base_and_back(db: Database) -> None:
     assert left == {"alembic_version"}
     assert objects(db, "trigger") == set()
     upgrade(db)
-    assert V13_TABLES | FTS_TABLES <= objects(db, "table")
-    assert objects(db, "trigger") == V13_TRIGGERS
+    assert V13_TABLES | FTS_TABLES | LATER_TABLES <= objects(db, "table")
+    assert objects(db, "trigger") == V13_TRIGGERS | LATER_TRIGGERS
     assert q(db, "SELECT version FROM schema_version") == [(13,)]
 
 
@@ -323,11 +333,11 @@ def test_fts_disabled_then_enabled(db_path: Path) -> None:
     db = open_sqlite(db_path)
     try:
         upgrade(db, fts_enabled=False)
-        assert objects(db, "trigger") == set()
+        assert objects(db, "trigger") == LATER_TRIGGERS
         assert not (FTS_TABLES & objects(db, "table"))
         mid = insert_memory(db, "written while keyword search was off")
         upgrade(db, fts_enabled=True)
-        assert objects(db, "trigger") == V13_TRIGGERS
+        assert objects(db, "trigger") == V13_TRIGGERS | LATER_TRIGGERS
         assert fts_ids(db, "memories_fts", "keyword sea") == [mid]
         assert q(db, "PRAGMA user_version") == [(0,)]
         fts_integrity_ok(db)
