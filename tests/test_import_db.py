@@ -162,10 +162,8 @@ def test_import_db_copies_everything_and_leaves_the_source_byte_identical(app: A
     assert answer["memories"] == {"copied": 72, "skipped": 0}
     assert answer["episodes"] == {"copied": 3, "skipped": 0}
     assert answer["profiles"] == {"copied": 3}
-    # our tables have no associations yet: counted and reported, not silently lost
-    assert answer["associations"] == {
-        "entities": 0, "mentions": 0, "relations": 0,
-        "not_supported": {"entities": 2, "mentions": 2, "relations": 2}}
+    # spec CA-2: the declared graph is copied into our association tables (revision 0003)
+    assert answer["associations"] == {"entities": 2, "mentions": 2, "relations": 2}
     assert answer["not_copied"] == {"pending_tasks": 1, "folders": 1}
     assert scalar(db, "SELECT count(*) FROM memories WHERE agent_id = ''") == 24
     assert scalar(db, "SELECT count(*) FROM pending_memory_tasks") == 0
