@@ -33,6 +33,10 @@ class App:
     # Later features (embedder, pause registry, calibration, task queue) hang
     # their state here rather than in module globals.
     extras: dict[str, Any] = field(default_factory=dict)
+    # True on the App a call runs with while the caller's no-persist bucket is
+    # paused (set by cpersona.mcp.pause_gate): a read must then skip its
+    # incidental writes, such as recall counters (spec P-12).
+    writes_paused: bool = False
 
     def now_iso(self) -> str:
         """Server default stamp: ISO-8601 UTC with microseconds (spec VF-2)."""
