@@ -63,12 +63,20 @@ def serve(args: argparse.Namespace) -> int:
         settings = load_settings()
     except ConfigError as exc:
         return _fail(str(exc), EXIT_BAD_CONFIG)
-    if settings.transport != "stdio":
-        # Checked before the database is opened (spec T-1, T-7).
-        return _fail(f"CPERSONA_TRANSPORT={settings.transport} is not available in this build yet; "
-                     "use stdio (the default)", EXIT_BAD_CONFIG)
-
     _log_to_stderr()
+    from cpersona.mcp.acl import AclConfigError, acl_gates, load_policy
+    from cpersona.mcp.gates import GateChain
+    from cpersona.mcp.http import StartupRefusal, build_http_app, http_auth_mode, serve_http
+    from cpersona.mcp.oauth import oauth_config
+
+    # Spec T-7 steps 3-4, before anything expensive: the ACL file, then HTTP credentials.
+    http = settings.transport == "streamable-http"
+    try:
+        policy = load_policy(settings)
+        oauth = oauth_config(settings) if http else None
+        auth = http_auth_mode(settings, policy, oauth) if http else None
+    except (AclConfigError, StartupRefusal) as exc:
+        return _fail(str(exc), EXIT_BAD_CONFIG)
     from cpersona.embedding.client import build_embedder
     from cpersona.mcp.server import build_server
     from cpersona.mcp.stdio import serve_stdio
@@ -89,10 +97,19 @@ def serve(args: argparse.Namespace) -> int:
     except (MigrationError, OSError) as exc:
         return _fail(f"cannot open the database {settings.db_file}: {exc}", EXIT_START_FAILED)
 
-    log.info("cpersona %s serving stdio, database %s, embeddings %s", __version__, settings.db_file,
-             settings.embedding_mode)
+    log.info("cpersona %s serving %s, database %s, embeddings %s", __version__, settings.transport,
+             settings.db_file, settings.embedding_mode)
+    # The ACL gate comes first: a call it denies never reaches a later gate.
+    gates = GateChain(acl_gates(policy, settings, settings.transport))
+    server = build_server(App(db=db, settings=settings, embedder=embedder), gates=gates)
     try:
-        anyio.run(serve_stdio, build_server(App(db=db, settings=settings, embedder=embedder)))
+        if http:
+            serve_http(build_http_app(server, host=settings.http_host, auth=auth, oauth=oauth,
+                                      max_body_bytes=settings.http_max_body_bytes,
+                                      body_limit_mode=settings.http_body_limit_mode),
+                       settings.http_host, settings.http_port)
+        else:
+            anyio.run(serve_stdio, server)
     except KeyboardInterrupt:
         pass
     finally:
