@@ -146,10 +146,10 @@ def test_bad_environment_value_stops_start_up_with_one_line_naming_the_variable(
     assert not e2e_db_path.exists()  # refused before the database was opened
 
 
-def test_http_transport_is_refused_clearly_until_it_exists(e2e_db_path):  # spec T-1, T-7
+def test_http_transport_without_credentials_is_refused_before_the_database(e2e_db_path):  # spec T-7, T-8
     done = run_cli(env=server_env(e2e_db_path, CPERSONA_TRANSPORT="streamable-http"))
     assert done.returncode == 2
-    assert "CPERSONA_TRANSPORT" in done.stderr and "not available" in done.stderr
+    assert "CPERSONA_AUTH_TOKEN" in done.stderr and "CPERSONA_ALLOW_UNAUTHENTICATED_HTTP" in done.stderr
     assert not e2e_db_path.exists()
 
 
