@@ -11,14 +11,15 @@ The path, top to bottom:
                                           → the unique indexes have the last word
     lock the resolved row when asked      (ST-12)
 
-Pause gating, ACL and the ``@auto`` project are decided before this function
-runs (the MCP facade's gates); ``session_key`` only matters to them.
+Pause gating and ACL are decided before this function runs (the MCP facade's
+gates); ``session_key`` only matters to them. The operating context's Hard
+layer (``@auto``, the project registry) runs at step 3 of the validation.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import select, update
@@ -26,6 +27,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from cpersona.services.app import App
+from cpersona.services.operating_context import ProjectRefusal, resolve_project
 from cpersona.services.responses import failure
 from cpersona.services.sanitize import (
     check_json_size,
@@ -78,9 +80,10 @@ LONE_SURROGATE = "the arguments contain a lone UTF-16 surrogate, which is not va
 class _Rejected(Exception):
     """A refusal of this store: nothing is written, ``reason`` tells why."""
 
-    def __init__(self, reason: str) -> None:
+    def __init__(self, reason: str, **extra: Any) -> None:
         super().__init__(reason)
         self.reason = reason
+        self.extra = extra  # keys the refusal carries besides result/reason (OC-11)
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +101,7 @@ class _Write:
     metadata_json: str
     timestamp: str  # the caller's stamp, or '' for "now"
     lock: bool
+    project_notes: dict[str, Any] = field(default_factory=dict)  # OC-11 keys for every answer
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,8 +149,15 @@ def store(
             raise _Rejected(ahead.refusal())  # before dedup: a duplicate does not excuse it (FT-2)
     except _Rejected as refusal:
         extra = {"locked": False} if lock_requested else {}
-        return failure(refusal.reason, key="reason", result="rejected", **extra)
+        return failure(refusal.reason, key="reason", result="rejected", **extra, **refusal.extra)
 
+    answer = _write(app, request, ahead)
+    answer.update(request.project_notes)
+    return answer
+
+
+def _write(app: App, request: _Write, ahead: Any) -> dict[str, Any]:
+    """Steps after validation: dedup, embed, insert, lock."""
     # A cheap look before embedding: a duplicate costs no embedding request.
     with app.db.read() as session:
         early = _probe(session, request)
@@ -210,10 +221,13 @@ def _validate(
     if not isinstance(agent_id, str):
         raise _Rejected("agent_id must be a string")
 
-    # 3. The operating context's '@auto' resolution (and its refusals) will hook in
-    # here, before anything is read or written; until then '@auto' is a literal.
+    # 3. The operating context's Hard layer, before anything is read or written:
+    # '@auto' and the project registry (OC-7..OC-11).
+    resolution = resolve_project(app, "store", project_id, agent_id=agent_id)
+    if isinstance(resolution, ProjectRefusal):
+        raise _Rejected(resolution.message, **resolution.fields)
     # ISO-1: a missing or non-string project/channel is the global bucket.
-    project_id = project_id if isinstance(project_id, str) else ""
+    project_id = resolution.project_id if isinstance(resolution.project_id, str) else ""
     channel = channel if isinstance(channel, str) else ""
 
     # 4. (pause: answered by the facade before this function runs)
@@ -273,6 +287,7 @@ def _validate(
         agent_id=agent_id, project_id=project_id, channel=channel, msg_id=msg_id,
         content=cleaned.text, truncated=cleaned.truncated, source=source, source_json=source_json,
         metadata_json=metadata_json, timestamp=timestamp, lock=lock,
+        project_notes=resolution.annotations,
     )
 
 

@@ -24,7 +24,7 @@ import logging
 import math
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any
 
@@ -39,6 +39,7 @@ from cpersona.services.gate import (
     autocut,
     calibrated_gate_for,
 )
+from cpersona.services.operating_context import resolve_project
 from cpersona.services.preview import (
     FULL_CONTENT_BUDGET,
     apply_full_content_budget,
@@ -497,6 +498,9 @@ def recall(
     )  # fmt: skip
     try:
         req = parse_request(app, arguments)
+        # The operating context's Hard layer: '@auto' and the registry warn, never refuse a read.
+        resolution = resolve_project(app, "recall", req.project_id, agent_id=req.agent_id)
+        req = replace(req, project_id=resolution.project_id)
         outcome = run_recall(app, req)
     except ToolFailure as failure:
         return failure.as_response()
@@ -509,4 +513,5 @@ def recall(
     elif apply_full_content_budget(outcome.messages, **cut):
         response["full_content_budget_chars"] = FULL_CONTENT_BUDGET
     response.update(outcome.extras)
+    response.update(resolution.annotations)  # OC-11
     return response
