@@ -141,6 +141,9 @@ def make_handler(embedder: CachedEmbedder, backend: str) -> type[BaseHTTPRequest
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"  # keep-alive: the servers send one request per store
+        # Headers and body leave in separate writes; with Nagle on, the second one
+        # waits for the client's delayed ACK (~40 ms per request).
+        disable_nagle_algorithm = True
 
         def _send(self, status: int, payload: dict) -> None:
             with requests_lock:

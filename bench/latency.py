@@ -15,7 +15,9 @@ database grows through the requested sizes. At each size:
 Rows are LoCoMo turns with about a third of their words swapped for words
 drawn by corpus frequency, so every row is distinct while text length and word
 statistics stay conversational. Everything is seeded: both servers get the
-same rows and the same queries in the same order.
+same rows and the same queries in the same order. The servers of one mode run
+side by side and the timed calls alternate between them (ours, ref, ours, ...),
+so background load on the machine cannot favour one of them.
 
     python bench/latency.py --sizes 1000,10000,100000 --servers ours,ref --modes none,stub
 """
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import random
 import sys
 import time
@@ -160,37 +163,53 @@ async def fill(server: RunningServer, corpus: Corpus, start: int, stop: int, con
     return ((stop - start) / elapsed if elapsed > 0 else 0.0), failures
 
 
-async def measure_server(
-    name: str, mode: str, embed_url: str | None, corpus: Corpus, args: argparse.Namespace
+async def measure_mode(
+    names: list[str], mode: str, embed_url: str | None, corpus: Corpus, args: argparse.Namespace
 ) -> list[SizeResult]:
+    """All servers of one embedding mode, alive together, grown through every size.
+
+    Fills run one server at a time (they saturate the machine); the timed
+    stores and recalls alternate between the servers call by call, so load
+    from anything else on the machine falls on both alike and the ratios hold.
+    """
     results = []
-    async with start_server(name, embedding_env(mode, embed_url)) as server:
+    async with contextlib.AsyncExitStack() as stack:
+        servers = [await stack.enter_async_context(start_server(n, embedding_env(mode, embed_url))) for n in names]
         stored = 0
         for size in args.sizes:
-            label = f"{mode}/{name}/{size}"
             fill_to = max(stored, size - args.store_probes)
-            rate, failures = await fill(server, corpus, stored, fill_to, args.concurrency, label)
-            store_ms = []
+            fills = {}
+            for server in servers:
+                fills[server.name] = await fill(server, corpus, stored, fill_to, args.concurrency, f"{mode}/{server.name}/{size}")
+            store_ms: dict[str, list[float]] = {server.name: [] for server in servers}
+            failures = {server.name: fills[server.name][1] for server in servers}
             for index in range(fill_to, size):
-                answer, elapsed = await server.timed_call("store", corpus.row(index))
-                store_ms.append(elapsed)
-                failures += not is_stored(answer)
+                for server in servers:
+                    answer, elapsed = await server.timed_call("store", corpus.row(index))
+                    store_ms[server.name].append(elapsed)
+                    failures[server.name] += not is_stored(answer)
             stored = size
-            recall_ms, recall_rows = [], []
+            recall_ms: dict[str, list[float]] = {server.name: [] for server in servers}
+            recall_rows: dict[str, list[int]] = {server.name: [] for server in servers}
             for arguments in corpus.recall_queries(args.recalls, stored, size):
-                answer, elapsed = await server.timed_call("recall", arguments)
-                recall_ms.append(elapsed)
-                recall_rows.append(len(answer.get("messages") or []))
-                failures += "messages" not in answer
-            result = SizeResult(name, mode, size, fill_to, rate, store_ms, recall_ms, recall_rows, failures)
-            results.append(result)
-            s = result.summary()
-            print(
-                f"  [{label}] fill {s['fill_rows_per_s']} rows/s; store p50 {s['store_p50_ms']} ms; "
-                f"recall p50 {s['recall_p50_ms']} / p95 {s['recall_p95_ms']} ms; failures {failures}",
-                file=sys.stderr,
-                flush=True,
-            )
+                for server in servers:
+                    answer, elapsed = await server.timed_call("recall", arguments)
+                    recall_ms[server.name].append(elapsed)
+                    recall_rows[server.name].append(len(answer.get("messages") or []))
+                    failures[server.name] += "messages" not in answer
+            for server in servers:
+                name = server.name
+                result = SizeResult(
+                    name, mode, size, fill_to, fills[name][0], store_ms[name], recall_ms[name], recall_rows[name], failures[name]
+                )
+                results.append(result)
+                summary = result.summary()
+                print(
+                    f"  [{mode}/{name}/{size}] fill {summary['fill_rows_per_s']} rows/s; store p50 {summary['store_p50_ms']} ms; "
+                    f"recall p50 {summary['recall_p50_ms']} / p95 {summary['recall_p95_ms']} ms; failures {failures[name]}",
+                    file=sys.stderr,
+                    flush=True,
+                )
     return results
 
 
@@ -244,9 +263,8 @@ async def main_async(args: argparse.Namespace) -> None:
     results: list[SizeResult] = []
     for mode in modes:
         with start_embedder(mode) as embed_url:
-            for name in servers:
-                print(f"running {name} with embeddings {mode} ...", file=sys.stderr, flush=True)
-                results.extend(await measure_server(name, mode, embed_url, corpus, args))
+            print(f"running {', '.join(servers)} with embeddings {mode} ...", file=sys.stderr, flush=True)
+            results.extend(await measure_mode(servers, mode, embed_url, corpus, args))
     summaries = [r.summary() for r in results]
     print()
     print(format_tables(summaries))
