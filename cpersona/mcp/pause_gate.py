@@ -1,0 +1,243 @@
+"""The no-persist pause gate: what every tool does while its caller's bucket is paused.
+
+One gate, one table. :data:`PAUSE_RULES` names, for every tool the pause
+concerns, one of these behaviours (spec admin-and-safety §9.5, G-7):
+
+- :class:`Skip` — a write tool answers a no-op shaped like its success: any
+  ``id`` becomes ``"no-persist"``, the action id keys become null, and
+  ``persisted: false``, ``dry_run: true`` and a ``reason`` with the TTL left are
+  added. Some tools check part of their input first (store's boundary, import's
+  file vetting, merge's arguments), and import and merge still run a dry run.
+- :class:`ForceDryRun` — ``migrate_channel_axis`` runs, as a dry run.
+- :class:`DowngradeFix` — ``check_health`` / ``deep_check`` run with ``fix=false``.
+- :class:`PassThrough` — reads, export, check_update and the pause tools run
+  normally.
+
+Whatever runs while its bucket is paused receives an App marked
+``writes_paused``, so a read skips its incidental writes (recall counters, P-12).
+
+A tool with no rule is treated by its annotations: a read-only tool passes
+through, any other tool is skipped with a bare no-op — a write nobody classified
+is never let through during a pause. The test suite fails when a registered
+write tool has no rule, so that fallback is a safety net, not the design.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import anyio.to_thread
+
+from cpersona.mcp.gates import CallNext, Response, ToolCall
+from cpersona.mcp.tools.common import store_refusal
+from cpersona.services import portability
+from cpersona.services.memories import MISSING_AGENT, MIXED_FORMS
+from cpersona.services.persistence import PauseState, pause_state, skip_reason
+from cpersona.services.responses import ToolFailure
+
+log = logging.getLogger(__name__)
+
+NO_PERSIST = "no-persist"
+# Keys naming the row a write acted on: null in a skipped answer (§9.5).
+ACTION_ID_KEYS = ("deleted_id", "updated_id", "locked_id", "unlocked_id", "episode_id")
+
+Arguments = Mapping[str, Any]
+# Runs before a paused write is answered; returns the tool's own refusal, or None to go on.
+Precheck = Callable[[ToolCall], Awaitable[Response | None]]
+
+
+def skipped(tool: str, body: Response, state: PauseState) -> Response:
+    """A tool's success body turned into its paused no-op (§9.5)."""
+    answer = dict(body)
+    if "id" in answer:
+        answer["id"] = NO_PERSIST
+    for key in ACTION_ID_KEYS:
+        if key in answer:
+            answer[key] = None
+    answer.update(persisted=False, dry_run=True, reason=skip_reason(tool, state))
+    return answer
+
+
+class Rule:
+    async def paused(self, call: ToolCall, call_next: CallNext, state: PauseState) -> Response:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class Skip(Rule):
+    """A write answered by a no-op while paused.
+
+    ``body`` builds the success shape from the arguments; ``before`` runs the
+    checks the spec places ahead of the gate; ``unless_dry_run`` lets a caller's
+    own dry run through (it writes nothing); ``after`` adds keys that follow the
+    three pause keys.
+    """
+
+    body: Callable[[Arguments], Response]
+    before: Precheck | None = None
+    unless_dry_run: bool = False
+    after: Callable[[Arguments], Response] | None = None
+
+    async def paused(self, call: ToolCall, call_next: CallNext, state: PauseState) -> Response:
+        if self.unless_dry_run and call.arguments.get("dry_run") is True:
+            return await call_next(call)
+        if self.before is not None and (refusal := await self.before(call)) is not None:
+            return refusal
+        answer = skipped(call.spec.name, self.body(call.arguments), state)
+        if self.after is not None:
+            answer.update(self.after(call.arguments))
+        return answer
+
+
+@dataclass(frozen=True)
+class ForceDryRun(Rule):
+    """P-11: ``migrate_channel_axis`` reports what it would do and changes nothing."""
+
+    async def paused(self, call: ToolCall, call_next: CallNext, state: PauseState) -> Response:
+        asked_to_write = call.arguments.get("dry_run") is False  # its default is a dry run
+        answer = await call_next(call.with_arguments({**call.arguments, "dry_run": True}))
+        if asked_to_write and isinstance(answer, dict):
+            answer = {**answer, "repairs_skipped": True,
+                      "repairs_skip_reason": "no-persist mode active — dry_run forced"}
+        return answer
+
+
+@dataclass(frozen=True)
+class DowngradeFix(Rule):
+    """P-11: a health run reports but does not repair."""
+
+    async def paused(self, call: ToolCall, call_next: CallNext, state: PauseState) -> Response:
+        if call.arguments.get("fix") is not True:
+            return await call_next(call)
+        answer = await call_next(call.with_arguments({**call.arguments, "fix": False}))
+        if isinstance(answer, dict):
+            answer = {**answer, "fixed": False, "repairs_skipped": True,
+                      "repairs_skip_reason": "no-persist mode active — fix downgraded to fix=False"}
+        return answer
+
+
+@dataclass(frozen=True)
+class PassThrough(Rule):
+    async def paused(self, call: ToolCall, call_next: CallNext, state: PauseState) -> Response:
+        return await call_next(call)
+
+
+# -- the checks some writes make before a pause answers them --------------------------------
+
+
+async def _store_boundary(call: ToolCall) -> Response | None:
+    """ST-2: mixed forms and a missing agent are refused even while paused.
+
+    Mirrors the first two steps of ``services.memories`` validation (same
+    messages, same order); tests/test_pause.py holds the two to each other.
+    """
+    args = call.arguments
+    message = args.get("message")
+    if isinstance(message, dict) and message:
+        top_level_used = (
+            args.get("content") not in (None, "") or args.get("id") not in (None, "")
+            or args.get("timestamp") not in (None, "") or bool(args.get("metadata")) or "source" in args
+        )
+        if top_level_used:
+            return store_refusal(MIXED_FORMS, args)
+    if args.get("agent_id") is None:
+        return store_refusal(MISSING_AGENT, args)
+    return None
+
+
+def _store_lock_flag(args: Arguments) -> Response:
+    # ST-12: a store that asked for a lock says it did not get one.
+    return {"locked": False} if args.get("lock") is True else {}
+
+
+async def _vet_import(call: ToolCall) -> Response | None:
+    """IM-1 runs before the pause answers (IM-2); it touches the file system, so off the loop."""
+    try:
+        await anyio.to_thread.run_sync(portability.vet_import, call.app, call.arguments.get("input_path"))
+    except ToolFailure as refused:
+        return refused.as_response()
+    return None
+
+
+def _merge_arguments(args: Arguments) -> tuple[Any, Any, Any, Any]:
+    return (args.get("source_agent_id"), args.get("target_agent_id"),
+            args.get("strategy", "skip"), args.get("mode", "copy"))
+
+
+async def _validate_merge(call: ToolCall) -> Response | None:
+    try:
+        portability.validate_merge(*_merge_arguments(call.arguments))  # MG-1 before MG-2
+    except ToolFailure as refused:
+        return refused.as_response()
+    return None
+
+
+def _const(body: Response) -> Callable[[Arguments], Response]:
+    return lambda _args: dict(body)
+
+
+# -- the table ------------------------------------------------------------------------------
+
+PAUSE_RULES: Mapping[str, Rule] = {
+    # Writes that answer a no-op (§9.5 table).
+    "store": Skip(_const({"ok": True, "result": "skipped", "id": NO_PERSIST, "embedded": False}),
+                  before=_store_boundary, after=_store_lock_flag),
+    "declare_associations": Skip(_const({"ok": True, "result": "skipped", "entities": [], "mentions": 0,
+                                         "relations": [], "dropped": []})),
+    "archive_episode": Skip(_const({"ok": True, "queued": False, "task_id": None, "episode_id": None,
+                                    "id": NO_PERSIST})),
+    "update_memory": Skip(_const({"ok": True, "updated_id": None})),
+    "delete_memory": Skip(_const({"ok": True, "deleted_id": None})),
+    "delete_episode": Skip(_const({"ok": True, "deleted_id": None})),
+    "lock_memory": Skip(_const({"ok": True, "locked_id": None})),
+    "unlock_memory": Skip(_const({"ok": True, "unlocked_id": None})),
+    "delete_agent_data": Skip(lambda args: {  # DAD-5: before the empty-id check
+        "ok": True, "agent_id": args.get("agent_id", ""), "deleted_memories": 0, "deleted_profiles": 0,
+        "deleted_episodes": 0, "deleted_pending_tasks": 0}),
+    "update_profile": Skip(_const({"ok": True, "profiles_updated": 0})),
+    "import_memories": Skip(lambda _args: portability.paused_import_body(), before=_vet_import,
+                            unless_dry_run=True),
+    "merge_memories": Skip(lambda args: portability.paused_merge_body(*_merge_arguments(args)),
+                           before=_validate_merge, unless_dry_run=True),
+    "organize_folders": Skip(_const({"ok": True, "applied": [], "dropped": []})),
+    # calibrate_threshold and set_recall_precision answer bodies that need their
+    # service's state (old threshold, resolved beta): their rules arrive with them.
+    # Writes that still run, harmlessly (P-11).
+    "migrate_channel_axis": ForceDryRun(),
+    "check_health": DowngradeFix(),
+    "deep_check": DowngradeFix(),
+    # Unaffected (P-12): export writes a file, not a record; check_update installs
+    # software; the pause tools manage the pause itself.
+    "export_memories": PassThrough(),
+    "check_update": PassThrough(),
+    "pause_persistence": PassThrough(),
+    "resume_persistence": PassThrough(),
+}
+
+
+class PauseGate:
+    """The gate (see :mod:`cpersona.mcp.gates`) that applies :data:`PAUSE_RULES`."""
+
+    def __init__(self, rules: Mapping[str, Rule] = PAUSE_RULES) -> None:
+        self.rules = rules
+
+    def rule_for(self, call: ToolCall) -> Rule:
+        rule = self.rules.get(call.spec.name)
+        if rule is not None:
+            return rule
+        if call.spec.annotations.read_only is True:
+            return PassThrough()
+        log.warning("tool %s has no pause rule; skipping it while paused", call.spec.name)
+        return Skip(_const({"ok": True}))
+
+    async def __call__(self, call: ToolCall, call_next: CallNext) -> Response:
+        # Cheap: a dict look-up under a lock, no I/O.
+        state = pause_state(call.app, call.arguments.get("session_key", ""))
+        if not state.paused:
+            return await call_next(call)
+        quiet = dataclasses.replace(call, app=dataclasses.replace(call.app, writes_paused=True))
+        return await self.rule_for(call).paused(quiet, call_next, state)

@@ -1,0 +1,87 @@
+"""Moving memories in and out: ``export_memories``, ``import_memories``, ``merge_memories``."""
+
+from __future__ import annotations
+
+from cpersona.mcp.registry import Annotations, ToolSpec
+from cpersona.mcp.tools.common import SESSION_KEY, object_schema
+
+EXPORT_MEMORIES = ToolSpec(
+    name="export_memories",
+    description=(
+        "Write an agent's memories, episodes, profile and declared associations (entities with their "
+        "aliases, mentions and relations) to a JSONL file on the server, as a backup or to carry them to "
+        "another server. The file is replaced only once it has been written completely."
+    ),
+    input_schema=object_schema({
+        "agent_id": {"type": "string", "description": "The agent to export; '' exports every agent."},
+        "output_path": {"type": "string", "description": "Where to write the JSONL file, as a path on the server."},
+        "include_embeddings": {
+            "type": "boolean",
+            "description": "Also write each record's vector, base64-encoded. Default false; rarely needed.",
+            "default": False,
+        },
+    }, required=["agent_id", "output_path"]),
+    annotations=Annotations(read_only=False, destructive=True),
+    service="cpersona.services.portability:export_memories",
+)
+
+IMPORT_MEMORIES = ToolSpec(
+    name="import_memories",
+    description=(
+        "Read a JSONL file written by export_memories and restore its memories, episodes, profiles and "
+        "declared associations; each association is pointed at the record it names as restored here. "
+        "Importing the same file again adds nothing: a memory is skipped when its msg_id, or its content "
+        "within the same project and channel, is already stored, and an episode when its summary is, "
+        "within the same project and channel."
+    ),
+    input_schema=object_schema({
+        "input_path": {"type": "string", "description": "The JSONL file to read, as a path on the server."},
+        "target_agent_id": {
+            "type": "string",
+            "description": "Write every record under this agent instead; '' (default) keeps each record's own agent_id.",
+            "default": "",
+        },
+        "dry_run": {
+            "type": "boolean",
+            "description": "Only count what would be imported; nothing is written.",
+            "default": False,
+        },
+        "session_key": SESSION_KEY,
+    }, required=["input_path"]),
+    annotations=Annotations(read_only=False, destructive=True, idempotent=True),
+    service="cpersona.services.portability:import_memories",
+)
+
+MERGE_MEMORIES = ToolSpec(
+    name="merge_memories",
+    description=(
+        "Copy one agent's memories, episodes, profile and declared associations into another agent, all in "
+        "one transaction: the same result as an export followed by an import, without a file. With strategy "
+        "'skip' a memory whose msg_id the target already has, or an episode whose summary it already has, is "
+        "left out."
+    ),
+    input_schema=object_schema({
+        "source_agent_id": {"type": "string", "description": "The agent whose records are copied."},
+        "target_agent_id": {"type": "string", "description": "The agent that receives them."},
+        "strategy": {
+            "type": "string",
+            "description": "How duplicates are handled: only 'skip' (the default), which keeps the target's own copy.",
+            "default": "skip",
+        },
+        "mode": {
+            "type": "string",
+            "description": "'copy' (default) leaves the source as it was; 'move' deletes from the source what was copied.",
+            "default": "copy",
+        },
+        "dry_run": {
+            "type": "boolean",
+            "description": "Only count what would be merged; nothing is written.",
+            "default": False,
+        },
+        "session_key": SESSION_KEY,
+    }, required=["source_agent_id", "target_agent_id"]),
+    annotations=Annotations(read_only=False, destructive=True, idempotent=True),
+    service="cpersona.services.portability:merge_memories",
+)
+
+TOOLS = [EXPORT_MEMORIES, IMPORT_MEMORIES, MERGE_MEMORIES]

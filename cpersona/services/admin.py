@@ -1,0 +1,327 @@
+"""Editing and removing records by id, and removing an agent wholesale.
+
+Tools (spec admin-and-safety §1.3–§5, memory-and-recall §3.6):
+``update_memory``, ``lock_memory``, ``unlock_memory``, ``delete_memory``,
+``delete_episode`` and ``delete_agent_data``.
+
+Ownership (OWN-1..OWN-4) is decided in one place, :func:`_memory_refusal` and
+:func:`_memory_guards`: a call that names an ``agent_id`` is scoped and every
+failure reads the same, so a caller cannot learn whether a row it does not own
+exists or is locked; a call without one is unscoped, gets specific messages and
+is logged as such. The mutating statement repeats every guard it was checked
+against, and a statement that matched nothing is a refusal, never a success.
+
+Derived rows keyed on ``mem:<id>`` / ``ep:<id>`` (full-text postings, overflow
+nodes, declared mentions and relations) follow a deleted or edited record by the
+database's own triggers (storage §4.5, LR-1, LR-2), in the same transaction.
+
+The no-persist pause is answered before any of this runs (the facade's pause
+gate); ``session_key`` is accepted here only because the tools declare it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from sqlalchemy import ColumnElement, Connection, delete, inspect, select, text, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from cpersona.services.app import App
+from cpersona.services.memories import embed_text
+from cpersona.services.responses import ToolFailure, failure
+from cpersona.services.sanitize import find_lone_surrogate, sanitize
+from cpersona.storage.models import Episode, Memory, PendingMemoryTask, Profile
+
+log = logging.getLogger(__name__)
+
+# SQLite's INTEGER is signed 64-bit; an id outside it names no row (OWN-3).
+_MIN_ID = -(2**63)
+_MAX_ID = 2**63 - 1
+
+
+# -- arguments --------------------------------------------------------------------------
+
+
+def _record_id(name: str, value: Any) -> int:
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ToolFailure(f"{name} must be an integer")
+    return value
+
+
+def _owner_scope(operation: str, row_label: str, row_id: int, agent_id: Any) -> str | None:
+    """The agent a by-id call is scoped to, or None for an unscoped call (OWN-2)."""
+    if agent_id is None or agent_id == "":
+        log.warning("%s %s %s running UNSCOPED: no agent_id, so no ownership check", operation, row_label, row_id)
+        return None
+    if not isinstance(agent_id, str):
+        # Never read a malformed scope as "no scope": that would widen the call.
+        raise ToolFailure("agent_id must be a string")
+    return agent_id
+
+
+def _in_range(row_id: int) -> bool:
+    return _MIN_ID <= row_id <= _MAX_ID
+
+
+# -- memory ownership (OWN-1..OWN-4) ----------------------------------------------------
+
+
+def _not_found_or_foreign(memory_id: int) -> str:
+    # One message for every scoped failure, lock included (OWN-1, LK-2).
+    return f"Memory {memory_id} not found, not owned by agent, or locked"
+
+
+def _memory_refusal(memory_id: int, owner: str | None, row: Any, *, refused_if_locked: str | None) -> str | None:
+    """Why this call may not touch the row (None: it may).
+
+    ``refused_if_locked`` is the participle of the operation a lock forbids
+    ("deleted", "edited"), or None for lock/unlock, which a lock does not stop.
+    """
+    locked = row is not None and row.locked != 0
+    if owner is not None:
+        if row is None or row.agent_id != owner or (refused_if_locked and locked):
+            return _not_found_or_foreign(memory_id)
+        return None
+    if row is None:
+        return f"Memory {memory_id} not found"
+    if refused_if_locked and locked:
+        return f"Memory {memory_id} is locked and cannot be {refused_if_locked}"
+    return None
+
+
+def _absent(memory_id: int, owner: str | None) -> ToolFailure:
+    """The refusal for an id that names no row, in the call's scoped or unscoped wording."""
+    return ToolFailure(_not_found_or_foreign(memory_id) if owner is not None else f"Memory {memory_id} not found")
+
+
+def _memory_guards(memory_id: int, owner: str | None, *, respect_lock: bool) -> list[ColumnElement[bool]]:
+    """The same conditions, written into the mutating statement itself (OWN-4)."""
+    guards = [Memory.id == memory_id]
+    if owner is not None:
+        guards.append(Memory.agent_id == owner)
+    if respect_lock:
+        guards.append(Memory.locked == 0)
+    return guards
+
+
+def _memory_row(session: Session, memory_id: int) -> Any:
+    return session.execute(
+        select(Memory.agent_id, Memory.project_id, Memory.channel, Memory.locked).where(Memory.id == memory_id)
+    ).first()
+
+
+def _checked_memory(session: Session, memory_id: int, owner: str | None, *, refused_if_locked: str | None) -> Any:
+    row = _memory_row(session, memory_id)
+    if (refusal := _memory_refusal(memory_id, owner, row, refused_if_locked=refused_if_locked)) is not None:
+        raise ToolFailure(refusal)
+    return row
+
+
+def _unmatched(session: Session, memory_id: int, owner: str | None, refused_if_locked: str | None) -> ToolFailure:
+    """The refusal for a guarded statement that matched no row (OWN-4)."""
+    refusal = _memory_refusal(memory_id, owner, _memory_row(session, memory_id), refused_if_locked=refused_if_locked)
+    return ToolFailure(refusal) if refusal is not None else _absent(memory_id, owner)
+
+
+def _answer(work: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    try:
+        return work()
+    except ToolFailure as refusal:
+        return refusal.as_response()
+
+
+# -- delete_memory / lock_memory / unlock_memory ----------------------------------------
+
+
+def delete_memory(app: App, *, memory_id: Any, agent_id: Any = "", session_key: Any = "") -> dict[str, Any]:
+    """Delete one memory; a locked one never (DM-1..DM-3)."""
+
+    def work() -> dict[str, Any]:
+        row_id = _record_id("memory_id", memory_id)
+        owner = _owner_scope("delete_memory", "memory", row_id, agent_id)
+        if not _in_range(row_id):
+            raise _absent(row_id, owner)
+        with app.db.write() as session:
+            _checked_memory(session, row_id, owner, refused_if_locked="deleted")
+            gone = session.execute(delete(Memory).where(*_memory_guards(row_id, owner, respect_lock=True))).rowcount
+            if gone != 1:
+                raise _unmatched(session, row_id, owner, "deleted")
+        return {"ok": True, "deleted_id": row_id}
+
+    return _answer(work)
+
+
+def _set_lock(app: App, tool: str, answer_key: str, memory_id: Any, agent_id: Any, value: int) -> dict[str, Any]:
+    def work() -> dict[str, Any]:
+        row_id = _record_id("memory_id", memory_id)
+        owner = _owner_scope(tool, "memory", row_id, agent_id)
+        if not _in_range(row_id):
+            raise _absent(row_id, owner)
+        with app.db.write() as session:
+            _checked_memory(session, row_id, owner, refused_if_locked=None)
+            # LK-1: setting the flag it already has still matches the row, so it still succeeds.
+            matched = session.execute(
+                update(Memory).where(*_memory_guards(row_id, owner, respect_lock=False)).values(locked=value)
+            ).rowcount
+            if matched != 1:
+                raise _unmatched(session, row_id, owner, None)
+        return {"ok": True, answer_key: row_id}
+
+    return _answer(work)
+
+
+def lock_memory(app: App, *, memory_id: Any, agent_id: Any = "", session_key: Any = "") -> dict[str, Any]:
+    """Protect one memory from delete_memory and update_memory (LK-1..LK-3)."""
+    return _set_lock(app, "lock_memory", "locked_id", memory_id, agent_id, 1)
+
+
+def unlock_memory(app: App, *, memory_id: Any, agent_id: Any = "", session_key: Any = "") -> dict[str, Any]:
+    return _set_lock(app, "unlock_memory", "unlocked_id", memory_id, agent_id, 0)
+
+
+# -- update_memory (memory-and-recall §3.6) ---------------------------------------------
+
+
+def _holder_of(session: Session, row: Any, content: str, memory_id: int) -> int | None:
+    """Another memory of the row's exact (agent, project, channel) bucket holding ``content`` (UM-5)."""
+    return session.scalar(
+        select(Memory.id)
+        .where(Memory.agent_id == row.agent_id, Memory.project_id == row.project_id,
+               Memory.channel == row.channel, Memory.content == content, Memory.id != memory_id)
+        .order_by(Memory.id)
+        .limit(1)
+    )
+
+
+def _copy_kept(memory_id: int, holder: int | None) -> ToolFailure:
+    other = f"memory {holder}" if holder is not None else "another memory"
+    return ToolFailure(f"Memory {memory_id} was not edited: {other} in the same agent, project and channel "
+                       "already holds this content, and one copy is kept per bucket")
+
+
+def update_memory(
+    app: App, *, memory_id: Any, content: Any, agent_id: Any = "", session_key: Any = ""
+) -> dict[str, Any]:
+    """Replace one memory's text: sanitized, capped, never onto a locked row or a copy (UM-1..UM-6)."""
+
+    def work() -> dict[str, Any]:
+        if content is None or (isinstance(content, str) and not content.strip()):
+            raise ToolFailure("Content cannot be empty")  # UM-1: before the row is looked up
+        if not isinstance(content, str):
+            raise ToolFailure(f"content must be a string, not {type(content).__name__}")
+        row_id = _record_id("memory_id", memory_id)
+        owner = _owner_scope("update_memory", "memory", row_id, agent_id)
+        if find_lone_surrogate(content):
+            raise ToolFailure("content contains a lone UTF-16 surrogate, which is not valid text; nothing was edited")
+        if not _in_range(row_id):
+            raise _absent(row_id, owner)
+        cleaned = sanitize(content, app.settings.max_content_length)  # UM-4
+
+        # Look first on a read snapshot, so a refused edit costs no embedding request.
+        with app.db.read() as session:
+            row = _checked_memory(session, row_id, owner, refused_if_locked="edited")
+            if cleaned.empty:
+                raise ToolFailure("Content cannot be empty after sanitization")
+            if (holder := _holder_of(session, row, cleaned.text, row_id)) is not None:
+                raise _copy_kept(row_id, holder)
+
+        embedding = embed_text(app, cleaned.text)  # UM-6: outside the write lock; None clears the old vector
+
+        with app.db.write() as session:
+            # The authoritative look: the row may have been locked, moved or copied meanwhile.
+            row = _checked_memory(session, row_id, owner, refused_if_locked="edited")
+            if (holder := _holder_of(session, row, cleaned.text, row_id)) is not None:
+                raise _copy_kept(row_id, holder)
+            try:
+                with session.begin_nested():
+                    matched = session.execute(
+                        update(Memory)
+                        .where(*_memory_guards(row_id, owner, respect_lock=True))
+                        .values(content=cleaned.text, embedding=embedding)
+                    ).rowcount
+            except IntegrityError:
+                # The unique (agent, project, channel, content) index has the last word.
+                raise _copy_kept(row_id, _holder_of(session, row, cleaned.text, row_id)) from None
+            if matched != 1:
+                raise _unmatched(session, row_id, owner, "edited")
+
+        response: dict[str, Any] = {"ok": True, "updated_id": row_id}
+        if cleaned.truncated:
+            response["truncated"] = True
+        return response
+
+    return _answer(work)
+
+
+# -- delete_episode (§3) ----------------------------------------------------------------
+
+
+def delete_episode(app: App, *, episode_id: Any, agent_id: Any = "", session_key: Any = "") -> dict[str, Any]:
+    """Delete one episode; every failure reads the same, scoped or not (DE-1)."""
+
+    def work() -> dict[str, Any]:
+        row_id = _record_id("episode_id", episode_id)
+        owner = _owner_scope("delete_episode", "episode", row_id, agent_id)
+        refusal = ToolFailure(f"Episode {row_id} not found or not owned by agent")
+        if not _in_range(row_id):
+            raise refusal
+        guards = [Episode.id == row_id] + ([Episode.agent_id == owner] if owner is not None else [])
+        with app.db.write() as session:
+            if session.execute(delete(Episode).where(*guards)).rowcount != 1:
+                raise refusal
+        return {"ok": True, "deleted_id": row_id}
+
+    return _answer(work)
+
+
+# -- delete_agent_data (§5) -------------------------------------------------------------
+
+# Declarations an agent owns outright, deleted by agent_id when their tables
+# exist (DAD-1). The association and folder revisions add these tables; their
+# triggers take aliases, mentions and memberships along. Records go first so
+# that their own triggers clear what hangs on them.
+AGENT_DECLARATION_TABLES = ("relations", "entities", "folders")
+
+
+def _delete_declarations(conn: Connection, agent_id: str) -> None:
+    present = set(inspect(conn).get_table_names())
+    for table in AGENT_DECLARATION_TABLES:
+        if table in present:
+            conn.execute(text(f"DELETE FROM {table} WHERE agent_id = :agent"), {"agent": agent_id})
+
+
+def _forget_calibration(app: App, agent_id: str) -> None:
+    """DAD-2: drop the agent's in-memory calibration (the fused-gate map of services/gate.py).
+
+    The calibration sidecar file belongs to the calibration feature, which must
+    remove the agent's entries there as well when it lands.
+    """
+    gates = app.extras.get("fused_gates")
+    if isinstance(gates, dict) and isinstance(gates.get("agents"), dict):
+        gates["agents"].pop(agent_id, None)
+
+
+def delete_agent_data(app: App, *, agent_id: Any = None, session_key: Any = "") -> dict[str, Any]:
+    """Remove everything one agent owns, locked memories included (DAD-1, LK-3)."""
+    if agent_id is None or agent_id == "":
+        return failure("agent_id is required for bulk deletion")
+    if not isinstance(agent_id, str):
+        return failure("agent_id must be a string")
+    with app.db.write() as session:
+        counts = {
+            "deleted_memories": session.execute(delete(Memory).where(Memory.agent_id == agent_id)).rowcount,
+            "deleted_profiles": session.execute(delete(Profile).where(Profile.agent_id == agent_id)).rowcount,
+            "deleted_episodes": session.execute(delete(Episode).where(Episode.agent_id == agent_id)).rowcount,
+            "deleted_pending_tasks": session.execute(
+                delete(PendingMemoryTask).where(PendingMemoryTask.agent_id == agent_id)
+            ).rowcount,
+        }
+        _delete_declarations(session.connection(), agent_id)
+    _forget_calibration(app, agent_id)
+    # DAD-4: the four counters always, zeros for an agent that had nothing.
+    return {"ok": True, "agent_id": agent_id, **counts}
