@@ -66,6 +66,7 @@ def serve(args: argparse.Namespace) -> int:
     _log_to_stderr()
     from cpersona.mcp.acl import AclConfigError, acl_gates, load_policy
     from cpersona.mcp.gates import GateChain
+    from cpersona.mcp.pause_gate import PauseGate
     from cpersona.mcp.http import StartupRefusal, build_http_app, http_auth_mode, serve_http
     from cpersona.mcp.oauth import oauth_config
 
@@ -99,8 +100,9 @@ def serve(args: argparse.Namespace) -> int:
 
     log.info("cpersona %s serving %s, database %s, embeddings %s", __version__, settings.transport,
              settings.db_file, settings.embedding_mode)
-    # The ACL gate comes first: a call it denies never reaches a later gate.
-    gates = GateChain(acl_gates(policy, settings, settings.transport))
+    # The ACL gate comes first: a call it denies never reaches a later gate. The
+    # pause gate follows: a paused write is answered only once it is allowed at all.
+    gates = GateChain([*acl_gates(policy, settings, settings.transport), PauseGate()])
     server = build_server(App(db=db, settings=settings, embedder=embedder), gates=gates)
     try:
         if http:
