@@ -120,7 +120,7 @@ def payload(result) -> dict:
 async def test_lists_the_seven_tools_with_the_reference_schemas_and_annotations(app):  # spec G-3, T-6
     async with Client(build_server(app)) as client:
         tools = {tool.name: tool for tool in (await client.list_tools()).tools}
-    assert list(tools) == THE_SEVEN
+    assert set(THE_SEVEN) <= set(tools)  # later issues add tools; each must match the reference
     for name, tool in tools.items():
         wire = tool.model_dump(by_alias=True, exclude_none=True)
         reference = REFERENCE_TOOLS[name]

@@ -42,7 +42,7 @@ async def test_tools_over_stdio_are_declared_as_the_reference_declares_them(stdi
         assert client.server_info.name == "cloto-mcp-cpersona"
         assert client.server_info.version == cpersona.__version__  # spec README decision 5
         tools = (await client.list_tools()).tools
-    assert [t.name for t in tools] == THE_SEVEN
+    assert set(THE_SEVEN) <= {t.name for t in tools}  # later issues add tools; each must match the reference
     for tool in tools:
         wire = tool.model_dump(by_alias=True, exclude_none=True)
         assert wire["description"].strip()

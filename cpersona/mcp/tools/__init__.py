@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from cpersona.mcp.registry import Registry
-from cpersona.mcp.tools import episodes, listing, memory, profiles, recall
+from cpersona.mcp.tools import admin, episodes, listing, memory, persistence, portability, profiles, recall
 
-# The order tools/list shows, following the reference's: write, search, profile, episodes, listings.
-_GROUPS = (memory, recall, profiles, episodes, listing)
+# The order tools/list shows, following the reference's: the pause, write, search, profile, episodes,
+# listings, administration, portability.
+_GROUPS = (persistence, memory, recall, profiles, episodes, listing, admin, portability)
 
 
 def default_registry() -> Registry:
