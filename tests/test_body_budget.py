@@ -1,0 +1,165 @@
+"""The HTTP request-body budget (spec transport-and-config §5): counted on arrival, warn / reject / off."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from cpersona.mcp.http import BodyBudget
+from test_http_transport import MCP_HEADERS, HttpServer, auth, raw_post, sse_result, tool_request
+
+pytestmark = pytest.mark.anyio
+
+TOKEN = "budget-token"
+
+
+def big_store(chars: int) -> dict[str, Any]:
+    return tool_request("store", {"agent_id": "a", "content": "x" * chars})
+
+
+@pytest.fixture
+def reject_server(tmp_path) -> Iterator[HttpServer]:
+    server = HttpServer(tmp_path, CPERSONA_AUTH_TOKEN=TOKEN, CPERSONA_HTTP_MAX_BODY_BYTES="2000",
+                        CPERSONA_HTTP_BODY_LIMIT_MODE="reject")
+    yield server
+    server.stop()
+
+
+def test_reject_answers_413_and_logs_the_crossing(reject_server):  # spec BB-2, BB-3, BB-4
+    body = json.dumps(big_store(5000)).encode()
+    response = httpx.post(reject_server.url, headers={**MCP_HEADERS, **auth(TOKEN)}, content=body)
+    assert response.status_code == 413
+    assert response.json() == {"error": "payload_too_large", "max_bytes": 2000}
+    log = reject_server.log()
+    assert "exceeded CPERSONA_HTTP_MAX_BODY_BYTES on POST /mcp" in log
+    assert "against a budget of 2000 (mode=reject). Occurrence 1 this process." in log
+    assert "answered 413 and the rest of the body was not read" in log
+
+
+def test_a_chunked_body_is_measured_by_what_arrives(reject_server):  # spec BB-1
+    def chunks() -> Iterator[bytes]:
+        payload = json.dumps(big_store(6000)).encode()
+        for i in range(0, len(payload), 500):
+            yield payload[i:i + 500]
+
+    response = httpx.post(reject_server.url, headers={**MCP_HEADERS, **auth(TOKEN)}, content=chunks())
+    assert response.status_code == 413
+    assert response.json()["max_bytes"] == 2000
+
+
+def test_within_budget_is_served_and_stores_nothing_when_rejected(reject_server):  # spec BB-2
+    small = raw_post(reject_server.url, auth(TOKEN), tool_request("store", {"agent_id": "a", "content": "fits"}))
+    assert small.status_code == 200
+    assert json.loads(sse_result(small)["result"]["content"][0]["text"])["result"] == "stored"
+    httpx.post(reject_server.url, headers={**MCP_HEADERS, **auth(TOKEN)}, content=json.dumps(big_store(5000)))
+    listed = raw_post(reject_server.url, auth(TOKEN), tool_request("list_memories", {"agent_id": "a"}))
+    rows = json.loads(sse_result(listed)["result"]["content"][0]["text"])["memories"]
+    assert [r["content"] for r in rows] == ["fits"]
+
+
+def test_an_unauthenticated_request_gets_401_whatever_its_size(reject_server):  # spec BB-4, AUTH-3
+    response = httpx.post(reject_server.url, headers=MCP_HEADERS, content=json.dumps(big_store(5000)))
+    assert response.status_code == 401
+
+
+def test_a_413_carries_cors_headers(reject_server):  # spec BB-4 (budget inside CORS)
+    response = httpx.post(reject_server.url, headers={**MCP_HEADERS, **auth(TOKEN), "Origin": "https://claude.ai"},
+                          content=json.dumps(big_store(5000)))
+    assert response.status_code == 413
+    assert response.headers["access-control-allow-origin"] == "https://claude.ai"
+
+
+def test_warn_serves_in_full_and_logs(tmp_path):  # spec BB-2, BB-3
+    server = HttpServer(tmp_path, CPERSONA_AUTH_TOKEN=TOKEN, CPERSONA_HTTP_MAX_BODY_BYTES="2000")
+    try:
+        response = raw_post(server.url, auth(TOKEN), big_store(5000))
+        assert response.status_code == 200
+        assert json.loads(sse_result(response)["result"]["content"][0]["text"])["result"] == "stored"
+        assert "(mode=warn). Occurrence 1 this process. The request was served in full." in server.log()
+    finally:
+        server.stop()
+
+
+def test_off_does_not_count_and_the_sdk_ceiling_is_gone(tmp_path):  # spec BB-2, T-3
+    server = HttpServer(tmp_path, CPERSONA_AUTH_TOKEN=TOKEN, CPERSONA_HTTP_MAX_BODY_BYTES="2000",
+                        CPERSONA_HTTP_BODY_LIMIT_MODE="off")
+    try:
+        # 5 MB: past both our budget and the SDK's own 4 MiB default.
+        response = raw_post(server.url, auth(TOKEN), big_store(5_000_000))
+        assert response.status_code == 200
+        answer = json.loads(sse_result(response)["result"]["content"][0]["text"])
+        assert answer["result"] == "stored" and answer["truncated"] is True
+        assert "exceeded CPERSONA_HTTP_MAX_BODY_BYTES" not in server.log()
+    finally:
+        server.stop()
+
+
+# --- the middleware itself, for what a well-behaved HTTP client cannot send ---------------
+
+
+class Recorder:
+    """An ASGI app that reads the whole body and answers 200 with its size."""
+
+    def __init__(self) -> None:
+        self.read = 0
+
+    async def __call__(self, scope, receive, send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                await send({"type": "http.response.start", "status": 499, "headers": []})
+                await send({"type": "http.response.body", "body": b""})
+                return
+            self.read += len(message.get("body", b""))
+            if not message.get("more_body"):
+                break
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": str(self.read).encode()})
+
+
+async def drive(budget: BodyBudget, declared: int, chunks: list[bytes]) -> tuple[list[dict[str, Any]], int]:
+    scope = {"type": "http", "method": "POST", "path": "/mcp",
+             "headers": [(b"content-length", str(declared).encode())]}
+    pending = [{"type": "http.request", "body": c, "more_body": i < len(chunks) - 1} for i, c in enumerate(chunks)]
+    pulled = 0
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        nonlocal pulled
+        pulled += 1
+        return pending.pop(0) if pending else {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    await budget(scope, receive, send)
+    return sent, pulled
+
+
+async def test_a_lying_content_length_is_never_trusted():  # spec BB-1
+    app = Recorder()
+    sent, pulled = await drive(BodyBudget(app, 1000, "reject"), declared=10, chunks=[b"x" * 600] * 5)
+    assert sent[0]["status"] == 413
+    assert pulled == 2  # reading stopped at the chunk that crossed the budget
+    assert len(sent) == 2  # the application's own answer went nowhere
+    honest = Recorder()
+    sent, _ = await drive(BodyBudget(honest, 1000, "reject"), declared=10**9, chunks=[b"x" * 300] * 3)
+    assert sent[0]["status"] == 200 and honest.read == 900  # a huge header alone refuses nothing
+
+
+async def test_crossings_are_logged_at_the_1st_10th_100th(caplog):  # spec BB-3
+    budget = BodyBudget(Recorder(), 10, "warn")
+    with caplog.at_level(logging.WARNING, logger="cpersona.mcp.http"):
+        for _ in range(120):
+            sent, _ = await drive(budget, declared=0, chunks=[b"y" * 25])
+            assert sent[0]["status"] == 200
+    occurrences = [r.getMessage() for r in caplog.records if "exceeded" in r.getMessage()]
+    assert len(occurrences) == 3
+    assert ["Occurrence 1 " in occurrences[0], "Occurrence 10 " in occurrences[1],
+            "Occurrence 100 " in occurrences[2]] == [True, True, True]
+    assert budget.crossings == 120
