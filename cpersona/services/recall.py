@@ -7,11 +7,12 @@ The pipeline, top to bottom:
       → reverse (the best row ends the list) → messages → counters
       → advisory → preview tier / full-content budget
 
-Retrievers are the vector channel (not wired yet: ``app.embedder`` is None in
-this release), FTS over episodes and FTS over memories with its LIKE fallback.
-Each produces a :class:`~cpersona.services.fusion.RankedList`; a new retriever
-is one more list handed to fusion, and a row the vector channel scored carries
-its cosine into the gate and ``match_reason`` through :class:`Candidate`.
+Retrievers (:mod:`cpersona.services.retrievers`) are the vector channel (near
+list and optional far list), FTS over episodes and FTS over memories with its
+LIKE fallback. Each produces a :class:`~cpersona.services.fusion.RankedList`; a
+row the vector channel scored carries its cosine into the gate and
+``match_reason`` through :class:`Candidate`. The degraded advisory lives in
+:mod:`cpersona.services.advisory`.
 
 :func:`run_recall` is the library entry (steps up to the response, no preview
 cut), reused by ``recall_with_context``; :func:`recall` is the tool.
@@ -22,16 +23,16 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any
 
 from sqlalchemy import update
 
+from cpersona.services.advisory import advisory
 from cpersona.services.app import App
-from cpersona.services.fusion import Ranked, RankedList, cascade, rrf, rsf
+from cpersona.services.fusion import cascade, rrf, rsf
 from cpersona.services.gate import (
     PROFILE_KEY,
     Candidate,
@@ -46,15 +47,12 @@ from cpersona.services.preview import (
     apply_preview_tier,
 )
 from cpersona.services.responses import ToolFailure
+from cpersona.services.retrievers import Query, Retrieval, exclusion, retrieve, search_backend
 from cpersona.storage.models import Memory
 from cpersona.storage.scope import Scope
-from cpersona.storage.search import Hit, Record, RowKey, SearchBackend, clean_query
+from cpersona.storage.search import RowKey, SearchBackend, clean_query
 
 log = logging.getLogger(__name__)
-
-EXCLUDE_PREFIX_MIN = 32  # exclusion entries this long also match by prefix (spec §5.7.5)
-ADVISORY_SESSIONS = 256  # sessions remembered as "already told" (spec ADV-6)
-KEYLESS = ""  # the advisory / pause bucket of callers that declare no session_key
 
 
 # -- arguments ---------------------------------------------------------------------
@@ -82,6 +80,10 @@ class RecallRequest:
     @property
     def blank(self) -> bool:
         return not clean_query(self.query)
+
+    def retriever_query(self) -> Query:
+        return Query(agent_id=self.agent_id, text=self.query, scope=self.scope, source_id=self.source_id,
+                     channel=self.channel, blank=self.blank)
 
 
 def _has_lone_surrogate(value: Any) -> bool:
@@ -143,74 +145,6 @@ def parse_request(app: App, arguments: dict[str, Any]) -> RecallRequest:
         source_id=_text("source_id", arguments.get("source_id")),
         full_content=_flag("full_content", arguments.get("full_content")),
     )
-
-
-# -- retrieval -----------------------------------------------------------------------
-
-
-def search_backend(app: App) -> SearchBackend:
-    if not app.db.is_sqlite:
-        raise ToolFailure(f"recall is not available on the {app.db.dialect} backend yet", messages=[])
-    from cpersona.storage.search_sqlite import SqliteSearch
-
-    return SqliteSearch(app.db, fts_enabled=app.settings.fts_enabled)
-
-
-def exclusion(entries: Sequence[str]) -> Callable[[str], bool]:
-    """Whether a row's text is one the caller already holds (spec §5.7.5).
-
-    Entries are compared trimmed and lower-cased. Any entry excludes an equal
-    row; an entry of 32 characters or more also excludes a row it starts with
-    or that starts with it (a caller's copy may be cut, or extended).
-    """
-    exact = {e.strip().lower() for e in entries if e.strip()}
-    long = [e for e in exact if len(e) >= EXCLUDE_PREFIX_MIN]
-
-    def excluded(text: str) -> bool:
-        row = text.strip().lower()
-        if not row:
-            return False
-        return row in exact or any(e.startswith(row) or row.startswith(e) for e in long)
-
-    return excluded
-
-
-@dataclass
-class Retrieval:
-    """What the retrievers found: ranked lists plus the rows they name."""
-
-    lists: list[RankedList] = field(default_factory=list)
-    records: dict[RowKey, Record] = field(default_factory=dict)
-    cosines: dict[RowKey, float] = field(default_factory=dict)  # from the vector channel
-    query_embedded: bool = False  # the vector channel ran for this query
-
-    def add(self, channel: str, hits: Sequence[Hit], excluded: Callable[[str], bool]) -> None:
-        """Add one retriever's hits; an excluded row casts no vote, later rows keep their rank."""
-        entries = []
-        for rank, hit in enumerate(hits):
-            if excluded(hit.record.content):
-                continue
-            self.records.setdefault(hit.record.key, hit.record)
-            entries.append(Ranked(hit.record.key, rank, hit.raw))
-        self.lists.append(RankedList(channel, tuple(entries)))
-
-    def keys(self, channel: str) -> list[RowKey]:
-        return [e.key for lst in self.lists if lst.channel == channel for e in lst.entries]
-
-
-def retrieve(backend: SearchBackend, req: RecallRequest, depth: int, excluded: Callable[[str], bool]) -> Retrieval:
-    """Run the retrievers, in fusion order: vector near, far, episodes, memories."""
-    found = Retrieval()
-    if req.blank:  # spec §5.7.4: a blank query is a recency listing
-        found.add("memories", backend.recent_memories(req.scope, depth, source_id=req.source_id), excluded)
-        return found
-    # Vector channel: joins here as found.add("vector", ...) with cosines once an
-    # embedder exists (next issue); until then every lexical row is single-arm.
-    if not req.source_id or req.channel:  # spec ISO-4: episodes carry no per-user source
-        found.add("episodes", backend.keyword_episodes(req.scope, req.query, depth), excluded)
-    keyword = backend.keyword_memories(req.scope, req.query, depth, source_id=req.source_id)
-    found.add("memories", keyword.hits, excluded)
-    return found
 
 
 # -- fusion and scoring --------------------------------------------------------------
@@ -350,79 +284,6 @@ def bump_recall_counters(app: App, memory_ids: Sequence[int]) -> None:
         log.warning("could not update recall counters", exc_info=True)
 
 
-# -- degraded advisory ---------------------------------------------------------------
-
-
-_HINT_REASON = "embeddings disabled (mode=none); recall is keyword/FTS-only"
-_HINT_EVIDENCE = "mode=none / no embedding backend configured"
-_HINT_RUNBOOK = (
-    "Please tell the user: memory search is running without an embedding backend "
-    "(CPERSONA_EMBEDDING_MODE=none), so recall matches keywords and substrings only. "
-    "Memories worded differently from the question, and older ones, can be missed.\n\n"
-    "To search by meaning, run an embedding server that speaks the CPersona embedding "
-    "contract (POST {\"texts\": [...]} -> {\"embeddings\": [...]}), then set "
-    "CPERSONA_EMBEDDING_MODE=http and CPERSONA_EMBEDDING_URL to its /embed endpoint "
-    "(or CPERSONA_EMBEDDING_MODE=api for an OpenAI-compatible service) and restart.\n\n"
-    "In plain words for the user: \"I can only find memories by their exact words right "
-    "now; with an embedding service I could also find them by meaning.\"\n\n"
-    "Setting CPERSONA_DEGRADED_ADVISORY=false stops this notice; it does not turn "
-    "semantic search on."
-)
-_HINT_REMINDER = f"Reminder: keyword-only recall ({_HINT_EVIDENCE})."
-
-
-@dataclass
-class AdvisoryMemory:
-    """Who has already been given the full notice in the current degradation episode."""
-
-    episode: int = 0
-    sessions: OrderedDict[str, None] = field(default_factory=OrderedDict)
-    keyless_told: bool = False
-
-    def first_time(self, episode: int, session_key: str) -> bool:
-        if episode != self.episode:  # a new episode of degradation re-arms everyone
-            self.episode, self.sessions, self.keyless_told = episode, OrderedDict(), False
-        if session_key == KEYLESS:
-            told, self.keyless_told = self.keyless_told, True
-            return not told
-        if session_key in self.sessions:
-            self.sessions.move_to_end(session_key)
-            return False
-        self.sessions[session_key] = None
-        while len(self.sessions) > ADVISORY_SESSIONS:
-            self.sessions.popitem(last=False)
-        return True
-
-
-def session_bucket(session_key: str) -> str:
-    """spec SH-2: absent, blank or the literal ``transport`` all mean keyless."""
-    key = session_key.strip()
-    return KEYLESS if key in ("", "transport") else key
-
-
-def advisory(app: App, session_key: str) -> dict[str, Any] | None:
-    """The notice that recall is degraded, while it is (spec §5.17).
-
-    Only the static case exists yet: mode ``none`` is a standing hint. Faults
-    of a configured backend are measured by the embedding client and join here
-    through the same once-per-session memory.
-    """
-    if not app.settings.degraded_advisory or app.settings.embedding_mode != "none":
-        return None
-    memory: AdvisoryMemory = app.extras.setdefault("recall_advisory", AdvisoryMemory())
-    bucket = session_bucket(session_key)
-    full = memory.first_time(0, bucket)
-    shared = app.settings.transport != "stdio"
-    return {
-        "degraded": True,
-        "severity": "hint",
-        "reason": _HINT_REASON,
-        "evidence": _HINT_EVIDENCE,
-        "runbook": _HINT_RUNBOOK if full else _HINT_REMINDER,
-        "advisory_scope": "process" if bucket == KEYLESS and shared else "session",
-    }
-
-
 # -- the pipeline --------------------------------------------------------------------
 
 
@@ -441,20 +302,25 @@ def depth_for(app: App, req: RecallRequest) -> int:
     return min(max(req.limit, app.settings.recall_depth_floor), app.settings.recall_library_max_limit)
 
 
+def _attach_advisory(app: App, req: RecallRequest, extras: dict[str, Any]) -> None:
+    if (notice := advisory(app, req.session_key)) is not None:
+        extras["advisory"] = notice
+
+
 def run_recall(app: App, req: RecallRequest) -> RecallOutcome:
     """Steps 2–15 of the pipeline for a validated request (no preview cut)."""
     settings = app.settings
     extras: dict[str, Any] = {}
-    if (notice := advisory(app, req.session_key)) is not None:
-        extras["advisory"] = notice
     depth = depth_for(app, req)
     if depth != req.limit:
         extras["depth"] = depth
     if req.limit == 0:
+        _attach_advisory(app, req, extras)
         return RecallOutcome([], extras)
 
     backend = search_backend(app)
-    found = retrieve(backend, req, depth, exclusion(req.exclude_contents))
+    found = retrieve(app, backend, req.retriever_query(), depth, exclusion(req.exclude_contents))
+    _attach_advisory(app, req, extras)  # after the query embedding: this recall's outcome counts (ADV-2)
     rows = fuse(app, req, found, backend.profile(req.agent_id))
     legacy = settings.confidence_enabled and settings.confidence_ordering == "legacy"
     rows = apply_episode_penalty(app, backend, req.scope, rows, legacy=legacy)

@@ -161,3 +161,27 @@ class SearchBackend(Protocol):
     def profile(self, agent_id: str) -> str | None:
         """The agent's profile text (profiles are per agent only, spec ISO-5)."""
         ...
+
+    def vector_candidates(
+        self,
+        kind: Kind,
+        scope: Scope,
+        query: bytes,
+        depth: int,
+        *,
+        threshold: float,
+        window: tuple[int, int],
+        source_id: str = "",
+    ) -> list[Hit]:
+        """Rows of ``kind`` whose stored vector is closest to ``query``, best first (spec §5.6).
+
+        ``query`` is a little-endian float32 blob. Only the scope's rows with a
+        vector of the same width are scanned (VEC-3), newest first (created_at
+        desc, id asc); ``window`` = (start, stop) picks scan positions
+        [start, stop) of that order — (0, MAX_MEMORIES) is the near list, the
+        positions after it the far list (VEC-2, VEC-7). Rows whose cosine is
+        below ``threshold`` are dropped; at most ``depth`` come back, ordered by
+        (cosine desc, scan position asc). ``Hit.raw`` is the cosine.
+        ``source_id`` filters memories as in the keyword arm; episodes ignore it.
+        """
+        ...

@@ -30,7 +30,8 @@ from sqlalchemy.orm import Session
 
 from cpersona.storage.engine import Database
 from cpersona.storage.scope import Scope, sql_fragment
-from cpersona.storage.search import Hit, KeywordResult, Record, RowKey, clean_query, query_terms
+from cpersona.storage.search import Hit, Kind, KeywordResult, Record, RowKey, clean_query, query_terms
+from cpersona.storage.vectors_sqlite import scan_parameters, scan_statement, usable_query
 
 log = logging.getLogger(__name__)
 
@@ -183,6 +184,34 @@ class SqliteSearch:
         )
         rows = self._run("episodes FTS", sql, {**params, "match": fts5_match(terms), "depth": depth})
         return [Hit(_episode(r), -float(r.rank)) for r in (rows or [])]
+
+    # -- vector arm (spec §5.6) ----------------------------------------------------
+
+    def vector_candidates(
+        self,
+        kind: Kind,
+        scope: Scope,
+        query: bytes,
+        depth: int,
+        *,
+        threshold: float,
+        window: tuple[int, int],
+        source_id: str = "",
+    ) -> list[Hit]:
+        if depth <= 0 or window[1] <= window[0] or not usable_query(query):
+            return []
+        alias = "m" if kind == "mem" else "e"
+        where, params = sql_fragment(scope, alias)
+        if kind == "mem":
+            by_source, source_params = source_filter(source_id)
+            where, params = f"{where} AND {by_source}", {**params, **source_params}
+        params.update(scan_parameters(query, window=window, threshold=threshold, depth=depth))
+        rows = self._run(f"{kind} vector", scan_statement(kind, where), params)
+        if not rows:
+            return []
+        # Hydrate through the same scope: a row deleted or moved since the scan is dropped.
+        records = self.fetch(scope, [(kind, r.id) for r in rows])
+        return [Hit(records[(kind, r.id)], float(r.cosine)) for r in rows if (kind, r.id) in records]
 
     # -- listings and scope facts -----------------------------------------------
 

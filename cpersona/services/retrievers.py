@@ -1,0 +1,203 @@
+"""Recall's retrievers: one ranked list per channel, in fusion order (spec §5.6–5.7).
+
+    vector near list → far list → episodes (FTS) → memories (FTS, LIKE fallback)
+
+The vector channel runs when an embedding client exists and the query is not
+blank. The query is embedded once per recall (VEC-1); that call is also the
+measurement the degraded advisory reads (ADV-2), and a fresh success lets the
+vector backfill catch up on rows stored while the backend was away.
+
+Every list is already isolated: each backend primitive applies the scope in
+its own statement (ISO-2).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from cpersona.services.advisory import embedding_health
+from cpersona.services.app import App
+from cpersona.services.backfill import on_query_embedded
+from cpersona.services.fusion import Ranked, RankedList
+from cpersona.services.responses import ToolFailure
+from cpersona.storage.scope import Scope
+from cpersona.storage.search import MAX_QUERY_CHARS, Hit, Record, RowKey, SearchBackend
+
+log = logging.getLogger(__name__)
+
+EXCLUDE_PREFIX_MIN = 32  # exclusion entries this long also match by prefix (spec §5.7.5)
+VECTOR_CHANNELS = ("vector", "far")
+
+
+def search_backend(app: App) -> SearchBackend:
+    if not app.db.is_sqlite:
+        raise ToolFailure(f"recall is not available on the {app.db.dialect} backend yet", messages=[])
+    from cpersona.storage.search_sqlite import SqliteSearch
+
+    return SqliteSearch(app.db, fts_enabled=app.settings.fts_enabled)
+
+
+def exclusion(entries: Sequence[str]) -> Callable[[str], bool]:
+    """Whether a row's text is one the caller already holds (spec §5.7.5).
+
+    Entries are compared trimmed and lower-cased. Any entry excludes an equal
+    row; an entry of 32 characters or more also excludes a row it starts with
+    or that starts with it (a caller's copy may be cut, or extended).
+    """
+    exact = {e.strip().lower() for e in entries if e.strip()}
+    long = [e for e in exact if len(e) >= EXCLUDE_PREFIX_MIN]
+
+    def excluded(text: str) -> bool:
+        row = text.strip().lower()
+        if not row:
+            return False
+        return row in exact or any(e.startswith(row) or row.startswith(e) for e in long)
+
+    return excluded
+
+
+@dataclass
+class Retrieval:
+    """What the retrievers found: ranked lists plus the rows they name."""
+
+    lists: list[RankedList] = field(default_factory=list)
+    records: dict[RowKey, Record] = field(default_factory=dict)
+    cosines: dict[RowKey, float] = field(default_factory=dict)  # from the vector channel
+    query_embedded: bool = False  # the query has a vector, so the vector channel ran
+    query_vector: bytes | None = None
+
+    def add(
+        self, channel: str, hits: Sequence[Hit], excluded: Callable[[str], bool], *, weight: float = 1.0
+    ) -> None:
+        """Add one retriever's hits; an excluded row casts no vote, later rows keep their rank."""
+        entries = []
+        for rank, hit in enumerate(hits):
+            if excluded(hit.record.content):
+                continue
+            key = hit.record.key
+            self.records.setdefault(key, hit.record)
+            if channel in VECTOR_CHANNELS and hit.raw is not None:
+                self.cosines.setdefault(key, hit.raw)  # VEC-6: every vector row carries its cosine
+            entries.append(Ranked(key, rank, hit.raw))
+        self.lists.append(RankedList(channel, tuple(entries), weight))
+
+    def keys(self, channel: str) -> list[RowKey]:
+        return [e.key for lst in self.lists if lst.channel == channel for e in lst.entries]
+
+
+@dataclass(frozen=True, slots=True)
+class Query:
+    """What the retrievers need to know about one recall."""
+
+    agent_id: str
+    text: str
+    scope: Scope
+    source_id: str = ""
+    channel: str = ""
+    blank: bool = False
+
+    @property
+    def episodes_apply(self) -> bool:
+        """spec ISO-4: episodes carry no per-user source, so a source filter skips them
+        unless a channel is named as well."""
+        return not self.source_id or bool(self.channel)
+
+
+def retrieve(app: App, backend: SearchBackend, query: Query, depth: int, excluded: Callable[[str], bool]) -> Retrieval:
+    """Run the retrievers, in fusion order: vector near, far, episodes, memories."""
+    found = Retrieval()
+    if query.blank:  # spec §5.7.4: a blank query is a recency listing
+        found.add("memories", backend.recent_memories(query.scope, depth, source_id=query.source_id), excluded)
+        return found
+    vector = embed_query(app, query.text)
+    if vector is not None:
+        found.query_embedded, found.query_vector = True, vector
+        vector_lists(app, backend, query, depth, vector, excluded, found)
+    if query.episodes_apply:
+        found.add("episodes", backend.keyword_episodes(query.scope, query.text, depth), excluded)
+    keyword = backend.keyword_memories(query.scope, query.text, depth, source_id=query.source_id)
+    found.add("memories", keyword.hits, excluded)
+    return found
+
+
+# -- the vector channel ----------------------------------------------------------------
+
+
+def embed_query(app: App, text: str) -> bytes | None:
+    """The query's vector for this recall (VEC-1), or None when there is none.
+
+    The outcome feeds the advisory's health state (ADV-2). Only the head of
+    a huge query is embedded, as only its head is searched lexically.
+    """
+    if app.embedder is None:
+        return None
+    try:
+        result = app.embedder.embed_query(text[:MAX_QUERY_CHARS])
+    except Exception:  # noqa: BLE001 - the client never raises by contract; be safe anyway
+        log.warning("query embedding failed unexpectedly; recall continues without vectors", exc_info=True)
+        return None
+    outcome = result.outcome
+    recovered = embedding_health(app).observe(outcome)
+    if outcome.ok and not outcome.from_cache:
+        on_query_embedded(app, recovered=recovered)
+    return result.blob if outcome.ok else None
+
+
+def vector_threshold(app: App, agent_id: str) -> float:
+    """VEC-4's ``t``: the agent's calibrated threshold, else the global one.
+
+    Calibration publishes ``cpersona.services.calibration.vector_threshold``;
+    until that module exists the configured global threshold applies.
+    """
+    try:
+        from cpersona.services.calibration import vector_threshold as calibrated
+    except ImportError as missing:
+        if getattr(missing, "name", None) not in ("cpersona.services.calibration", None):
+            raise
+        return app.settings.vector_min_similarity
+    return float(calibrated(app, agent_id))
+
+
+def vector_lists(
+    app: App,
+    backend: SearchBackend,
+    query: Query,
+    depth: int,
+    vector: bytes,
+    excluded: Callable[[str], bool],
+    found: Retrieval,
+) -> None:
+    """The near list over the scan window and, when configured, the far list (VEC-2..7)."""
+    settings = app.settings
+    fusing = settings.recall_mode != "cascade"
+    threshold = vector_threshold(app, query.agent_id)
+    if fusing:
+        threshold *= settings.rrf_threshold_factor  # the other arms vouch for what this admits
+    window = settings.max_memories
+    near = nearest(backend, query, vector, depth, threshold, (0, window))
+    found.add("vector", near, excluded)
+    reach = settings.vector_reach
+    if fusing and reach > window and settings.prior_far_weight > 0:
+        far_depth = min(depth, settings.vector_far_limit) if settings.vector_far_limit > 0 else depth
+        in_near = {hit.record.key for hit in near}
+        far = nearest(backend, query, vector, far_depth, threshold, (window, reach))
+        # Two statements, two snapshots: a row that moved across the boundary is counted once.
+        found.add("far", [hit for hit in far if hit.record.key not in in_near], excluded,
+                  weight=settings.prior_far_weight)
+
+
+def nearest(
+    backend: SearchBackend, query: Query, vector: bytes, depth: int, threshold: float, window: tuple[int, int]
+) -> list[Hit]:
+    """Best ``depth`` rows of both tables (VEC-5): memories, then episodes, stable by cosine."""
+    if depth <= 0:
+        return []
+    hits = backend.vector_candidates(
+        "mem", query.scope, vector, depth, threshold=threshold, window=window, source_id=query.source_id
+    )
+    if query.episodes_apply:
+        hits += backend.vector_candidates("ep", query.scope, vector, depth, threshold=threshold, window=window)
+    hits.sort(key=lambda hit: -(hit.raw or 0.0))  # stable: on a tie a memory precedes an episode
+    return hits[:depth]
