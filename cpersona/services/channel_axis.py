@@ -1,0 +1,328 @@
+"""``migrate_channel_axis``: re-file bridge-channel memories onto their real channel (spec admin-and-safety §12).
+
+Older bridges stored Discord memories under the channel *type* ``discord``
+instead of the channel id, so a channel-scoped recall could not match them.
+The id survives in ``metadata.session_id`` (``<channel_id>:<user_id>:<chunk>``
+or ``<channel_id>:shared``); this tool moves each such row to that channel.
+
+    survey  (every ``discord`` row of the scope, read in id pages)
+      recoverable    metadata is JSON, session_id starts with a digit and holds ':'
+      unrecoverable  every other ``discord`` row (invalid JSON also listed apart)
+    dry run → the survey only (the default)
+    real run, one transaction →
+      recoverable rows  → channel = the session id's prefix   (UPDATE OR IGNORE:
+                          a row whose new bucket already holds the same text stays)
+      globalize_unrecoverable → unrecoverable rows → channel ''
+      declarations about moved rows follow them (CA-4)
+
+Only the channel column changes; locked rows move too (MC-4). Re-running finds
+nothing left to move.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import Connection, bindparam, select, text
+from sqlalchemy.exc import IntegrityError
+
+from cpersona.services.app import App
+from cpersona.services.responses import failure
+from cpersona.storage.models import Memory
+from cpersona.storage.scope import Scope, predicates
+
+BRIDGE_CHANNEL = "discord"
+SAMPLE_LIMIT = 5  # MC-5
+INVALID_IDS_LIMIT = 10  # MC-2
+PAGE_SIZE = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class _Row:
+    id: int
+    agent_id: str
+    project_id: str
+    session_id: str | None  # set when recoverable
+    invalid_json: bool = False
+
+    @property
+    def recovered_channel(self) -> str | None:
+        return self.session_id.split(":", 1)[0] if self.session_id is not None else None
+
+
+@dataclass
+class _Survey:
+    """What the scope holds, counted before anything moves (MC-5)."""
+
+    recoverable: Counter[str] = field(default_factory=Counter)
+    unrecoverable: int = 0
+    invalid_total: int = 0
+    invalid_ids: list[int] = field(default_factory=list)
+    samples: list[dict[str, Any]] = field(default_factory=list)
+
+    def add(self, row: _Row) -> None:
+        channel = row.recovered_channel
+        if channel is not None:
+            self.recoverable[channel] += 1
+            if len(self.samples) < SAMPLE_LIMIT:
+                self.samples.append({"id": row.id, "recovered_channel": channel, "session_id": row.session_id})
+            return
+        self.unrecoverable += 1
+        if row.invalid_json:
+            self.invalid_total += 1
+            if len(self.invalid_ids) < INVALID_IDS_LIMIT:
+                self.invalid_ids.append(row.id)
+
+    def by_channel(self) -> list[dict[str, Any]]:
+        # Most rows first; Counter keeps first-seen (lowest id) order among equal counts.
+        return [{"channel": channel, "count": count} for channel, count in self.recoverable.most_common()]
+
+
+def classify(row_id: int, agent_id: str, project_id: str, metadata: Any) -> _Row:
+    """Recoverable or not (MC-1, MC-2): malformed metadata is a finding, never an error."""
+    try:
+        doc = json.loads(metadata, parse_constant=_no_constants)
+    except (TypeError, ValueError):
+        return _Row(row_id, agent_id, project_id, None, invalid_json=True)
+    session_id = doc.get("session_id") if isinstance(doc, dict) else None
+    if isinstance(session_id, str) and session_id[:1].isascii() and session_id[:1].isdigit() and ":" in session_id[1:]:
+        return _Row(row_id, agent_id, project_id, session_id)
+    return _Row(row_id, agent_id, project_id, None)
+
+
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def migrate_channel_axis(
+    app: App,
+    *,
+    agent_id: Any = "",
+    dry_run: Any = True,
+    globalize_unrecoverable: Any = False,
+    session_key: Any = "",  # selects the pause bucket; the facade's pause gate reads it
+) -> dict[str, Any]:
+    """Survey the ``discord`` rows of one agent ('' = every agent) and, unless dry, move them."""
+    del session_key
+    if agent_id is None:
+        agent_id = ""
+    if not isinstance(agent_id, str):
+        return failure("agent_id must be a string")
+    for name, value in (("dry_run", dry_run), ("globalize_unrecoverable", globalize_unrecoverable)):
+        if not isinstance(value, bool):
+            return failure(f"{name} must be true or false")
+    scope = Scope(agent_id=agent_id or None)
+
+    survey = _Survey()
+    migrated = globalized = 0
+    if dry_run:
+        with app.db.read() as session:
+            for page in _pages(session.connection(), scope):
+                for row in page:
+                    survey.add(row)
+    else:
+        with app.db.write() as session:
+            conn = session.connection()
+            graph = _Declarations.of(conn, app)
+            for page in _pages(conn, scope):
+                for row in page:
+                    survey.add(row)
+                moved = _move_recoverable(conn, page)
+                migrated += len(moved)
+                if graph is not None:
+                    graph.follow(moved)
+                if globalize_unrecoverable:
+                    globalized += _globalize(conn, [r.id for r in page if r.session_id is None])
+
+    return {
+        "agent_id": agent_id,
+        "dry_run": dry_run,
+        "recoverable_total": sum(survey.recoverable.values()),
+        "recoverable_by_channel": survey.by_channel(),
+        "unrecoverable_total": survey.unrecoverable,
+        "invalid_metadata_total": survey.invalid_total,
+        "invalid_metadata_ids": survey.invalid_ids,
+        "globalize_unrecoverable": globalize_unrecoverable,
+        "migrated": migrated,
+        "globalized": globalized,
+        "samples": survey.samples,
+    }
+
+
+def _pages(conn: Connection, scope: Scope) -> Iterator[list[_Row]]:
+    """The scope's ``discord`` rows in id order, a page at a time (bounded memory)."""
+    last = 0
+    while True:
+        page = conn.execute(
+            select(Memory.id, Memory.agent_id, Memory.project_id, Memory.metadata_)
+            .where(predicates(Memory, scope), Memory.channel == BRIDGE_CHANNEL, Memory.id > last)
+            .order_by(Memory.id)
+            .limit(PAGE_SIZE)
+        ).all()
+        if not page:
+            return
+        yield [classify(r.id, r.agent_id, r.project_id, r.metadata) for r in page]
+        last = page[-1].id
+
+
+def _rechannel(conn: Connection, ids: Sequence[int], channel: str) -> list[int]:
+    """Move ``discord`` rows to ``channel``; returns the ids that moved.
+
+    A row whose target bucket already holds the same text keeps its place
+    (the dedup index forbids the move; it is skipped, not failed: MC-3).
+    """
+    if not ids:
+        return []
+    params = {"channel": channel, "ids": list(ids), "bridge": BRIDGE_CHANNEL}
+    if conn.dialect.name == "sqlite":
+        # One statement per page and channel; OR IGNORE skips exactly the clashing rows.
+        conn.execute(text("UPDATE OR IGNORE memories SET channel = :channel "
+                          "WHERE id IN :ids AND channel = :bridge").bindparams(bindparam("ids", expanding=True)),
+                     params)
+        return list(conn.execute(text("SELECT id FROM memories WHERE id IN :ids AND channel = :channel ORDER BY id")
+                                 .bindparams(bindparam("ids", expanding=True)), params).scalars())
+    moved: list[int] = []
+    for row_id in ids:  # elsewhere: a savepoint per row turns a clash into a skip
+        try:
+            with conn.begin_nested():
+                changed = conn.execute(
+                    text("UPDATE memories SET channel = :channel WHERE id = :id AND channel = :bridge"),
+                    {"channel": channel, "id": row_id, "bridge": BRIDGE_CHANNEL},
+                ).rowcount
+        except IntegrityError:
+            changed = 0
+        if changed:
+            moved.append(row_id)
+    return moved
+
+
+def _move_recoverable(conn: Connection, page: list[_Row]) -> list[tuple[_Row, str]]:
+    by_channel: dict[str, list[_Row]] = {}
+    for row in page:
+        if (channel := row.recovered_channel) is not None:
+            by_channel.setdefault(channel, []).append(row)
+    moved: list[tuple[_Row, str]] = []
+    for channel, rows in by_channel.items():
+        ok = set(_rechannel(conn, [r.id for r in rows], channel))
+        moved.extend((r, channel) for r in rows if r.id in ok)
+    return moved
+
+
+def _globalize(conn: Connection, ids: list[int]) -> int:
+    return len(_rechannel(conn, ids, "")) if ids else 0
+
+
+# -- declarations follow their memories (associations-and-reconstruct CA-4) -------------------------
+
+
+class _Declarations:
+    """Carries mentions and relations filed in ``discord`` about a moved memory to its new channel.
+
+    Entities they name are copied (with aliases) into the new channel's scope,
+    or matched there by normalized name. An original declaration is removed
+    once its copy exists; an original entity is removed once nothing in the
+    bridge channel refers to it any more. Without the association tables
+    there is nothing to carry (:meth:`of` answers None).
+    """
+
+    def __init__(self, conn: Connection, now: str) -> None:
+        self.conn = conn
+        self.now = now
+        self._copies: dict[tuple[int, str], int] = {}  # (bridge entity id, channel) → copy id
+
+    @classmethod
+    def of(cls, conn: Connection, app: App) -> _Declarations | None:
+        tables = {r[0] for r in conn.execute(text("SELECT name FROM sqlite_master WHERE type = 'table'"))} \
+            if conn.dialect.name == "sqlite" else set()
+        if not {"entities", "entity_aliases", "entity_mentions", "relations"} <= tables:
+            return None
+        return cls(conn, app.now_iso())
+
+    def follow(self, moved: list[tuple[_Row, str]]) -> None:
+        touched: set[int] = set()
+        for row, channel in moved:
+            ref = f"mem:{row.id}"
+            touched |= self._carry_mentions(row, channel, ref)
+            touched |= self._carry_relations(row, channel, ref)
+        for entity_id in sorted(touched):
+            self._drop_if_orphaned(entity_id)
+
+    def _carry_mentions(self, row: _Row, channel: str, ref: str) -> set[int]:
+        mentions = self.conn.execute(text(
+            "SELECT m.entity_id, m.declared_by, m.created_at FROM entity_mentions m "
+            "JOIN entities e ON e.id = m.entity_id "
+            "WHERE m.ref = :ref AND e.agent_id = :agent AND e.project_id = :project AND e.channel = :bridge"),
+            {"ref": ref, "agent": row.agent_id, "project": row.project_id, "bridge": BRIDGE_CHANNEL}).all()
+        for entity_id, declared_by, created_at in mentions:
+            copy = self._entity_copy(entity_id, channel)
+            self.conn.execute(text(
+                "INSERT OR IGNORE INTO entity_mentions (entity_id, ref, declared_by, created_at) "
+                "VALUES (:entity, :ref, :by, :at)"), {"entity": copy, "ref": ref, "by": declared_by, "at": created_at})
+            self.conn.execute(text("DELETE FROM entity_mentions WHERE entity_id = :entity AND ref = :ref"),
+                              {"entity": entity_id, "ref": ref})
+        return {m.entity_id for m in mentions}
+
+    def _carry_relations(self, row: _Row, channel: str, ref: str) -> set[int]:
+        relations = self.conn.execute(text(
+            "SELECT * FROM relations WHERE agent_id = :agent AND project_id = :project AND channel = :bridge "
+            "AND ((subject_kind = 'mem' AND subject_id = :id) OR (object_kind = 'mem' AND object_id = :id) "
+            "OR anchor_ref = :ref) ORDER BY id"),
+            {"agent": row.agent_id, "project": row.project_id, "bridge": BRIDGE_CHANNEL, "id": row.id,
+             "ref": ref}).mappings().all()
+        touched: set[int] = set()
+        for rel in relations:
+            values = dict(rel)
+            for end in ("subject", "object"):
+                if values[f"{end}_kind"] == "entity":
+                    touched.add(values[f"{end}_id"])
+                    values[f"{end}_id"] = self._entity_copy(values[f"{end}_id"], channel)
+            values["channel"] = channel
+            # The same declaration may already exist there: then the original simply goes.
+            self.conn.execute(text(
+                "INSERT OR IGNORE INTO relations (agent_id, project_id, channel, subject_kind, subject_id, "
+                "predicate, object_kind, object_id, anchor_ref, declared_by, declared_at) VALUES (:agent_id, "
+                ":project_id, :channel, :subject_kind, :subject_id, :predicate, :object_kind, :object_id, "
+                ":anchor_ref, :declared_by, :declared_at)"), values)
+            self.conn.execute(text("DELETE FROM relations WHERE id = :id"), {"id": rel["id"]})
+        return touched
+
+    def _entity_copy(self, entity_id: int, channel: str) -> int:
+        key = (entity_id, channel)
+        if key in self._copies:
+            return self._copies[key]
+        original = self.conn.execute(text("SELECT * FROM entities WHERE id = :id"), {"id": entity_id}).mappings().one()
+        if original["channel"] != BRIDGE_CHANNEL:
+            self._copies[key] = entity_id  # an entity of another channel (e.g. global) is named as is
+            return entity_id
+        found = self.conn.execute(text(
+            "SELECT id FROM entities WHERE agent_id = :agent AND project_id = :project AND channel = :channel "
+            "AND normalized = :normalized"),
+            {"agent": original["agent_id"], "project": original["project_id"], "channel": channel,
+             "normalized": original["normalized"]}).scalar()
+        if found is None:
+            found = self.conn.execute(text(
+                "INSERT INTO entities (agent_id, project_id, channel, name, normalized, declared_by, created_at) "
+                "VALUES (:agent, :project, :channel, :name, :normalized, :by, :at) RETURNING id"),
+                {"agent": original["agent_id"], "project": original["project_id"], "channel": channel,
+                 "name": original["name"], "normalized": original["normalized"],
+                 "by": original["declared_by"], "at": original["created_at"]}).scalar_one()
+        self.conn.execute(text(
+            "INSERT OR IGNORE INTO entity_aliases (entity_id, alias, normalized) "
+            "SELECT :copy, alias, normalized FROM entity_aliases WHERE entity_id = :original"),
+            {"copy": found, "original": entity_id})
+        self._copies[key] = found
+        return found
+
+    def _drop_if_orphaned(self, entity_id: int) -> None:
+        still_used = self.conn.execute(text(
+            "SELECT 1 FROM entity_mentions WHERE entity_id = :id UNION ALL "
+            "SELECT 1 FROM relations WHERE (subject_kind = 'entity' AND subject_id = :id) "
+            "OR (object_kind = 'entity' AND object_id = :id) LIMIT 1"), {"id": entity_id}).first()
+        if still_used is None:
+            self.conn.execute(text("DELETE FROM entities WHERE id = :id AND channel = :bridge"),
+                              {"id": entity_id, "bridge": BRIDGE_CHANNEL})
+
