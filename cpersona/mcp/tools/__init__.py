@@ -3,11 +3,22 @@
 from __future__ import annotations
 
 from cpersona.mcp.registry import Registry
-from cpersona.mcp.tools import admin, episodes, listing, memory, persistence, portability, profiles, recall
+from cpersona.mcp.tools import (
+    admin,
+    contents,
+    episodes,
+    listing,
+    memory,
+    persistence,
+    portability,
+    profiles,
+    recall,
+    recall_context,
+)
 
-# The order tools/list shows, following the reference's: the pause, write, search, profile, episodes,
-# listings, administration, portability.
-_GROUPS = (persistence, memory, recall, profiles, episodes, listing, admin, portability)
+# The order tools/list shows, following the reference's: the pause, write, search (recall,
+# recall_with_context, get_contents), profile, episodes, listings, administration, portability.
+_GROUPS = (persistence, memory, recall, recall_context, contents, profiles, episodes, listing, admin, portability)
 
 
 def default_registry() -> Registry:
