@@ -308,6 +308,39 @@ async def test_store_boundary_agrees_with_the_store_service(app, arguments):  # 
         assert service == boundary
 
 
+OPERATING_CONTEXT = """version = 1
+context_revision = "r1"
+[registry]
+project_ids = ["", "ops"]
+enforce = "reject"
+[defaults]
+"a" = "ops"
+"""
+
+
+async def test_the_operating_context_check_precedes_the_pause(db, clock, tmp_path):  # spec §9.5, OC-8, OC-9, OC-11
+    context = tmp_path / "operating-context.toml"
+    context.write_text(OPERATING_CONTEXT)
+    app = make_app(db, operating_context_path=str(context))
+    app.clock = clock
+    await call(app, "pause_persistence")
+    before = snapshot(app)
+
+    refused = await call(app, "store", agent_id="a", content="x", project_id="zzz", lock=True)
+    assert refused == {"ok": False, "result": "rejected", "locked": False,
+                       "reason": "project_id 'zzz' not in registry (rev r1)", "operating_context_revision": "r1"}
+    assert refused == store(app, agent_id="a", content="x", project_id="zzz", lock=True)  # as the service refuses
+    auto = await call(app, "store", agent_id="a", content="x", project_id="@auto")
+    assert auto["persisted"] is False and auto["resolved_project_id"] == "ops"
+    episode = await call(app, "archive_episode", agent_id="a", summary="s", project_id="zzz")
+    assert episode == {"ok": False, "episode_id": None, "error": "project_id 'zzz' not in registry (rev r1)",
+                       "operating_context_revision": "r1"}
+    unmapped = await call(app, "archive_episode", agent_id="b", summary="s", project_id="@auto")
+    assert unmapped["ok"] is False and "no [defaults] mapping for agent_id 'b'" in unmapped["error"]
+    assert (await call(app, "archive_episode", agent_id="a", summary="s", project_id="ops"))["persisted"] is False
+    assert snapshot(app) == before
+
+
 async def test_delete_agent_data_pause_precedes_the_empty_id_check(app):  # spec DAD-5
     await call(app, "pause_persistence")
     answer = await call(app, "delete_agent_data", agent_id="")

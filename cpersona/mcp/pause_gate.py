@@ -7,7 +7,8 @@ concerns, one of these behaviours (spec admin-and-safety §9.5, G-7):
   ``id`` becomes ``"no-persist"``, the action id keys become null, and
   ``persisted: false``, ``dry_run: true`` and a ``reason`` with the TTL left are
   added. Some tools check part of their input first (store's boundary, import's
-  file vetting, merge's arguments), and import and merge still run a dry run.
+  file vetting, merge's arguments, the operating context's project check for
+  the writes it governs), and import and merge still run a dry run.
 - :class:`ForceDryRun` — ``migrate_channel_axis`` runs, as a dry run.
 - :class:`DowngradeFix` — ``check_health`` / ``deep_check`` run with ``fix=false``.
 - :class:`PassThrough` — reads, export, check_update and the pause tools run
@@ -28,6 +29,7 @@ import dataclasses
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import anyio.to_thread
@@ -36,6 +38,8 @@ from cpersona.mcp.gates import CallNext, Response, ToolCall
 from cpersona.mcp.tools.common import store_refusal
 from cpersona.services import portability
 from cpersona.services.memories import MISSING_AGENT, MIXED_FORMS
+from cpersona.services.operating_context import WRITE_TOOLS as OPERATING_CONTEXT_WRITES
+from cpersona.services.operating_context import ProjectRefusal, resolve_project
 from cpersona.services.persistence import PauseState, pause_state, skip_reason
 from cpersona.services.responses import ToolFailure
 
@@ -87,7 +91,18 @@ class Skip(Rule):
             return await call_next(call)
         if self.before is not None and (refusal := await self.before(call)) is not None:
             return refusal
+        notes: Response = {}
+        if call.spec.name in OPERATING_CONTEXT_WRITES:
+            # The operating context's Hard layer also precedes the pause: a write its
+            # registry refuses is refused, and '@auto' is still reported (OC-11).
+            resolution = await anyio.to_thread.run_sync(
+                partial(resolve_project, call.app, call.spec.name, call.arguments.get("project_id"),
+                        agent_id=call.arguments.get("agent_id", "")))
+            if isinstance(resolution, ProjectRefusal):
+                return {**call.spec.refusal(resolution.message, call.arguments), **resolution.fields}
+            notes = resolution.annotations
         answer = skipped(call.spec.name, self.body(call.arguments), state)
+        answer.update(notes)
         if self.after is not None:
             answer.update(self.after(call.arguments))
         return answer
