@@ -1,0 +1,116 @@
+"""set_recall_precision / get_recall_precision: an agent's β, "knob 3" (spec §3.12, §3.13).
+
+β is the specificity weight of the gate's separation objective
+TPR + β·(1 − FPR): a larger β sets the gate higher. The gate threshold is
+precomputed at one β, so precision is a per-agent setting that recalibrates
+once when it changes, not a per-recall argument (SP-6).
+
+A β is only ever stored beside a gate measured at that β: the change is
+adopted when the recalibration and the sidecar write both succeed, and
+otherwise everything stays as it was (SP-3, SP-4).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from cpersona.config import GATE_BETA
+from cpersona.services.app import App
+from cpersona.services.calibration import apply, effective_beta, measure, parse_arguments
+from cpersona.services.calibration_sidecar import Entry
+from cpersona.services.calibration_state import state_of
+from cpersona.services.responses import ToolFailure, failure
+
+
+def label_of(beta: float) -> str:
+    """``strict`` / ``balanced`` / ``lenient`` for exactly 2.0 / 1.0 / 0.5, else ``custom``."""
+    for name, value in GATE_BETA.items():
+        if beta == value:
+            return name
+    return "custom"
+
+
+def _agent(agent_id: Any) -> str:
+    if not isinstance(agent_id, str) or not agent_id:
+        raise ToolFailure("agent_id is required")
+    return agent_id
+
+
+def resolve(app: App, precision: Any, beta: Any) -> tuple[str, float, bool]:
+    """(label, β, cleared) from the arguments (spec §3.12 resolution)."""
+    if beta is None:
+        beta = 0
+    if isinstance(beta, bool) or not isinstance(beta, (int, float)):
+        raise ToolFailure(f"beta must be a number, got {beta!r}")
+    if not math.isfinite(beta):
+        raise ToolFailure(f"beta must be a finite number, got {beta}")
+    if beta > 0:  # a raw β wins over any named level
+        return label_of(float(beta)), float(beta), False
+    if precision is None:
+        precision = ""
+    if not isinstance(precision, str):
+        raise ToolFailure(f"precision must be a string, got {precision!r}")
+    if precision:
+        named = GATE_BETA.get(precision.lower())
+        if named is None:
+            raise ToolFailure(f"Unknown precision {precision!r}; expected strict / balanced / lenient")
+        return precision.lower(), named, False
+    return "default", app.settings.gate_beta, True
+
+
+def set_recall_precision(
+    app: App, *, agent_id: Any = None, precision: Any = "", beta: Any = 0, session_key: Any = ""
+) -> dict[str, Any]:
+    """Set (or clear) the agent's β and recalibrate its gate at it in one step (SP-1..SP-6)."""
+    try:
+        agent = _agent(agent_id)
+        label, value, cleared = resolve(app, precision, beta)
+    except ToolFailure as refusal:
+        return refusal.as_response()
+    shape = {"agent_id": agent, "precision": label, "beta": value, "cleared": cleared}
+    state = state_of(app)
+    with state.run_lock:
+        previous_beta = effective_beta(app, agent)
+        held_gate = state.agent_gate(agent)
+        try:
+            m = measure(app, parse_arguments(app, agent), beta=value, rng=state.rng)
+        except ToolFailure as refusal:
+            return failure(refusal.message, **shape)
+        if m.gate is None and held_gate is not None and previous_beta != value:
+            return failure(
+                f"no quality gate could be measured at beta {value}, and the agent's current gate was "
+                f"measured at beta {previous_beta}; precision left unchanged (too few same-session "
+                "memories, or no gate for this recall mode)", **shape)
+        captured = state.capture()
+        beta_entry: dict[Entry, float | None] = {("agent_betas", agent): None if cleared else value}
+        try:
+            apply(app, m, beta_entry)
+        except ToolFailure as refusal:
+            state.rollback(captured)
+            return failure(refusal.message, **shape)
+        written = state.persist(app.settings)
+        if not written.ok:
+            state.rollback(captured)  # SP-3: a β that is not on disk is not adopted
+            return failure(f"the calibration sidecar could not be written ({written.error}); "
+                           "precision left unchanged", **shape)
+    return {
+        "ok": True, **shape,
+        "fused_gate": m.gate.as_response() if m.gate is not None else None,
+        "calibrate": {"ok": True, "scope": "per_agent", "new_threshold": m.new_threshold},
+    }
+
+
+def get_recall_precision(app: App, *, agent_id: Any = None) -> dict[str, Any]:
+    """The agent's effective β and where it comes from (spec §3.13, GRP-1). Never writes."""
+    try:
+        agent = _agent(agent_id)
+    except ToolFailure as refusal:
+        return refusal.as_response()
+    override = state_of(app).beta_override(agent)
+    glob = app.settings.gate_beta
+    beta = override if override is not None else glob
+    return {
+        "ok": True, "agent_id": agent, "precision": label_of(beta), "beta": beta,
+        "overridden": override is not None, "global_precision": label_of(glob), "global_beta": glob,
+    }  # fmt: skip
