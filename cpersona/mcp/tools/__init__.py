@@ -5,6 +5,7 @@ from __future__ import annotations
 from cpersona.mcp.registry import Registry
 from cpersona.mcp.tools import (
     admin,
+    calibration,
     contents,
     episodes,
     listing,
@@ -17,8 +18,9 @@ from cpersona.mcp.tools import (
 )
 
 # The order tools/list shows, following the reference's: the pause, write, search (recall,
-# recall_with_context, get_contents), profile, episodes, listings, administration, portability.
-_GROUPS = (persistence, memory, recall, recall_context, contents, profiles, episodes, listing, admin, portability)
+# recall_with_context, get_contents), profile, episodes, listings, administration, calibration, portability.
+_GROUPS = (persistence, memory, recall, recall_context, contents, profiles, episodes, listing, admin, calibration,
+           portability)
 
 
 def default_registry() -> Registry:
