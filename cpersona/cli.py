@@ -82,6 +82,7 @@ def serve(args: argparse.Namespace) -> int:
     from cpersona.mcp.server import build_server
     from cpersona.mcp.stdio import serve_stdio
     from cpersona.services.app import App
+    from cpersona.services.calibration import start_calibration
     from cpersona.storage.migrate import MigrationError, TooNewDatabase, open_and_upgrade
 
     # Spec T-7 order: embedding mode and client, then the database.
@@ -103,7 +104,10 @@ def serve(args: argparse.Namespace) -> int:
     # The ACL gate comes first: a call it denies never reaches a later gate. The
     # pause gate follows: a paused write is answered only once it is allowed at all.
     gates = GateChain([*acl_gates(policy, settings, settings.transport), PauseGate()])
-    server = build_server(App(db=db, settings=settings, embedder=embedder), gates=gates)
+    app = App(db=db, settings=settings, embedder=embedder)
+    # Restores the calibration sidecar, or recalibrates, off the serving path (spec §5.18.5).
+    calibration = start_calibration(app)
+    server = build_server(app, gates=gates)
     try:
         if http:
             serve_http(build_http_app(server, host=settings.http_host, auth=auth, oauth=oauth,
@@ -115,6 +119,8 @@ def serve(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         pass
     finally:
+        if calibration is not None:
+            calibration.stop()
         db.close()
         if embedder is not None:
             embedder.close()
