@@ -376,6 +376,7 @@ class Settings(BaseSettings):
     operating_context_path: Path = _f(Path("~/.cpersona/operating-context.toml"), OPS, "Operating-context file; `~` is expanded.")
     update_check: bool = _f(True, OPS, "Ask the package index once per start whether a newer or withdrawn release exists (cached); false turns off the request, the cache and the notices.")
     update_check_interval_seconds: int = _f(86400, OPS, "How long a cached update verdict stays fresh, in seconds.", lo=0, out_of_range="error")
+    update_check_url: str = _f("https://pypi.org/simple/cpersona/", OPS, "PEP 691 JSON index page the update check reads (the project page of the `cpersona` distribution on PyPI by default); point it at a mirror or a private index.")
 
     def __init__(self, **values: Any) -> None:
         try:
