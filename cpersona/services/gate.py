@@ -79,11 +79,19 @@ def heuristic_min_score(pool: int) -> float:
 def calibrated_gate_for(extras: dict[str, Any], agent_id: str, *, enabled: bool) -> CalibratedGate | None:
     """The calibrated fused gate that applies to ``agent_id``, if any (spec GATE-3).
 
-    Calibration is measured and persisted elsewhere; it publishes its result in
-    ``App.extras["fused_gates"]`` as ``{"signal": str, "global": float | None,
-    "agents": {agent_id: float}}``. Until it has, recall uses the heuristic.
+    Calibration (:mod:`cpersona.services.calibration_state`) keeps its live
+    values on ``App.extras["calibration"]`` and answers ``fused_gate_for``.
+    The older hand-published map ``App.extras["fused_gates"]`` (``{"signal",
+    "global", "agents"}``) is still read when no calibration state exists.
+    Without either, recall uses the heuristic.
     """
-    gates = extras.get("fused_gates") if enabled else None
+    if not enabled:
+        return None
+    state = extras.get("calibration")
+    if state is not None and hasattr(state, "fused_gate_for"):
+        measured = state.fused_gate_for(agent_id)
+        return None if measured is None else CalibratedGate(float(measured[0]), str(measured[1]))
+    gates = extras.get("fused_gates")
     if not gates or not gates.get("signal"):
         return None
     threshold = gates.get("agents", {}).get(agent_id)

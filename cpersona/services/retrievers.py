@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from cpersona.services.advisory import embedding_health
 from cpersona.services.app import App
 from cpersona.services.backfill import on_query_embedded
+from cpersona.services.calibration_state import vector_threshold as calibrated_threshold
 from cpersona.services.fusion import Ranked, RankedList
 from cpersona.services.responses import ToolFailure
 from cpersona.storage.scope import Scope
@@ -146,18 +147,9 @@ def embed_query(app: App, text: str) -> bytes | None:
 
 
 def vector_threshold(app: App, agent_id: str) -> float:
-    """VEC-4's ``t``: the agent's calibrated threshold, else the global one.
-
-    Calibration publishes ``cpersona.services.calibration.vector_threshold``;
-    until that module exists the configured global threshold applies.
-    """
-    try:
-        from cpersona.services.calibration import vector_threshold as calibrated
-    except ImportError as missing:
-        if getattr(missing, "name", None) not in ("cpersona.services.calibration", None):
-            raise
-        return app.settings.vector_min_similarity
-    return float(calibrated(app, agent_id))
+    """VEC-4's ``t``: the agent's calibrated threshold, else the calibrated global
+    one, else ``CPERSONA_VECTOR_MIN_SIMILARITY`` (calibration owns the lookup)."""
+    return calibrated_threshold(app, agent_id)
 
 
 def vector_lists(
