@@ -26,6 +26,7 @@ from cpersona.services.app import App
 from cpersona.services.preview import FULL_CONTENT_BUDGET, apply_full_content_budget, apply_preview_tier
 from cpersona.services.recall import parse_instant, parse_request, run_recall
 from cpersona.services.responses import ToolFailure
+from cpersona.services.sanitize import find_lone_surrogate
 
 DECLARED_FIELDS = ("role", "content", "name", "user_id", "timestamp")
 MERGED_ROLES = ("user", "assistant")
@@ -189,9 +190,11 @@ def recall_with_context(
         req = parse_request(app, dict(
             agent_id=agent_id, query=query, limit=limit, deep=deep, channel=channel, session_key=session_key,
             project_id=project_id, source_id=source_id, full_content=full_content,
-            exclude_contents=[e.content for e in entries if e.usable],
-            external_context=external_context,  # only so a lone surrogate anywhere in it is refused
+            exclude_contents=[e.content for e in entries if e.usable],  # recall checks these for surrogates
         ))  # fmt: skip
+        if find_lone_surrogate([v for e in entries for v in (e.role, e.name, e.user_id, e.timestamp) if v]):
+            raise ToolFailure("external_context contains an unpaired UTF-16 surrogate, which is not valid text",
+                              messages=[])  # fmt: skip
         outcome = run_recall(app, req)
     except ToolFailure as failure:  # spec RWC-10: a refused recall is the answer
         return failure.as_response()
