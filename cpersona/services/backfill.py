@@ -4,11 +4,12 @@ A store or an archive succeeds without a vector when the embedding backend is
 down (``embedded: false``, spec ST-6, AE-5). Such a row is invisible to the
 vector channel until something embeds it, so a background worker does:
 
-- at startup (``cpersona serve``), for whatever an earlier run left behind;
-- when recall sees the backend come back (a query embedding succeeds after
-  failures), and otherwise at most once a minute on a successful query
-  embedding while unembedded rows exist — so a backend that failed only at
-  store time is caught too.
+- at startup (``cpersona serve`` installs the worker and starts a run), for
+  whatever an earlier run left behind;
+- while the worker is installed, when recall sees the backend come back (a
+  query embedding succeeds after failures), and otherwise at most once a
+  minute on a successful query embedding while unembedded rows exist — so a
+  backend that failed only at store time is caught too.
 
 Rules of one pass: rows are read in id order on a read snapshot, embedded in
 batches of 32 outside the write lock (no network call under the lock), and
@@ -253,13 +254,16 @@ class BackfillWorker:
             )
 
 
-def backfill_worker(app: App) -> BackfillWorker:
+def install_backfill(app: App) -> BackfillWorker:
+    """The App's worker, created on first call. Until one is installed, recall
+    triggers nothing: background repair is the serving process's business, so
+    a library caller or a test is never surprised by rows changing under it."""
     return app.extras.setdefault("backfill", BackfillWorker(app))
 
 
 def start_backfill(app: App, reason: str = "startup") -> bool:
-    """Kick off a background run (cpersona serve calls this once the database is open)."""
-    return keeps_local_vectors(app) and backfill_worker(app).trigger(reason)
+    """Install the worker and kick off a run (``cpersona serve`` calls this once the database is open)."""
+    return keeps_local_vectors(app) and install_backfill(app).trigger(reason)
 
 
 def stop_backfill(app: App, timeout: float = CLOSE_TIMEOUT_SECS) -> None:
@@ -274,9 +278,9 @@ def on_query_embedded(app: App, *, recovered: bool) -> None:
     A recovery (success after failures) always triggers a run; otherwise the
     backlog is looked at no more than once per check interval.
     """
-    if not keeps_local_vectors(app):
+    worker: BackfillWorker | None = app.extras.get("backfill")
+    if worker is None or not keeps_local_vectors(app):
         return
-    worker = backfill_worker(app)
     if recovered:
         worker.trigger("embedding backend recovered")
         return
