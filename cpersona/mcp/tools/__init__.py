@@ -10,6 +10,7 @@ from cpersona.mcp.tools import (
     episodes,
     listing,
     memory,
+    operations,
     persistence,
     portability,
     profiles,
@@ -18,9 +19,10 @@ from cpersona.mcp.tools import (
 )
 
 # The order tools/list shows, following the reference's: the pause, write, search (recall,
-# recall_with_context, get_contents), profile, episodes, listings, administration, calibration, portability.
+# recall_with_context, get_contents), profile, episodes, listings, administration, calibration, portability,
+# then operations (operating context, queue, channel migration, update check).
 _GROUPS = (persistence, memory, recall, recall_context, contents, profiles, episodes, listing, admin, calibration,
-           portability)
+           portability, operations)
 
 
 def default_registry() -> Registry:
