@@ -82,6 +82,7 @@ def serve(args: argparse.Namespace) -> int:
     from cpersona.mcp.server import build_server
     from cpersona.mcp.stdio import serve_stdio
     from cpersona.services.app import App
+    from cpersona.services.backfill import start_backfill, stop_backfill
     from cpersona.services.calibration import start_calibration
     from cpersona.storage.migrate import MigrationError, TooNewDatabase, open_and_upgrade
 
@@ -107,6 +108,8 @@ def serve(args: argparse.Namespace) -> int:
     app = App(db=db, settings=settings, embedder=embedder)
     # Restores the calibration sidecar, or recalibrates, off the serving path (spec §5.18.5).
     calibration = start_calibration(app)
+    # Rows an earlier run stored without a vector get one, in the background (never under the lock).
+    start_backfill(app)
     server = build_server(app, gates=gates)
     try:
         if http:
@@ -121,6 +124,7 @@ def serve(args: argparse.Namespace) -> int:
     finally:
         if calibration is not None:
             calibration.stop()
+        stop_backfill(app)
         db.close()
         if embedder is not None:
             embedder.close()
