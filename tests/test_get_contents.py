@@ -282,13 +282,14 @@ def test_a_stale_revision_refuses_and_is_checked_before_the_range(db, app):  # s
         {"ref": "mem:1", "span": [0, 5], "revision": good},
         {"ref": "mem:1", "span": [0, 5], "revision": good.upper()},
         {"ref": "mem:1", "span": [0, 5], "revision": good[:6]},
+        {"ref": "mem:1", "span": [0, 5], "revision": hashlib.sha256(b"short row about rotation").hexdigest()},
         {"ref": "mem:1", "span": [0, 5], "revision": ""},
         {"ref": "mem:1", "node": 0, "revision": "deadbeef0000"},  # stale wins over no_current_nodes
         {"ref": "mem:1", "span": [500, 600], "revision": "deadbeef0000"},  # and over span_out_of_range
     ]
     response = get_contents(app, agent_id="b", refs=refs)
     assert [i["content"] for i in response["items"]] == ["short"]
-    assert [u["reason"] for u in response["unresolved"]] == ["stale_revision"] * 5
+    assert [u["reason"] for u in response["unresolved"]] == ["stale_revision"] * 6
 
     with app.db.write() as session:  # the record is rewritten: the old digest no longer serves
         session.execute(update(Memory).where(Memory.id == 1).values(content="short row, rewritten"))

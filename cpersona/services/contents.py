@@ -214,7 +214,7 @@ def serve(wanted: Wanted, record: Record) -> dict[str, Any] | str:
     text = record.text  # offsets count in the stored text: no '[Episode] ' label (GR-8)
     # A revision pins the text the caller measured against, so it is checked for
     # the whole-row form too: a rewritten record must not come back as if unchanged.
-    if wanted.revision is not None and wanted.revision not in (revision_of(text), _full_digest(text)):
+    if wanted.revision is not None and wanted.revision != revision_of(text):
         return STALE_REVISION
     if wanted.kind is None:
         return item_for(wanted.ref, record)
@@ -234,11 +234,6 @@ def serve(wanted: Wanted, record: Record) -> dict[str, Any] | str:
     item = item_for(wanted.ref, record, text[span[0] : span[1]])
     item["range"] = {"span": list(span), **extra, "content_len": len(text)}
     return item
-
-
-def _full_digest(text: str) -> str:
-    # The whole SHA-256 names the same text as its 12-digit prefix; accept either.
-    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 # -- the tool ----------------------------------------------------------------------
