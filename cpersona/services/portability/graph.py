@@ -375,8 +375,9 @@ class GraphCarrier:
         if owner is not None and owner != entity_id:
             self.result.aliases_dropped += 1
             return
-        if owner == entity_id:
-            return  # already names this entity: nothing to add
+        # An alias that already names this entity (its own name, say) is still a
+        # row of the source: written insert-or-ignore, as declare_associations
+        # writes it, so export -> import keeps every alias.
         if not self.dry_run:
             self.conn.execute(
                 text(
