@@ -183,3 +183,29 @@ def test_declarations_follow_a_moved_memory(seeded):  # spec CA-4, MC-3
         assert q("SELECT entity_id, ref FROM entity_mentions ORDER BY ref") == [(copy[0], "mem:1"), (102, "mem:4")]
         assert q("SELECT channel, subject_kind, subject_id, object_id, anchor_ref FROM relations") == [
             ("1122334455", "entity", copy[0], 2, "mem:1")]
+
+
+# --- the tool declaration ------------------------------------------------------------------------
+
+
+def test_description_carries_the_facts():  # spec §14
+    from cpersona.mcp.tools import default_registry
+
+    description = default_registry().get("migrate_channel_axis").description
+    for fact in ("'discord'", "metadata.session_id", "dry_run=true", "non-destructive", "idempotent",
+                 "unrecoverable", "globalize_unrecoverable=true", "channel ''", "locked", "repairs_skipped"):
+        assert fact in description, fact
+
+
+@pytest.mark.anyio
+async def test_through_the_facade(seeded):  # spec C-3, §12
+    from cpersona.mcp.dispatch import call_tool
+    from cpersona.mcp.gates import GateChain
+    from cpersona.mcp.tools import default_registry
+
+    registry, gates = default_registry(), GateChain()
+    bad = await call_tool(seeded, registry, gates, "migrate_channel_axis", {"dry_run": "no"})
+    assert bad.is_error and "Input validation error" in bad.payload["error"]
+    answer = await call_tool(seeded, registry, gates, "migrate_channel_axis", {"agent_id": "kai"})
+    assert answer.payload["dry_run"] is True and answer.payload["recoverable_total"] == 4
+    assert channels(seeded)[1] == "discord"

@@ -297,3 +297,29 @@ def test_dormant_context_stores_auto_literally(db, tmp_path):  # spec OC-7, OC-1
     with db.read() as session:
         assert session.scalar(select(Memory.project_id)) == "@auto"
     assert list_memories(app, project_id="@auto")["count"] == 1
+
+
+# --- the tool declaration ------------------------------------------------------------------------
+
+
+def test_description_carries_the_facts():  # spec §14
+    from cpersona.mcp.tools import default_registry
+
+    description = default_registry().get("get_operating_context").description
+    for fact in ("context_revision", "instructions_summary", "registry", "enforce", "'@auto'", "doctrine_sections",
+                 "section", "Read-only", "~/.cpersona/operating-context.toml"):
+        assert fact in description, fact
+
+
+@pytest.mark.anyio
+async def test_through_the_facade(db, context_file):  # spec C-3, §10.2
+    from cpersona.mcp.dispatch import call_tool
+    from cpersona.mcp.gates import GateChain
+    from cpersona.mcp.tools import default_registry
+
+    app = app_with(db, context_file)
+    bad = await call_tool(app, default_registry(), GateChain(), "get_operating_context", {"section": 5})
+    assert bad.is_error and "Input validation error" in bad.payload["error"]
+    good = await call_tool(app, default_registry(), GateChain(), "get_operating_context",
+                           {"section": "recall-discipline"})
+    assert good.payload["body"] == "Call reconstruct at session start."

@@ -318,3 +318,26 @@ def test_stop_is_prompt_when_idle(fast_app):  # spec Q-7
     started = time.monotonic()
     assert queue.stop()
     assert time.monotonic() - started < 1.0
+
+
+# --- the tool declaration ------------------------------------------------------------------------
+
+
+def test_description_names_depth_and_retry_settings():  # spec §14
+    from cpersona.mcp.tools import default_registry
+
+    description = default_registry().get("get_queue_status").description
+    for fact in ("pending", "enabled", "max_retries", "retry_delay", "restart"):
+        assert fact in description
+
+
+@pytest.mark.anyio
+async def test_get_queue_status_through_the_facade(app):  # spec §11.4
+    from cpersona.mcp.dispatch import call_tool
+    from cpersona.mcp.gates import GateChain
+    from cpersona.mcp.tools import default_registry
+
+    raw_task(app, "update_profile", '"p"')
+    outcome = await call_tool(app, default_registry(), GateChain(), "get_queue_status", {"unknown": 1})
+    assert not outcome.is_error
+    assert outcome.payload == {"enabled": True, "pending": 1, "max_retries": 3, "retry_delay": 30}

@@ -437,3 +437,31 @@ def test_notice_only_when_there_is_something_to_say(db, index):  # spec UP-9, UP
     assert (notice["kind"], notice["available"], notice["reason"]) == ("yanked", "2.6.15", "data loss")
     assert notice["install"] == {"method": "pip", "restart_required": True,
                                  "command": "/srv/venv/bin/python3 -m pip install --upgrade cpersona==2.6.15"}
+
+
+# --- the tool declaration ------------------------------------------------------------------------
+
+
+def test_description_carries_the_facts():  # spec §14
+    from cpersona.mcp.tools import default_registry
+
+    description = default_registry().get("check_update").description
+    for fact in ("ok", "newer", "yanked", "unlisted", "unknown", "disabled", "once per process start",
+                 "24 hours", "neither the network nor the disk", "refresh=true", "3 seconds", "argument list",
+                 "never through a shell", "pip and checkout installs only", "uvx cpersona@latest", "detached HEAD",
+                 "git fetch --tags && git checkout", "One apply runs at a time", "automatically",
+                 "restart is always required", "pause_persistence", "CPERSONA_UPDATE_CHECK=false"):
+        assert fact in description, fact
+
+
+@pytest.mark.anyio
+async def test_through_the_facade(db, index):  # spec C-3, §13.4
+    from cpersona.mcp.dispatch import call_tool
+    from cpersona.mcp.gates import GateChain
+    from cpersona.mcp.tools import default_registry
+
+    app = checker_app(db, index)
+    bad = await call_tool(app, default_registry(), GateChain(), "check_update", {"refresh": "yes"})
+    assert bad.is_error and "Input validation error" in bad.payload["error"]
+    answer = await call_tool(app, default_registry(), GateChain(), "check_update", {"refresh": True})
+    assert answer.payload["state"] == "ok" and answer.payload["refreshed"] is True

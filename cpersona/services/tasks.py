@@ -122,8 +122,28 @@ def enqueue(
     ).scalar_one()
     queue = task_queue(app)
     queue.attribute(task_id, session_key)
-    event.listen(conn, "commit", lambda _conn: queue.wake(), once=True)
+    _wake_after_commit(conn, queue)
     return task_id
+
+
+_WAKE_KEY = "cpersona.task_queue.wake"
+
+
+def _wake_after_commit(conn: Connection, queue: TaskQueue) -> None:
+    """Wake the worker once this connection goes back to the pool, i.e. after its commit.
+
+    SQLAlchemy's "commit" event fires before the database commits; a worker
+    woken then could look too early, find nothing and go back to sleep.
+    """
+    conn.info[_WAKE_KEY] = queue  # the pooled connection's own dict
+    if not event.contains(conn.engine, "checkin", _on_checkin):
+        event.listen(conn.engine, "checkin", _on_checkin)
+
+
+def _on_checkin(dbapi_connection: Any, record: Any) -> None:
+    queue = record.info.pop(_WAKE_KEY, None) if record is not None else None
+    if queue is not None:
+        queue.wake()
 
 
 def complete_task(session: Session | Connection, task_id: int) -> bool:
