@@ -248,6 +248,13 @@ async def test_all_agent_denials_explain_themselves(app):  # spec ACL-16
     assert pause["required"] == "read-write" and "session_key" in pause["detail"]
 
 
+async def test_the_me_sentinel_is_refused_without_a_per_subject_partition(app):  # spec ACL-21
+    for args in ({"agent_id": "@me"}, {"source_agent_id": "alice", "target_agent_id": "@me"}):
+        denied = await through_gate(app, "merge_memories" if "source_agent_id" in args else "store", args, "admin")
+        assert denied["error"] == "permission_denied" and denied["agent_id"] == "@me"
+        assert "per_subject" in denied["detail"]
+
+
 async def test_a_sweep_needs_a_star_grant_and_is_met_at_the_weakest(app):  # spec ACL-11, ACL-12
     assert (await through_gate(app, "get_session_findings", {}, "admin"))["ok"] is True
     assert (await through_gate(app, "get_session_findings", {}, "reader"))["ok"] is False  # prod: none

@@ -37,6 +37,8 @@ log = logging.getLogger(__name__)
 
 LOCAL = "local"
 ALL = "*"
+ME = "@me"
+_SCOPE_ARGUMENTS = ("agent_id", "source_agent_id", "target_agent_id")
 
 NONE, READ, READ_WRITE = 0, 1, 2  # the lattice of ACL-10
 LEVELS = {"none": NONE, "read": READ, "read-write": READ_WRITE}
@@ -487,6 +489,13 @@ class AclGate:
             return self._deny(call, None, principal.client_id, detail="tool not classified for ACL enforcement")
         client = self.policy.client(principal.client_id)
         arguments = dict(call.arguments)
+        sentinel = next((name for name in _SCOPE_ARGUMENTS if arguments.get(name) == ME), None)
+        if sentinel is not None:
+            # ACL-21: "@me" means "my own partition", which only a per-subject
+            # client has; taken literally it would name a shared agent.
+            return self._deny(call, Demand(ME, READ, sentinel), principal.client_id, detail=(
+                f'{sentinel} was sent as "@me", a sentinel honoured only for a per_subject client; this client '
+                "has no per-subject partition, so name the agent itself"))
         resolved = None
         if tool == "store" and "agent_id" not in arguments and client is not None:
             resolved = client.connection_agent()
