@@ -353,3 +353,23 @@ async def test_two_clients_never_reach_each_others_agent_over_http(acl_server): 
 async def test_an_omitted_agent_id_over_http_resolves_per_client(acl_server):  # spec ACL-17, ACL-18
     stored = await mcp_call(acl_server.url, "tok-bob", "store", {"content": "no agent named"})
     assert stored["ok"] is True and stored["resolved_agent_id"] == "bob"
+
+
+async def test_the_stdio_process_runs_as_local_under_an_acl_file(tmp_path):  # spec T-2, ACL-19, ACL-9
+    import sys
+
+    from mcp import Client, StdioServerParameters
+    from mcp.client.stdio import stdio_client
+
+    acl = tmp_path / "acl.json"
+    acl.write_text(json.dumps(FILE))
+    os.chmod(acl, 0o600)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CPERSONA_", "EMBEDDING_"))}
+    env.update({"CPERSONA_DB_PATH": str(tmp_path / "stdio.db"), "CPERSONA_UPDATE_CHECK": "false",
+                "CPERSONA_ACL_FILE": str(acl)})
+    params = StdioServerParameters(command=sys.executable, args=["-m", "cpersona"], env=env)
+    async with Client(stdio_client(params)) as client:
+        stored = (await client.call_tool("store", {"content": "local note"})).structured_content
+        denied = (await client.call_tool("store", {"agent_id": "bob", "content": "x"})).structured_content
+    assert stored["resolved_agent_id"] == "alice"
+    assert denied["client_id"] == "local" and denied["error"] == "permission_denied"
