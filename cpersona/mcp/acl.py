@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import anyio.to_thread
+
 from cpersona.mcp.gates import CallNext, Response, ToolCall
 
 log = logging.getLogger(__name__)
@@ -392,6 +394,9 @@ CLASSIFICATION: dict[str, Classifier] = {
     "import_memories": _import,
 }
 
+# Tools whose demand depends on the contents of a file (run off the event loop).
+_READS_FILES = frozenset({"export_memories", "import_memories"})
+
 # Tools whose denial also says the write was not made (ACL-15).
 _REJECTED_RESULT = frozenset({"store", "declare_associations"})
 
@@ -501,7 +506,11 @@ class AclGate:
             resolved = client.connection_agent()
             if resolved is not None:
                 arguments["agent_id"] = resolved
-        demands = classifier(arguments, self.settings)
+        if tool in _READS_FILES:
+            # Reading an import file's agents can take a while; the event loop keeps serving meanwhile.
+            demands = await anyio.to_thread.run_sync(classifier, arguments, self.settings)
+        else:
+            demands = classifier(arguments, self.settings)
         for demand in demands:
             if client is None:
                 return self._deny(call, demand, principal.client_id, detail=(
