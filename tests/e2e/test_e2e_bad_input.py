@@ -17,7 +17,9 @@ def tool_answer(reply: dict) -> tuple[dict, bool]:
 
 def still_serving(session: RawSession) -> None:
     listed = session.reply(session.request("tools/list"))
-    assert len(listed["result"]["tools"]) == 7
+    names = {tool["name"] for tool in listed["result"]["tools"]}
+    assert {"store", "recall", "get_profile", "update_profile", "archive_episode", "list_memories",
+            "list_episodes"} <= names  # later issues add tools
 
 
 def test_lone_surrogate_escapes_are_answered_in_each_tools_own_shape(raw_session):  # spec G-6
