@@ -32,6 +32,7 @@ from bm25 import BM25Index  # noqa: E402
 from locomo_data import DEFAULT_DATA_DIR, Conversation, load_conversations  # noqa: E402
 from mcp_driver import (  # noqa: E402
     RunningServer,
+    ToolCallError,
     check_server_available,
     embedding_env,
     start_embedder,
@@ -58,6 +59,7 @@ class RunResult:
     recall_ms: list[float] = field(default_factory=list)
     questions: list[dict[str, Any]] = field(default_factory=list)
     seconds: float = 0.0
+    aborted: str = ""  # why the run stopped early, if it did
 
     def summary(self) -> dict[str, Any]:
         scores = [q["scores"] for q in self.questions]
@@ -79,6 +81,7 @@ class RunResult:
             "recall_p50_ms": percentile(self.recall_ms, 0.50),
             "recall_p95_ms": percentile(self.recall_ms, 0.95),
             "seconds": round(self.seconds, 1),
+            "aborted": self.aborted or None,
         }
 
 
@@ -120,10 +123,11 @@ async def store_conversation(server: RunningServer, conversation: Conversation, 
     """Store every turn in order; returns {"mem:<row id>": dia_id}."""
     dia_id_by_ref: dict[str, str] = {}
     for turn in conversation.turns:
-        answer = await server.call(
-            "store",
-            {"agent_id": conversation.agent_id, "content": turn.content, "id": turn.dia_id, "timestamp": turn.timestamp},
-        )
+        arguments = {"agent_id": conversation.agent_id, "content": turn.content, "id": turn.dia_id, "timestamp": turn.timestamp}
+        try:
+            answer = await server.call("store", arguments)
+        except ToolCallError as exc:
+            answer = {"tool_error": str(exc)}
         if answer.get("ok") is True and answer.get("result") == "stored":
             dia_id_by_ref[f"mem:{answer['id']}"] = turn.dia_id
             run.stored += 1
@@ -133,8 +137,9 @@ async def store_conversation(server: RunningServer, conversation: Conversation, 
     return dia_id_by_ref
 
 
-async def run_server(name: str, mode: str, embed_url: str | None, conversations: list[Conversation]) -> RunResult:
-    run = RunResult(server=name, mode=mode)
+async def run_server(run: RunResult, embed_url: str | None, conversations: list[Conversation]) -> None:
+    """Fill `run` with one server's answers; a server that dies mid-run leaves what it answered so far."""
+    name, mode = run.server, run.mode
     started = time.perf_counter()
     async with start_server(name, embedding_env(mode, embed_url)) as server:
         run.server_version = str(server.server_info.get("version", ""))
@@ -146,8 +151,11 @@ async def run_server(name: str, mode: str, embed_url: str | None, conversations:
             )
             for question in conversation.questions:
                 arguments = {"agent_id": conversation.agent_id, "query": question.question, "limit": RECALL_LIMIT}
-                answer, elapsed_ms = await server.timed_call("recall", arguments)
-                run.recall_ms.append(elapsed_ms)
+                try:
+                    answer, elapsed_ms = await server.timed_call("recall", arguments)
+                    run.recall_ms.append(elapsed_ms)
+                except ToolCallError as exc:  # scored as an empty answer, and counted
+                    answer = {"tool_error": str(exc)}
                 if "messages" not in answer or answer.get("ok") is False:
                     run.recall_errors.append(f"{conversation.name}: {question.question}: {json.dumps(answer)[:200]}")
                 ranked, unmapped = ranked_dia_ids(answer.get("messages") or [], lookup)
@@ -169,7 +177,6 @@ async def run_server(name: str, mode: str, embed_url: str | None, conversations:
                 flush=True,
             )
     run.seconds = time.perf_counter() - started
-    return run
 
 
 def bm25_floor(conversations: list[Conversation], **options: Any) -> dict[str, Any]:
@@ -192,7 +199,13 @@ def format_table(summaries: list[dict[str, Any]], floors: dict[str, dict[str, An
     for s in summaries:
         metrics = " ".join(f"{s['metrics'][m]:>9.3f}" for m in METRIC_NAMES)
         embedded = f"{s['embedded']}/{s['stored']}"
-        lines.append(f"{s['mode']:<8} {s['server']:<18} {metrics} {s['recall_p50_ms']:>10.1f} {embedded:>9}")
+        flags = []
+        if s["aborted"]:
+            flags.append("ABORTED")
+        if s["recall_errors"] or s["store_failures"]:
+            flags.append(f"{s['store_failures']} store / {s['recall_errors']} recall errors")
+        note = f"  ({'; '.join(flags)})" if flags else ""
+        lines.append(f"{s['mode']:<8} {s['server']:<18} {metrics} {s['recall_p50_ms']:>10.1f} {embedded:>9}{note}")
     for label, floor in floors.items():
         metrics = " ".join(f"{floor['metrics'][m]:>9.3f}" for m in METRIC_NAMES)
         lines.append(f"{'-':<8} {label:<18} {metrics}")
@@ -231,7 +244,13 @@ async def main_async(args: argparse.Namespace) -> None:
         with start_embedder(mode) as embed_url:
             for name in servers:
                 print(f"running {name} with embeddings {mode} ...", file=sys.stderr, flush=True)
-                runs.append(await run_server(name, mode, embed_url, conversations))
+                run = RunResult(server=name, mode=mode)
+                runs.append(run)
+                try:
+                    await run_server(run, embed_url, conversations)
+                except Exception as exc:  # one broken server must not cost the other server's figures
+                    run.aborted = f"{type(exc).__name__}: {exc}"[:500]
+                    print(f"  ! {mode}/{name} aborted: {run.aborted}", file=sys.stderr, flush=True)
             if embed_url:
                 embedders[mode] = embedder_health(embed_url)
     floors = {

@@ -126,6 +126,15 @@ class RunningServer:
         answer = await self.call(tool, arguments)
         return answer, (time.perf_counter() - started) * 1000.0
 
+    async def try_call(self, tool: str, arguments: dict[str, Any]) -> tuple[dict[str, Any], float]:
+        """Like timed_call, but a tool error comes back as {"tool_error": text} for the caller to count."""
+        started = time.perf_counter()
+        try:
+            answer = await self.call(tool, arguments)
+        except ToolCallError as exc:
+            answer = {"tool_error": str(exc)}
+        return answer, (time.perf_counter() - started) * 1000.0
+
     async def call_many(
         self,
         tool: str,
@@ -134,16 +143,17 @@ class RunningServer:
     ) -> list[dict[str, Any]]:
         """Call one tool for every argument set with up to `concurrency` requests in flight.
 
-        Answers come back in argument order. With concurrency 1 the calls are
-        strictly sequential, which keeps row ids in input order.
+        Answers come back in argument order; a tool error is an answer
+        {"tool_error": text}. With concurrency 1 the calls are strictly
+        sequential, which keeps row ids in input order.
         """
         if concurrency <= 1:
-            return [await self.call(tool, args) for args in argument_list]
+            return [(await self.try_call(tool, args))[0] for args in argument_list]
         gate = asyncio.Semaphore(concurrency)
 
         async def one(args: dict[str, Any]) -> dict[str, Any]:
             async with gate:
-                return await self.call(tool, args)
+                return (await self.try_call(tool, args))[0]
 
         return list(await asyncio.gather(*(one(args) for args in argument_list)))
 
