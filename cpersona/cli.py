@@ -13,7 +13,7 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 
-from cpersona import __version__
+from cpersona import __version__, admin_cli
 
 log = logging.getLogger("cpersona")
 
@@ -32,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"cpersona {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     commands.add_parser("serve", help="serve MCP on the transport CPERSONA_TRANSPORT names (the default command)")
+    admin_cli.add_subcommands(commands)  # export, import, stats, import-db
     return parser
 
 
@@ -84,6 +85,8 @@ def serve(args: argparse.Namespace) -> int:
     from cpersona.services.app import App
     from cpersona.services.backfill import start_backfill, stop_backfill
     from cpersona.services.calibration import start_calibration
+    from cpersona.services.tasks import start_task_queue
+    from cpersona.services.update_check import start_update_check
     from cpersona.storage.migrate import MigrationError, TooNewDatabase, open_and_upgrade
 
     # Spec T-7 order: embedding mode and client, then the database.
@@ -110,6 +113,9 @@ def serve(args: argparse.Namespace) -> int:
     calibration = start_calibration(app)
     # Rows an earlier run stored without a vector get one, in the background (never under the lock).
     start_backfill(app)
+    # The DB task queue drains what earlier runs left (spec Q-2); the update check runs once, unwaited (UP-2).
+    queue = start_task_queue(app)
+    start_update_check(app)
     server = build_server(app, gates=gates)
     try:
         if http:
@@ -124,6 +130,8 @@ def serve(args: argparse.Namespace) -> int:
     finally:
         if calibration is not None:
             calibration.stop()
+        if queue is not None:
+            queue.stop()  # waits up to 5 s (spec Q-7)
         stop_backfill(app)
         db.close()
         if embedder is not None:
@@ -131,4 +139,4 @@ def serve(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {"serve": serve}
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {"serve": serve, **admin_cli.COMMANDS}
