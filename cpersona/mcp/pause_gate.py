@@ -27,16 +27,15 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 import anyio.to_thread
 
 from cpersona.mcp.gates import CallNext, Response, ToolCall
-from cpersona.mcp.tools.common import store_refusal
-from cpersona.services import portability
+from cpersona.services import calibration, portability, precision
+from cpersona.services.app import App
 from cpersona.services.memories import MISSING_AGENT, MIXED_FORMS
 from cpersona.services.operating_context import WRITE_TOOLS as OPERATING_CONTEXT_WRITES
 from cpersona.services.operating_context import ProjectRefusal, resolve_project
@@ -50,8 +49,6 @@ NO_PERSIST = "no-persist"
 ACTION_ID_KEYS = ("deleted_id", "updated_id", "locked_id", "unlocked_id", "episode_id")
 
 Arguments = Mapping[str, Any]
-# Runs before a paused write is answered; returns the tool's own refusal, or None to go on.
-Precheck = Callable[[ToolCall], Awaitable[Response | None]]
 
 
 def skipped(tool: str, body: Response, state: PauseState) -> Response:
@@ -75,33 +72,42 @@ class Rule:
 class Skip(Rule):
     """A write answered by a no-op while paused.
 
-    ``body`` builds the success shape from the arguments; ``before`` runs the
-    checks the spec places ahead of the gate; ``unless_dry_run`` lets a caller's
-    own dry run through (it writes nothing); ``after`` adds keys that follow the
-    three pause keys.
+    ``before`` runs the checks the spec places ahead of the pause and raises
+    :class:`ToolFailure` to refuse (answered in the tool's own refusal shape);
+    then the operating context's project check runs for the writes it governs;
+    then ``body`` builds the tool's success shape, which may also refuse (a
+    body computed from validated arguments). ``unless_dry_run`` lets a caller's
+    own dry run through, since it writes nothing; ``after`` adds keys that
+    follow the three pause keys. The checks may read files or state, so they
+    run in a worker thread.
     """
 
-    body: Callable[[Arguments], Response]
-    before: Precheck | None = None
+    body: Callable[[App, Arguments], Response]
+    before: Callable[[App, Arguments], None] | None = None
     unless_dry_run: bool = False
     after: Callable[[Arguments], Response] | None = None
 
     async def paused(self, call: ToolCall, call_next: CallNext, state: PauseState) -> Response:
         if self.unless_dry_run and call.arguments.get("dry_run") is True:
             return await call_next(call)
-        if self.before is not None and (refusal := await self.before(call)) is not None:
-            return refusal
+        try:
+            return await anyio.to_thread.run_sync(self._answer, call, state)
+        except ToolFailure as refusal:
+            return {**call.spec.refusal(refusal.message, call.arguments), **refusal.extra}
+
+    def _answer(self, call: ToolCall, state: PauseState) -> Response:
+        if self.before is not None:
+            self.before(call.app, call.arguments)
         notes: Response = {}
         if call.spec.name in OPERATING_CONTEXT_WRITES:
             # The operating context's Hard layer also precedes the pause: a write its
             # registry refuses is refused, and '@auto' is still reported (OC-11).
-            resolution = await anyio.to_thread.run_sync(
-                partial(resolve_project, call.app, call.spec.name, call.arguments.get("project_id"),
-                        agent_id=call.arguments.get("agent_id", "")))
+            resolution = resolve_project(call.app, call.spec.name, call.arguments.get("project_id"),
+                                         agent_id=call.arguments.get("agent_id", ""))
             if isinstance(resolution, ProjectRefusal):
-                return {**call.spec.refusal(resolution.message, call.arguments), **resolution.fields}
+                raise ToolFailure(resolution.message, **resolution.fields)
             notes = resolution.annotations
-        answer = skipped(call.spec.name, self.body(call.arguments), state)
+        answer = skipped(call.spec.name, self.body(call.app, call.arguments), state)
         answer.update(notes)
         if self.after is not None:
             answer.update(self.after(call.arguments))
@@ -141,16 +147,15 @@ class PassThrough(Rule):
         return await call_next(call)
 
 
-# -- the checks some writes make before a pause answers them --------------------------------
+# -- what some writes check before a pause answers them, and the bodies that need the service ------
 
 
-async def _store_boundary(call: ToolCall) -> Response | None:
+def store_boundary(app: App, args: Arguments) -> None:
     """ST-2: mixed forms and a missing agent are refused even while paused.
 
     Mirrors the first two steps of ``services.memories`` validation (same
     messages, same order); tests/test_pause.py holds the two to each other.
     """
-    args = call.arguments
     message = args.get("message")
     if isinstance(message, dict) and message:
         top_level_used = (
@@ -158,10 +163,9 @@ async def _store_boundary(call: ToolCall) -> Response | None:
             or args.get("timestamp") not in (None, "") or bool(args.get("metadata")) or "source" in args
         )
         if top_level_used:
-            return store_refusal(MIXED_FORMS, args)
+            raise ToolFailure(MIXED_FORMS)
     if args.get("agent_id") is None:
-        return store_refusal(MISSING_AGENT, args)
-    return None
+        raise ToolFailure(MISSING_AGENT)
 
 
 def _store_lock_flag(args: Arguments) -> Response:
@@ -169,13 +173,8 @@ def _store_lock_flag(args: Arguments) -> Response:
     return {"locked": False} if args.get("lock") is True else {}
 
 
-async def _vet_import(call: ToolCall) -> Response | None:
-    """IM-1 runs before the pause answers (IM-2); it touches the file system, so off the loop."""
-    try:
-        await anyio.to_thread.run_sync(portability.vet_import, call.app, call.arguments.get("input_path"))
-    except ToolFailure as refused:
-        return refused.as_response()
-    return None
+def _vet_import(app: App, args: Arguments) -> None:
+    portability.vet_import(app, args.get("input_path"))  # IM-1 before IM-2
 
 
 def _merge_arguments(args: Arguments) -> tuple[Any, Any, Any, Any]:
@@ -183,16 +182,34 @@ def _merge_arguments(args: Arguments) -> tuple[Any, Any, Any, Any]:
             args.get("strategy", "skip"), args.get("mode", "copy"))
 
 
-async def _validate_merge(call: ToolCall) -> Response | None:
-    try:
-        portability.validate_merge(*_merge_arguments(call.arguments))  # MG-1 before MG-2
-    except ToolFailure as refused:
-        return refused.as_response()
-    return None
+def _validate_merge(app: App, args: Arguments) -> None:
+    portability.validate_merge(*_merge_arguments(args))  # MG-1 before MG-2
 
 
-def _const(body: Response) -> Callable[[Arguments], Response]:
-    return lambda _args: dict(body)
+def _calibration_body(app: App, args: Arguments) -> Response:
+    """The success shape with everything a measurement would compute left empty (§9.5)."""
+    req = calibration.parse_arguments(app, args.get("agent_id"), args.get("sample_size"), args.get("z_factor"),
+                                      args.get("method"), args.get("percentile"))
+    return {
+        "ok": True, "sidecar_persisted": False, "scope": "per_agent" if req.agent_id else "global",
+        "agent_id": req.agent_id, "sampled_embeddings": 0, "num_pairs": 0, "method": req.method,
+        "z_factor": req.z_factor, "percentile": req.percentile, "embedding_dim": None,
+        "embedding_model": calibration.embedding_model_label(app.settings), "distribution": None,
+        "null_admit_rate": None, "old_threshold": calibration.current_threshold(app, req.agent_id),
+        "new_threshold": None,
+    }
+
+
+def _precision_body(app: App, args: Arguments) -> Response:
+    """The resolved setting, with nothing recalibrated (§9.5: after argument resolution)."""
+    agent = precision._agent(args.get("agent_id"))
+    label, beta, cleared = precision.resolve(app, args.get("precision", ""), args.get("beta", 0))
+    return {"ok": True, "agent_id": agent, "precision": label, "beta": beta, "cleared": cleared,
+            "fused_gate": None, "calibrate": None}
+
+
+def _const(body: Response) -> Callable[[App, Arguments], Response]:
+    return lambda _app, _args: dict(body)
 
 
 # -- the table ------------------------------------------------------------------------------
@@ -200,7 +217,7 @@ def _const(body: Response) -> Callable[[Arguments], Response]:
 PAUSE_RULES: Mapping[str, Rule] = {
     # Writes that answer a no-op (§9.5 table).
     "store": Skip(_const({"ok": True, "result": "skipped", "id": NO_PERSIST, "embedded": False}),
-                  before=_store_boundary, after=_store_lock_flag),
+                  before=store_boundary, after=_store_lock_flag),
     "declare_associations": Skip(_const({"ok": True, "result": "skipped", "entities": [], "mentions": 0,
                                          "relations": [], "dropped": []})),
     "archive_episode": Skip(_const({"ok": True, "queued": False, "task_id": None, "episode_id": None,
@@ -210,17 +227,17 @@ PAUSE_RULES: Mapping[str, Rule] = {
     "delete_episode": Skip(_const({"ok": True, "deleted_id": None})),
     "lock_memory": Skip(_const({"ok": True, "locked_id": None})),
     "unlock_memory": Skip(_const({"ok": True, "unlocked_id": None})),
-    "delete_agent_data": Skip(lambda args: {  # DAD-5: before the empty-id check
+    "delete_agent_data": Skip(lambda _app, args: {  # DAD-5: before the empty-id check
         "ok": True, "agent_id": args.get("agent_id", ""), "deleted_memories": 0, "deleted_profiles": 0,
         "deleted_episodes": 0, "deleted_pending_tasks": 0}),
     "update_profile": Skip(_const({"ok": True, "profiles_updated": 0})),
-    "import_memories": Skip(lambda _args: portability.paused_import_body(), before=_vet_import,
+    "import_memories": Skip(lambda _app, _args: portability.paused_import_body(), before=_vet_import,
                             unless_dry_run=True),
-    "merge_memories": Skip(lambda args: portability.paused_merge_body(*_merge_arguments(args)),
+    "merge_memories": Skip(lambda _app, args: portability.paused_merge_body(*_merge_arguments(args)),
                            before=_validate_merge, unless_dry_run=True),
+    "calibrate_threshold": Skip(_calibration_body),
+    "set_recall_precision": Skip(_precision_body),
     "organize_folders": Skip(_const({"ok": True, "applied": [], "dropped": []})),
-    # calibrate_threshold and set_recall_precision answer bodies that need their
-    # service's state (old threshold, resolved beta): their rules arrive with them.
     # Writes that still run, harmlessly (P-11).
     "migrate_channel_axis": ForceDryRun(),
     "check_health": DowngradeFix(),
