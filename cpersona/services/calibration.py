@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from sqlalchemy import distinct, func, select
+from sqlalchemy import func, select
 
 from cpersona.embedding.vectors import VectorError, from_blob
 from cpersona.services import calibration_math as cm
@@ -466,7 +466,7 @@ def calibrate_everything(app: App, stop: threading.Event) -> str:
         return "global failed"
     with app.db.read() as session:
         agents = session.execute(
-            select(distinct(Memory.agent_id)).where(Memory.embedding.is_not(None)).order_by(Memory.agent_id)
+            select(Memory.agent_id).where(Memory.embedding.is_not(None)).distinct().order_by(Memory.agent_id)
         ).scalars().all()
     done = 0
     for agent in agents:

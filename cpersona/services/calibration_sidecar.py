@@ -275,17 +275,17 @@ def write_sidecar(path: Path, live: SidecarValues, touched: set[Entry], fingerpr
 
 def _replace(path: Path, data: bytes) -> None:
     tmp = Path(f"{path}.tmp.{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
-        os.fchmod(fd, 0o600)  # the temp file may be left over from a crash with other bits
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    try:
-        os.replace(tmp, path)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.fchmod(fd, 0o600)  # the temp file may be left over from a crash with other bits
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)  # the only step that changes what readers see
     except OSError:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
