@@ -465,3 +465,33 @@ async def test_through_the_facade(db, index):  # spec C-3, §13.4
     assert bad.is_error and "Input validation error" in bad.payload["error"]
     answer = await call_tool(app, default_registry(), GateChain(), "check_update", {"refresh": True})
     assert answer.payload["state"] == "ok" and answer.payload["refreshed"] is True
+
+
+def test_recall_carries_the_notice_once_per_session(db, index):  # spec UP-10
+    from cpersona.services.recall import recall
+
+    index.documents = [index_doc([RUNNING, "2.7.0"])]
+    app = checker_app(db, index)
+    assert "update" not in recall(app, agent_id="a", query="x")  # no verdict yet
+    check_update(app, refresh=True)
+
+    first = recall(app, agent_id="a", query="x")
+    assert first["update"]["kind"] == "newer" and first["update"]["available"] == "2.7.0"
+    assert first["update"]["install"]["restart_required"] is True and "reason" not in first["update"]
+    assert "update" not in recall(app, agent_id="a", query="x")  # keyless callers: once per process
+    assert "update" not in recall(app, agent_id="a", query="x", session_key="transport")
+    assert "update" in recall(app, agent_id="a", query="x", session_key="s1")  # each key once
+    assert "update" not in recall(app, agent_id="a", query="x", session_key=" s1 ")
+
+    index.documents = [index_doc([RUNNING, "2.7.0"], {RUNNING: "broken"})]
+    check_update(app, refresh=True)  # a changed verdict re-arms everyone
+    again = recall(app, agent_id="a", query="x")
+    assert again["update"]["kind"] == "yanked" and again["update"]["reason"] == "broken"
+
+
+def test_recall_has_no_notice_when_disabled(db, index):  # spec UP-1
+    from cpersona.services.recall import recall
+
+    app = checker_app(db, index, UPDATE_CHECK="false")
+    check_update(app, refresh=True)
+    assert "update" not in recall(app, agent_id="a", query="x")

@@ -26,6 +26,7 @@ import logging
 import os
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -41,6 +42,7 @@ from cpersona.services.versions import Version, parse_version
 log = logging.getLogger(__name__)
 
 EXTRAS_KEY = "update_checker"
+NOTICE_KEY = "update_notice_memory"
 DISTRIBUTION = "cpersona"
 FETCH_BUDGET_SECONDS = 3.0  # UP-2, end to end
 MAX_INDEX_BYTES = 1 << 20  # UP-2
@@ -328,6 +330,45 @@ def check_update(app: App, *, refresh: Any = False, apply: Any = False) -> dict[
     if apply is True:
         response["apply_result"] = checker.apply(verdict)
     return response
+
+
+NOTICE_SESSIONS = 256  # declared session keys remembered as "already told" (UP-10)
+
+
+class _NoticeMemory:
+    """Who has seen the current verdict's notice on recall: keyless callers once, each key once."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.verdict: tuple[Any, ...] | None = None
+        self.keyless_told = False
+        self.sessions: OrderedDict[str, None] = OrderedDict()
+
+    def first_time(self, verdict: tuple[Any, ...], session_key: Any) -> bool:
+        key = session_key.strip() if isinstance(session_key, str) else ""
+        with self.lock:
+            if verdict != self.verdict:  # a changed verdict is news again
+                self.verdict, self.keyless_told, self.sessions = verdict, False, OrderedDict()
+            if key in ("", "transport"):
+                told, self.keyless_told = self.keyless_told, True
+                return not told
+            if key in self.sessions:
+                self.sessions.move_to_end(key)
+                return False
+            self.sessions[key] = None
+            while len(self.sessions) > NOTICE_SESSIONS:
+                self.sessions.popitem(last=False)
+            return True
+
+
+def recall_update_notice(app: App, session_key: Any) -> dict[str, Any] | None:
+    """The ``update`` key of a recall answer: once per process for keyless callers, once per key (UP-10)."""
+    notice = update_notice(app)
+    if notice is None:
+        return None
+    memory: _NoticeMemory = app.extras.setdefault(NOTICE_KEY, _NoticeMemory())
+    verdict = (notice["kind"], notice["running"], notice["available"], notice.get("reason"))
+    return notice if memory.first_time(verdict, session_key) else None
 
 
 def update_notice(app: App) -> dict[str, Any] | None:
