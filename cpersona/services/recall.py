@@ -47,6 +47,7 @@ from cpersona.services.preview import (
     apply_preview_tier,
 )
 from cpersona.services.responses import ToolFailure
+from cpersona.services.update_check import recall_update_notice
 from cpersona.services.retrievers import Query, Retrieval, exclusion, retrieve, search_backend
 from cpersona.storage.models import Memory
 from cpersona.storage.scope import Scope
@@ -380,4 +381,6 @@ def recall(
         response["full_content_budget_chars"] = FULL_CONTENT_BUDGET
     response.update(outcome.extras)
     response.update(resolution.annotations)  # OC-11
+    if (notice := recall_update_notice(app, req.session_key)) is not None:
+        response["update"] = notice  # a newer or withdrawn release, told once per session (UP-10)
     return response
