@@ -6,6 +6,10 @@ It speaks the contracts the client must handle (spec EMB-1, EMB-2, EMB-6):
 - ``POST /v1/embeddings`` ``{"model", "input": [...]}`` → ``{"data": [{"index",
   "embedding"}, ...], "model"}``, Bearer key checked when ``api_key`` is set
 - ``GET /capabilities`` → the ``capabilities`` dict, or 404 when it is None
+- ``POST /count_tokens`` ``{"texts": [...]}`` → ``{"token_info": [{count, window,
+  truncated, window_end_char}, ...]}`` (spec OV-1) when ``token_window`` is set,
+  404 otherwise. A token is a run of word characters or one other non-space
+  character (``tokens_of``); the window closes at the end of token ``token_window``.
 
 Vectors are deterministic and meaningful enough for recall tests: a hashed bag
 of lower-cased words (weight 1) and character trigrams (weight 0.5), signed by
@@ -43,6 +47,20 @@ from typing import Any
 import pytest
 
 WORD = re.compile(r"\w+", re.UNICODE)
+TOKEN = re.compile(r"\w+|[^\w\s]", re.UNICODE)
+
+
+def tokens_of(text: str) -> list[re.Match[str]]:
+    """The test tokenizer of ``/count_tokens``: words and single punctuation marks."""
+    return list(TOKEN.finditer(text))
+
+
+def token_info(text: str, window: int) -> dict[str, Any]:
+    """One ``token_info`` entry for ``text`` under a window of ``window`` tokens (spec OV-1)."""
+    tokens = tokens_of(text)
+    truncated = len(tokens) > window
+    end = tokens[window - 1].end() if truncated else len(text)
+    return {"count": len(tokens), "window": window, "truncated": truncated, "window_end_char": end}
 
 
 def _bucket(feature: str, dimension: int) -> tuple[int, float]:
@@ -86,6 +104,7 @@ class EmbedServer:
     api_key: str | None = None
     model_name: str = "test-hash-embedder"
     capabilities: dict[str, Any] | None = None
+    token_window: int | None = None  # tokens per window for /count_tokens; None answers 404
     delay: float = 0.0
     status: int = 200
     mutate: Callable[[dict[str, Any]], Any] | None = None
@@ -152,7 +171,13 @@ class EmbedServer:
     def embed_requests(self) -> list[RecordedRequest]:
         """Recorded POSTs to either embedding route."""
         with self._lock:
-            return [r for r in self.requests if r.method == "POST"]
+            return [r for r in self.requests
+                    if r.method == "POST" and r.path.split("?")[0] in ("/embed", "/v1/embeddings")]
+
+    def token_requests(self) -> list[RecordedRequest]:
+        """Recorded POSTs to ``/count_tokens``."""
+        with self._lock:
+            return [r for r in self.requests if r.method == "POST" and r.path.split("?")[0] == "/count_tokens"]
 
     def record(self, request: RecordedRequest) -> None:
         with self._lock:
@@ -195,6 +220,12 @@ class _Handler(BaseHTTPRequestHandler):
             self._answer({"embeddings": [self.state.vector(t) for t in texts]})
         elif path == "/v1/embeddings":
             self._embeddings_api(body)
+        elif path == "/count_tokens" and self.state.token_window is not None:
+            texts = body.get("texts") if isinstance(body, dict) else None
+            if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+                self._send_json(422, {"error": "texts must be a list of strings"})
+                return
+            self._answer({"token_info": [token_info(t, self.state.token_window) for t in texts]})
         else:
             self._send_json(404, {"error": "not found"})
 
