@@ -191,11 +191,17 @@ def test_metadata_cap_follows_the_setting(db):  # spec §5.2.2 (CPERSONA_MAX_MET
     ({"content": "x", "message": "content"}, "message must be an object"),
     ({"content": "x", "lock": "yes"}, "lock must be true or false"),
     ({"content": "x", "metadata": {"when": datetime(2026, 1, 1)}}, "metadata is not representable as JSON"),
-    ({"content": "x", "associations": ["e"]}, "associations must be an object"),
 ])
 def test_wrong_types_from_a_library_caller_are_clear_rejections(app, db, arguments, reason):
     assert reason in rejected(store(app, agent_id="a", **arguments))
     assert rows(db) == []
+
+
+def test_a_non_object_associations_rider_is_reported_and_the_memory_stored(app, db):  # spec AS-2
+    answer = store(app, agent_id="a", content="x", associations=["e"])
+    assert answer["result"] == "stored"
+    assert answer["associations"]["dropped"] == [{"item": "associations", "reason": "must be an object"}]
+    assert len(rows(db)) == 1
 
 
 def test_agent_id_of_the_wrong_type_is_rejected(app):

@@ -27,6 +27,8 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from cpersona.services.app import App
+from cpersona.services.associations import declare_for_record
+from cpersona.services.nodes import QUEUED, queue_build, runs_past_window
 from cpersona.services.operating_context import ProjectRefusal, resolve_project
 from cpersona.services.responses import failure
 from cpersona.services.sanitize import (
@@ -152,6 +154,12 @@ def store(
         return failure(refusal.reason, key="reason", result="rejected", **extra, **refusal.extra)
 
     answer = _write(app, request, ahead)
+    if associations is not None and associations != {} and isinstance(answer.get("id"), int):
+        # AS-3, AS-4: declared against the row the store resolved to (new or an
+        # echoed duplicate), after it committed; a failure never unstores it.
+        answer["associations"] = declare_for_record(
+            app, agent_id=request.agent_id, project_id=request.project_id, channel=request.channel,
+            anchor=f"mem:{answer['id']}", associations=associations)
     answer.update(request.project_notes)
     return answer
 
@@ -165,6 +173,7 @@ def _write(app: App, request: _Write, ahead: Any) -> dict[str, Any]:
         return _answer_without_insert(app, request, early)
 
     embedding = embed_text(app, request.content)  # ST-11: the sanitized text, once, no lock held
+    long_text = runs_past_window(app, request.content)  # OV-4: a network ask too, so before the lock
 
     with app.db.write() as session:
         # The authoritative probe: another writer may have stored the same row
@@ -173,6 +182,9 @@ def _write(app: App, request: _Write, ahead: Any) -> dict[str, Any]:
         if probe.result != "proceed":
             return _finish_probe(session, request, probe)
         new_id = _insert(session, app, request, embedding)
+        # The build task commits with the row, so a restart cannot lose it.
+        nodes_queued = new_id is not None and long_text and queue_build(
+            app, session, "mem", new_id, agent_id=request.agent_id, project_id=request.project_id)
 
     if new_id is None:
         # DD-5: lost a race to the unique indexes (another process wrote the
@@ -183,10 +195,10 @@ def _write(app: App, request: _Write, ahead: Any) -> dict[str, Any]:
     response: dict[str, Any] = {"ok": True, "result": "stored", "id": new_id, "embedded": embedding is not None}
     if request.truncated:
         response["truncated"] = True
+    if nodes_queued:
+        response["nodes"] = dict(QUEUED)  # OV-3
     if ahead is not None:
         response["timestamp_ahead_of_clock"] = ahead.report()
-    # associations: the rider is accepted and ignored until the associations
-    # feature lands; the memory is stored regardless (spec §3.1).
     return _with_lock_flag(response, request, locked=True)
 
 
@@ -274,9 +286,6 @@ def _validate(
     for name, text in (("source", source_json), ("metadata", metadata_json)):
         if problem := check_json_size(name, text, settings.max_metadata_length):
             raise _Rejected(problem)
-
-    if associations is not None and not isinstance(associations, dict):
-        raise _Rejected("associations must be an object")
 
     # 10. the content itself (SAN-1, ST-3)
     cleaned = sanitize(content, settings.max_content_length)
