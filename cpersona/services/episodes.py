@@ -15,6 +15,7 @@ from sqlalchemy import select
 from cpersona.services.app import App
 from cpersona.services.listing import ListBounds, bounded_response, fetch_capped, listing_scope
 from cpersona.services.memories import embed_text
+from cpersona.services.nodes import QUEUED, queue_build, runs_past_window
 from cpersona.services.operating_context import ProjectRefusal, resolve_project
 from cpersona.services.responses import ToolFailure
 from cpersona.services.sanitize import check_key_field, find_lone_surrogate, has_nul, sanitize
@@ -109,6 +110,7 @@ def _archive(app: App, *, agent_id: Any, summary: Any, history: Any, keywords: A
         raise _refuse(ahead.refusal("history timestamp"))
 
     embedding = embed_text(app, clean_summary.text)  # AE-5: the summary only, before the write lock
+    long_text = runs_past_window(app, clean_summary.text)  # OV-4: a network ask too, so before the lock
 
     with app.db.write() as session:
         row = Episode(
@@ -126,10 +128,14 @@ def _archive(app: App, *, agent_id: Any, summary: Any, history: Any, keywords: A
         session.add(row)
         session.flush()
         episode_id = row.id
+        nodes_queued = long_text and queue_build(app, session, "ep", episode_id, agent_id=agent_id,
+                                                 project_id=project_id)
 
     response: dict[str, Any] = {"ok": True, "episode_id": episode_id}
     if clean_summary.truncated or clean_keywords.truncated:
         response["truncated"] = True
+    if nodes_queued:
+        response["nodes"] = dict(QUEUED)  # OV-3
     if ahead is not None:
         response["timestamp_ahead_of_clock"] = ahead.report()
     response.update(resolution.annotations)  # OC-11
