@@ -31,6 +31,7 @@ from sqlalchemy.orm import Session
 
 from cpersona.services.app import App
 from cpersona.services.memories import embed_text
+from cpersona.services.nodes import QUEUED, queue_build, runs_past_window
 from cpersona.services.responses import ToolFailure, failure
 from cpersona.services.sanitize import find_lone_surrogate, sanitize
 from cpersona.storage.models import Episode, Memory, PendingMemoryTask, Profile
@@ -231,6 +232,7 @@ def update_memory(
                 raise _copy_kept(row_id, holder)
 
         embedding = embed_text(app, cleaned.text)  # UM-6: outside the write lock; None clears the old vector
+        long_text = runs_past_window(app, cleaned.text)  # OV-4: a network ask too, so before the lock
 
         with app.db.write() as session:
             # The authoritative look: the row may have been locked, moved or copied meanwhile.
@@ -249,10 +251,15 @@ def update_memory(
                 raise _copy_kept(row_id, _holder_of(session, row, cleaned.text, row_id)) from None
             if matched != 1:
                 raise _unmatched(session, row_id, owner, "edited")
+            # The edit's trigger removed the old nodes (LR-1); the rebuild commits with the edit.
+            nodes_queued = long_text and queue_build(app, session, "mem", row_id, agent_id=row.agent_id,
+                                                     project_id=row.project_id)
 
         response: dict[str, Any] = {"ok": True, "updated_id": row_id}
         if cleaned.truncated:
             response["truncated"] = True
+        if nodes_queued:
+            response["nodes"] = dict(QUEUED)  # OV-3
         return response
 
     return _answer(work)
