@@ -28,6 +28,7 @@ from typing import Any
 from sqlalchemy import select
 
 from cpersona.services.app import App
+from cpersona.services.nodes import current_nodes
 from cpersona.services.recall import parse_source
 from cpersona.services.responses import ToolFailure
 from cpersona.storage.models import Episode, Memory
@@ -52,6 +53,7 @@ INVALID_RANGE = "invalid_range"
 SPAN_OUT_OF_RANGE = "span_out_of_range"
 STALE_REVISION = "stale_revision"
 NO_CURRENT_NODES = "no_current_nodes"
+NODE_OUT_OF_RANGE = "node_out_of_range"
 NO_CURRENT_BLOCKS = "no_current_blocks"
 
 
@@ -191,23 +193,28 @@ def item_cost(item: Mapping[str, Any]) -> int:
 # -- ranges ------------------------------------------------------------------------
 
 
-def node_span(record: Record, first: int, last: int) -> tuple[int, int] | str:
-    """Characters covered by overflow-tree nodes ``first..last``, or a refusal reason.
+def node_span(app: App, record: Record, first: int, last: int) -> tuple[int, int, int] | str:
+    """(start, end, node count) covered by overflow-tree nodes ``first..last``, or a refusal reason.
 
-    No record has a current node set in this release, so every node range is
-    ``no_current_nodes`` (the answer spec GR-10 gives for any record whose nodes
-    are not built). The record-nodes part replaces this with a read of the
-    record's node rows, checked to partition the current text (GR-5).
+    The node rows must partition the current stored text (GR-5); the embedding
+    model is not checked, offsets depend on the text alone. Short records never
+    have nodes and a new long one has none until its build ran (GR-10).
     """
-    return NO_CURRENT_NODES
+    with app.db.read() as session:
+        rows = current_nodes(session, record.kind, record.id, record.text)
+    if rows is None:
+        return NO_CURRENT_NODES
+    if last >= len(rows):
+        return NODE_OUT_OF_RANGE
+    return rows[first].start, rows[last].end, len(rows)
 
 
-def block_span(record: Record, first: int, last: int) -> tuple[int, int] | str:
+def block_span(app: App, record: Record, first: int, last: int) -> tuple[int, int, int] | str:
     """Characters covered by blocks ``first..last``; no block index exists here (spec decision 6)."""
     return NO_CURRENT_BLOCKS
 
 
-def serve(wanted: Wanted, record: Record) -> dict[str, Any] | str:
+def serve(wanted: Wanted, record: Record, app: App) -> dict[str, Any] | str:
     """Steps 3-5 of GR-2 for an owned row: the item, or the reason it is refused."""
     if wanted.invalid:
         return INVALID_RANGE
@@ -226,11 +233,11 @@ def serve(wanted: Wanted, record: Record) -> dict[str, Any] | str:
             return SPAN_OUT_OF_RANGE
         span = (first, min(last, len(text)))
     else:
-        resolved = (node_span if wanted.kind == "node" else block_span)(record, first, last)
+        resolved = (node_span if wanted.kind == "node" else block_span)(app, record, first, last)
         if isinstance(resolved, str):
             return resolved
-        span = resolved
-        extra = {wanted.kind: [first, last]}
+        span = resolved[:2]
+        extra = {wanted.kind: [first, last], "of": resolved[2]}
     item = item_for(wanted.ref, record, text[span[0] : span[1]])
     item["range"] = {"span": list(span), **extra, "content_len": len(text)}
     return item
@@ -273,7 +280,7 @@ def get_contents(app: App, *, agent_id: Any = None, refs: Any = None) -> dict[st
         if record is None:
             missing.append(entry.ref)
             continue
-        served = serve(entry, record)
+        served = serve(entry, record, app)
         if isinstance(served, str):
             unresolved.append({"ref": entry.ref, "reason": served})
             continue
