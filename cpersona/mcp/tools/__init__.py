@@ -5,6 +5,7 @@ from __future__ import annotations
 from cpersona.mcp.registry import Registry
 from cpersona.mcp.tools import (
     admin,
+    associations,
     calibration,
     contents,
     episodes,
@@ -18,11 +19,12 @@ from cpersona.mcp.tools import (
     recall_context,
 )
 
-# The order tools/list shows, following the reference's: the pause, write, search (recall,
+# The order tools/list shows, following the reference's: the pause, write (store, then declare_associations
+# and traverse), search (recall,
 # recall_with_context, get_contents), profile, episodes, listings, administration, calibration, portability,
 # then operations (operating context, queue, channel migration, update check).
-_GROUPS = (persistence, memory, recall, recall_context, contents, profiles, episodes, listing, admin, calibration,
-           portability, operations)
+_GROUPS = (persistence, memory, associations, recall, recall_context, contents, profiles, episodes, listing, admin,
+           calibration, portability, operations)
 
 
 def default_registry() -> Registry:
