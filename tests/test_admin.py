@@ -7,6 +7,7 @@ in the database and through recall, so the full-text index is covered too.
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
@@ -24,6 +25,7 @@ from cpersona.mcp.pause_gate import PauseGate
 from cpersona.mcp.tools import default_registry
 from cpersona.services import admin
 from cpersona.services.app import App
+from cpersona.services.calibration_state import state_of, vector_threshold
 
 pytestmark = pytest.mark.anyio
 
@@ -377,10 +379,16 @@ async def test_delete_agent_data_refuses_the_empty_agent(app):  # spec DAD-5, §
 
 
 async def test_delete_agent_data_forgets_the_agents_calibration(app):  # spec DAD-2
-    app.extras["fused_gates"] = {"signal": "rrf", "global": 0.1, "agents": {"a": 0.2, "b": 0.3}}
+    state = state_of(app)
+    state.apply({("agent_thresholds", "a"): 0.41, ("agent_thresholds", "b"): 0.52, ("agent_betas", "a"): 2.0})
+    assert state.persist(app.settings).ok
+    assert vector_threshold(app, "a") == 0.41
     await remember(app, "x")
     await call(app, "delete_agent_data", agent_id="a")
-    assert app.extras["fused_gates"]["agents"] == {"b": 0.3}
+    assert vector_threshold(app, "a") == app.settings.vector_min_similarity and state.beta_override("a") is None
+    assert vector_threshold(app, "b") == 0.52
+    on_disk = json.loads(app.settings.calibration_sidecar.read_text())
+    assert on_disk["agent_thresholds"] == {"b": 0.52} and "a" not in on_disk.get("agent_betas", {})
 
 
 # -- declarations ------------------------------------------------------------------------------------

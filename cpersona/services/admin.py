@@ -29,6 +29,7 @@ from sqlalchemy import ColumnElement, Connection, delete, inspect, select, text,
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from cpersona.services import calibration
 from cpersona.services.app import App
 from cpersona.services.memories import embed_text
 from cpersona.services.nodes import QUEUED, queue_build, runs_past_window
@@ -303,14 +304,10 @@ def _delete_declarations(conn: Connection, agent_id: str) -> None:
 
 
 def _forget_calibration(app: App, agent_id: str) -> None:
-    """DAD-2: drop the agent's in-memory calibration (the fused-gate map of services/gate.py).
-
-    The calibration sidecar file belongs to the calibration feature, which must
-    remove the agent's entries there as well when it lands.
-    """
-    gates = app.extras.get("fused_gates")
-    if isinstance(gates, dict) and isinstance(gates.get("agents"), dict):
-        gates["agents"].pop(agent_id, None)
+    """DAD-2: after commit, the agent's threshold, gate and beta leave memory and the sidecar."""
+    if not calibration.forget_agent(app, agent_id):
+        log.warning("delete_agent_data %s: the calibration sidecar could not be rewritten; the agent's "
+                    "calibration is gone from this process but may come back from the file at restart", agent_id)
 
 
 def delete_agent_data(app: App, *, agent_id: Any = None, session_key: Any = "") -> dict[str, Any]:
