@@ -529,3 +529,39 @@ async def test_declare_associations_over_mcp(app, db: Database) -> None:  # §3,
     assert surrogate.is_error is False and answer["ok"] is False and answer["result"] == "rejected"
     assert (answer["entities"], answer["mentions"], answer["relations"], answer["dropped"]) == ([], 0, [], [])
     assert rows(db, "SELECT count(*) FROM relations") == [(0,)]
+
+
+# -- the operating context (OC-7 … OC-11) -------------------------------------------------------
+
+CONTEXT = '''\
+version = 1
+context_revision = "rev-7"
+
+[registry]
+project_ids = ["", "ops"]
+enforce = "{enforce}"
+
+[defaults]
+"claude-code" = "ops"
+'''
+
+
+def test_auto_project_and_the_registry(db: Database, tmp_path) -> None:  # spec §3.2, OC-8, OC-9, OC-11
+    from conftest import make_app
+
+    path = tmp_path / "ctx.toml"
+    path.write_text(CONTEXT.format(enforce="warn"), encoding="utf-8")
+    app = make_app(db, OPERATING_CONTEXT_PATH=str(path))
+    answer = declare_associations(app, agent_id="claude-code", project_id="@auto",
+                                  associations={"entities": [{"name": "Atlas"}]})
+    assert answer["ok"] is True and answer["resolved_project_id"] == "ops"
+    assert rows(db, "SELECT project_id FROM entities") == [("ops",)]
+    warned = declare_associations(app, agent_id="a", project_id="zzz", associations={"entities": [{"name": "B"}]})
+    assert warned["operating_context_warning"] == "project_id 'zzz' not in registry (rev rev-7)"
+
+    path.write_text(CONTEXT.format(enforce="reject"), encoding="utf-8")
+    refused = declare_associations(app, agent_id="a", project_id="zzz", associations={"entities": [{"name": "C"}]})
+    assert refused == {"ok": False, "result": "rejected", "entities": [], "mentions": 0, "relations": [],
+                       "dropped": [], "operating_context_revision": "rev-7",
+                       "error": "project_id 'zzz' not in registry (rev rev-7)"}
+    assert rows(db, "SELECT count(*) FROM entities") == [(2,)]

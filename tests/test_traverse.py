@@ -269,3 +269,20 @@ async def test_traverse_over_mcp(app) -> None:  # §5.1 schema bounds (G-3)
     assert good.is_error is False and good.structured_content["entities"][0]["name"] == "MizEye"
     assert too_far.is_error is True and "maximum of 5" in too_far.content[0].text
     assert no_limit.is_error is True and "minimum of 1" in no_limit.content[0].text
+
+
+def test_auto_project_is_resolved_for_the_read(db: Database, tmp_path) -> None:  # spec §5.2, OC-8, OC-11
+    from conftest import make_app
+
+    path = tmp_path / "ctx.toml"
+    path.write_text('version = 1\ncontext_revision = "r1"\n[registry]\nproject_ids = ["", "ops"]\n'
+                    'enforce = "reject"\n[defaults]\n"claude-code" = "ops"\n', encoding="utf-8")
+    app = make_app(db, OPERATING_CONTEXT_PATH=str(path))
+    declare(app, agent_id="claude-code", project_id="ops", associations={"entities": [{"name": "Atlas"}]})
+    declare(app, agent_id="claude-code", project_id="", associations={"entities": [{"name": "Atlas"}]})
+    answer = traverse(app, agent_id="claude-code", entity="atlas", project_id="@auto")
+    assert answer["resolved_project_id"] == "ops" and [e["id"] for e in answer["entities"]] == [1, 2]
+    # a read is warned, never refused, even in reject mode
+    other = traverse(app, agent_id="claude-code", entity="atlas", project_id="zzz")
+    assert other["operating_context_warning"] == "project_id 'zzz' not in registry (rev r1)"
+    assert [e["id"] for e in other["entities"]] == [2]
