@@ -209,3 +209,24 @@ async def test_through_the_facade(seeded):  # spec C-3, §12
     answer = await call_tool(seeded, registry, gates, "migrate_channel_axis", {"agent_id": "kai"})
     assert answer.payload["dry_run"] is True and answer.payload["recoverable_total"] == 4
     assert channels(seeded)[1] == "discord"
+
+
+@pytest.mark.anyio
+async def test_a_paused_real_run_is_a_dry_run(seeded):  # spec MC-6, P-11
+    pause_gate = pytest.importorskip("cpersona.mcp.pause_gate")
+    from cpersona.mcp.dispatch import call_tool
+    from cpersona.mcp.gates import GateChain
+    from cpersona.mcp.tools import default_registry
+    from cpersona.services.persistence import pause_persistence
+
+    pause_persistence(seeded, ttl_seconds=600, session_key="op")
+    gates = GateChain([pause_gate.PauseGate()])
+    answer = (await call_tool(seeded, default_registry(), gates, "migrate_channel_axis",
+                              {"agent_id": "kai", "dry_run": False, "session_key": "op"})).payload
+    assert (answer["dry_run"], answer["migrated"], answer["recoverable_total"]) == (True, 0, 4)
+    assert answer["repairs_skipped"] is True and "persisted" not in answer
+    assert answer["repairs_skip_reason"] == "no-persist mode active — dry_run forced"
+    assert channels(seeded)[1] == "discord"
+    other = (await call_tool(seeded, default_registry(), gates, "migrate_channel_axis",
+                             {"agent_id": "kai", "dry_run": False, "session_key": "someone-else"})).payload
+    assert other["migrated"] == 3  # P-14: another bucket is not paused
