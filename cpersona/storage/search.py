@@ -2,10 +2,11 @@
 
 Recall never writes SQL itself: it asks a :class:`SearchBackend` for ranked
 candidates (keyword search over memories and over episodes, the recency
-listing), for the size of the gated pool, for rows by reference and for the few
-scope facts the scoring step needs. ``search_sqlite`` serves them with FTS5
-trigram indexes; a PostgreSQL backend (pg_trgm) and the vector channel plug in
-behind the same interface.
+listing, the vector scan), for the size of the gated pool, for rows by
+reference and for the few scope facts the scoring step needs.
+``search_sqlite`` serves them with FTS5 trigram indexes and sqlite-vec
+(``vectors_sqlite``); a PostgreSQL backend (pg_trgm) plugs in behind the same
+interface.
 
 Every primitive takes a :class:`~cpersona.storage.scope.Scope` and applies it
 inside its own query (spec ISO-2): a result list is already isolated, so no
