@@ -21,6 +21,7 @@ from cpersona.mcp.registry import Registry, ToolSpec
 from cpersona.mcp.results import to_result
 from cpersona.mcp.tools import default_registry
 from cpersona.services.app import App
+from cpersona.services.operating_context import instructions_summary
 from cpersona.services.responses import failure
 
 log = logging.getLogger(__name__)
@@ -39,8 +40,12 @@ def declaration(spec: ToolSpec) -> types.Tool:
     )
 
 
-def instructions(registry: Registry) -> str:
-    """Guidance sent at initialize; it names only tools this server actually offers."""
+def instructions(registry: Registry, operator_summary: str | None = None) -> str:
+    """Guidance sent at initialize; it names only tools this server actually offers.
+
+    The operator's context summary follows verbatim after a blank line (spec
+    OC-4). It is read once here, so an edit needs a restart to reach clients.
+    """
     parts = ["cpersona is this agent's long-term memory: decisions, rules, preferences and findings from "
              "earlier sessions, kept as records that can be quoted."]
     reader = "reconstruct" if "reconstruct" in registry else "recall" if "recall" in registry else None
@@ -56,7 +61,8 @@ def instructions(registry: Registry) -> str:
     if maintenance:
         parts.append(f"The maintenance tools ({', '.join(maintenance)}) are for when the user asks about the "
                      "memory store itself.")
-    return " ".join(parts)
+    guidance = " ".join(parts)
+    return f"{guidance}\n\n{operator_summary}" if operator_summary else guidance
 
 
 def build_server(app: App, registry: Registry | None = None, gates: GateChain | None = None) -> Server[Any]:
@@ -83,7 +89,7 @@ def build_server(app: App, registry: Registry | None = None, gates: GateChain | 
     return Server(
         SERVER_NAME,
         version=__version__,  # our own version, not the SDK's (spec README decision 5)
-        instructions=instructions(registry),
+        instructions=instructions(registry, instructions_summary(app.settings)),
         get_tool_input_schema=input_schema,
         on_list_tools=on_list_tools,
         on_call_tool=on_call_tool,
