@@ -25,6 +25,8 @@ from typing import Any
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
+from cpersona.services.sanitize import has_lone_surrogate
+
 # Far above any legitimate call (a 16,000-char memory with 8,000 chars of
 # metadata, or recall_with_context carrying a few hundred turns) and far below
 # what would make a request expensive to walk, validate or store.
@@ -40,16 +42,6 @@ class ArgumentReport:
 
     bound_crossed: str | None = None
     lone_surrogate_at: str | None = None
-
-
-def has_lone_surrogate(text: str) -> bool:
-    # A lone surrogate is the one thing a Python str can hold that UTF-8 cannot
-    # encode; encoding is a C loop, so this stays cheap on a 5 MB string.
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return True
-    return False
 
 
 def _child_path(path: str, key: Any) -> str:

@@ -111,6 +111,19 @@ def check_json_size(name: str, serialized: str, cap: int) -> str | None:
     return None
 
 
+def has_lone_surrogate(text: str) -> bool:
+    """True if ``text`` holds a lone UTF-16 surrogate.
+
+    It is the one thing a Python str can hold that UTF-8 cannot encode, and
+    encoding is a C loop, so this stays cheap on a multi-megabyte string.
+    """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
 def find_lone_surrogate(*values: Any) -> bool:
     """True if any string in ``values`` (nested in dicts/lists too) holds a lone surrogate.
 
@@ -122,7 +135,7 @@ def find_lone_surrogate(*values: Any) -> bool:
     while stack:
         value = stack.pop()
         if isinstance(value, str):
-            if any("\ud800" <= ch <= "\udfff" for ch in value):
+            if has_lone_surrogate(value):
                 return True
         elif isinstance(value, dict):
             stack.extend(value.keys())
