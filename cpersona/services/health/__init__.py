@@ -1,0 +1,1 @@
+"""Health checks: the registry, check_health, deep_check, the findings pull (spec health.md)."""

@@ -1,0 +1,146 @@
+"""Checks 30-38: configuration, index files, operating context, file modes, derived rows (spec R-42..R-50).
+
+Several of these watch features this build does not have (contiguous, coarse and
+block index files, record blocks — spec README decision 6). They stay registered
+so the registry, ``checks_run`` and the count are stable (spec §9 open point 3),
+and in the "feature off" state they report nothing.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import stat
+from pathlib import Path
+
+from cpersona.services.health.registry import Check, Ctx, Issue
+from cpersona.services.operating_context import SUMMARY_SIZE_HINT, read_state
+from cpersona.services.calibration_sidecar import glob_escape
+
+
+def _nothing(ctx: Ctx) -> list[Issue]:
+    return []
+
+
+def _no_repair(ctx: Ctx, issues: list[Issue]) -> None:
+    return None
+
+
+# -- 30: vector_fallback_config -----------------------------------------------------------------
+
+
+def detect_vector_fallback(ctx: Ctx) -> list[Issue]:
+    s = ctx.settings
+    if s.vector_search_mode != "remote" or s.store_blob:
+        return []
+    where, params = ctx.where()
+    r = ctx.rows(f"SELECT COUNT(*) AS n, COALESCE(SUM(embedding IS NOT NULL), 0) AS e FROM memories WHERE {where}",
+                 **params)[0]
+    return [{"type": "no_local_vector_fallback", "vector_search_mode": s.vector_search_mode,
+             "store_blob": s.store_blob, "memories": r.n, "memories_with_local_embedding": int(r.e),
+             "hint": "no local vectors are kept: a remote /search outage would leave keyword-only recall; set "
+                     "CPERSONA_STORE_BLOB=true to keep a local fallback"}]
+
+
+# -- 34, 35: operating context --------------------------------------------------------------------
+
+
+def detect_context_parse(ctx: Ctx) -> list[Issue]:
+    state = read_state(ctx.settings)
+    if state.status != "unusable":
+        return []
+    issue: Issue = {"type": "operating_context_parse_error"}
+    if not ctx.scoped:
+        issue["path"] = str(state.path)  # R-10: paths only on whole-database calls
+    issue["detail"] = state.error
+    issue["hint"] = "operating context is dormant until the sidecar parses; edit the file"
+    return [issue]
+
+
+def detect_context_size(ctx: Ctx) -> list[Issue]:
+    context = read_state(ctx.settings).active
+    if context is None or len(context.summary) <= SUMMARY_SIZE_HINT:
+        return []
+    issue: Issue = {"type": "operating_context_summary_oversized"}
+    if not ctx.scoped:
+        issue["path"] = str(read_state(ctx.settings).path)
+    issue.update(summary_len=len(context.summary), budget=SUMMARY_SIZE_HINT,
+                 hint="clients get this summary at every connection; move detail into [[doctrine]] sections")
+    return [issue]
+
+
+# -- 36: file_permissions -----------------------------------------------------------------------
+
+
+def server_files(ctx: Ctx) -> list[tuple[Path, str]]:
+    """(path, what it holds) for every file the server keeps beside the database (R-48)."""
+    s = ctx.settings
+    db = Path(ctx.app.db.path or s.db_file)
+    files = [(db, "the memory database"), (Path(f"{db}-wal"), "the database's write-ahead log"),
+             (Path(f"{db}-shm"), "the database's shared-memory index"),
+             (s.calibration_sidecar, "calibrated thresholds")]
+    files += [(Path(p), "a calibration backup")
+              for p in sorted(glob.glob(glob_escape(str(s.calibration_sidecar)) + ".before-*"))]
+    files += [(s.update_check_cache, "the update-check cache"), (s.alias_ledger_path, "the alias ledger")]
+    for table in ("memories", "episodes"):
+        files.append((Path(f"{db}.{table}.vecindex"), "a vector index"))
+        files.append((Path(f"{db}.{table}.coarseindex"), "a coarse vector index"))
+    files.append((Path(f"{db}.blocks.blockindex"), "the block index"))
+    return [(p, holds) for p, holds in files if p.is_file()]
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def detect_permissions(ctx: Ctx) -> list[Issue]:
+    if os.name == "nt":
+        return []  # permission bits are not the access control there
+    issues: list[Issue] = []
+    for path, holds in server_files(ctx):
+        mode = _mode(path)
+        if mode & 0o077:
+            issue: Issue = {"type": "file_reachable_by_other_accounts"}
+            if not ctx.scoped:
+                issue["path"] = str(path)
+            issue.update(mode=f"{mode:04o}", holds=holds, writable_by_others=bool(mode & 0o022), repairable=1,
+                         hint="fix narrows it to 0600 (owner only)")
+            issues.append(issue)
+    directory = Path(ctx.app.db.path or ctx.settings.db_file).parent
+    if directory.is_dir() and (mode := _mode(directory)) & 0o077:
+        issue = {"type": "directory_reachable_by_other_accounts"}
+        if not ctx.scoped:
+            issue["path"] = str(directory)
+        issue.update(mode=f"{mode:04o}", holds="the files above", writable_by_others=bool(mode & 0o022),
+                     repairable=0,
+                     hint="reported, not narrowed: this directory can hold files this package did not place, so "
+                          "chmod 700 it yourself once no other account needs to traverse it")
+        issues.append(issue)
+    return issues
+
+
+def repair_permissions(ctx: Ctx, issues: list[Issue]) -> None:
+    # Same order as detection, so the n-th file issue is the n-th reachable file
+    # (agent-scoped issues carry no path to match on).
+    reachable = [p for p, _ in server_files(ctx) if _mode(p) & 0o077]
+    file_issues = [i for i in issues if i["type"] == "file_reachable_by_other_accounts"]
+    for path, issue in zip(reachable, file_issues):
+        try:
+            os.chmod(path, _mode(path) & 0o600)  # only ever removes bits
+            issue["fixed"] = not (_mode(path) & 0o077)
+        except OSError as exc:
+            issue["fixed"], issue["fix_error"] = False, str(exc)
+
+
+CHECKS = [
+    Check("vector_fallback_config", "info", detect_vector_fallback),
+    Check("vector_index", "info", _nothing),
+    Check("coarse_index", "info", _nothing, _no_repair, cross_agent=True),
+    Check("block_index", "info", _nothing, _no_repair, cross_agent=True),
+    Check("operating_context_parse", "warn", detect_context_parse),
+    Check("operating_context_size", "info", detect_context_size),
+    Check("file_permissions", "warn", detect_permissions, repair_permissions, cross_agent=True,
+          whole_database=True),
+    Check("missing_nodes", "info", _nothing, _no_repair),
+    Check("missing_blocks", "info", _nothing, _no_repair),
+]

@@ -1,0 +1,301 @@
+"""Checks 11-15: FTS, schema and file integrity (spec R-23..R-27).
+
+All five look at the whole database whatever agent the call names (R-10).
+The canonical definitions of indexes and triggers are read from the Alembic
+revisions, the single copy of our DDL, so this check cannot drift from them.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy.exc import DBAPIError
+
+from cpersona.services.health.registry import Check, Ctx, Issue, has_object
+from cpersona.storage.engine import sqlite_module
+from cpersona.storage.migrate import REFERENCE_VERSION, _script
+
+FTS = {"memories_fts": "memories", "episodes_fts": "episodes"}
+_NAME = re.compile(r"^CREATE\s+(UNIQUE\s+)?(INDEX|TRIGGER)\s+(IF\s+NOT\s+EXISTS\s+)?(\w+)\s+", re.I)
+_ON = re.compile(r"\bON\s+(\w+)", re.I)
+_CRITICAL = frozenset({
+    "idx_memories_dedup_content", "idx_memories_dedup_msg_id",
+    "memories_fts_ai", "memories_fts_ad", "memories_fts_au", "episodes_ai", "episodes_ad", "episodes_au",
+    "record_nodes_memories_ad", "record_nodes_memories_au", "record_nodes_episodes_ad", "record_nodes_episodes_au",
+    "associations_entities_ad", "associations_memories_ad", "associations_episodes_ad",
+})
+FTS_TRIGGERS = frozenset({"memories_fts_ai", "memories_fts_ad", "memories_fts_au",
+                          "episodes_ai", "episodes_ad", "episodes_au"})
+# Canonical names the spec lists for features this build does not have (blocks, vector
+# logs, folders, ...) are absent from our revisions, so they are never expected here.
+
+
+def _sqlite(ctx: Ctx) -> bool:
+    return ctx.app.db.is_sqlite
+
+
+# -- 11: fts_integrity --------------------------------------------------------------------------
+
+
+def _integrity_statements(fts: str) -> tuple[str, str]:
+    return (f"INSERT INTO {fts} ({fts}, rank) VALUES ('integrity-check', 1)",
+            f"INSERT INTO {fts} ({fts}) VALUES ('integrity-check')")
+
+
+def _verify_on(execute: Any, fts: str) -> bool:
+    """True when the index verifies; a structural check stands in where the content form fails to run."""
+    full, structural = _integrity_statements(fts)
+    try:
+        execute(full)
+        return True
+    except Exception as exc:  # noqa: BLE001 — the message tells corruption from "unsupported"
+        if "corrupt" in str(exc).lower() or "malformed" in str(exc).lower():
+            return False
+    try:
+        execute(structural)
+    except Exception:  # noqa: BLE001
+        return False
+    return True
+
+
+def _verify_report(ctx: Ctx, fts: str) -> bool:
+    # H-13: the statement opens an implicit write transaction; on its own autocommit
+    # connection it ends with the statement instead of holding the lock for the run.
+    raw = ctx.app.db.engine.raw_connection()
+    try:
+        return _verify_on(lambda sql: raw.driver_connection.execute(sql), fts)
+    finally:
+        raw.close()
+
+
+def _verify_fix(ctx: Ctx, fts: str) -> bool:
+    def execute(sql: str) -> None:
+        with ctx.conn.begin_nested():
+            ctx.conn.exec_driver_sql(sql)
+    return _verify_on(execute, fts)
+
+
+def detect_fts(ctx: Ctx) -> list[Issue]:
+    if not ctx.settings.fts_enabled or not _sqlite(ctx):
+        return []
+    issues = []
+    for fts, table in FTS.items():
+        if has_object(ctx.conn, "table", fts):
+            ok = _verify_fix(ctx, fts) if ctx.fix else _verify_report(ctx, fts)
+            if ok:
+                continue
+        issues.append({"type": "fts_integrity_failure", "table": table, "severity": "critical", "repairable": 1})
+    return issues
+
+
+def repair_fts(ctx: Ctx, issues: list[Issue]) -> None:
+    ddl = dict(zip(FTS, _revision_module("0001_v13").FTS_TABLES_DDL))
+    for issue in issues:
+        fts = f"{issue['table']}_fts"
+        try:
+            with ctx.conn.begin_nested():
+                ctx.conn.exec_driver_sql(ddl[fts])
+                ctx.conn.exec_driver_sql(f"INSERT INTO {fts} ({fts}) VALUES ('rebuild')")
+            issue["fixed"] = _verify_fix(ctx, fts)
+        except DBAPIError as exc:
+            issue["fixed"], issue["fix_error"] = False, str(exc.orig)
+
+
+# -- 12: schema_version -------------------------------------------------------------------------
+
+
+def detect_schema_version(ctx: Ctx) -> list[Issue]:
+    # R-24: an unreadable version raises (the runner reports check_crashed), never reads as current.
+    version = ctx.scalar("SELECT MAX(version) FROM schema_version")
+    if version is None or int(version) != REFERENCE_VERSION:
+        return [{"type": "schema_version_mismatch", "db_version": version, "expected": REFERENCE_VERSION}]
+    return []
+
+
+# -- 13: dedup_msg_id_index ---------------------------------------------------------------------
+
+MSG_ID_INDEX = "idx_memories_dedup_msg_id"
+
+
+def detect_msg_id_index(ctx: Ctx) -> list[Issue]:
+    if not ctx.has_table("memories") or has_object(ctx.conn, "index", MSG_ID_INDEX):
+        return []
+    return [{"type": "dedup_msg_id_index_missing", "object": MSG_ID_INDEX, "repairable": 1}]
+
+
+def repair_msg_id_index(ctx: Ctx, issues: list[Issue]) -> None:
+    # R-25, every agent: keep the msg_id of the highest-id locked row (else the highest id)
+    # and blank it on the other unlocked rows of the group. No row is deleted.
+    ctx.run(
+        "UPDATE memories SET msg_id = '' WHERE locked = 0 AND msg_id != '' AND id != ("
+        " SELECT k.id FROM memories k WHERE k.agent_id = memories.agent_id AND k.project_id = memories.project_id"
+        " AND k.msg_id = memories.msg_id ORDER BY k.locked DESC, k.id DESC LIMIT 1)")
+    statement = next(s for s in _canonical_statements().values() if s.name == MSG_ID_INDEX).sql
+    for issue in issues:
+        try:
+            with ctx.conn.begin_nested():
+                ctx.conn.exec_driver_sql(statement)
+            issue["fixed"] = True
+        except DBAPIError as exc:
+            issue["fixed"], issue["fix_error"] = False, f"locked rows still collide on msg_id: {exc.orig}"
+
+
+# -- 14: schema_objects -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Canonical:
+    name: str
+    kind: str  # index | trigger
+    table: str
+    sql: str
+    unique: bool
+
+    @property
+    def severity(self) -> str:
+        return "critical" if self.name in _CRITICAL else "warn"
+
+
+def _revision_module(revision: str) -> Any:
+    return _script().get_revision(revision).module
+
+
+def _statements(module: Any) -> Iterator[str]:
+    for value in vars(module).values():
+        if isinstance(value, tuple):
+            yield from (v for v in value if isinstance(v, str))
+
+
+@functools.cache
+def _canonical_statements() -> dict[str, Canonical]:
+    found: dict[str, Canonical] = {}
+    for revision in reversed(list(_script().walk_revisions())):
+        for sql in _statements(revision.module):
+            match = _NAME.match(sql.strip())
+            if not match:
+                continue
+            on = _ON.search(sql[match.end(0) - 1:])
+            table = on.group(1) if on else ""
+            kind = match.group(2).lower()
+            found[match.group(4)] = Canonical(match.group(4), kind, table, sql, bool(match.group(1)))
+    return found
+
+
+def canonical_form(sql: str | None) -> str:
+    """Whitespace collapsed, double quotes and IF NOT EXISTS removed, upper-cased (R-26)."""
+    if not sql:
+        return ""
+    flat = " ".join(sql.replace('"', "").split()).upper()
+    return flat.replace(" IF NOT EXISTS", "").replace("( ", "(").replace(" )", ")")
+
+
+def expected_objects(ctx: Ctx) -> list[Canonical]:
+    out = []
+    for obj in _canonical_statements().values():
+        if obj.kind == "trigger" and obj.name in FTS_TRIGGERS and not ctx.settings.fts_enabled:
+            continue
+        if obj.table and not has_object(ctx.conn, "table", obj.table):
+            continue  # the feature's tables are absent: nothing there to guard
+        out.append(obj)
+    return out
+
+
+def _drift(ctx: Ctx) -> list[tuple[Canonical, str, str | None]]:
+    out = []
+    for obj in expected_objects(ctx):
+        stored = ctx.scalar("SELECT sql FROM sqlite_master WHERE type = :k AND name = :n", k=obj.kind, n=obj.name)
+        if stored is None:
+            out.append((obj, "missing", None))
+        elif canonical_form(stored) != canonical_form(obj.sql):
+            out.append((obj, "definition_drift", stored))
+    return out
+
+
+def detect_schema_objects(ctx: Ctx) -> list[Issue]:
+    if not _sqlite(ctx):
+        return []
+    return [{"type": "schema_object_drift", "object": obj.name, "kind": obj.kind, "state": state,
+             "severity": obj.severity, "repairable": 1} for obj, state, _ in _drift(ctx)]
+
+
+def _duplicate_groups(ctx: Ctx, obj: Canonical) -> int:
+    if obj.name == "idx_memories_dedup_content":
+        sql = ("SELECT COUNT(*) FROM (SELECT 1 FROM memories GROUP BY agent_id, project_id, channel, content "
+               "HAVING COUNT(*) > 1)")
+    elif obj.name == MSG_ID_INDEX:
+        sql = ("SELECT COUNT(*) FROM (SELECT 1 FROM memories WHERE msg_id != '' "
+               "GROUP BY agent_id, project_id, msg_id HAVING COUNT(*) > 1)")
+    else:
+        return 0
+    return int(ctx.scalar(sql))
+
+
+def repair_schema_objects(ctx: Ctx, issues: list[Issue]) -> None:
+    drifted = {obj.name: (obj, stored) for obj, _, stored in _drift(ctx)}
+    for issue in issues:
+        obj, stored = drifted.get(issue["object"], (None, None))
+        if obj is None:
+            issue["fixed"] = True  # repaired earlier in this run (dedup_msg_id_index)
+            continue
+        if obj.unique and (groups := _duplicate_groups(ctx, obj)):
+            issue["fixed"] = False
+            issue["fix_error"] = (f"{groups} duplicate group(s) across all agents would violate {obj.name}; "
+                                  "resolve them (duplicate_content / dedup_msg_id_index) first")
+            continue
+        try:
+            with ctx.conn.begin_nested():
+                if stored is not None:
+                    ctx.conn.exec_driver_sql(f"DROP {obj.kind.upper()} IF EXISTS {obj.name}")
+                ctx.conn.exec_driver_sql(obj.sql)
+            issue["fixed"] = True
+        except DBAPIError as exc:
+            # The savepoint undid the drop too, so the previous definition is back in place.
+            issue["fixed"], issue["fix_error"] = False, str(exc.orig)
+            if stored is not None:
+                issue["restored"] = True
+
+
+# -- 15: sqlite_integrity -----------------------------------------------------------------------
+
+
+def _quick_check_fresh(path: Any) -> list[str]:
+    module = sqlite_module()
+    conn = module.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        return [str(r[0]) for r in conn.execute("PRAGMA quick_check").fetchall()]
+    finally:
+        conn.close()
+
+
+def detect_sqlite_integrity(ctx: Ctx) -> list[Issue]:
+    if not _sqlite(ctx):
+        return []
+    try:
+        messages = [str(r[0]) for r in ctx.rows("PRAGMA quick_check")]
+    except DBAPIError as exc:
+        messages = [str(exc.orig)]
+    if messages == ["ok"]:
+        return []
+    # R-27: rule out a stale structure cache of this connection before reporting damage.
+    if ctx.app.db.path is not None:
+        try:
+            messages = _quick_check_fresh(ctx.app.db.path)
+        except Exception as exc:  # noqa: BLE001 — an unreadable file is the finding itself
+            messages = [str(exc)]
+        if messages == ["ok"]:
+            return []
+    return [{"type": "sqlite_integrity_failure", "detail": "; ".join(messages[:10]), "severity": "critical"}]
+
+
+CHECKS = [
+    Check("fts_integrity", "warn", detect_fts, repair_fts, whole_database=True),
+    Check("schema_version", "critical", detect_schema_version, whole_database=True),
+    Check("dedup_msg_id_index", "critical", detect_msg_id_index, repair_msg_id_index, cross_agent=True,
+          whole_database=True),
+    Check("schema_objects", "critical", detect_schema_objects, repair_schema_objects, whole_database=True),
+    Check("sqlite_integrity", "critical", detect_sqlite_integrity, whole_database=True),
+]
