@@ -9,6 +9,7 @@ from cpersona.mcp.tools import (
     calibration,
     contents,
     episodes,
+    health,
     listing,
     memory,
     operations,
@@ -22,9 +23,9 @@ from cpersona.mcp.tools import (
 # The order tools/list shows, following the reference's: the pause, write (store, then declare_associations
 # and traverse), search (recall,
 # recall_with_context, get_contents), profile, episodes, listings, administration, calibration, portability,
-# then operations (operating context, queue, channel migration, update check).
+# health, then operations (operating context, queue, channel migration, update check).
 _GROUPS = (persistence, memory, associations, recall, recall_context, contents, profiles, episodes, listing, admin,
-           calibration, portability, operations)
+           calibration, portability, health, operations)
 
 
 def default_registry() -> Registry:
