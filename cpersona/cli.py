@@ -13,7 +13,7 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 
-from cpersona import __version__, admin_cli
+from cpersona import __version__, admin_cli, checkup
 
 log = logging.getLogger("cpersona")
 
@@ -33,6 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     commands.add_parser("serve", help="serve MCP on the transport CPERSONA_TRANSPORT names (the default command)")
     admin_cli.add_subcommands(commands)  # export, import, stats, import-db
+    checkup.add_arguments(commands.add_parser(
+        "checkup", help="run the health registry against the database (exit 2 on critical, 1 with --strict on warn)"))
     return parser
 
 
@@ -139,4 +141,5 @@ def serve(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {"serve": serve, **admin_cli.COMMANDS}
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {"serve": serve, **admin_cli.COMMANDS,
+                                                            "checkup": checkup.run}
