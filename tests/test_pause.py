@@ -444,6 +444,22 @@ async def test_migrate_is_forced_to_a_dry_run(app):  # spec P-11, MC-6
     assert seen[-1]["dry_run"] is True and "repairs_skipped" not in default and "persisted" not in default
 
 
+async def test_the_real_migrate_tool_changes_nothing_while_paused(app):  # spec MC-6, P-11
+    if "migrate_channel_axis" not in REGISTRY:
+        pytest.skip("migrate_channel_axis is not registered in this build")
+    await call(app, "store", agent_id="kai", content="from discord", channel="discord",
+               metadata={"session_id": "1122334455:77:0"})
+    before = snapshot(app)
+    await call(app, "pause_persistence")
+    answer = await call(app, "migrate_channel_axis", agent_id="kai", dry_run=False)
+    assert answer["dry_run"] is True and answer["recoverable_total"] == 1 and answer["migrated"] == 0
+    assert answer["repairs_skipped"] is True and answer["repairs_skip_reason"] == "no-persist mode active — dry_run forced"
+    assert "persisted" not in answer
+    assert snapshot(app) == before
+    await call(app, "resume_persistence")
+    assert (await call(app, "migrate_channel_axis", agent_id="kai", dry_run=False))["migrated"] == 1
+
+
 @pytest.mark.parametrize("tool", ["check_health", "deep_check"])
 async def test_health_tools_are_downgraded_to_report_only(app, tool):  # spec P-11
     seen: list[dict[str, Any]] = []
