@@ -1,0 +1,147 @@
+"""Stage 1b: the candidate pool — one recall, depth ``top_k`` (RX-9 … RX-13).
+
+The recall is composed from recall's own stages (retrievers, fusion, episode
+penalty, gate, autocut) rather than called as a tool, for two reasons: the cue
+terms of RX-8 must reach the lexical arms only, and reconstruct must leave
+every stored row as it found it — so the recall counters are not bumped.
+Alongside the admitted rows one *keyword seat* holds the best row only the
+lexical arms found, if the gate or the depth left it out (RX-9).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import select
+
+from cpersona.services.advisory import advisory
+from cpersona.services.app import App
+from cpersona.services.gate import apply_gate, autocut, calibrated_gate_for
+from cpersona.services.recall import RecallRequest, apply_episode_penalty, depth_for, fuse, parse_instant
+from cpersona.services.retrievers import Retrieval, exclusion, retrieve, search_backend
+from cpersona.services.update_check import recall_update_notice
+from cpersona.storage.models import Episode, Memory
+from cpersona.storage.search import Record
+
+LEXICAL = ("episodes", "memories")
+
+
+@dataclass(slots=True)
+class Candidate:
+    """A candidate row with what bundling needs to know about it."""
+
+    rank: int  # 0 = most relevant
+    record: Record
+    held: bool = False  # admitted by a reservation seat, not by the gate (RX-10)
+    context: tuple[str, str] | None = None  # (project_id, channel); None when the row vanished
+    stamp: datetime | None = None  # None = undated
+    span: tuple[datetime, datetime] | None = None  # episodes: [start, end]
+
+    @property
+    def ref(self) -> str:
+        return self.record.ref
+
+    @property
+    def kind(self) -> str:
+        return self.record.kind
+
+    def source_key(self) -> tuple[str, str] | None:
+        """(type, id) of the producer when it names one (RX-16: source alone is never enough)."""
+        try:
+            source = json.loads(self.record.source) if self.record.source else {}
+        except ValueError:
+            return None
+        if not isinstance(source, dict):
+            return None
+        kind, ident = source.get("type"), source.get("id")
+        if not isinstance(ident, str) or not ident:
+            return None
+        return (str(kind), ident)
+
+
+@dataclass(slots=True)
+class Pool:
+    candidates: list[Candidate] = field(default_factory=list)  # rank order, best first
+    excluded_without_provenance: int = 0
+    admitted: int = 0  # rows the gate admitted (RX-11 compares this with top_k)
+    notices: dict[str, Any] = field(default_factory=dict)
+    query_vector: bytes | None = None
+
+
+def _with_terms(app: App, req: RecallRequest, found: Retrieval, terms: list[str], depth: int) -> None:
+    """RX-8: re-run the lexical arms with the extra terms OR-ed in; the vector lists stay as they are."""
+    backend = search_backend(app)
+    excluded = exclusion(())
+    widened = " ".join([req.query, *(f'"{t}"' for t in terms if len(t) >= 3)])
+    query = req.retriever_query()
+    kept = [lst for lst in found.lists if lst.channel not in LEXICAL]
+    found.lists = kept
+    if query.episodes_apply:
+        found.add("episodes", backend.keyword_episodes(query.scope, widened, depth), excluded)
+    found.add("memories", backend.keyword_memories(query.scope, widened, depth, source_id=req.source_id).hits,
+              excluded)
+
+
+def candidate_pool(app: App, req: RecallRequest, terms: list[str]) -> Pool:
+    """RX-9 … RX-12: the rows one recall of depth ``top_k`` returns, best first, plus its notices."""
+    settings = app.settings
+    pool = Pool()
+    backend = search_backend(app)
+    depth = depth_for(app, req)
+    found = retrieve(app, backend, req.retriever_query(), depth, exclusion(()))
+    if terms and not req.blank:
+        _with_terms(app, req, found, terms, depth)
+    pool.query_vector = found.query_vector
+    if (notice := advisory(app, req.session_key)) is not None:
+        pool.notices["advisory"] = notice
+    if (update := recall_update_notice(app, req.session_key)) is not None:
+        pool.notices["update"] = update
+    fused = fuse(app, req, found, backend.profile(req.agent_id))
+    legacy = settings.confidence_enabled and settings.confidence_ordering == "legacy"
+    fused = apply_episode_penalty(app, backend, req.scope, fused, legacy=legacy)
+    gate = calibrated_gate_for(app.extras, req.agent_id, enabled=settings.fused_gate_enabled)
+    rows = apply_gate(fused, pool=backend.pool_count(req.scope), query_blank=req.blank, deep=req.deep,
+                      rrf_k=settings.rrf_k, calibrated=gate)
+    if settings.autocut_enabled:
+        rows = autocut(rows, min_results=settings.autocut_min_results, min_gap_ratio=settings.autocut_min_gap_ratio)
+    rows = rows[: req.limit]
+    pool.admitted = sum(1 for r in rows if not r.is_profile)
+    taken = {r.key for r in rows}
+    for row in rows:
+        if row.record is None:
+            pool.excluded_without_provenance += 1  # the injected profile row has no ref (RX-10)
+            continue
+        pool.candidates.append(Candidate(len(pool.candidates), row.record))
+    if not req.blank:
+        lexical = {key for lst in found.lists if lst.channel in LEXICAL for key in (e.key for e in lst.entries)}
+        seat = next((r for r in fused if r.record is not None and r.key in lexical and r.key not in taken
+                     and r.key not in found.cosines), None)
+        if seat is not None:
+            pool.candidates.append(Candidate(len(pool.candidates), seat.record, held=True))
+    _read_context(app, pool.candidates)
+    return pool
+
+
+def _read_context(app: App, candidates: list[Candidate]) -> None:
+    """Each candidate's project and channel, timestamp and (episodes) span (§8.5, last paragraph)."""
+    mem_ids = [c.record.id for c in candidates if c.kind == "mem"]
+    ep_ids = [c.record.id for c in candidates if c.kind == "ep"]
+    with app.db.read() as session:
+        mems = {row.id: row for row in session.execute(
+            select(Memory.id, Memory.project_id, Memory.channel).where(Memory.id.in_(mem_ids)))} if mem_ids else {}
+        eps = {row.id: row for row in session.execute(
+            select(Episode.id, Episode.project_id, Episode.channel, Episode.start_time, Episode.end_time)
+            .where(Episode.id.in_(ep_ids)))} if ep_ids else {}
+    for cand in candidates:
+        row = (mems if cand.kind == "mem" else eps).get(cand.record.id)
+        cand.stamp = parse_instant(cand.record.timestamp) if cand.record.timestamp else None
+        if row is None:
+            continue
+        cand.context = (row.project_id or "", row.channel or "")
+        if cand.kind == "ep" and row.start_time and row.end_time:
+            start, end = parse_instant(row.start_time), parse_instant(row.end_time)
+            if start is not None and end is not None:
+                cand.span = (start, end)

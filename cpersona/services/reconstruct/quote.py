@@ -1,0 +1,180 @@
+"""Stage 5: quoting — which verbatim parts of a record an item shows (RX-30 … RX-32).
+
+No block rows are built by this server, so head quotes divide the text at
+read time and rank the passages lexically (``quote_basis: "lexical"``, spec
+§12 point 8). Excerpts use a record's current node set when it has one.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from cpersona.services.contents import revision_of
+from cpersona.services.nodes import current_nodes, node_rows
+
+FORCE_CUT = 739  # longest read-time block (§7.4)
+GOVERNING_MAX = 1478  # longest governing range (§7.4)
+SEPARATOR = " \u2026 "
+_CUTS = re.compile(r"\n[ \t]*\n|\n|[。．！？]|[.!?](?=\s|\Z)")
+_WEAK = re.compile(r"[、，,;；:：]")
+_SENTENCE_END = tuple("。！？．.!?…")
+_QUALIFIERS_JA = ("ただし", "但し", "ただ、", "しかし", "しかしながら", "だが", "ですが", "でも、", "なお", "とはいえ",
+                  "一方", "他方", "その代わり", "代わりに")
+_QUALIFIERS_EN = ("except", "however", "but ", "although", "though", "unless", "instead", "on the other hand",
+                  "that said", "caveat", "note that", "provided that", "in fact", "actually")
+
+
+def _force_split(start: int, end: int, text: str) -> list[tuple[int, int]]:
+    pieces = []
+    while end - start > FORCE_CUT:
+        window = text[start:start + FORCE_CUT]
+        cut = 0
+        for pattern in (_WEAK, re.compile(r"\s")):
+            ends = [m.end() for m in pattern.finditer(window) if m.end() >= FORCE_CUT // 2]
+            if ends:
+                cut = ends[-1]
+                break
+        cut = cut or FORCE_CUT
+        pieces.append((start, start + cut))
+        start += cut
+    pieces.append((start, end))
+    return pieces
+
+
+def divide(text: str) -> list[tuple[int, int]]:
+    """§7.4's division at read time (no node cuts, no fences or brackets considered)."""
+    cuts = sorted({m.end() for m in _CUTS.finditer(text)} | {len(text)})
+    spans, start = [], 0
+    for cut in cuts:
+        if cut > start:
+            spans.extend(_force_split(start, cut, text))
+            start = cut
+    merged: list[tuple[int, int]] = []
+    for span in spans:  # whitespace-only pieces join the next piece
+        if merged and not text[merged[-1][0]:merged[-1][1]].strip() and span[1] - merged[-1][0] <= FORCE_CUT:
+            span = (merged.pop()[0], span[1])
+        merged.append(span)
+    if len(merged) > 1 and not text[merged[-1][0]:merged[-1][1]].strip():
+        last = merged.pop()
+        merged[-1] = (merged[-1][0], last[1])
+    return merged
+
+
+def _ends_sentence(piece: str) -> bool:
+    return piece.rstrip().endswith(_SENTENCE_END)
+
+
+def _qualified(piece: str) -> bool:
+    head = piece.lstrip()
+    return head.startswith(_QUALIFIERS_JA) or head.lower().startswith(_QUALIFIERS_EN)
+
+
+def governing(text: str, blocks: list[tuple[int, int]], i: int) -> tuple[int, int, bool]:
+    """§7.4: grow block i to a self-contained range; False when the 1,478 limit stopped it."""
+    first = last = i
+    while True:
+        start, end = blocks[first][0], blocks[last][1]
+        if first > 0 and (not _ends_sentence(text[blocks[first - 1][0]:blocks[first - 1][1]])
+                          or _qualified(text[start:end])):
+            if end - blocks[first - 1][0] > GOVERNING_MAX:
+                return start, end, False
+            first -= 1
+        elif last + 1 < len(blocks) and (not _ends_sentence(text[start:end])
+                                         or _qualified(text[blocks[last + 1][0]:])):
+            if blocks[last + 1][1] - start > GOVERNING_MAX:
+                return start, end, False
+            last += 1
+        else:
+            return start, end, True
+
+
+def _trigrams(text: str) -> set[str]:
+    low = text.lower()
+    return {low} if len(low) < 3 else {low[i:i + 3] for i in range(len(low) - 2)}
+
+
+def rank_spans(text: str, spans: list[tuple[int, int]], query: str, rrf_k: int) -> list[int]:
+    """RX-30 with the lexical list only: distinct query trigrams found, dense ranks, ties to the earlier span."""
+    wanted = _trigrams(query) if query.strip() else set()
+    scores = [len(wanted & _trigrams(text[s:e])) for s, e in spans]
+    dense = {v: r for r, v in enumerate(sorted(set(scores), reverse=True))}
+    fused = [1.0 / (rrf_k + 1 + dense[v]) for v in scores]
+    return sorted(range(len(spans)), key=lambda i: (-fused[i], i))
+
+
+@dataclass(slots=True)
+class Quote:
+    content: str
+    fields: dict[str, Any] = field(default_factory=dict)  # content_len, ranges, expand, node, ...
+    basis: str = "whole"
+
+
+def head_quote(ref: str, text: str, query: str, cap: int, rrf_k: int) -> Quote:
+    """RX-31: whole text when it fits, else the best passages in text order up to ``cap``."""
+    if len(text) <= cap:
+        return Quote(text, {"ranges": [[0, len(text)]]})
+    blocks = divide(text)
+    if len(blocks) <= 1:
+        return Quote(text[:cap], {"content_len": len(text), "ranges": [[0, cap]],
+                                  "expand": {"ref": ref, "span": [0, len(text)], "revision": revision_of(text)}},
+                     basis="start")
+    taken: list[tuple[int, int]] = []
+    used = 0
+    severed: tuple[int, int] | None = None
+    incomplete = False
+    for i in rank_spans(text, blocks, query, rrf_k):
+        b = blocks[i]
+        if any(s <= b[0] and b[1] <= e for s, e in taken):
+            continue
+        start, end, complete = governing(text, blocks, i)
+        if any(start < e and s < end for s, e in taken):
+            continue
+        touches = any(start == e or end == s for s, e in taken)
+        cost = (end - start) + (3 if taken and not touches else 0)
+        if not taken and end - start > cap:
+            severed, incomplete = (start, end), True
+            taken.append((start, start + cap))
+            break
+        if used + cost > cap:
+            break
+        taken.append((start, end))
+        used += cost
+        incomplete = incomplete or not complete
+    merged: list[list[int]] = []
+    for s, e in sorted(taken):
+        if merged and merged[-1][1] == s:
+            merged[-1][1] = e
+        else:
+            merged.append([s, e])
+    fields: dict[str, Any] = {"content_len": len(text)}
+    if severed is not None:
+        fields["expand"] = {"ref": ref, "span": [severed[0], severed[1]], "revision": revision_of(text)}
+        fields["context_incomplete"] = True
+    fields["ranges"] = merged
+    return Quote(SEPARATOR.join(text[s:e] for s, e in merged), fields, basis="lexical")
+
+
+def excerpt_quote(session: Session, kind: str, record_id: int, ref: str, text: str, shown: str, query: str,
+                  cap: int, rrf_k: int) -> Quote:
+    """RX-32 without blocks: the best node of a current node set, else the row as recall shows it, cut to cap."""
+    nodes = current_nodes(session, kind, record_id, text)
+    if nodes:
+        spans = [(n.start, n.end) for n in nodes]
+        best = rank_spans(text, spans, query, rrf_k)[0]
+        node = nodes[best]
+        piece = text[node.start:node.end]
+        fields: dict[str, Any] = {"node": {"index": node.index, "of": len(nodes), "span": [node.start, node.end]}}
+        if len(piece) > cap:
+            fields["node"]["span"] = [node.start, node.start + cap]
+            fields["content_len"] = len(piece)
+            fields["expand"] = {"ref": ref, "node": node.index}
+            piece = piece[:cap]
+        return Quote(piece, fields, basis="node")
+    if len(shown) <= cap:
+        return Quote(shown)
+    unavailable = "not_current" if node_rows(session, kind, record_id) else "no_nodes"
+    return Quote(shown[:cap], {"content_len": len(shown), "node_unavailable": unavailable}, basis="start")

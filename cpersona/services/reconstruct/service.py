@@ -1,0 +1,208 @@
+"""reconstruct: answer a question from memory with items that quote stored rows (spec §8).
+
+    resolve the request → cue terms → candidate pool (one recall) → bundle into clusters
+      → relation walk → structure items → quote → budget → shape (and the modes' cap)
+
+Nothing here writes: no model is called, nothing is summarised, and no stored
+row changes (RX-50) — the candidate recall is composed without its counters.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from cpersona.services.app import App
+from cpersona.services.associations import record_relations
+from cpersona.services.operating_context import resolve_project
+from cpersona.services.reconstruct import bundle as bundling
+from cpersona.services.reconstruct.budget import admit
+from cpersona.services.reconstruct.cues import Cues, cue_terms
+from cpersona.services.reconstruct.pool import candidate_pool
+from cpersona.services.reconstruct.quote import Quote, excerpt_quote, head_quote
+from cpersona.services.reconstruct.request import Request, parse, resolve_budget
+from cpersona.services.reconstruct.shape import CAPS, fit_to_cap, item_dict
+from cpersona.services.reconstruct.structure import Item, structure
+from cpersona.services.reconstruct.walk import ItemWalk, walk_items
+from cpersona.services.responses import ToolFailure
+from cpersona.services.retrievers import search_backend
+
+
+def reconstruct(app: App, **arguments: Any) -> dict[str, Any]:
+    """The ``reconstruct`` tool."""
+    try:
+        req = parse(app, arguments)
+        resolution = resolve_project(app, "reconstruct", req.recall.project_id, agent_id=req.recall.agent_id)
+        req.recall = replace(req.recall, project_id=resolution.project_id)
+        response = _run(app, req)
+    except ToolFailure as failure:
+        return failure.as_response()
+    response.update(resolution.annotations)
+    return response
+
+
+def _run(app: App, req: Request) -> dict[str, Any]:
+    settings = app.settings
+    scope = req.recall.scope
+    with app.db.read() as session:
+        cues = cue_terms(session, scope, req.recall.query) if not req.recall.blank else Cues()
+    pool = candidate_pool(app, req.recall, cues.terms)
+    cands = pool.candidates
+    refs = [c.ref for c in cands]
+    with app.db.read() as session:
+        relations = record_relations(session, scope, refs)
+    clusters = bundling.bundle(cands, relations, settings.reconstruct_adjacency_seconds)
+    chosen = bundling.choose_items(clusters, req.effective_count)
+    admitted_rows = sum(1 for c in cands if not c.held)
+    if admitted_rows >= req.bounds.top_k:  # RX-11: more may exist
+        req.bounds.reached.append("top_k")
+    walks: list[ItemWalk | None] = [None] * len(chosen)
+    if req.mode is None and chosen:  # RX-20: a mode never carries walked evidence
+        with app.db.read() as session:
+            walks = list(walk_items(session, scope, chosen, max_hops=req.bounds.max_hops,
+                                    max_evidence=req.bounds.max_evidence, source_id=req.recall.source_id,
+                                    channel=req.recall.channel))
+    walked_refs = {w.ref for walk in walks if walk for w in walk.evidence}
+    backend = search_backend(app)
+    walked_records = {r.ref: r for r in backend.fetch(scope, [_key(ref) for ref in walked_refs]).values()}
+    items = [structure(cl, walk, walked_records, relations, set(refs), req.bounds.max_evidence, len(cands))
+             for cl, walk in zip(chosen, walks)]
+
+    held = sum(1 for it in items if it.held)
+    budget, budget_policy = resolve_budget(settings, req.requested_budget, req.mode,
+                                           req.effective_count + held)
+    quotes, excerpts = _quote_all(app, req, items)
+    heads = [len(q.content) for q in quotes]
+    sizes = [[len(q.content) for _, q in ex] for ex in excerpts]
+    got = admit(heads, sizes, budget)
+
+    def build(n_items: int, excerpt_counts: list[int], full: bool) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "items": [item_dict(items[i], quotes[i], excerpts[i], excerpt_counts[i], full=full, mode=req.mode)
+                      for i in range(n_items)],
+            "effective_count": req.effective_count,
+            "returned_count": n_items,
+        }
+        _envelope(out, req, pool, items[:n_items], n_items, got.cut_items > 0 and n_items < len(items), budget,
+                  budget_policy, got.used, excerpt_counts, excerpts, full, cues, clusters)
+        return out
+
+    if req.trace:
+        response = build(got.items, got.excerpts, True)
+        if req.mode is not None:
+            capped = _capped(build, got, req.mode)
+            if capped is not None:
+                response.update(mode=req.mode, cap=CAPS[req.mode], used_tokens=capped["used_tokens"])
+        return response
+    if req.mode is None or not got.items:
+        response = build(got.items, got.excerpts, False)
+        if req.mode is not None:
+            response.update(mode=req.mode, cap=CAPS[req.mode])
+        return response
+    capped = _capped(build, got, req.mode)
+    if capped is None:
+        raise ToolFailure("cap_below_minimum", detail="the first item alone is larger than the token cap",
+                          items=[], returned_count=0, mode=req.mode, cap=CAPS[req.mode])
+    return capped
+
+
+def _capped(build: Any, got: Any, mode: str) -> dict[str, Any] | None:
+    """RX-46: walk the payload sequence's breakpoints (items, then excerpts) and keep the longest fit."""
+    steps: list[tuple[int, list[int]]] = [(n, [0] * n) for n in range(1, got.items + 1)]
+    counts = [0] * got.items
+    for j in range(max(got.excerpts, default=0)):
+        for i in range(got.items):
+            if counts[i] < got.excerpts[i] and counts[i] == j:
+                counts[i] += 1
+                steps.append((got.items, list(counts)))
+    found = fit_to_cap(lambda k: build(*steps[k - 1], False), len(steps), mode)
+    return None if found is None else found[0]
+
+
+def _key(ref: str) -> tuple[str, int]:
+    kind, ident = ref.split(":")
+    return (kind, int(ident))
+
+
+def _quote_all(app: App, req: Request, items: list[Item]) -> tuple[list[Quote], list[list[tuple[Any, Quote]]]]:
+    settings = app.settings
+    full_chars = settings.reconstruct_quote_chars
+    preview = settings.recall_preview_chars
+    quotes: list[Quote] = []
+    excerpts: list[list[tuple[Any, Quote]]] = []
+    with app.db.read() as session:
+        for position, item in enumerate(items):
+            record = item.head.record
+            if full_chars > 0:
+                cap = full_chars if position < settings.reconstruct_full_quotes else settings.reconstruct_tail_quote_chars
+                quotes.append(head_quote(record.ref, record.text, req.recall.query, cap, settings.rrf_k))
+            else:  # RX-34: heads follow the excerpt rules
+                quotes.append(excerpt_quote(session, record.kind, record.id, record.ref, record.text, record.content,
+                                            req.recall.query, preview, settings.rrf_k))
+            excerpts.append([(row, excerpt_quote(session, row.record.kind, row.record.id, row.ref, row.record.text,
+                                                 row.record.content, req.recall.query, preview, settings.rrf_k))
+                             for row in item.excerpt_rows()])
+    return quotes, excerpts
+
+
+def _envelope(out: dict[str, Any], req: Request, pool: Any, items: list[Item], returned: int, budget_cut: bool,
+              budget: int | None, budget_policy: Any, used: int, excerpt_counts: list[int],
+              excerpts: list[list[Any]], full: bool, cues: Cues, clusters: list[Any]) -> None:
+    """RX-38 … RX-43: only the fields that say something (all of them under trace)."""
+    reserved = sum(1 for it in items if it.held)
+    window = returned - reserved
+    gate_fallback = bool(pool.notices.get("gate_fallback"))
+    if req.effective_count == 0:
+        out["shortfall_reason"] = "count_zero"
+    elif window < req.effective_count:
+        if budget_cut:
+            out["shortfall_reason"] = "budget_exhausted"
+        elif gate_fallback:
+            out["shortfall_reason"] = "below_quality_threshold"
+        elif not pool.candidates:
+            out["shortfall_reason"] = "no_relevant_evidence"
+        else:
+            out["shortfall_reason"] = "exhausted_candidates"
+    if reserved:
+        out["reserved_count"] = reserved
+    held_total = sum(1 for cl in clusters if cl.held)
+    if held_total > reserved and req.mode is None:
+        out["reserved_omitted"] = held_total - reserved
+    if full or req.count_policy.clamped or req.count_policy.source == "operator_forced":
+        if req.requested_count is not None or full:
+            out["requested_count"] = req.requested_count
+        out["count_policy"] = req.count_policy.as_dict()
+    if budget_policy is not None or full:
+        out["requested_budget"] = req.requested_budget
+        if budget_policy is not None:
+            out["budget_policy"] = budget_policy.as_dict()
+    cut = budget_cut or "reserved_omitted" in out or any(
+        len(excerpts[i]) > excerpt_counts[i] for i in range(returned))
+    if req.mode is None and (cut or full):
+        out["effective_budget"], out["used_budget"] = budget, used
+    if req.mode is None:
+        bounds = req.bounds
+        if any(it.claims_omitted for it in items) and "max_evidence" not in bounds.omitted:
+            bounds.omitted.append("max_evidence")
+        if any(it.walk and it.walk.hops_cut for it in items) and "max_hops" not in bounds.omitted:
+            bounds.omitted.append("max_hops")
+        if any(it.walk and it.walk.evidence_reached for it in items) and "max_evidence" not in bounds.reached:
+            bounds.reached.append("max_evidence")
+        shown = bounds.as_dict(always=full)
+        if shown is not None:
+            out["bounds"] = shown
+    if pool.excluded_without_provenance or full:
+        out["reconstruction"] = {"excluded_without_provenance": pool.excluded_without_provenance}
+        if full:
+            out["reconstruction"] = {"policy": "v1", "candidate_count": len(pool.candidates),
+                                     "cluster_count": len(clusters), "selected_count": returned,
+                                     "excluded_without_provenance": pool.excluded_without_provenance}
+    out.update(pool.notices)
+    if full:
+        trace: dict[str, Any] = {
+            "candidate_refs": [c.ref for c in reversed(pool.candidates)],
+            "clusters": [[m.ref for m in cl.members] for cl in clusters],
+        }
+        if (cue_trace := cues.trace()) is not None:
+            trace["cues"] = cue_trace
+        out["trace"] = trace
