@@ -18,13 +18,14 @@ from cpersona.mcp.tools import (
     profiles,
     recall,
     recall_context,
+    reconstruct,
 )
 
 # The order tools/list shows, following the reference's: the pause, write (store, then declare_associations
 # and traverse), search (recall,
 # recall_with_context, get_contents), profile, episodes, listings, administration, calibration, portability,
 # health, then operations (operating context, queue, channel migration, update check).
-_GROUPS = (persistence, memory, associations, recall, recall_context, contents, profiles, episodes, listing, admin,
+_GROUPS = (persistence, memory, associations, recall, recall_context, contents, reconstruct, profiles, episodes, listing, admin,
            calibration, portability, health, operations)
 
 
