@@ -1,0 +1,82 @@
+"""Checks 1-4 (spec R-12..R-16): a database with exactly the defect, one without, the state after fix, a rerun."""
+
+from __future__ import annotations
+
+from cpersona.services.health.content import clean_annotations, clean_mentions
+
+
+def test_clean_functions_reach_a_fixed_point():
+    # spec R-12 / R-13: a removal can form a new match; cleaning repeats, then trims.
+    assert clean_annotations("[Memory from [Memory from a] b] hello ") == "b] hello"
+    assert clean_annotations("  [Memory from x]   text") == "text"
+    assert clean_mentions("<@<@123>456> hi <@!9>") == "hi"
+
+
+def test_clean_database_reports_nothing(app, h):
+    h.insert_memory(app, "plain text")
+    for name in ("memory_annotation", "discord_mention", "oversized_content", "duplicate_content"):
+        assert h.run(app, name) == []
+
+
+def test_memory_annotation_counts_candidates_and_repairable_excludes_locked(app, h):
+    # spec R-12, R-4
+    a = h.insert_memory(app, "[Memory from bob] hello")
+    h.insert_memory(app, "[Memory from bob] locked one", locked=1)
+    [issue] = h.run(app, "memory_annotation")
+    assert (issue["count"], issue["repairable"], issue["severity"]) == (2, 1, "info")
+    h.run(app, "memory_annotation", fix=True)
+    rows = {r.id: (r.content, r.embedding) for r in h.query(app, "SELECT id, content, embedding FROM memories")}
+    assert rows[a] == ("hello", None)
+    # spec R-5: the locked leftover is out of reach: review, not a repair
+    [again] = h.run(app, "memory_annotation")
+    assert again["repairable"] == 0 and again["needs_human_review"] is True
+
+
+def test_rewrite_folds_into_identical_row_of_the_bucket(app, h):
+    # spec R-14: the rewritten text collides with an existing row -> the rewritten row goes
+    keep = h.insert_memory(app, "hello")
+    gone = h.insert_memory(app, "hello <@123>")
+    h.run(app, "discord_mention", fix=True)
+    assert [r.id for r in h.query(app, "SELECT id FROM memories")] == [keep]
+    assert gone != keep
+    assert h.run(app, "discord_mention") == []
+
+
+def test_oversized_content_truncates_to_the_cap_keeping_the_start(db, h):
+    # spec R-15, H-15
+    app = h.make_app(db, MAX_CONTENT_LENGTH="10")
+    row = h.insert_memory(app, "0123456789abcdef")
+    h.insert_memory(app, "x" * 20, locked=1)
+    [issue] = h.run(app, "oversized_content")
+    assert issue == {"type": "oversized_content", "count": 2, "repairable": 1, "max_len": 10, "severity": "warn",
+                     "check": "oversized_content"}
+    h.run(app, "oversized_content", fix=True)
+    assert h.query(app, "SELECT content FROM memories WHERE id = :i", i=row)[0].content == "0123456789"
+    [left] = h.run(app, "oversized_content")
+    assert left["count"] == 1 and left["repairable"] == 0
+
+
+def test_duplicate_content_named_channel_covered_by_global_copy(app, h):
+    # spec R-16: (b) a named-channel row is covered by the channel-'' row of the same text
+    glob = h.insert_memory(app, "same text")
+    named = h.insert_memory(app, "same text", channel="c1")
+    h.insert_memory(app, "same text", channel="c2")
+    h.insert_memory(app, "sibling only", channel="c1")
+    h.insert_memory(app, "sibling only", channel="c2")  # siblings without a '' copy: not duplicates
+    [issue] = h.run(app, "duplicate_content")
+    assert (issue["groups"], issue["total_extra"], issue["repairable"]) == (1, 2, 2)
+    h.run(app, "duplicate_content", fix=True)
+    left = {r.id for r in h.query(app, "SELECT id FROM memories WHERE content = 'same text'")}
+    assert left == {glob} and named not in left
+    assert h.run(app, "duplicate_content") == []
+
+
+def test_duplicate_content_is_agent_scoped(app, h):
+    # spec R-10: a call naming an agent repairs only that agent
+    h.insert_memory(app, "dup", agent="a")
+    h.insert_memory(app, "dup", agent="a", channel="x")
+    h.insert_memory(app, "dup", agent="b")
+    h.insert_memory(app, "dup", agent="b", channel="x")
+    h.run(app, "duplicate_content", agent_id="a", fix=True)
+    assert len(h.query(app, "SELECT id FROM memories WHERE agent_id = 'b'")) == 2
+    assert len(h.query(app, "SELECT id FROM memories WHERE agent_id = 'a'")) == 1
