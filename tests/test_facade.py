@@ -144,7 +144,8 @@ async def test_server_identifies_itself_with_our_version(app):  # spec README de
     async with Client(build_server(app)) as client:
         assert client.server_info.name == SERVER_NAME == "cloto-mcp-cpersona"
         assert client.server_info.version == cpersona.__version__
-        assert "store" in client.instructions and "recall" in client.instructions
+        # reconstruct is the recommended reader when it is offered, recall otherwise
+        assert "store" in client.instructions and "reconstruct" in client.instructions
 
 
 def test_instructions_name_only_tools_the_server_offers():
