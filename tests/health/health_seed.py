@@ -1,4 +1,7 @@
-"""Seeding helpers: rows written with raw SQL so a test can plant exactly the defect a check finds."""
+"""Seeding helpers for the health tests (imported, not a conftest: the name conftest is taken by tests/conftest.py).
+
+Rows are written with raw SQL so a test can plant exactly the defect a check finds.
+"""
 
 from __future__ import annotations
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from health_seed import h  # noqa: F401  (the seeding fixture)
+
 import json
 import subprocess
 import sys

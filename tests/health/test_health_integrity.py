@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from health_seed import h  # noqa: F401  (the seeding fixture)
+
 
 def test_intact_database_has_no_integrity_issue(app, h):
     h.insert_memory(app, "hello")
