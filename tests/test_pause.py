@@ -460,6 +460,25 @@ async def test_the_real_migrate_tool_changes_nothing_while_paused(app):  # spec 
     assert (await call(app, "migrate_channel_axis", agent_id="kai", dry_run=False))["migrated"] == 1
 
 
+async def test_the_real_check_health_repairs_nothing_while_paused(app):  # spec P-11
+    if "check_health" not in REGISTRY:
+        pytest.skip("check_health is not registered in this build")
+    await call(app, "store", agent_id="a", content="[Memory from bot] kept as written")
+    with app.db.write() as session:  # a defect a repair would rewrite
+        session.execute(text("UPDATE memories SET content = '[Memory from bot] x' || content"))
+    before = snapshot(app)
+    await call(app, "pause_persistence")
+    answer = await call(app, "check_health", fix=True)
+    assert answer["fixed"] is False and answer["repairs_skipped"] is True
+    assert answer["repairs_skip_reason"] == "no-persist mode active — fix downgraded to fix=False"
+    assert "persisted" not in answer and snapshot(app) == before
+    report = await call(app, "check_health", fix=False)
+    assert "repairs_skipped" not in report
+    await call(app, "resume_persistence")
+    await call(app, "check_health", fix=True)
+    assert snapshot(app) != before  # the same call repairs once resumed: the pause was what held it back
+
+
 @pytest.mark.parametrize("tool", ["check_health", "deep_check"])
 async def test_health_tools_are_downgraded_to_report_only(app, tool):  # spec P-11
     seen: list[dict[str, Any]] = []
