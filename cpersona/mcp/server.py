@@ -17,6 +17,7 @@ from mcp.server import Server
 from cpersona import __version__
 from cpersona.mcp.dispatch import Outcome, call_tool
 from cpersona.mcp.gates import GateChain
+from cpersona.mcp.pause_gate import PauseGate
 from cpersona.mcp.registry import Registry, ToolSpec
 from cpersona.mcp.results import to_result
 from cpersona.mcp.tools import default_registry
@@ -67,7 +68,10 @@ def instructions(registry: Registry, operator_summary: str | None = None) -> str
 
 def build_server(app: App, registry: Registry | None = None, gates: GateChain | None = None) -> Server[Any]:
     registry = registry if registry is not None else default_registry()
-    gates = gates if gates is not None else GateChain()
+    # Without an explicit chain a server still honours pauses: a write must never
+    # slip through because a caller forgot the gate. ACL needs a policy file, so
+    # it is added by whoever loads one (cli.serve).
+    gates = gates if gates is not None else GateChain([PauseGate()])
     tools = [declaration(spec) for spec in registry]
 
     async def on_list_tools(ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
