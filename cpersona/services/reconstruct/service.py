@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from sqlalchemy import inspect
+
 from cpersona.services.app import App
 from cpersona.services.associations import record_relations
 from cpersona.services.operating_context import resolve_project
@@ -45,19 +47,22 @@ def _run(app: App, req: Request) -> dict[str, Any]:
     settings = app.settings
     scope = req.recall.scope
     with app.db.read() as session:
-        cues = cue_terms(session, scope, req.recall.query) if not req.recall.blank else Cues()
+        graph = _graph_present(session)
+        cues = cue_terms(session, scope, req.recall.query) if graph and not req.recall.blank else Cues()
     pool = candidate_pool(app, req.recall, cues.terms)
     cands = pool.candidates
     refs = [c.ref for c in cands]
-    with app.db.read() as session:
-        relations = record_relations(session, scope, refs)
+    relations = []
+    if graph:
+        with app.db.read() as session:
+            relations = record_relations(session, scope, refs)
     clusters = bundling.bundle(cands, relations, settings.reconstruct_adjacency_seconds)
     chosen = bundling.choose_items(clusters, req.effective_count)
     admitted_rows = sum(1 for c in cands if not c.held)
     if admitted_rows >= req.bounds.top_k:  # RX-11: more may exist
         req.bounds.reached.append("top_k")
     walks: list[ItemWalk | None] = [None] * len(chosen)
-    if req.mode is None and chosen:  # RX-20: a mode never carries walked evidence
+    if req.mode is None and chosen and graph:  # RX-20: a mode never carries walked evidence
         with app.db.read() as session:
             walks = list(walk_items(session, scope, chosen, max_hops=req.bounds.max_hops,
                                     max_evidence=req.bounds.max_evidence, source_id=req.recall.source_id,
@@ -117,6 +122,19 @@ def _capped(build: Any, got: Any, mode: str) -> dict[str, Any] | None:
                 steps.append((got.items, list(counts)))
     found = fit_to_cap(lambda k: build(*steps[k - 1], False), len(steps), mode)
     return None if found is None else found[0]
+
+
+_GRAPH_TABLES = ("entities", "entity_aliases", "entity_mentions", "relations")
+
+
+def _graph_present(session: Any) -> bool:
+    """RX-51: a database without the association tables answers as one where nothing is declared.
+
+    Our migrations always create them; a copied-in or hand-trimmed file may not
+    have them, and reconstruct must not fail where recall would not.
+    """
+    inspector = inspect(session.connection())  # dialect-neutral: PostgreSQL comes later
+    return all(inspector.has_table(name) for name in _GRAPH_TABLES)
 
 
 def _key(ref: str) -> tuple[str, int]:
