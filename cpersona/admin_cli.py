@@ -45,6 +45,9 @@ def add_subcommands(commands: Any) -> None:
     stats = commands.add_parser("stats", help="row counts per agent/project/channel, file size, schema revision")
     stats.add_argument("--json", action="store_true", help="print the figures as JSON")
 
+    backup = commands.add_parser("backup", help="write a consistent copy of the database (safe while serving)")
+    backup.add_argument("path", help="the new file to write (must not exist)")
+
     copy = commands.add_parser("import-db", help="copy every record of a CPersona 2.6 database into this one")
     copy.add_argument("path", help="the 2.6 database file (opened read-only, never changed)")
     copy.add_argument("--json", action="store_true", help="print the service's JSON answer")
@@ -112,6 +115,21 @@ def _run(body: Callable[[argparse.Namespace], dict[str, Any] | None], args: argp
         print(f"cpersona: {answer.get('error') or answer.get('reason')}", file=sys.stderr)
         return _codes().EXIT_START_FAILED
     return 0
+
+
+# -- backup ----------------------------------------------------------------------------------------
+
+
+def _backup(args: argparse.Namespace) -> dict[str, Any]:
+    from cpersona.storage.backup import BackupError, backup_to
+
+    with _app(must_exist=True) as app:
+        try:
+            path = backup_to(app.db, Path(args.path))
+        except (BackupError, OSError) as exc:
+            return {"ok": False, "error": str(exc)}
+    print(f"backed up {app.settings.db_file} to {path}")
+    return {"ok": True, "path": str(path)}
 
 
 # -- export ----------------------------------------------------------------------------------------
@@ -370,4 +388,5 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "import": lambda args: _run(_import, args),
     "stats": lambda args: _run(_stats, args),
     "import-db": lambda args: _run(_import_db, args),
+    "backup": lambda args: _run(_backup, args),
 }
