@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# A throwaway PostgreSQL 15 cluster for the PostgreSQL test suite.
+#
+#   tests/pg_cluster.sh start DIR   # prints the SQLAlchemy URL on stdout
+#   tests/pg_cluster.sh stop DIR    # stops the cluster and removes DIR
+#
+# Everything (data, socket, log) lives in DIR, the server listens on 127.0.0.1
+# only, and durability is switched off: this is a test cluster, never a store.
+# Missing packages are installed with apt-get (needs root); initdb refuses to
+# run as root, so as root the cluster runs as the `postgres` system user.
+set -euo pipefail
+
+cmd=${1:-}
+dir=${2:-}
+if [[ -z "$cmd" || -z "$dir" ]]; then
+  echo "usage: $0 start|stop DIR" >&2
+  exit 2
+fi
+
+as_pg() {
+  if [[ $(id -u) -eq 0 ]]; then runuser -u postgres -- "$@"; else "$@"; fi
+}
+
+pg_bindir() {
+  local bin
+  for bin in /usr/lib/postgresql/15/bin /usr/lib/postgresql/*/bin; do
+    [[ -x "$bin/initdb" ]] && { echo "$bin"; return 0; }
+  done
+  return 1
+}
+
+case "$cmd" in
+start)
+  if ! pg_bindir >/dev/null; then
+    if [[ $(id -u) -ne 0 ]]; then
+      echo "PostgreSQL is not installed and installing it needs root" >&2
+      exit 1
+    fi
+    echo "installing postgresql (apt-get)..." >&2
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql postgresql-contrib >&2
+  fi
+  bin=$(pg_bindir)
+  mkdir -p "$dir"
+  [[ $(id -u) -eq 0 ]] && chown postgres:postgres "$dir"
+  # A free port, so several runs on one machine do not collide.
+  port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  as_pg "$bin/initdb" -D "$dir/data" -U postgres --auth=trust -E UTF8 --locale=C.UTF-8 >"$dir/initdb.log" 2>&1 \
+    || { cat "$dir/initdb.log" >&2; exit 1; }
+  as_pg "$bin/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -o \
+    "-c listen_addresses=127.0.0.1 -c port=$port -c unix_socket_directories=$dir -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=200" \
+    start >&2 || { cat "$dir/server.log" >&2; exit 1; }
+  echo "$port" >"$dir/port"
+  echo "postgresql+psycopg://postgres@127.0.0.1:$port/postgres"
+  ;;
+stop)
+  if bin=$(pg_bindir) && [[ -f "$dir/data/postmaster.pid" ]]; then
+    as_pg "$bin/pg_ctl" -D "$dir/data" -m fast -w stop >&2 || true
+  fi
+  rm -rf "$dir"
+  ;;
+*)
+  echo "usage: $0 start|stop DIR" >&2
+  exit 2
+  ;;
+esac
