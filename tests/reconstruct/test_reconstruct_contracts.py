@@ -189,3 +189,25 @@ def test_nothing_declared_is_byte_identical_to_a_database_without_association_ta
         out.pop("advisory", None)
         outputs.append(json.dumps(out, ensure_ascii=False, sort_keys=False))
     assert outputs[0] == outputs[1]  # spec RX-51
+
+
+def test_excerpt_from_a_node_set_ranked_without_a_query_vector_says_lexical_only(app):
+    # Two adjacent rows: the older one is an excerpt of the item and carries a node set (OV-2 partition).
+    first_part = "Weather notes for the week. " * 10
+    second_part = "The vault rotation key lives in the HSM."
+    long_text = first_part + second_part
+    older = _put(app, long_text, "2026-09-01T10:00:00+00:00", source_id="v")
+    _put(app, "Vault rotation key HSM follow-up.", "2026-09-01T10:00:10+00:00", source_id="v")
+    plain = reconstruct(app, agent_id=A, query="vault rotation key HSM", deep=True)
+    assert "quote_selection" not in plain  # no node set used yet
+    cut = len(first_part)
+    with sqlite3.connect(app.db.path) as con:
+        con.executemany('INSERT INTO record_nodes (parent_kind, parent_id, node_index, start_char, end_char,'
+                        ' token_count, "window", embedding, embedding_model) VALUES (?, ?, ?, ?, ?, 1, 256, NULL, "")',
+                        [("mem", int(older.split(":")[1]), 0, 0, cut),
+                         ("mem", int(older.split(":")[1]), 1, cut, len(long_text))])
+    out = reconstruct(app, agent_id=A, query="vault rotation key HSM", deep=True)
+    excerpt = next(e for i in out["items"] for e in i.get("excerpts", []) if e["ref"] == older)
+    assert excerpt["content"] == second_part  # spec RX-32: the lexically best node is quoted
+    assert excerpt["node"] == {"index": 1, "of": 2, "span": [cut, len(long_text)]}
+    assert out["quote_selection"] == "lexical_only"  # spec RX-33: keyword-only server, no query vector

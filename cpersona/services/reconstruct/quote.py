@@ -11,7 +11,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 from sqlalchemy.orm import Session
+
+from cpersona.embedding.vectors import VectorError, from_blob
 
 from cpersona.services.contents import revision_of
 from cpersona.services.nodes import current_nodes, node_rows
@@ -97,13 +100,36 @@ def _trigrams(text: str) -> set[str]:
     return {low} if len(low) < 3 else {low[i:i + 3] for i in range(len(low) - 2)}
 
 
-def rank_spans(text: str, spans: list[tuple[int, int]], query: str, rrf_k: int) -> list[int]:
-    """RX-30 with the lexical list only: distinct query trigrams found, dense ranks, ties to the earlier span."""
+def _dense_rrf(values: list[float], rrf_k: int) -> list[float]:
+    dense = {v: r for r, v in enumerate(sorted(set(values), reverse=True))}  # equal values share a rank
+    return [1.0 / (rrf_k + 1 + dense[v]) for v in values]
+
+
+def rank_spans(text: str, spans: list[tuple[int, int]], query: str, rrf_k: int,
+               closeness: list[float] | None = None) -> list[int]:
+    """RX-30: distinct query trigrams found, fused with the spans' cosine when there is one; ties to the earlier span."""
     wanted = _trigrams(query) if query.strip() else set()
-    scores = [len(wanted & _trigrams(text[s:e])) for s, e in spans]
-    dense = {v: r for r, v in enumerate(sorted(set(scores), reverse=True))}
-    fused = [1.0 / (rrf_k + 1 + dense[v]) for v in scores]
+    fused = _dense_rrf([float(len(wanted & _trigrams(text[s:e]))) for s, e in spans], rrf_k)
+    if closeness is not None:
+        fused = [a + b for a, b in zip(fused, _dense_rrf(closeness, rrf_k))]
     return sorted(range(len(spans)), key=lambda i: (-fused[i], i))
+
+
+def node_closeness(nodes: list[Any], query_vector: bytes | None) -> list[float] | None:
+    """RX-30 (b) for nodes: the cosine of every node's embedding, when all have the query's width."""
+    if query_vector is None or any(n.embedding is None or len(n.embedding) != len(query_vector) for n in nodes):
+        return None
+    try:
+        q = from_blob(query_vector)
+        q_norm = float(np.linalg.norm(q))
+        out = []
+        for n in nodes:
+            v = from_blob(n.embedding)
+            denom = q_norm * float(np.linalg.norm(v))
+            out.append(float(np.dot(q, v) / denom) if denom else 0.0)
+        return out
+    except VectorError:  # a corrupt node vector: rank lexically rather than fail the call
+        return None
 
 
 @dataclass(slots=True)
@@ -111,6 +137,7 @@ class Quote:
     content: str
     fields: dict[str, Any] = field(default_factory=dict)  # content_len, ranges, expand, node, ...
     basis: str = "whole"
+    lexical_only: bool = False  # a node set was ranked without a query vector (RX-33)
 
 
 def head_quote(ref: str, text: str, query: str, cap: int, rrf_k: int) -> Quote:
@@ -159,12 +186,12 @@ def head_quote(ref: str, text: str, query: str, cap: int, rrf_k: int) -> Quote:
 
 
 def excerpt_quote(session: Session, kind: str, record_id: int, ref: str, text: str, shown: str, query: str,
-                  cap: int, rrf_k: int) -> Quote:
+                  cap: int, rrf_k: int, query_vector: bytes | None = None) -> Quote:
     """RX-32 without blocks: the best node of a current node set, else the row as recall shows it, cut to cap."""
     nodes = current_nodes(session, kind, record_id, text)
     if nodes:
         spans = [(n.start, n.end) for n in nodes]
-        best = rank_spans(text, spans, query, rrf_k)[0]
+        best = rank_spans(text, spans, query, rrf_k, node_closeness(nodes, query_vector))[0]
         node = nodes[best]
         piece = text[node.start:node.end]
         fields: dict[str, Any] = {"node": {"index": node.index, "of": len(nodes), "span": [node.start, node.end]}}
@@ -173,7 +200,7 @@ def excerpt_quote(session: Session, kind: str, record_id: int, ref: str, text: s
             fields["content_len"] = len(piece)
             fields["expand"] = {"ref": ref, "node": node.index}
             piece = piece[:cap]
-        return Quote(piece, fields, basis="node")
+        return Quote(piece, fields, basis="node", lexical_only=query_vector is None)
     if len(shown) <= cap:
         return Quote(shown)
     unavailable = "not_current" if node_rows(session, kind, record_id) else "no_nodes"

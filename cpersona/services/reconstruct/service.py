@@ -76,7 +76,7 @@ def _run(app: App, req: Request) -> dict[str, Any]:
     held = sum(1 for it in items if it.held)
     budget, budget_policy = resolve_budget(settings, req.requested_budget, req.mode,
                                            req.effective_count + held)
-    quotes, excerpts = _quote_all(app, req, items)
+    quotes, excerpts = _quote_all(app, req, items, pool.query_vector)
     heads = [len(q.content) for q in quotes]
     sizes = [[len(q.content) for _, q in ex] for ex in excerpts]
     got = admit(heads, sizes, budget)
@@ -88,6 +88,9 @@ def _run(app: App, req: Request) -> dict[str, Any]:
             "effective_count": req.effective_count,
             "returned_count": n_items,
         }
+        shown = quotes[:n_items] + [q for i in range(n_items) for _, q in excerpts[i][:excerpt_counts[i]]]
+        if any(q.lexical_only for q in shown):  # RX-33
+            out["quote_selection"] = "lexical_only"
         _envelope(out, req, pool, items[:n_items], n_items, got.cut_items > 0 and n_items < len(items), budget,
                   budget_policy, got.used, excerpt_counts, excerpts, full, cues, clusters)
         return out
@@ -142,7 +145,7 @@ def _key(ref: str) -> tuple[str, int]:
     return (kind, int(ident))
 
 
-def _quote_all(app: App, req: Request, items: list[Item]) -> tuple[list[Quote], list[list[tuple[Any, Quote]]]]:
+def _quote_all(app: App, req: Request, items: list[Item], query_vector: bytes | None) -> tuple[list[Quote], list[list[tuple[Any, Quote]]]]:
     settings = app.settings
     full_chars = settings.reconstruct_quote_chars
     preview = settings.recall_preview_chars
@@ -156,9 +159,10 @@ def _quote_all(app: App, req: Request, items: list[Item]) -> tuple[list[Quote], 
                 quotes.append(head_quote(record.ref, record.text, req.recall.query, cap, settings.rrf_k))
             else:  # RX-34: heads follow the excerpt rules
                 quotes.append(excerpt_quote(session, record.kind, record.id, record.ref, record.text, record.content,
-                                            req.recall.query, preview, settings.rrf_k))
+                                            req.recall.query, preview, settings.rrf_k, query_vector))
             excerpts.append([(row, excerpt_quote(session, row.record.kind, row.record.id, row.ref, row.record.text,
-                                                 row.record.content, req.recall.query, preview, settings.rrf_k))
+                                                 row.record.content, req.recall.query, preview, settings.rrf_k,
+                                                 query_vector))
                              for row in item.excerpt_rows()])
     return quotes, excerpts
 
