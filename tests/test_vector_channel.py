@@ -414,3 +414,36 @@ def test_scan_cost_stays_bounded_at_20k_rows(db, vec_app):  # issue target: nati
         timings.append(time.perf_counter() - start)
     assert hits[0].record.text == "row 19000" and hits[0].raw == pytest.approx(1.0, abs=1e-5)
     assert min(timings) < 1.0  # generous (tens of ms measured): only a per-row Python path fails it
+
+
+# -- the episode penalty orders, it does not exclude (README decision 3) ------------------------------
+
+
+@pytest.mark.parametrize("hours_later", [1, 120])
+def test_memories_written_before_the_newest_episode_stay_recallable_keyword_only(db, hours_later):
+    # In the reference, the penalty halves a first place (1/61 → ≤ 1/61 × f) and
+    # the gate's bar for it is 1/61 on a small pool: no memory older than the
+    # newest episode could come back at all.
+    app = App(db=db, settings=load_settings({"CPERSONA_DB_PATH": str(db.path), "CPERSONA_DEGRADED_ADVISORY": "false"}))
+    for i, content in enumerate(["The staging deploy key is in vault", "The wifi password is hunter2"]):
+        store(app, agent_id="a", content=content, timestamp=f"2026-06-01T00:0{i}:00+00:00")
+    add_episode(db, summary="weekly sync notes", created_at=stamp_hours(hours_later))
+    response = recall(app, agent_id="a", query="wifi password")
+    assert refs(response) == ["mem:2"]
+    factor = max(math.exp(-0.01 * (hours_later - 1 / 60)), 0.5)
+    assert response["messages"][0]["match_reason"]["rrf"] == pytest.approx(factor / 61, rel=1e-3)  # still shown penalised
+
+
+def test_a_penalised_vector_match_is_judged_on_its_own_cosine(db, server):
+    server.table["probe"] = QUERY
+    add_memories(db, {"content": "close match", "embedding": at_cosine(0.6), "timestamp": "2026-05-01T00:00:00+00:00"})
+    add_episode(db, summary="later chapter", created_at="2026-06-01 00:00:00")
+    app = embedding_app(db, server, DEGRADED_ADVISORY="false")
+    (row,) = recall(app, agent_id="a", query="probe")["messages"]  # pool 2: bar 0.4293; 0.6 × 0.5 = 0.3 is below it
+    assert row["match_reason"]["cosine"] == pytest.approx(0.3, abs=1e-6)
+    app.embedder.close()
+
+
+def stamp_hours(hours: float) -> str:
+    """created_at ``hours`` after 2026-06-01 00:00 UTC."""
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(1_780_272_000 + hours * 3600))

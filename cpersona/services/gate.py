@@ -6,6 +6,12 @@ was measured for that very signal) or a pool-size heuristic: the larger the
 agent's pool, the lower the bar, because a bigger store makes a chance match
 at a given rank less surprising. It only removes rows; order is kept.
 
+Deliberate difference from the reference: against the heuristic bar a row is
+judged on its score before the episode boundary penalty (the penalty still
+orders the list and still shows in ``match_reason``). In the reference a
+memory written before the newest episode is gated out of keyword-only recall
+altogether on small pools, and beyond ~51 h before the episode on any pool.
+
 Autocut (spec §5.12) then trims a tail after a large score gap, but only on
 similarity-scale scores: fused scores are never autocut.
 """
@@ -36,6 +42,7 @@ class Candidate:
     cosine: float | None = None
     confidence: float | None = None  # only under legacy confidence ordering
     single_arm: bool = False  # only one retriever could have ranked it (spec §5.8.2)
+    penalty: float = 1.0  # product of the factors scale() applied (the episode penalty)
 
     @property
     def is_profile(self) -> bool:
@@ -52,6 +59,7 @@ class Candidate:
 
     def scale(self, factor: float) -> None:
         """Multiply every score the row carries (the episode penalty does this)."""
+        self.penalty *= factor
         for name in ("rrf", "rsf", "cosine"):
             value = getattr(self, name)
             if value is not None:
@@ -124,7 +132,14 @@ def apply_gate(
             return query_blank or pool >= UNSCORED_MIN_POOL
         name, value = judged
         if gate is not None and calibrated is not None and calibrated.signal == name:
-            return value >= gate
+            return value >= gate  # calibration measured penalised scores: compare like with like
+        # The heuristic bar judges the score the retrievers gave. The episode
+        # penalty orders rows; it must not exclude them: a halved first place
+        # (1/61 × 0.5) can never clear the rrf bar, so every memory older than
+        # the newest episode became unrecallable (README decision 3; measured
+        # in tests/test_vector_channel.py and the issue-3 report).
+        if row.penalty > 0:
+            value /= row.penalty
         if name != "rrf":
             return value >= min_score
         # Fused rank scores live on a scale of at most 3/(K+1) (three first
