@@ -160,3 +160,14 @@ def test_recall_with_context_forwards_the_advisory(app, embed_server):  # spec A
     ask(app, 1)
     answer = recall_with_context(app, agent_id="a", query="deploy question 2", session_key="s9")
     assert answer["advisory"]["severity"] == "fault"
+
+
+def test_a_query_that_does_not_measure_leaves_the_health_alone(app, embed_server):  # spec ADV-2
+    from cpersona.services.retrievers import Query, exclusion, retrieve, search_backend
+    from cpersona.storage.scope import Scope
+
+    embed_server.status = 503
+    for n in range(3):  # e.g. calibration pseudo-queries
+        retrieve(app, search_backend(app), Query("a", f"pseudo {n}", Scope("a"), measure=False), 10, exclusion(()))
+    assert embedding_health(app).state == "unknown" and embedding_health(app).failures == 0
+    assert "advisory" not in ask(app, 1)

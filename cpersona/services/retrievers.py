@@ -98,6 +98,9 @@ class Query:
     source_id: str = ""
     channel: str = ""
     blank: bool = False
+    # Whether the query embedding's outcome is a health observation (spec ADV-2:
+    # a recall's is; a calibration pseudo-query's should pass False).
+    measure: bool = True
 
     @property
     def episodes_apply(self) -> bool:
@@ -112,7 +115,7 @@ def retrieve(app: App, backend: SearchBackend, query: Query, depth: int, exclude
     if query.blank:  # spec §5.7.4: a blank query is a recency listing
         found.add("memories", backend.recent_memories(query.scope, depth, source_id=query.source_id), excluded)
         return found
-    vector = embed_query(app, query.text)
+    vector = embed_query(app, query.text, measure=query.measure)
     if vector is not None:
         found.query_embedded, found.query_vector = True, vector
         vector_lists(app, backend, query, depth, vector, excluded, found)
@@ -126,11 +129,12 @@ def retrieve(app: App, backend: SearchBackend, query: Query, depth: int, exclude
 # -- the vector channel ----------------------------------------------------------------
 
 
-def embed_query(app: App, text: str) -> bytes | None:
+def embed_query(app: App, text: str, *, measure: bool = True) -> bytes | None:
     """The query's vector for this recall (VEC-1), or None when there is none.
 
-    The outcome feeds the advisory's health state (ADV-2). Only the head of
-    a huge query is embedded, as only its head is searched lexically.
+    With ``measure`` the outcome feeds the advisory's health state (ADV-2)
+    and may wake the backfill. Only the head of a huge query is embedded, as
+    only its head is searched lexically.
     """
     if app.embedder is None:
         return None
@@ -140,9 +144,10 @@ def embed_query(app: App, text: str) -> bytes | None:
         log.warning("query embedding failed unexpectedly; recall continues without vectors", exc_info=True)
         return None
     outcome = result.outcome
-    recovered = embedding_health(app).observe(outcome)
-    if outcome.ok and not outcome.from_cache:
-        on_query_embedded(app, recovered=recovered)
+    if measure:
+        recovered = embedding_health(app).observe(outcome)
+        if outcome.ok and not outcome.from_cache:
+            on_query_embedded(app, recovered=recovered)
     return result.blob if outcome.ok else None
 
 
