@@ -25,6 +25,7 @@ The read helpers at the end (:func:`resolve_visible`, :func:`readable_entities`,
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 import unicodedata
@@ -32,8 +33,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import and_, delete, or_, select
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy import and_, delete, or_, select, text
 from sqlalchemy.orm import Session
 
 from cpersona.services.app import App
@@ -149,11 +149,18 @@ def visible_scopes(project_id: str, channel: str) -> list[tuple[str, str]]:
 # -- insert-or-ignore, portable ------------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=16)
+def _insert_ignore_sql(table: str, columns: tuple[str, ...]) -> Any:
+    # INSERT … ON CONFLICT DO NOTHING reads the same on SQLite (3.24+) and PostgreSQL.
+    names = ", ".join(f'"{c}"' for c in columns)
+    marks = ", ".join(f":{c}" for c in columns)
+    return text(f"INSERT INTO {table} ({names}) VALUES ({marks}) ON CONFLICT DO NOTHING")
+
+
 def _insert_ignore(session: Session, model: Any, values: Mapping[str, Any]) -> int:
-    """INSERT … ON CONFLICT DO NOTHING (SQLite and PostgreSQL); returns rows inserted."""
-    dialect = session.get_bind().dialect.name
-    build = postgresql.insert if dialect == "postgresql" else sqlite.insert
-    return session.execute(build(model).values(**values).on_conflict_do_nothing()).rowcount
+    """Insert unless the row's unique key is taken; returns rows inserted (0 or 1)."""
+    statement = _insert_ignore_sql(model.__tablename__, tuple(values))
+    return session.execute(statement, dict(values)).rowcount
 
 
 # -- the declaration -----------------------------------------------------------------------
@@ -503,25 +510,50 @@ def declare_for_record(
 # -- reads (traverse, reconstruct) -------------------------------------------------------
 
 
-def _name_matches(normalized: str) -> Any:
-    """Entities whose name or one of whose aliases normalizes to ``normalized`` (A-4)."""
-    aliased = select(EntityAlias.entity_id).where(EntityAlias.normalized == normalized)
-    return or_(Entity.normalized == normalized, Entity.id.in_(aliased))
+# The two lookups every name resolution makes; plain SQL text, built once, because a
+# large declaration runs them a few thousand times.
+_NAMED_IN_SCOPE = text(
+    "SELECT id FROM entities WHERE agent_id = :agent AND project_id = :project AND channel = :channel "
+    "AND normalized = :normalized")
+_ALIAS_OWNERS = text("SELECT entity_id FROM entity_aliases WHERE normalized = :normalized")
+
+
+def aliased_entities(session: Session, normalized: str) -> list[Any]:
+    """(id, agent_id, project_id, channel) of every entity holding alias ``normalized``.
+
+    Looked up alias first, then by primary key: joined in one statement, SQLite
+    prefers walking all of an agent's entities (its covering unique index) to
+    the alias index.
+    """
+    owners = list(session.execute(_ALIAS_OWNERS, {"normalized": normalized}).scalars())
+    found = []
+    for start in range(0, len(owners), 500):
+        found.extend(session.execute(
+            select(Entity.id, Entity.agent_id, Entity.project_id, Entity.channel)
+            .where(Entity.id.in_(owners[start:start + 500]))).all())
+    return found
 
 
 def resolve_in_scopes(session: Session, agent_id: str, scopes: Sequence[tuple[str, str]],
                       normalized: str) -> int | None:
-    """The entity ``normalized`` names in the first of ``scopes`` that has one (lowest id); else None."""
-    rows = session.execute(
-        select(Entity.id, Entity.project_id, Entity.channel)
-        .where(Entity.agent_id == agent_id,
-               or_(*(and_(Entity.project_id == p, Entity.channel == c) for p, c in scopes)),
-               _name_matches(normalized))
-        .order_by(Entity.id)
-    ).all()
+    """The entity ``normalized`` names in the first of ``scopes`` that has one (lowest id); else None.
+
+    Two indexed lookups rather than one OR'ed query (which SQLite answers by
+    scanning every entity of the agent): names through the unique
+    (agent, project, channel, normalized) key, one probe per scope; aliases
+    through ``idx_entity_aliases_normalized``.
+    """
     rank = {scope: i for i, scope in enumerate(scopes)}
-    best = min(rows, key=lambda row: (rank[(row.project_id, row.channel)], row.id), default=None)
-    return None if best is None else best.id
+    found: list[tuple[int, int]] = []
+    for (project, channel), position in rank.items():
+        named = session.execute(_NAMED_IN_SCOPE, {
+            "agent": agent_id, "project": project, "channel": channel, "normalized": normalized}).scalar()
+        if named is not None:
+            found.append((position, named))
+    for row in aliased_entities(session, normalized):
+        if row.agent_id == agent_id and (row.project_id, row.channel) in rank:
+            found.append((rank[(row.project_id, row.channel)], row.id))
+    return min(found)[1] if found else None
 
 
 def resolve_visible(session: Session, agent_id: str, name: str, *, project_id: str = "",
@@ -542,9 +574,12 @@ def readable_entities(session: Session, scope: Scope, name: str) -> list[int]:
     normalized = normalize(name) if isinstance(name, str) else ""
     if not normalized:
         return []
-    return list(session.scalars(
-        select(Entity.id).where(predicates(Entity, scope), _name_matches(normalized)).order_by(Entity.id)
-    ))
+    ids = set(session.scalars(select(Entity.id).where(predicates(Entity, scope), Entity.normalized == normalized)))
+    aliased = [row.id for row in aliased_entities(session, normalized)]
+    for start in range(0, len(aliased), 500):
+        ids.update(session.scalars(
+            select(Entity.id).where(Entity.id.in_(aliased[start:start + 500]), predicates(Entity, scope))))
+    return sorted(ids)
 
 
 @dataclass(frozen=True, slots=True)

@@ -157,13 +157,15 @@ def _mentions(session: Session, scope: Scope, source_id: str, channel: str, enti
     by_source, source_params = source_filter(source_id, "m")
     arms = [
         "SELECT em.entity_id AS entity_id, 'mem' AS kind, m.id AS record_id FROM entity_mentions em "
-        "JOIN memories m ON m.id = CAST(substr(em.ref, 5) AS INTEGER) "
+        "JOIN memories m ON m.id = "
+        "CASE WHEN substr(em.ref, 1, 4) = 'mem:' THEN CAST(substr(em.ref, 5) AS BIGINT) END "
         f"WHERE em.entity_id IN :entities AND substr(em.ref, 1, 4) = 'mem:' AND {m_where} AND {by_source}"
     ]
     if not source_id or channel:  # ISO-4: episodes carry no per-user source
         arms.append(
             "SELECT em.entity_id, 'ep', e.id FROM entity_mentions em "
-            "JOIN episodes e ON e.id = CAST(substr(em.ref, 4) AS INTEGER) "
+            "JOIN episodes e ON e.id = "
+            "CASE WHEN substr(em.ref, 1, 3) = 'ep:' THEN CAST(substr(em.ref, 4) AS BIGINT) END "
             f"WHERE em.entity_id IN :entities AND substr(em.ref, 1, 3) = 'ep:' AND {e_where}"
         )
     # Record id ascending; at equal id 'ep' sorts before 'mem' (TV-7).
