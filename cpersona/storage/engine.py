@@ -10,6 +10,15 @@ data only (WAL snapshots); writes are serialised by a process-wide lock held fro
 ``BEGIN IMMEDIATE`` to commit, so two writers of this process never contend on
 SQLite's own lock and a writer of another process waits up to busy_timeout.
 No network call may run while the lock is held: callers embed first, then write.
+
+PostgreSQL (``CPERSONA_DATABASE_URL``) keeps the same model across processes and
+machines: readers run REPEATABLE READ (one snapshot per read session, like a WAL
+read transaction); writers run READ COMMITTED and take one transaction-scoped
+advisory lock first, so writers are serialised exactly as BEGIN IMMEDIATE
+serialises them on SQLite. Because READ COMMITTED takes a fresh snapshot per
+statement, every statement after the lock sees all earlier commits: a
+read-modify-write inside ``write()`` cannot lose an update, whichever process
+raced it. Unique indexes still enforce dedup underneath.
 """
 
 from __future__ import annotations
@@ -82,6 +91,11 @@ def prepare_db_file(path: Path) -> None:
         log.warning("database %s is readable by group or others", path)
 
 
+# The key of the cluster-wide writer lock (pg_advisory_xact_lock); any constant
+# works as long as every cpersona process uses the same one ("cpersona" in ASCII).
+PG_WRITER_LOCK_KEY = 0x63706572736F6E61
+
+
 class Database:
     """One database: an engine plus the rules for reading and writing it."""
 
@@ -89,6 +103,13 @@ class Database:
         self.engine = engine
         self.path = path
         self._write_lock = threading.RLock()
+
+    @property
+    def label(self) -> str:
+        """Where the data lives, for messages: the file, or the URL without password."""
+        if self.path is not None:
+            return str(self.path)
+        return self.engine.url.render_as_string(hide_password=True)
 
     @property
     def dialect(self) -> str:
@@ -101,20 +122,34 @@ class Database:
     @contextmanager
     def read(self) -> Iterator[Session]:
         """A session over one read snapshot; nothing it does is committed."""
-        with Session(self.engine, autoflush=False, expire_on_commit=False) as session:
+        bind: Engine | Connection = self.engine
+        if not self.is_sqlite:
+            bind = self.engine.execution_options(isolation_level="REPEATABLE READ")
+        with Session(bind, autoflush=False, expire_on_commit=False) as session:
             try:
                 yield session
             finally:
                 session.rollback()
+
+    def _begin_write(self, conn: Connection) -> Connection:
+        if self.is_sqlite:
+            return conn.execution_options(sqlite_begin="IMMEDIATE")
+        return conn.execution_options(isolation_level="READ COMMITTED")
+
+    def _lock_writers(self, conn: Connection) -> None:
+        # First statement of the transaction, so every later statement's
+        # snapshot is taken after the previous writer committed.
+        if not self.is_sqlite:
+            conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({PG_WRITER_LOCK_KEY})")
 
     @contextmanager
     def write(self) -> Iterator[Session]:
         """A session holding the write lock; commits on success, rolls back on error."""
         with self._write_lock:
             with self.engine.connect() as conn:
-                if self.is_sqlite:
-                    conn = conn.execution_options(sqlite_begin="IMMEDIATE")
+                conn = self._begin_write(conn)
                 with conn.begin():
+                    self._lock_writers(conn)
                     with Session(bind=conn, autoflush=False, expire_on_commit=False) as session:
                         yield session
                         session.flush()
@@ -124,9 +159,9 @@ class Database:
         """Like write(), for raw SQL (migrations, bulk maintenance)."""
         with self._write_lock:
             with self.engine.connect() as conn:
-                if self.is_sqlite:
-                    conn = conn.execution_options(sqlite_begin="IMMEDIATE")
+                conn = self._begin_write(conn)
                 with conn.begin():
+                    self._lock_writers(conn)
                     yield conn
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
@@ -166,3 +201,29 @@ def open_sqlite(path: Path) -> Database:
     path = Path(path).expanduser().resolve()
     prepare_db_file(path)
     return Database(sqlite_engine(path), path=path)
+
+
+def postgres_engine(url: str) -> Engine:
+    """An engine on a PostgreSQL database (psycopg 3)."""
+    from sqlalchemy.engine import make_url
+
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "postgresql":
+        raise ValueError(f"CPERSONA_DATABASE_URL must be a postgresql URL, got {parsed.drivername!r}")
+    if parsed.drivername == "postgresql":
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    # pre_ping: a server restart must not surface as an error on the next call.
+    return create_engine(parsed, pool_size=8, max_overflow=8, pool_pre_ping=True)
+
+
+def open_postgres(url: str) -> Database:
+    """Open the PostgreSQL database named by ``url`` (nothing is created)."""
+    return Database(postgres_engine(url))
+
+
+def open_database(settings: Any) -> Database:
+    """The database the settings name: PostgreSQL when database_url is set, else the SQLite file."""
+    url = getattr(settings, "database_url", None)
+    if url:
+        return open_postgres(url)
+    return open_sqlite(settings.db_file)
