@@ -49,11 +49,18 @@ def _include_name_filter(connection: Connection):
     return include_name
 
 
+def _include_object_filter(connection: Connection):
+    from cpersona.storage.migrate import include_object_for
+
+    return include_object_for(connection.dialect.name)
+
+
 def _run(connection: Connection) -> None:
     context.configure(
         connection=connection,
         target_metadata=target_metadata,
         include_name=_include_name_filter(connection),
+        include_object=_include_object_filter(connection),
         # Batch mode exists for tools; our revisions must not use it on tables
         # carrying triggers (spec IMPL-3).
         render_as_batch=connection.dialect.name == "sqlite",

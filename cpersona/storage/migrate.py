@@ -42,7 +42,7 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, text
 from sqlalchemy.exc import DBAPIError
 
-from cpersona.storage.engine import Database, open_sqlite
+from cpersona.storage.engine import Database, open_database, open_sqlite
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +102,27 @@ def alembic_config(connection: Connection | None = None, *, fts_enabled: bool = 
     return cfg
 
 
+# Indexes of the PostgreSQL schema the models do not state, hidden from the
+# drift check (spec IMPL-4): the pg_trgm GIN indexes stand in for FTS5 (which
+# the models do not describe either), and the content dedup index is over
+# md5(content) there, an expression the models cannot state per dialect.
+PG_UNMODELLED_INDEXES = frozenset(
+    {"idx_memories_content_trgm", "idx_episodes_summary_trgm", "idx_episodes_keywords_trgm",
+     "idx_memories_dedup_content"}
+)
+
+
+def include_object_for(dialect: str):
+    """Alembic's include_object hook for ``dialect`` (None: compare everything)."""
+    if dialect != "postgresql":
+        return None
+
+    def include_object(obj, name, type_, reflected, compare_to):
+        return not (type_ == "index" and name in PG_UNMODELLED_INDEXES)
+
+    return include_object
+
+
 def _script() -> ScriptDirectory:
     return ScriptDirectory.from_config(alembic_config())
 
@@ -140,8 +161,14 @@ class Probe:
         return not self.is_ours and bool({"schema_version", "memories", "episodes"} & self.tables)
 
 
-def _probe_rows(execute: Callable[[str], list[tuple]]) -> Probe:
-    tables = frozenset(row[0] for row in execute("SELECT name FROM sqlite_master WHERE type = 'table'"))
+_TABLES_SQL = {
+    "sqlite": "SELECT name FROM sqlite_master WHERE type = 'table'",
+    "postgresql": "SELECT tablename FROM pg_catalog.pg_tables WHERE schemaname = current_schema()",
+}
+
+
+def _probe_rows(execute: Callable[[str], list[tuple]], dialect: str = "sqlite") -> Probe:
+    tables = frozenset(row[0] for row in execute(_TABLES_SQL[dialect]))
     version = None
     if "schema_version" in tables:
         version = int(execute("SELECT COALESCE(MAX(version), 0) FROM schema_version")[0][0])
@@ -222,13 +249,45 @@ def upgrade(db: Database, *, fts_enabled: bool = True) -> None:
     """Bring ``db`` to our head revision in one transaction (see module docstring)."""
     try:
         with db.write_connection() as conn:
-            _upgrade_in_transaction(conn, db.path, fts_enabled=fts_enabled)
+            if db.is_sqlite:
+                _upgrade_in_transaction(conn, db.path, fts_enabled=fts_enabled)
+            else:
+                _upgrade_postgres(conn, db.label)
     except MigrationError:
         raise
     except DBAPIError as exc:
         raise MigrationError(
-            f"could not upgrade {db.path or 'the database'}: {exc.orig}; nothing was changed"
+            f"could not upgrade {db.path or db.label}: {exc.orig}; nothing was changed"
         ) from exc
+
+
+def open_database_and_upgrade(settings) -> Database:
+    """The database the settings name (PostgreSQL URL or SQLite file), at head."""
+    if not getattr(settings, "database_url", None):
+        return open_and_upgrade(settings.db_file, fts_enabled=settings.fts_enabled)
+    db = open_database(settings)
+    try:
+        upgrade(db, fts_enabled=settings.fts_enabled)
+    except BaseException:
+        db.close()
+        raise
+    return db
+
+
+def _upgrade_postgres(conn: Connection, label: str) -> None:
+    """PostgreSQL databases are only ever ours: no adoption ladder, no FTS repair.
+
+    The writer lock the connection holds also serialises several processes
+    starting at once against one database: the second sees the first's head.
+    """
+    found = _probe_rows(lambda sql: [tuple(r) for r in conn.exec_driver_sql(sql).fetchall()], "postgresql")
+    _refuse_if_too_new(found, label)
+    if found.is_legacy:
+        raise MigrationError(
+            f"{label} holds CPersona tables without cpersona's migration history; "
+            "move memories into PostgreSQL with export_memories / import_memories"
+        )
+    command.upgrade(alembic_config(conn), "head")
 
 
 def _upgrade_in_transaction(conn: Connection, path: Path | None, *, fts_enabled: bool) -> None:

@@ -168,7 +168,116 @@ def fts_enabled() -> bool:
     return bool(setting)
 
 
+# ---------------------------------------------------------------------------
+# PostgreSQL (CPERSONA_DATABASE_URL): the same tables, columns and defaults in
+# PostgreSQL's words. Timestamps stay TEXT in SQLite's 'YYYY-MM-DD HH:MM:SS'
+# UTC form so every reader compares them as it does on SQLite; ids come from
+# sequences, which never hand out a deleted id again (spec VF-8). FTS5 is
+# replaced by pg_trgm GIN indexes, which serve the same any-3-character
+# substring lookups (CJK included) for ILIKE and word_similarity.
+
+PG_NOW = "to_char(timezone('UTC', now()), 'YYYY-MM-DD HH24:MI:SS')"
+
+PG_BASE_TABLES_DDL = (
+    f"""CREATE TABLE IF NOT EXISTS schema_version (
+  version     INTEGER PRIMARY KEY,
+  applied_at  TEXT NOT NULL DEFAULT {PG_NOW})""",
+    f"""CREATE TABLE IF NOT EXISTS memories (
+  id                BIGSERIAL PRIMARY KEY,
+  agent_id          TEXT    NOT NULL,
+  project_id        TEXT    NOT NULL DEFAULT '',
+  msg_id            TEXT    NOT NULL DEFAULT '',
+  content           TEXT    NOT NULL,
+  source            TEXT    NOT NULL DEFAULT '{{}}',
+  timestamp         TEXT    NOT NULL,
+  metadata          TEXT    NOT NULL DEFAULT '{{}}',
+  embedding         BYTEA,
+  channel           TEXT    NOT NULL DEFAULT '',
+  recall_count      INTEGER NOT NULL DEFAULT 0,
+  last_recalled_at  TEXT,
+  locked            INTEGER NOT NULL DEFAULT 0,
+  created_at        TEXT    NOT NULL DEFAULT {PG_NOW})""",
+    "CREATE INDEX IF NOT EXISTS idx_memories_agent  ON memories (agent_id, created_at)",
+    "CREATE INDEX IF NOT EXISTS idx_memories_msg_id ON memories (agent_id, msg_id)",
+    f"""CREATE TABLE IF NOT EXISTS profiles (
+  id          BIGSERIAL PRIMARY KEY,
+  agent_id    TEXT NOT NULL,
+  project_id  TEXT NOT NULL DEFAULT '',
+  user_id     TEXT NOT NULL DEFAULT '',
+  content     TEXT NOT NULL,
+  updated_at  TEXT NOT NULL DEFAULT {PG_NOW},
+  UNIQUE (agent_id, user_id))""",
+    f"""CREATE TABLE IF NOT EXISTS episodes (
+  id          BIGSERIAL PRIMARY KEY,
+  agent_id    TEXT    NOT NULL,
+  project_id  TEXT    NOT NULL DEFAULT '',
+  summary     TEXT    NOT NULL,
+  keywords    TEXT    NOT NULL DEFAULT '',
+  embedding   BYTEA,
+  start_time  TEXT,
+  end_time    TEXT,
+  resolved    INTEGER NOT NULL DEFAULT 0,
+  channel     TEXT    NOT NULL DEFAULT '',
+  created_at  TEXT    NOT NULL DEFAULT {PG_NOW})""",
+    "CREATE INDEX IF NOT EXISTS idx_episodes_agent ON episodes (agent_id, created_at)",
+    f"""CREATE TABLE IF NOT EXISTS pending_memory_tasks (
+  id          BIGSERIAL PRIMARY KEY,
+  task_type   TEXT    NOT NULL,
+  agent_id    TEXT    NOT NULL,
+  project_id  TEXT    NOT NULL DEFAULT '',
+  payload     TEXT    NOT NULL,
+  retries     INTEGER NOT NULL DEFAULT 0,
+  created_at  TEXT    NOT NULL DEFAULT {PG_NOW})""",
+)
+
+# A B-tree entry is limited to about 2.7 kB, so the content dedup index is over
+# md5(content): the same rule (one row per exact text in a bucket) for texts of
+# any length. The msg_id index is the same as on SQLite.
+PG_DEDUP_INDEXES_DDL = (
+    "CREATE UNIQUE INDEX IF NOT EXISTS idx_memories_dedup_content"
+    " ON memories (agent_id, project_id, channel, md5(content))",
+    DEDUP_INDEXES_DDL[1],
+)
+
+# PostgreSQL reflects an index column's direction and the models state none
+# (SQLite's reflection cannot report it), so the PostgreSQL indexes are
+# ascending: a B-tree serves "agent = X ORDER BY created_at DESC" by scanning
+# backwards, at the same cost.
+def _ascending(ddl: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(statement.replace(" DESC)", ")") for statement in ddl)
+
+
+PG_CHANNEL_INDEXES_DDL = _ascending(CHANNEL_INDEXES_DDL)
+PG_ISOLATION_INDEXES_DDL = _ascending(ISOLATION_INDEXES_DDL)
+
+PG_TRGM_INDEXES_DDL = (
+    "CREATE INDEX IF NOT EXISTS idx_memories_content_trgm ON memories USING gin (content gin_trgm_ops)",
+    "CREATE INDEX IF NOT EXISTS idx_episodes_summary_trgm ON episodes USING gin (summary gin_trgm_ops)",
+    "CREATE INDEX IF NOT EXISTS idx_episodes_keywords_trgm ON episodes USING gin (keywords gin_trgm_ops)",
+)
+
+
+def is_postgres() -> bool:
+    return op.get_bind().dialect.name == "postgresql"
+
+
+def _upgrade_postgres() -> None:
+    op.execute("CREATE EXTENSION IF NOT EXISTS pg_trgm")
+    for ddl in (
+        *PG_BASE_TABLES_DDL,
+        *PG_CHANNEL_INDEXES_DDL,
+        *PG_DEDUP_INDEXES_DDL,
+        *PG_ISOLATION_INDEXES_DDL,
+        *PG_TRGM_INDEXES_DDL,
+    ):
+        op.execute(ddl)
+    op.execute(f"INSERT INTO schema_version (version) VALUES ({SCHEMA_VERSION}) ON CONFLICT DO NOTHING")
+
+
 def upgrade() -> None:
+    if is_postgres():
+        _upgrade_postgres()
+        return
     for ddl in (
         *BASE_TABLES_DDL,
         *CHANNEL_INDEXES_DDL,
@@ -185,6 +294,11 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    if is_postgres():
+        # The pg_trgm extension stays: other databases objects may use it.
+        for name in BASE_TABLE_NAMES:
+            op.execute(f"DROP TABLE IF EXISTS {name} CASCADE")
+        return
     for name in FTS_TRIGGER_NAMES:
         op.execute(f"DROP TRIGGER IF EXISTS {name}")
     for name in FTS_TABLE_NAMES:

@@ -98,16 +98,71 @@ END""",
 END""",
 )
 
+# PostgreSQL: the same tables with sequence ids, and the same cascades as
+# trigger functions (a PostgreSQL trigger runs a function, not a body).
+# Ids that name a row are BIGINT like the ids themselves.
+PG_TABLES_DDL = tuple(
+    ddl.replace("INTEGER PRIMARY KEY AUTOINCREMENT", "BIGSERIAL PRIMARY KEY").replace(" INTEGER NOT NULL", " BIGINT NOT NULL")
+    for ddl in TABLES_DDL
+)
+
+PG_TRIGGERS_DDL = (
+    """CREATE OR REPLACE FUNCTION associations_entities_ad() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  DELETE FROM entity_aliases  WHERE entity_id = old.id;
+  DELETE FROM entity_mentions WHERE entity_id = old.id;
+  DELETE FROM relations
+   WHERE (subject_kind = 'entity' AND subject_id = old.id)
+      OR (object_kind  = 'entity' AND object_id  = old.id);
+  RETURN NULL;
+END $$""",
+    "CREATE TRIGGER associations_entities_ad AFTER DELETE ON entities"
+    " FOR EACH ROW EXECUTE FUNCTION associations_entities_ad()",
+    """CREATE OR REPLACE FUNCTION associations_memories_ad() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  DELETE FROM entity_mentions WHERE ref = 'mem:' || old.id;
+  DELETE FROM relations
+   WHERE (subject_kind = 'mem' AND subject_id = old.id)
+      OR (object_kind  = 'mem' AND object_id  = old.id)
+      OR anchor_ref = 'mem:' || old.id;
+  RETURN NULL;
+END $$""",
+    "CREATE TRIGGER associations_memories_ad AFTER DELETE ON memories"
+    " FOR EACH ROW EXECUTE FUNCTION associations_memories_ad()",
+    """CREATE OR REPLACE FUNCTION associations_episodes_ad() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  DELETE FROM entity_mentions WHERE ref = 'ep:' || old.id;
+  DELETE FROM relations
+   WHERE (subject_kind = 'ep' AND subject_id = old.id)
+      OR (object_kind  = 'ep' AND object_id  = old.id)
+      OR anchor_ref = 'ep:' || old.id;
+  RETURN NULL;
+END $$""",
+    "CREATE TRIGGER associations_episodes_ad AFTER DELETE ON episodes"
+    " FOR EACH ROW EXECUTE FUNCTION associations_episodes_ad()",
+)
+
 TABLE_NAMES = ("entities", "entity_aliases", "entity_mentions", "relations")
 TRIGGER_NAMES = ("associations_entities_ad", "associations_memories_ad", "associations_episodes_ad")
 
 
+def _is_postgres() -> bool:
+    return op.get_bind().dialect.name == "postgresql"
+
+
 def upgrade() -> None:
-    for ddl in (*TABLES_DDL, *TRIGGERS_DDL):
+    for ddl in (*PG_TABLES_DDL, *PG_TRIGGERS_DDL) if _is_postgres() else (*TABLES_DDL, *TRIGGERS_DDL):
         op.execute(ddl)
 
 
 def downgrade() -> None:
+    if _is_postgres():
+        for name, table in zip(TRIGGER_NAMES, ("entities", "memories", "episodes")):
+            op.execute(f"DROP TRIGGER IF EXISTS {name} ON {table}")
+            op.execute(f"DROP FUNCTION IF EXISTS {name}()")
+        for name in TABLE_NAMES:
+            op.execute(f"DROP TABLE IF EXISTS {name}")
+        return
     for name in TRIGGER_NAMES:
         op.execute(f"DROP TRIGGER IF EXISTS {name}")
     for name in TABLE_NAMES:  # their indexes go with them

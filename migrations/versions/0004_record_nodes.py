@@ -50,17 +50,54 @@ WHEN old.summary <> new.summary BEGIN
 END""",
 )
 
+# PostgreSQL: BYTEA for the vector, and the four cascades as trigger functions.
+PG_TABLE_DDL = TABLE_DDL.replace("BLOB", "BYTEA").replace("parent_id        INTEGER", "parent_id        BIGINT")
+
+
+def _pg_trigger(name: str, event: str, table: str, kind: str, when: str = "") -> tuple[str, str]:
+    return (
+        f"""CREATE OR REPLACE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  DELETE FROM record_nodes WHERE parent_kind = '{kind}' AND parent_id = old.id;
+  RETURN NULL;
+END $$""",
+        f"CREATE TRIGGER {name} AFTER {event} ON {table} FOR EACH ROW"
+        + (f" WHEN ({when})" if when else "")
+        + f" EXECUTE FUNCTION {name}()",
+    )
+
+
+PG_TRIGGERS_DDL = (
+    *_pg_trigger("record_nodes_memories_ad", "DELETE", "memories", "mem"),
+    *_pg_trigger("record_nodes_memories_au", "UPDATE OF content", "memories", "mem",
+                 "old.content IS DISTINCT FROM new.content"),
+    *_pg_trigger("record_nodes_episodes_ad", "DELETE", "episodes", "ep"),
+    *_pg_trigger("record_nodes_episodes_au", "UPDATE OF summary", "episodes", "ep",
+                 "old.summary IS DISTINCT FROM new.summary"),
+)
+_PG_TRIGGER_TABLES = ("memories", "memories", "episodes", "episodes")
+
 TRIGGER_NAMES = (
     "record_nodes_memories_ad", "record_nodes_memories_au", "record_nodes_episodes_ad", "record_nodes_episodes_au",
 )
 
 
+def _is_postgres() -> bool:
+    return op.get_bind().dialect.name == "postgresql"
+
+
 def upgrade() -> None:
-    for ddl in (TABLE_DDL, *TRIGGERS_DDL):
+    for ddl in (PG_TABLE_DDL, *PG_TRIGGERS_DDL) if _is_postgres() else (TABLE_DDL, *TRIGGERS_DDL):
         op.execute(ddl)
 
 
 def downgrade() -> None:
+    if _is_postgres():
+        for name, table in zip(TRIGGER_NAMES, _PG_TRIGGER_TABLES):
+            op.execute(f"DROP TRIGGER IF EXISTS {name} ON {table}")
+            op.execute(f"DROP FUNCTION IF EXISTS {name}()")
+        op.execute("DROP TABLE IF EXISTS record_nodes")
+        return
     for name in TRIGGER_NAMES:
         op.execute(f"DROP TRIGGER IF EXISTS {name}")
     op.execute("DROP TABLE IF EXISTS record_nodes")
