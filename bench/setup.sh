@@ -6,6 +6,8 @@
 #   bench/.venvs/ref       the reference server, cpersona==2.6.14 (mcp 1.x, kept apart from ours)
 #   bench/.venvs/embed     the local embedding server: torch (CPU build) + all-MiniLM-L6-v2 weights
 #
+# Checks run with -I so a cpersona package in the current directory cannot
+# masquerade as an installed one.
 # Environment: PYTHON (default python3) picks the interpreter for new venvs;
 # SKIP_EMBED=1 leaves out the 1 GB embedding venv when only the latency or the
 # keyword-only benchmark is wanted.
@@ -30,7 +32,7 @@ make_venv() {  # make_venv DIR
 }
 
 has_module() {  # has_module VENV MODULE
-    "$1/bin/python" -c "import $2" >/dev/null 2>&1
+    "$1/bin/python" -I -c "import $2" >/dev/null 2>&1
 }
 
 mkdir -p "$VENVS"
@@ -44,7 +46,7 @@ fi
 
 # 2. the reference server
 make_venv "$VENVS/ref"
-if [ "$("$VENVS/ref/bin/python" -c 'import importlib.metadata as m; print(m.version("cpersona"))' 2>/dev/null)" != "$REF_VERSION" ]; then
+if [ "$("$VENVS/ref/bin/python" -I -c 'import importlib.metadata as m; print(m.version("cpersona"))' 2>/dev/null)" != "$REF_VERSION" ]; then
     log "installing cpersona==$REF_VERSION into $VENVS/ref"
     "$VENVS/ref/bin/pip" install --quiet "cpersona==$REF_VERSION"
 fi
