@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from cpersona.services.app import App
-from cpersona.services.health import embeddings
+from cpersona.services.health import derived, embeddings
 from cpersona.services.health.registry import (
     Check, Ctx, Issue, Prep, dedupe, names, registry, run_checks, severity_summary, unknown_names,
     unknown_refusal, verdict,
@@ -45,6 +45,8 @@ def prepare(app: App, agent_id: str, checks: Sequence[Check], *, fix: bool) -> P
     """H-4: the probe (and, under fix, the re-embeddings) before any lock is taken."""
     prep = Prep()
     embeddings.probe(app, prep)
+    if any(c.name == "missing_nodes" for c in checks):
+        derived.measure(app, prep, agent_id)  # token reports are network calls: never under the lock
     if fix:
         tables = [NULL_CHECKS[c.name] for c in checks if c.name in NULL_CHECKS]
         embeddings.precompute(app, prep, agent_id, tables)

@@ -13,6 +13,7 @@ import os
 import stat
 from pathlib import Path
 
+from cpersona.services.health import derived
 from cpersona.services.health.registry import Check, Ctx, Issue
 from cpersona.services.operating_context import SUMMARY_SIZE_HINT, read_state
 from cpersona.services.calibration_sidecar import glob_escape
@@ -141,6 +142,6 @@ CHECKS = [
     Check("operating_context_size", "info", detect_context_size),
     Check("file_permissions", "warn", detect_permissions, repair_permissions, cross_agent=True,
           whole_database=True),
-    Check("missing_nodes", "info", _nothing, _no_repair),
+    derived.CHECK,  # missing_nodes
     Check("missing_blocks", "info", _nothing, _no_repair),
 ]

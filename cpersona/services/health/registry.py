@@ -52,6 +52,7 @@ class Prep:
     dimension: int | None = None
     # table -> [(id, text the vector was computed from, blob)]
     vectors: dict[str, list[tuple[int, str, bytes]]] = field(default_factory=dict)
+    nodes: Any = None  # derived.NodeScan: token reports for missing_nodes; None = no report expected
 
 
 @dataclass

@@ -1,0 +1,151 @@
+"""Check 37, missing_nodes: records past the embedding window without current overflow nodes (spec R-49).
+
+"Past the window" is the backend's token report (services/nodes.py, OV-1), a
+network request, so :func:`measure` asks it in :func:`prepare` before any lock
+is taken (spec H-4); the check itself only re-reads the database. Currency is
+the node builder's own test (``nodes.current_nodes`` with the accepted model
+keys), so the check and the builder cannot disagree about what "current" means.
+
+The repair queues ``build_nodes`` tasks (services/tasks.py) inside the run's
+write transaction instead of building in place: building embeds every node,
+which must not happen under the write lock, and the queue lives in the
+database, so a build interrupted by a restart still runs.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from sqlalchemy import text
+
+from cpersona.services import nodes
+from cpersona.services.app import App
+from cpersona.services.health.registry import Check, Ctx, Issue, Prep
+from cpersona.services.tasks import enqueue
+from cpersona.storage.scope import Scope, sql_fragment
+
+BUILD_CAP = 50  # records one fix run queues (R-49)
+REPORT_BATCH = 256  # texts per token-report request
+MEASURE_CAP = 20000  # records measured per run and table; past it the count is a lower bound
+TABLES = (("mem", "memories", "content"), ("ep", "episodes", "summary"))
+
+HINT_UNKNOWN = ("the embedding backend did not return token counts, so records past the window cannot be "
+                "told apart; check that its count_tokens route answers, then re-run")
+HINT_QUEUE_OFF = ("node builds run on the task queue, which is off (CPERSONA_TASK_QUEUE_ENABLED=false); "
+                  "turn it on to let fix queue them")
+
+
+@dataclass
+class NodeScan:
+    """What the token report said, gathered before the lock."""
+
+    failed: bool = False  # a report was expected and not returned
+    complete: bool = True  # False when a table had more rows than MEASURE_CAP
+    # (kind, id, agent_id, project_id, text) of every record past the window
+    past: list[tuple[str, int, str, str, str]] = field(default_factory=list)
+    model_keys: frozenset[str] = frozenset()
+
+
+def measure(app: App, prep: Prep, agent_id: str) -> None:
+    """Token reports for every record without current nodes; leaves ``prep.nodes`` None when there is no report."""
+    reporter = nodes.token_reporter(app)
+    if reporter is None or app.embedder is None:
+        return  # no backend reports tokens: the feature is off and nothing is expected
+    scan = NodeScan(model_keys=nodes.accepted_model_keys(app))
+    candidates: list[tuple[str, int, str, str, str]] = []
+    where, params = sql_fragment(Scope(agent_id=agent_id or None), "")
+    with app.db.read() as session:
+        for kind, table, column in TABLES:
+            rows = session.execute(text(
+                f"SELECT id, agent_id, project_id, {column} AS body FROM {table} "
+                f"WHERE {where} AND length({column}) > 0 ORDER BY id LIMIT :cap"),
+                {**params, "cap": MEASURE_CAP + 1}).all()
+            if len(rows) > MEASURE_CAP:
+                scan.complete, rows = False, rows[:MEASURE_CAP]
+            noded = {r[0] for r in session.execute(
+                text("SELECT DISTINCT parent_id FROM record_nodes WHERE parent_kind = :k"), {"k": kind})}
+            for row in rows:
+                if row.id in noded and nodes.current_nodes(session, kind, row.id, row.body,
+                                                           model_keys=scan.model_keys) is not None:
+                    continue
+                candidates.append((kind, row.id, row.agent_id, row.project_id, row.body))
+    for start in range(0, len(candidates), REPORT_BATCH):
+        batch = candidates[start:start + REPORT_BATCH]
+        infos = reporter.report([c[4] for c in batch])
+        if infos is None:
+            prep.nodes = NodeScan(failed=True)
+            return
+        scan.past.extend(c for c, info in zip(batch, infos) if info.truncated)
+    prep.nodes = scan
+
+
+def _queued_ids(ctx: Ctx) -> set[tuple[str, int]]:
+    """Records that already have a build waiting, so a second fix does not queue them twice."""
+    found: set[tuple[str, int]] = set()
+    for (payload,) in ctx.rows("SELECT payload FROM pending_memory_tasks WHERE task_type = :t", t=nodes.TASK_TYPE):
+        try:
+            body = json.loads(payload)
+        except (TypeError, ValueError):
+            continue
+        if isinstance(body, dict) and body.get("kind") in nodes.KINDS and isinstance(body.get("id"), int):
+            found.add((body["kind"], body["id"]))
+    return found
+
+
+def _still_missing(ctx: Ctx, scan: NodeScan) -> list[tuple[str, int, str, str, str]]:
+    """The measured records whose text is unchanged and whose nodes are still not current."""
+    out = []
+    for record in scan.past:
+        kind, record_id, *_, body = record
+        table, column = ("memories", "content") if kind == "mem" else ("episodes", "summary")
+        if ctx.scalar(f"SELECT {column} FROM {table} WHERE id = :i", i=record_id) != body:
+            continue  # deleted or rewritten since it was measured: its own write queued a build
+        if nodes.current_nodes(ctx.conn, kind, record_id, body, model_keys=scan.model_keys) is None:
+            out.append(record)
+    return out
+
+
+def detect_missing_nodes(ctx: Ctx) -> list[Issue]:
+    scan = getattr(ctx.prep, "nodes", None)
+    if scan is None:
+        return []
+    if scan.failed:
+        return [{"type": "missing_nodes", "count": None, "repairable": 0, "hint": HINT_UNKNOWN}]
+    missing = _still_missing(ctx, scan)
+    if not missing:
+        return []
+    queued = _queued_ids(ctx)
+    waiting = sum((r[0], r[1]) in queued for r in missing)
+    buildable = 0 if not ctx.settings.task_queue_enabled else min(len(missing) - waiting, BUILD_CAP)
+    issue: Issue = {"type": "missing_nodes", "count": len(missing),
+                    "memories": sum(r[0] == "mem" for r in missing),
+                    "episodes": sum(r[0] == "ep" for r in missing), "repairable": buildable}
+    if waiting:
+        issue["already_queued"] = waiting
+    if not scan.complete:
+        issue["complete"] = False
+    if not ctx.settings.task_queue_enabled:
+        issue["hint"] = HINT_QUEUE_OFF
+    return [issue]
+
+
+def repair_missing_nodes(ctx: Ctx, issues: list[Issue]) -> None:
+    issue = issues[0]
+    todo: list[tuple[str, int, str, str, str]] = []
+    if issue.get("repairable"):
+        queued = _queued_ids(ctx)
+        todo = [r for r in _still_missing(ctx, ctx.prep.nodes) if (r[0], r[1]) not in queued][:BUILD_CAP]
+    for kind, record_id, agent_id, project_id, _ in todo:
+        enqueue(ctx.app, ctx.conn, nodes.TASK_TYPE, agent_id=agent_id, project_id=project_id,
+                payload={"kind": kind, "id": record_id})
+    # Builds run on the queue after this commit; `built` counts none here, `queued` says what was handed over.
+    if issue["count"] is None:
+        issue["built"] = 0
+        return
+    issue.update(built=0, queued=len(todo), remaining=issue["count"] - len(todo) - issue.get("already_queued", 0))
+    if issue["remaining"] > 0:
+        issue["hint"] = "bounded repair: re-run fix until remaining reaches 0"
+
+
+CHECK = Check("missing_nodes", "info", detect_missing_nodes, repair_missing_nodes)
