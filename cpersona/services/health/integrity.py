@@ -165,8 +165,9 @@ def _revision_module(revision: str) -> Any:
 
 
 def _statements(module: Any) -> Iterator[str]:
-    for value in vars(module).values():
-        if isinstance(value, tuple):
+    for name, value in vars(module).items():
+        # PG_* tuples hold the PostgreSQL twins of the same objects; this check reads SQLite's.
+        if isinstance(value, tuple) and not name.startswith("PG_"):
             yield from (v for v in value if isinstance(v, str))
 
 
