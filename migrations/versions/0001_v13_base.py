@@ -257,6 +257,29 @@ PG_TRGM_INDEXES_DDL = (
 )
 
 
+# Two total functions the PostgreSQL search needs where SQLite has json_valid /
+# json_extract and julianday: NULL for input they cannot read, never an error,
+# so one malformed row cannot fail a whole search.
+PG_FUNCTIONS_DDL = (
+    """CREATE OR REPLACE FUNCTION cpersona_source_id(src text) RETURNS text
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+  RETURN (src::jsonb) ->> 'id';
+EXCEPTION WHEN others THEN
+  RETURN NULL;
+END $$""",
+    """CREATE OR REPLACE FUNCTION cpersona_instant(stamp text) RETURNS timestamptz
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+  RETURN CASE WHEN stamp ~ '(Z|[+-][0-9]{2}:?[0-9]{2})$' THEN stamp::timestamptz
+              ELSE (stamp::timestamp AT TIME ZONE 'UTC') END;
+EXCEPTION WHEN others THEN
+  RETURN NULL;
+END $$""",
+)
+PG_FUNCTION_NAMES = ("cpersona_source_id(text)", "cpersona_instant(text)")
+
+
 def is_postgres() -> bool:
     return op.get_bind().dialect.name == "postgresql"
 
@@ -269,6 +292,7 @@ def _upgrade_postgres() -> None:
         *PG_DEDUP_INDEXES_DDL,
         *PG_ISOLATION_INDEXES_DDL,
         *PG_TRGM_INDEXES_DDL,
+        *PG_FUNCTIONS_DDL,
     ):
         op.execute(ddl)
     op.execute(f"INSERT INTO schema_version (version) VALUES ({SCHEMA_VERSION}) ON CONFLICT DO NOTHING")
@@ -298,6 +322,8 @@ def downgrade() -> None:
         # The pg_trgm extension stays: other databases objects may use it.
         for name in BASE_TABLE_NAMES:
             op.execute(f"DROP TABLE IF EXISTS {name} CASCADE")
+        for name in PG_FUNCTION_NAMES:
+            op.execute(f"DROP FUNCTION IF EXISTS {name}")
         return
     for name in FTS_TRIGGER_NAMES:
         op.execute(f"DROP TRIGGER IF EXISTS {name}")

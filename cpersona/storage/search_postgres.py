@@ -1,0 +1,268 @@
+"""SearchBackend over PostgreSQL: pg_trgm for the keyword arms, numpy for vectors.
+
+Keyword search. The GIN ``gin_trgm_ops`` indexes (revision 0001's PostgreSQL
+branch) answer ``ILIKE '%term%'`` for any term of 3 or more characters, in any
+script, so the terms of :func:`~cpersona.storage.search.query_terms` (words,
+and every 3-character window of a CJK run) find the same rows FTS5 trigram
+finds on SQLite. The score is the number of distinct terms a row contains plus
+``word_similarity`` of the whole query (0..1) as a tie-break: like bm25 it
+rewards rows matching more of the query, higher is better, and fusion
+min-max-normalises it per channel exactly as it does ``-bm25``. With no usable
+term or no match, memories fall back to the newest-first substring scan
+(spec KW-1), as on SQLite.
+
+Vectors. pgvector is not available on Debian's PostgreSQL 15 (notes/stack.md
+§5), so the vector arm reads the scope's scan window of float32 BYTEA blobs —
+newest first, only blobs of the query's width (VEC-3) — in chunks and ranks
+them by cosine in numpy. The window, threshold, depth and tie order (cosine
+desc, scan position asc) are those of :mod:`cpersona.storage.vectors_sqlite`.
+
+Every statement carries the isolation fragment of :mod:`cpersona.storage.scope`
+and runs under a statement_timeout, so no query can hold a worker for long.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from datetime import datetime, timezone
+from typing import Any
+
+import numpy as np
+from sqlalchemy import text
+from sqlalchemy.exc import DBAPIError
+
+from cpersona.embedding.vectors import FLOAT32
+from cpersona.storage.engine import Database
+from cpersona.storage.scope import Scope, sql_fragment
+from cpersona.storage.search import Hit, Kind, KeywordResult, Record, RowKey, clean_query, query_terms
+from cpersona.storage.search_sqlite import (
+    _EPISODE_COLUMNS,
+    _MEMORY_COLUMNS,
+    LIKE_MAX_PATTERN_BYTES,
+    STATEMENT_DEADLINE_SECONDS,
+    _episode,
+    _memory,
+    like_pattern,
+)
+from cpersona.storage.vectors_sqlite import usable_query
+
+log = logging.getLogger(__name__)
+
+VECTOR_CHUNK_ROWS = 2048  # rows per fetch of the vector scan: bounds memory, not the answer
+
+
+def source_filter(source_id: str, alias: str = "m") -> tuple[str, dict[str, Any]]:
+    """spec ISO-3 on PostgreSQL: exact id, or prefix when the id ends in punctuation.
+
+    ``cpersona_source_id`` (revision 0001) returns NULL for a source that is not
+    JSON, so such a row never matches, as json_valid() ensures on SQLite.
+    """
+    if not source_id:
+        return "1=1", {}
+    row_id = f"cpersona_source_id({alias}.source)"
+    if source_id[-1].isalnum():
+        return f"{row_id} = :source_id", {"source_id": source_id}
+    return (
+        f"substr({row_id}, 1, :source_id_len) = :source_id",
+        {"source_id": source_id, "source_id_len": len(source_id)},
+    )
+
+
+def _terms_clause(column_sets: tuple[str, ...], terms: list[str]) -> tuple[str, str, dict[str, Any]]:
+    """(any-term predicate, matched-term count expression, params) over the columns."""
+    params: dict[str, Any] = {}
+    per_term = []
+    for i, term in enumerate(terms):
+        params[f"t{i}"] = like_pattern(term)
+        per_term.append("(" + " OR ".join(f"{c} ILIKE :t{i}" for c in column_sets) + ")")
+    return " OR ".join(per_term), " + ".join(f"({p})::int" for p in per_term), params
+
+
+class PostgresSearch:
+    """:class:`~cpersona.storage.search.SearchBackend` for a PostgreSQL database."""
+
+    def __init__(self, db: Database, *, fts_enabled: bool = True) -> None:
+        self.db = db
+        self.fts_enabled = fts_enabled
+
+    # -- keyword arms -----------------------------------------------------------
+
+    def keyword_memories(
+        self, scope: Scope, query: str, depth: int, *, source_id: str = ""
+    ) -> KeywordResult:
+        if depth <= 0 or not clean_query(query):
+            return KeywordResult([], "none")
+        terms = query_terms(query)
+        if self.fts_enabled and terms:
+            where, params = sql_fragment(scope, "m")
+            by_source, source_params = source_filter(source_id)
+            any_term, matched, term_params = _terms_clause(("m.content",), terms)
+            sql = text(
+                f"SELECT {_MEMORY_COLUMNS}, ({matched}) + word_similarity(:q, m.content) AS score "
+                f"FROM memories m WHERE ({any_term}) AND {where} AND {by_source} "
+                "ORDER BY score DESC, m.id LIMIT :depth"
+            )
+            rows = self._run("memories trigram", sql, {
+                **params, **source_params, **term_params, "q": clean_query(query), "depth": depth,
+            })
+            if rows:
+                return KeywordResult([Hit(_memory(r), float(r.score)) for r in rows], "fts")
+        return KeywordResult(self._like_memories(scope, query, depth, source_id), "like")
+
+    def _like_memories(self, scope: Scope, query: str, depth: int, source_id: str) -> list[Hit]:
+        pattern = like_pattern(clean_query(query))
+        if len(pattern.encode("utf-8")) > LIKE_MAX_PATTERN_BYTES:
+            return []
+        where, params = sql_fragment(scope, "m")
+        by_source, source_params = source_filter(source_id)
+        # ILIKE: PostgreSQL's LIKE is case-sensitive, SQLite's folds case. ILIKE
+        # folds every script's case, SQLite's LIKE ASCII only (a wider match).
+        sql = text(
+            f"SELECT {_MEMORY_COLUMNS} FROM memories m "
+            f"WHERE m.content ILIKE :pattern AND {where} AND {by_source} "
+            "ORDER BY m.created_at DESC, m.id DESC LIMIT :depth"
+        )
+        rows = self._run("memories LIKE", sql, {**params, **source_params, "pattern": pattern, "depth": depth})
+        return [Hit(_memory(r)) for r in (rows or [])]
+
+    def keyword_episodes(self, scope: Scope, query: str, depth: int) -> list[Hit]:
+        terms = query_terms(query)
+        if depth <= 0 or not self.fts_enabled or not terms:
+            return []
+        where, params = sql_fragment(scope, "e")
+        any_term, matched, term_params = _terms_clause(("e.summary", "e.keywords"), terms)
+        sql = text(
+            f"SELECT {_EPISODE_COLUMNS}, ({matched}) + word_similarity(:q, e.summary) AS score "
+            f"FROM episodes e WHERE ({any_term}) AND {where} "
+            "ORDER BY score DESC, e.id LIMIT :depth"
+        )
+        rows = self._run("episodes trigram", sql, {**params, **term_params, "q": clean_query(query), "depth": depth})
+        return [Hit(_episode(r), float(r.score)) for r in (rows or [])]
+
+    # -- vector arm (spec §5.6), in-process ------------------------------------------
+
+    def vector_candidates(
+        self,
+        kind: Kind,
+        scope: Scope,
+        query: bytes,
+        depth: int,
+        *,
+        threshold: float,
+        window: tuple[int, int],
+        source_id: str = "",
+    ) -> list[Hit]:
+        start, stop = max(0, int(window[0])), max(0, int(window[1]))
+        if depth <= 0 or stop <= start or not usable_query(query):
+            return []
+        table, alias = ("memories", "m") if kind == "mem" else ("episodes", "e")
+        where, params = sql_fragment(scope, alias)
+        if kind == "mem":
+            by_source, source_params = source_filter(source_id)
+            where, params = f"{where} AND {by_source}", {**params, **source_params}
+        sql = text(
+            f"SELECT {alias}.id, {alias}.embedding FROM {table} {alias} "
+            f"WHERE {where} AND {alias}.embedding IS NOT NULL AND octet_length({alias}.embedding) = :nbytes "
+            f"ORDER BY {alias}.created_at DESC, {alias}.id ASC LIMIT :span OFFSET :start"
+        )
+        params.update({"nbytes": len(query), "span": stop - start, "start": start})
+        q = np.frombuffer(query, dtype=FLOAT32).astype(np.float64)
+        q /= np.linalg.norm(q)
+        scored: list[tuple[float, int, int]] = []  # (cosine, scan position, id)
+        position = 0
+        try:
+            with self.db.read() as session:
+                session.execute(text(f"SET LOCAL statement_timeout = {int(STATEMENT_DEADLINE_SECONDS * 1000)}"))
+                result = session.execute(sql, params)
+                while chunk := result.fetchmany(VECTOR_CHUNK_ROWS):
+                    matrix = np.frombuffer(b"".join(bytes(r.embedding) for r in chunk), dtype=FLOAT32)
+                    matrix = matrix.reshape(len(chunk), -1).astype(np.float64)
+                    with np.errstate(invalid="ignore", divide="ignore"):
+                        cosines = (matrix @ q) / np.linalg.norm(matrix, axis=1)
+                    for offset, (row, cosine) in enumerate(zip(chunk, cosines)):
+                        # NaN (zero or non-finite stored vector) fails every threshold, as on SQLite.
+                        if np.isfinite(cosine) and cosine >= threshold:
+                            scored.append((float(cosine), position + offset, row.id))
+                    position += len(chunk)
+        except DBAPIError as exc:
+            log.warning("%s vector search failed, treated as no match: %s", kind, exc.orig)
+            return []
+        scored.sort(key=lambda s: (-s[0], s[1]))
+        best = scored[:depth]
+        records = self.fetch(scope, [(kind, row_id) for _, _, row_id in best])
+        return [Hit(records[(kind, i)], cos) for cos, _, i in best if (kind, i) in records]
+
+    # -- listings and scope facts -----------------------------------------------
+
+    def recent_memories(self, scope: Scope, depth: int, *, source_id: str = "") -> list[Hit]:
+        if depth <= 0:
+            return []
+        where, params = sql_fragment(scope, "m")
+        by_source, source_params = source_filter(source_id)
+        sql = text(
+            f"SELECT {_MEMORY_COLUMNS} FROM memories m WHERE {where} AND {by_source} "
+            "ORDER BY m.created_at DESC, m.id DESC LIMIT :depth"
+        )
+        rows = self._run("recency", sql, {**params, **source_params, "depth": depth})
+        return [Hit(_memory(r)) for r in (rows or [])]
+
+    def pool_count(self, scope: Scope) -> int:
+        m_where, params = sql_fragment(scope, "m")
+        e_where, _ = sql_fragment(scope, "e")
+        sql = text(
+            f"SELECT (SELECT count(*) FROM memories m WHERE {m_where}) "
+            f"+ (SELECT count(*) FROM episodes e WHERE {e_where})"
+        )
+        with self.db.read() as session:
+            return int(session.execute(sql, params).scalar_one())
+
+    def fetch(self, scope: Scope, keys: Iterable[RowKey]) -> dict[RowKey, Record]:
+        wanted: dict[str, list[int]] = {"mem": [], "ep": []}
+        for kind, row_id in keys:
+            wanted[kind].append(int(row_id))
+        found: dict[RowKey, Record] = {}
+        with self.db.read() as session:
+            for kind, ids in wanted.items():
+                if not ids:
+                    continue
+                alias, table, columns, build = (
+                    ("m", "memories", _MEMORY_COLUMNS, _memory)
+                    if kind == "mem"
+                    else ("e", "episodes", _EPISODE_COLUMNS, _episode)
+                )
+                where, params = sql_fragment(scope, alias)
+                sql = text(f"SELECT {columns} FROM {table} {alias} WHERE {alias}.id = ANY(:ids) AND {where}")
+                for row in session.execute(sql, {**params, "ids": ids}):
+                    record = build(row)
+                    found[record.key] = record
+        return found
+
+    def episode_boundary(self, scope: Scope) -> datetime | None:
+        # cpersona_instant() reads SQLite-style and ISO-8601 stamps (UTC when no
+        # offset), NULL for anything else: "newest" by instant, as julianday does.
+        where, params = sql_fragment(scope, "e")
+        sql = text(f"SELECT max(cpersona_instant(e.created_at)) FROM episodes e WHERE {where}")
+        with self.db.read() as session:
+            value = session.execute(sql, params).scalar_one()
+        return None if value is None else value.astimezone(timezone.utc)
+
+    def profile(self, agent_id: str) -> str | None:
+        sql = text(
+            "SELECT content FROM profiles WHERE agent_id = :agent "
+            "ORDER BY user_id != '', id LIMIT 1"
+        )
+        with self.db.read() as session:
+            return session.execute(sql, {"agent": agent_id}).scalar_one_or_none()
+
+    # -- execution ----------------------------------------------------------------
+
+    def _run(self, what: str, sql: Any, params: dict[str, Any]) -> list[Any] | None:
+        """Rows of one search statement, or None when it failed or overran."""
+        with self.db.read() as session:
+            try:
+                session.execute(text(f"SET LOCAL statement_timeout = {int(STATEMENT_DEADLINE_SECONDS * 1000)}"))
+                return list(session.execute(sql, params))
+            except DBAPIError as exc:
+                log.warning("%s search failed, treated as no match: %s", what, exc.orig)
+                return None
