@@ -508,3 +508,46 @@ def test_an_empty_corpus_has_nothing_to_calibrate(db, embed_server):
     app = gate_app(db, embed_server, RECALL_MODE="rsf")
     assert cal.startup(app, threading.Event()) == "nothing to calibrate"
     assert not app.settings.calibration_sidecar.exists()
+
+
+def test_over_stdio_calibration_and_precision_survive_a_restart(db_path, embed_server):
+    # spec CT-3, SP-2, §5.18.5 through the real server process (cli serve starts the restore)
+    import sys
+    from pathlib import Path
+
+    from cpersona.storage.engine import open_sqlite
+    from cpersona.storage.migrate import upgrade
+
+    database = open_sqlite(db_path)
+    upgrade(database)
+    insert(database, "g", sessions(16, 5))
+    database.close()
+    sys.path.insert(0, str(Path(__file__).parent / "e2e"))
+    from stdio_harness import RawSession, server_env
+
+    env = server_env(db_path, CPERSONA_EMBEDDING_MODE="http", CPERSONA_EMBEDDING_URL=embed_server.url,
+                     CPERSONA_RECALL_MODE="rsf", CPERSONA_FUSED_GATE_SAMPLE_QUERIES="10",
+                     CPERSONA_FUSED_GATE_CALIBRATION_DRAWS="2",
+                     CPERSONA_CALIBRATE_ON_MODEL_CHANGE="false")  # only the tools measure here
+
+    def answer(session, name, arguments):
+        reply = session.call(name, json.dumps(arguments), timeout=60)
+        return json.loads(reply["result"]["content"][0]["text"])
+
+    first = RawSession(env)
+    try:
+        first.initialize()
+        measured = answer(first, "calibrate_threshold", {"agent_id": "g"})
+        assert measured["ok"] and measured["new_threshold"] == 0.388 and measured["sidecar_persisted"]
+        assert answer(first, "set_recall_precision", {"agent_id": "g", "precision": "strict"})["ok"]
+    finally:
+        assert first.close() == 0
+    second = RawSession(env)
+    try:
+        second.initialize()
+        # The β is read before serving; the measured values under the calibration lock right after.
+        assert answer(second, "get_recall_precision", {"agent_id": "g"})["precision"] == "strict"
+        again = answer(second, "calibrate_threshold", {"agent_id": "g", "method": "percentile"})
+        assert again["old_threshold"] == 0.388 and again["fused_gate"]["beta"] == 2.0
+    finally:
+        assert second.close() == 0

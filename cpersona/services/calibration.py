@@ -413,14 +413,15 @@ class StartupCalibration:
 def start_calibration(app: App) -> StartupCalibration | None:
     """Restore the sidecar, and recalibrate when it is stale or asked to, off the serving path.
 
-    In mode ``none`` no vector arm or gate runs, so only the per-agent betas
-    (preferences, not measurements) are read, at once.
+    The per-agent betas (preferences, not measurements) are read at once. In
+    mode ``none`` no vector arm or gate runs, so that is all; otherwise the
+    measured values are restored or re-measured in a background thread, and
+    recall uses the configured threshold and the heuristic gate until they land.
     """
-    state = state_of(app)
+    stored = read_sidecar(app.settings.calibration_sidecar)
+    if stored.values is not None:  # preferences are in force before the first call, whatever follows
+        state_of(app).restore(stored.values, measured=False)
     if app.settings.embedding_mode == "none":
-        stored = read_sidecar(app.settings.calibration_sidecar)
-        if stored.values is not None:
-            state.restore(stored.values, measured=False)
         return None
     return StartupCalibration(app).start()
 
@@ -429,12 +430,13 @@ def startup(app: App, stop: threading.Event) -> str:
     """Restore or recalibrate; returns what it did (for logs and tests)."""
     settings = app.settings
     state = state_of(app)
-    stored = read_sidecar(settings.calibration_sidecar)
-    width = corpus_width(app)
-    fingerprint = scoring_version(settings)
-    valid = stored.values is not None and stored.values.matches(width, fingerprint)
-    if stored.values is not None:
-        state.restore(stored.values, measured=valid)
+    with state.run_lock:  # a calibration asked for meanwhile starts from the restored values
+        stored = read_sidecar(settings.calibration_sidecar)
+        width = corpus_width(app)
+        fingerprint = scoring_version(settings)
+        valid = stored.values is not None and stored.values.matches(width, fingerprint)
+        if stored.values is not None:
+            state.restore(stored.values, measured=valid)
     if stored.status == "unreadable":
         log.warning("calibration sidecar unreadable (%s)", stored.error)
     live_signal = gate_signal(settings) if settings.fused_gate_enabled else None
