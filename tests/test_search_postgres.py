@@ -116,3 +116,12 @@ def test_scope_facts_match(backends):
         assert lite.pool_count(scope) == pg.pool_count(scope)
         assert lite.episode_boundary(scope) == pg.episode_boundary(scope)
         assert lite.fetch(scope, [("mem", 1), ("mem", 5), ("ep", 2)]) == pg.fetch(scope, [("mem", 1), ("mem", 5), ("ep", 2)])
+
+
+def test_the_backend_is_chosen_by_the_engine(backends):
+    from cpersona.storage.search import open_search
+
+    lite, pg = backends
+    assert isinstance(open_search(lite.db), SqliteSearch)
+    assert isinstance(open_search(pg.db, fts_enabled=False), PostgresSearch)
+    assert open_search(pg.db, fts_enabled=False).fts_enabled is False

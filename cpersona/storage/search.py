@@ -186,3 +186,16 @@ class SearchBackend(Protocol):
         ``source_id`` filters memories as in the keyword arm; episodes ignore it.
         """
         ...
+
+
+def open_search(db, *, fts_enabled: bool = True) -> SearchBackend:
+    """The SearchBackend for ``db``'s engine: the one place the choice is made."""
+    if db.is_sqlite:
+        from cpersona.storage.search_sqlite import SqliteSearch
+
+        return SqliteSearch(db, fts_enabled=fts_enabled)
+    if db.dialect == "postgresql":
+        from cpersona.storage.search_postgres import PostgresSearch
+
+        return PostgresSearch(db, fts_enabled=fts_enabled)
+    raise ValueError(f"no search backend for the {db.dialect} database engine")
