@@ -95,6 +95,36 @@ def render(report: dict[str, Any], *, fix: bool, code: int, strict: bool) -> str
     return "\n".join(lines)
 
 
+def read_only_engine(path: Path) -> Any:
+    """An engine that cannot change the file (CLI-3, H-13).
+
+    The server's engine switches the file to WAL on connect, which rewrites the
+    header of a rollback-journal database; a report must leave the file as it
+    found it, so this one opens ``mode=ro`` and sets only connection-local pragmas.
+    """
+    from sqlalchemy import create_engine, event
+
+    from cpersona.storage.engine import _load_sqlite_vec, sqlite_module
+
+    module = sqlite_module()
+    uri = Path(path).resolve().as_uri() + "?mode=ro"
+    engine = create_engine("sqlite+pysqlite://", module=module,
+                           creator=lambda: module.connect(uri, uri=True, check_same_thread=False))
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        dbapi_conn.isolation_level = None
+        _load_sqlite_vec(dbapi_conn)
+        dbapi_conn.execute("PRAGMA busy_timeout=5000")
+        dbapi_conn.execute("PRAGMA query_only=ON")
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Any) -> None:
+        conn.exec_driver_sql("BEGIN DEFERRED")
+
+    return engine
+
+
 def run(args: argparse.Namespace) -> int:
     from cpersona.config import ConfigError, load_settings
     from cpersona.embedding.client import build_embedder
@@ -112,13 +142,13 @@ def run(args: argparse.Namespace) -> int:
         from cpersona.services.app import App
         from cpersona.services.health.check_health import run_health, select
         from cpersona.services.health.deep_check import deep_check
-        from cpersona.storage.engine import Database, sqlite_engine
+        from cpersona.storage.engine import Database
         from cpersona.storage.migrate import open_and_upgrade
 
         if args.fix:
             db = open_and_upgrade(path, fts_enabled=settings.fts_enabled)
         else:
-            db = Database(sqlite_engine(path), path=path)  # CLI-3: a report never migrates
+            db = Database(read_only_engine(path), path=path)  # CLI-3: a report never migrates nor writes
         app = App(db=db, settings=settings, embedder=embedder)
         checks, checks_run = select([])
         report = run_health(app, agent_id=args.agent, fix=args.fix, checks=checks, checks_run=checks_run)

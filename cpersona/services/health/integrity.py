@@ -53,8 +53,13 @@ def _verify_on(execute: Any, fts: str) -> bool:
         execute(full)
         return True
     except Exception as exc:  # noqa: BLE001 — the message tells corruption from "unsupported"
-        if "corrupt" in str(exc).lower() or "malformed" in str(exc).lower():
+        message = str(exc).lower()
+        if "corrupt" in message or "malformed" in message:
             return False
+        if "readonly" in message:
+            # A read-only open (the report-only checkup, CLI-3) cannot run the command at all:
+            # unavailable, so skipped rather than read as a damaged index.
+            return True
     try:
         execute(structural)
     except Exception:  # noqa: BLE001
