@@ -20,10 +20,17 @@ from cpersona.services.calibration_sidecar import glob_escape
 
 
 def _nothing(ctx: Ctx) -> list[Issue]:
+    """The detector of vector_index, coarse_index, block_index and missing_blocks: always no issue.
+
+    Their features (contiguous vector index files, the coarse 1-bit index, record
+    blocks and their index) do not exist in this build (spec README decision 6),
+    so the "feature off" state is the only state and it reports nothing (§9 point 3).
+    """
     return []
 
 
 def _no_repair(ctx: Ctx, issues: list[Issue]) -> None:
+    """The repair slot of the feature-off fix-capable checks: there is never an issue to repair."""
     return None
 
 
