@@ -266,3 +266,19 @@ def test_calibration_staleness_with_a_sidecar(db, h, embed_server):
     assert status()["status"] == "stale_scoring_version"
     sidecar.write_text("{not json")
     assert status()["status"] == "unreadable"
+
+
+# -- 10: null_episode_embedding -------------------------------------------------------------------
+
+
+def test_null_episode_embedding_fix_and_second_run(db, h, embed_server):
+    # spec R-22, H-4: an episode always expects a vector; fix embeds it outside the lock
+    app = http_app(db, h, embed_server)
+    assert h.run(app, "null_episode_embedding") == []
+    h.execute(app, "INSERT INTO episodes (agent_id, summary, start_time, end_time) VALUES ('a', 'an episode', '', '')")
+    [issue] = h.run(app, "null_episode_embedding")
+    assert issue["count"] == 1 and issue["repairable"] == 1
+    [fixed] = h.run(app, "null_episode_embedding", fix=True)
+    assert fixed["re_embedded"] == 1
+    assert len(h.query(app, "SELECT embedding FROM episodes")[0].embedding) == 64 * 4
+    assert h.run(app, "null_episode_embedding") == []
