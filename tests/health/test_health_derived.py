@@ -112,3 +112,15 @@ def test_stale_nodes_after_model_change_count_as_missing(napp, h):
     assert nodes_issue(napp) == []
     h.execute(napp, "UPDATE record_nodes SET embedding_model = 'old-model'")
     assert nodes_issue(napp)[0]["count"] == 1
+
+
+def test_rewrite_repair_queues_node_builds_after_commit(napp, h):
+    # spec H-6: a repair that rewrites a record's text queues its node build once the fix committed
+    h.insert_memory(napp, "[Memory from bot] " + LONG)
+    h.insert_memory(napp, "[Memory from bot] short")
+    h.execute(napp, "DELETE FROM pending_memory_tasks")
+    check_health(napp, checks=["memory_annotation"], fix=True)
+    tasks = h.query(napp, "SELECT task_type, payload FROM pending_memory_tasks")
+    assert [t.task_type for t in tasks] == ["build_nodes"]  # only the rewrite still past the window
+    task_queue(napp).drain()
+    assert nodes_issue(napp) == []

@@ -68,6 +68,7 @@ def fix_run(app: App, agent_id: str, checks: Sequence[Check], prep: Prep) -> lis
         for issue in run_checks(locked, ctx):
             by_check.setdefault(issue["check"], []).append(issue)
     _second_pass(app, agent_id, ctx.nulled, prep, by_check)
+    derived.queue_after_rewrites(app, ctx.rewritten)  # H-6: after commit, token reports outside the lock
     return _ordered(checks, by_check)
 
 

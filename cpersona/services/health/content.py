@@ -79,6 +79,7 @@ def rewrite_content(ctx: Ctx, row_id: int, new_text: str) -> str:
         return "folded"
     ctx.run("UPDATE memories SET content = :t, embedding = NULL WHERE id = :i AND locked = 0", t=new_text, i=row_id)
     ctx.nulled.add("memories")
+    ctx.rewritten.add(("mem", row_id))
     return "rewritten"
 
 

@@ -149,3 +149,41 @@ def repair_missing_nodes(ctx: Ctx, issues: list[Issue]) -> None:
 
 
 CHECK = Check("missing_nodes", "info", detect_missing_nodes, repair_missing_nodes)
+
+
+# -- post-commit follow-up (H-6) ----------------------------------------------------------------
+
+
+def queue_after_rewrites(app: App, rewritten: set[tuple[str, int]]) -> int:
+    """Queue node builds for records this run rewrote whose new text still runs past the window.
+
+    The rewrite's own trigger already removed the stale nodes; a store would have
+    queued a build for the new text, so a repair does the same. Runs after the
+    fix commits: the token report is a network call and never runs under the lock.
+    Returns the number of builds queued.
+    """
+    reporter = nodes.token_reporter(app)
+    if not rewritten or reporter is None or not app.settings.task_queue_enabled:
+        return 0
+    wanted = sorted(rewritten)[:MEASURE_CAP]
+    with app.db.read() as session:
+        records = [(kind, rid, nodes._parent_text(session, kind, rid)) for kind, rid in wanted]
+    records = [r for r in records if r[2]]
+    past: list[tuple[str, int, str]] = []
+    for start in range(0, len(records), REPORT_BATCH):
+        batch = records[start:start + REPORT_BATCH]
+        infos = reporter.report([r[2] for r in batch])
+        if infos is None:
+            return 0  # unknown is never "fits" nor "past": missing_nodes will find them later
+        past.extend(r for r, info in zip(batch, infos) if info.truncated)
+    queued = 0
+    with app.db.write() as session:
+        for kind, record_id, body in past:
+            if nodes._parent_text(session, kind, record_id) != body:
+                continue  # changed again since: that write queued its own build
+            table = "memories" if kind == "mem" else "episodes"
+            owner = session.execute(text(f"SELECT agent_id, project_id FROM {table} WHERE id = :i"),
+                                    {"i": record_id}).first()
+            queued += nodes.queue_build(app, session, kind, record_id, agent_id=owner.agent_id,
+                                        project_id=owner.project_id)
+    return queued

@@ -70,6 +70,8 @@ class Ctx:
     judge_liveness: bool = False
     # Rows NULLed by this run that a second re-embed pass may fill (spec H-7).
     nulled: set[str] = field(default_factory=set)
+    # Records whose text this run rewrote: their node builds are queued after commit (spec H-6).
+    rewritten: set[tuple[str, int]] = field(default_factory=set)
 
     @property
     def settings(self) -> Any:
