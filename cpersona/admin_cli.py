@@ -83,14 +83,14 @@ def _app(*, must_exist: bool) -> Iterator[Any]:
     import logging
 
     from cpersona.services.app import App
-    from cpersona.storage.migrate import MigrationError, TooNewDatabase, open_and_upgrade
+    from cpersona.storage.migrate import MigrationError, TooNewDatabase, open_database_and_upgrade
 
     logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format="cpersona: %(levelname)s: %(message)s")
     settings = _settings()
-    if must_exist and not settings.db_file.exists():
+    if must_exist and not settings.database_url and not settings.db_file.exists():
         raise _Exit(f"no database at {settings.db_file} (CPERSONA_DB_PATH)", _codes().EXIT_START_FAILED)
     try:
-        db = open_and_upgrade(settings.db_file, fts_enabled=settings.fts_enabled)
+        db = open_database_and_upgrade(settings)
     except TooNewDatabase as exc:
         raise _Exit(str(exc), _codes().EXIT_DATABASE_TOO_NEW) from None
     except (MigrationError, OSError) as exc:

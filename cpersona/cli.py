@@ -89,7 +89,7 @@ def serve(args: argparse.Namespace) -> int:
     from cpersona.services.calibration import start_calibration
     from cpersona.services.tasks import start_task_queue
     from cpersona.services.update_check import start_update_check
-    from cpersona.storage.migrate import MigrationError, TooNewDatabase, open_and_upgrade
+    from cpersona.storage.migrate import MigrationError, TooNewDatabase, open_database_and_upgrade
 
     # Spec T-7 order: embedding mode and client, then the database.
     try:
@@ -99,7 +99,7 @@ def serve(args: argparse.Namespace) -> int:
     if embedder is not None:
         embedder.refresh_identity(force=True)  # bounded (≤ 3 s); a silent backend is tolerated
     try:
-        db = open_and_upgrade(settings.db_file, fts_enabled=settings.fts_enabled)
+        db = open_database_and_upgrade(settings)
     except TooNewDatabase as exc:
         return _fail(str(exc), EXIT_DATABASE_TOO_NEW)
     except (MigrationError, OSError) as exc:

@@ -22,9 +22,8 @@ from cpersona.services.app import App
 from cpersona.services.backfill import on_query_embedded
 from cpersona.services.calibration_state import vector_threshold as calibrated_threshold
 from cpersona.services.fusion import Ranked, RankedList
-from cpersona.services.responses import ToolFailure
 from cpersona.storage.scope import Scope
-from cpersona.storage.search import MAX_QUERY_CHARS, Hit, Record, RowKey, SearchBackend
+from cpersona.storage.search import MAX_QUERY_CHARS, Hit, Record, RowKey, SearchBackend, open_search
 
 log = logging.getLogger(__name__)
 
@@ -33,11 +32,7 @@ VECTOR_CHANNELS = ("vector", "far")
 
 
 def search_backend(app: App) -> SearchBackend:
-    if not app.db.is_sqlite:
-        raise ToolFailure(f"recall is not available on the {app.db.dialect} backend yet", messages=[])
-    from cpersona.storage.search_sqlite import SqliteSearch
-
-    return SqliteSearch(app.db, fts_enabled=app.settings.fts_enabled)
+    return open_search(app.db, fts_enabled=app.settings.fts_enabled)
 
 
 def exclusion(entries: Sequence[str]) -> Callable[[str], bool]:
