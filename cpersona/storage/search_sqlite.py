@@ -53,6 +53,29 @@ _EPISODE_COLUMNS = (
 )
 
 
+# English function words of 3+ letters (shorter words never become terms). A
+# question's "what", "did", "the" match nearly every row (and, as trigram
+# substrings, "there", "other", "theory"), so ranking on them buries the rows
+# that share the question's content words. LoCoMo keyword-only, 760 questions:
+# R@10 0.562 -> 0.592 (plain BM25 0.571). Temporal connectives ("until",
+# "while", "because") stay: they carry meaning in the questions measured.
+FUNCTION_WORDS = frozenset(
+    """about above after again against all and any are been before being below between both
+    but can could did does doing down during each few for from further had has have having
+    her here hers herself him himself his how into its itself just more most myself nor not
+    now off once only other our ours ourselves out over own same she should some such than
+    that the their theirs them themselves then there these they this those through too under
+    very was were what when where which who whom why will with would you your yours yourself
+    yourselves""".split()
+)
+
+
+def ranking_terms(terms: list[str]) -> list[str]:
+    """``terms`` without function words, or all of them when nothing else is left."""
+    kept = [term for term in terms if term.lower() not in FUNCTION_WORDS]
+    return kept or terms
+
+
 def fts5_match(terms: Iterable[str]) -> str:
     """An FTS5 query that ORs ``terms``, each quoted so it is read literally."""
     return " OR ".join('"' + term.replace('"', '""') + '"' for term in terms)
@@ -147,11 +170,37 @@ class SqliteSearch:
             f"WHERE memories_fts MATCH :match AND {where} AND {by_source} "
             "ORDER BY memories_fts.rank, m.id LIMIT :depth"
         )
-        rows = self._run("memories FTS", sql, {**params, **source_params, "match": fts5_match(terms), "depth": depth})
+        params.update(source_params)
+        rows = self._ranked("memories FTS", sql, params, terms, depth)
         if rows is None:
             return None
         # bm25 is "more negative is better"; hits carry -bm25 so higher is better.
-        return [Hit(_memory(r), -float(r.rank)) for r in rows]
+        return [Hit(_memory(r), score) for r, score in rows]
+
+    def _ranked(
+        self, what: str, sql: Any, params: dict[str, Any], terms: list[str], depth: int
+    ) -> list[tuple[Any, float]] | None:
+        """Rows of an FTS statement ranked on the query's content words.
+
+        Rows only a function word matches come after every content-word row,
+        when the content words found fewer than ``depth`` (so a list is never
+        shorter than with every term). Their scores are set below the last
+        content-word row's so raw scores stay in list order for rsf.
+        """
+        content = ranking_terms(terms)
+        rows = self._run(what, sql, {**params, "match": fts5_match(content), "depth": depth})
+        if rows is None:
+            return None
+        ranked = [(r, -float(r.rank)) for r in rows]
+        if len(ranked) >= depth or len(content) == len(terms):
+            return ranked
+        rest = self._run(what, sql, {**params, "match": fts5_match(terms), "depth": depth})
+        seen = {r.id for r, _ in ranked}
+        floor = min((score for _, score in ranked), default=0.0)
+        extra = [r for r in (rest or []) if r.id not in seen][: depth - len(ranked)]
+        # A function-word match ranks below every content-word match, in its own bm25 order.
+        ranked.extend((r, floor - 1.0 - i) for i, r in enumerate(extra))
+        return ranked
 
     def _like_memories(self, scope: Scope, query: str, depth: int, source_id: str) -> list[Hit]:
         # The reference reads up to max(depth*5, 50) rows and filters them in
@@ -182,8 +231,8 @@ class SqliteSearch:
             f"WHERE episodes_fts MATCH :match AND {where} "
             "ORDER BY episodes_fts.rank, e.id LIMIT :depth"
         )
-        rows = self._run("episodes FTS", sql, {**params, "match": fts5_match(terms), "depth": depth})
-        return [Hit(_episode(r), -float(r.rank)) for r in (rows or [])]
+        rows = self._ranked("episodes FTS", sql, params, terms, depth)
+        return [Hit(_episode(r), score) for r, score in (rows or [])]
 
     # -- vector arm (spec §5.6) ----------------------------------------------------
 
