@@ -172,3 +172,41 @@ async def test_a_pause_silences_only_the_server_that_holds_it(db):  # spec P-3, 
     assert (await call(other_server, "persistence_status")).payload["paused"] is False
     with db.read() as session:
         assert list(session.scalars(select(Memory.content))) == ["kept by the other server"]
+
+
+# -- §7.2 episode records ---------------------------------------------------------------------------
+
+
+def episode_file(path) -> str:
+    lines = [
+        {"_type": "episode", "agent_id": "a", "summary": "Planned the garden.", "keywords": ["garden", "plan"],
+         "start_time": "2026-01-01T10:00:00+00:00", "end_time": "2026-01-01T11:00:00+00:00", "resolved": True,
+         "created_at": "2026-01-01 11:00:00", "project_id": "home", "channel": "C"},
+        {"_type": "episode", "agent_id": "a", "summary": "Planned the garden.", "keywords": "dup",
+         "project_id": "home", "channel": "C"},  # same bucket, same summary: a within-file duplicate
+        {"_type": "episode", "agent_id": "a", "summary": "Planned the garden.", "keywords": "other bucket",
+         "project_id": "work", "channel": "C"},
+        {"_type": "episode", "agent_id": "a", "summary": "", "keywords": "ignored"},
+        {"_type": "episode", "agent_id": "a", "summary": "[Memory from 2026-01-01]", "project_id": ""},
+    ]
+    path.write_text("\n".join(json.dumps(line) for line in lines) + "\n", encoding="utf-8")
+    return str(path)
+
+
+async def test_episode_records_join_keywords_dedup_within_the_run_and_keep_their_times(app, tmp_path):  # spec IM-7, IM-14
+    path = episode_file(tmp_path / "episodes.jsonl")
+    preview = (await call(app, "import_memories", input_path=path, dry_run=True)).payload
+    real = (await call(app, "import_memories", input_path=path)).payload
+    for body in (preview, real):
+        assert body["ok"] is True and body["imported_episodes"] == 2 and body["skipped_episodes"] == 2, body
+        assert [e for e in body["errors"] if e.startswith("Line 5: episode")], body  # empty after sanitising
+    assert {k: v for k, v in preview.items() if k != "dry_run"} == {k: v for k, v in real.items() if k != "dry_run"}
+    with app.db.read() as session:
+        rows = session.execute(text(
+            "SELECT project_id, channel, summary, keywords, start_time, end_time, resolved, created_at "
+            "FROM episodes ORDER BY id")).all()
+    assert [tuple(r) for r in rows] == [
+        ("home", "C", "Planned the garden.", "garden plan", "2026-01-01T10:00:00+00:00",
+         "2026-01-01T11:00:00+00:00", 1, "2026-01-01 11:00:00"),
+        ("work", "C", "Planned the garden.", "other bucket", None, None, 0, rows[1][7]),
+    ]
