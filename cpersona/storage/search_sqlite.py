@@ -159,6 +159,13 @@ class SqliteSearch:
             hits = self._fts_memories(scope, terms, depth, source_id)
             if hits:
                 return KeywordResult(hits, "fts")
+            if hits is not None:
+                # The MATCH ran and no row in scope holds even one of the query's
+                # terms (each is a substring of the query, and the trigram index
+                # folds case at least as far as LIKE does), so no row holds the
+                # whole query: the LIKE pass, a scan of the whole scope, would
+                # come back empty. Skipping it is the no-match recall's main cost.
+                return KeywordResult([], "like")
         return KeywordResult(self._like_memories(scope, query, depth, source_id), "like")
 
     def _fts_memories(self, scope: Scope, terms: list[str], depth: int, source_id: str) -> list[Hit] | None:
