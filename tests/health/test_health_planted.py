@@ -282,3 +282,17 @@ def test_null_episode_embedding_fix_and_second_run(db, h, embed_server):
     assert fixed["re_embedded"] == 1
     assert len(h.query(app, "SELECT embedding FROM episodes")[0].embedding) == 64 * 4
     assert h.run(app, "null_episode_embedding") == []
+
+
+def test_deep_check_clean_agent_reports_nothing(app, h):
+    # spec DC-5..DC-12: the clean twin of every deep check
+    h.insert_memory(app, "a perfectly ordinary memory", source='{"type":"User","id":"u1","name":"Ann"}',
+                    timestamp="2024-01-01T00:30:00+00:00", embedding=np.array([1.0, 0.0], dtype="<f4").tobytes())
+    h.execute(app, "INSERT INTO episodes (agent_id, summary, start_time, end_time) VALUES "
+                   "('a', 'covers the memory', '2024-01-01T00:00:00+00:00', '2024-01-01T01:00:00+00:00')")
+    r = deep_check(app, agent_id="a")["results"]
+    assert r["anonymous_source"]["recoverable"] == 0 and r["anonymous_source"]["unrecoverable"] == 0
+    assert r["short_content"]["count"] == 0 and r["stale_profile"]["count"] == 0
+    assert r["orphaned_episodes"]["count"] == 0 and r["near_duplicate"]["pairs"] == 0
+    assert r["unnormalized_content"]["count"] == 0 and r["embedding_norm"]["count"] == 0
+    assert r["calibration_staleness"]["status"] == "not_applicable"
