@@ -453,3 +453,26 @@ def test_a_node_set_that_does_not_partition_the_text_is_not_current(app: App, db
     assert get_contents(app, agent_id="tree", refs=[{"ref": "mem:1", "node": 0}])["unresolved"] == [
         {"ref": "mem:1", "reason": "no_current_nodes"}]
     assert build_record_nodes(app, "mem", 1) == "built"  # and the builder repairs it
+
+
+def test_merge_queues_builds_for_long_rows_it_writes(app: App, db: Database) -> None:  # spec MG-8
+    from sqlalchemy import select
+
+    from cpersona.services.portability import merge_memories
+    from cpersona.storage.models import Episode, Memory
+
+    store(app, agent_id="src", content=LONG)
+    store(app, agent_id="src", content="A short note.")
+    archive_episode(app, agent_id="src", summary=LONG)
+    before = len(tasks_table(db))
+    answer = merge_memories(app, source_agent_id="src", target_agent_id="dst", mode="copy")
+    assert answer["ok"] and answer["merged_memories"] == 2 and answer["merged_episodes"] == 1
+    queued = [(t, a, json.loads(p)) for t, a, _, p in tasks_table(db)][before:]
+    with db.read() as session:
+        long_mem = session.scalar(select(Memory.id).where(Memory.agent_id == "dst", Memory.content == LONG))
+        long_ep = session.scalar(select(Episode.id).where(Episode.agent_id == "dst"))
+    assert sorted(queued, key=str) == sorted([("build_nodes", "dst", {"kind": "mem", "id": long_mem}),
+                                              ("build_nodes", "dst", {"kind": "ep", "id": long_ep})], key=str)
+    # a dry run measures nothing and queues nothing
+    assert merge_memories(app, source_agent_id="src", target_agent_id="dry", dry_run=True)["ok"]
+    assert len(tasks_table(db)) == before + 2

@@ -28,6 +28,10 @@ from cpersona.storage.models import Episode, Memory, PendingMemoryTask, Profile
 log = logging.getLogger(__name__)
 
 STRATEGIES = ("skip",)
+# Rows a merge checks against the embedding window after it commits (MG-8). Each
+# check is a token-report request, so a huge merge leaves the rest to
+# check_health's missing_nodes repair instead of making one call take minutes.
+NODE_FOLLOWUP_LIMIT = 1000
 MODES = ("copy", "move")
 DELETE_CHUNK = 500
 
@@ -72,6 +76,8 @@ class _Merge:
         self.refs = RefMap()
         self.tallies = MergeTallies()
         self.copied: dict[str, list[int]] = {"memories": [], "episodes": [], "profiles": []}
+        # (kind, new id, text, project) of rows this merge wrote, for MG-8.
+        self.inserted: list[tuple[str, int, str, str]] = []
 
     def run(self, *, move: bool) -> dict[str, Any]:
         carrier = self._collect_graph()
@@ -116,6 +122,7 @@ class _Merge:
             if inserted:
                 t.merged_memories += 1
                 self.copied["memories"].append(row.id)
+                self._note_inserted("mem", new_id, row.content, row.project_id)
             else:
                 t.skipped_memories += 1
 
@@ -135,8 +142,13 @@ class _Merge:
             if inserted:
                 t.merged_episodes += 1
                 self.copied["episodes"].append(row.id)
+                self._note_inserted("ep", new_id, row.summary, row.project_id)
             else:
                 t.skipped_episodes += 1
+
+    def _note_inserted(self, kind: str, new_id: int | None, text: str, project_id: str) -> None:
+        if new_id is not None and not self.dry_run and len(self.inserted) < NODE_FOLLOWUP_LIMIT:
+            self.inserted.append((kind, new_id, text, project_id))
 
     def _profiles(self) -> None:
         """MG-5: copied only where the target has no profile for that user_id."""
@@ -227,11 +239,35 @@ def merge_memories(
             skipped_episodes=seen.skipped_episodes, profile_copied=False,
             skipped_profile=seen.skipped_profile,
         )
+    if not dry_run:
+        _queue_node_builds(app, target_agent_id, merge.inserted)
     return {
         "ok": True, "dry_run": dry_run, "source_agent_id": source_agent_id,
         "target_agent_id": target_agent_id, "strategy": strategy, "mode": mode,
         **merge.tallies.counts(), **extra,
     }
+
+
+def _queue_node_builds(app: App, agent_id: str, inserted: list[tuple[str, int, str, str]]) -> int:
+    """MG-8: queue node builds for merged rows past the embedding window, as store does.
+
+    The token reports are network requests, so they run after the merge has
+    committed and outside any write lock; the builds are queued in one short
+    transaction afterwards. A failure here never undoes the merge.
+    """
+    from cpersona.services.nodes import queue_build, runs_past_window
+
+    long_rows = [(kind, row_id, project) for kind, row_id, text, project in inserted
+                 if runs_past_window(app, text)]
+    if not long_rows:
+        return 0
+    try:
+        with app.db.write() as session:
+            return sum(queue_build(app, session, kind, row_id, agent_id=agent_id, project_id=project)
+                       for kind, row_id, project in long_rows)
+    except SQLAlchemyError:
+        log.warning("merged rows past the embedding window were not queued for nodes", exc_info=True)
+        return 0
 
 
 def paused_merge_body(source_agent_id: str, target_agent_id: str, strategy: str, mode: str) -> dict[str, Any]:
