@@ -216,3 +216,23 @@ def test_paused_body_matches_the_spec() -> None:
         "ok": True, "dry_run": True, "source_agent_id": "a", "target_agent_id": "b",
         "strategy": "skip", "mode": "move", "merged_memories": 0, "skipped_memories": 0,
         "merged_episodes": 0, "skipped_episodes": 0, "profile_copied": False, "skipped_profile": False}
+
+
+def test_a_move_that_empties_the_source_forgets_its_calibration(app: App, db: Database) -> None:  # spec MG-7
+    from cpersona.services.calibration import vector_threshold
+    from cpersona.services.calibration_state import state_of
+    from cpersona.services.memories import store
+
+    state = state_of(app)
+    state.apply({("agent_thresholds", "old"): 0.41, ("agent_thresholds", "keep"): 0.52})
+    assert state.persist(app.settings).ok
+    store(app, agent_id="old", content="only fact of the old agent")
+    store(app, agent_id="keep", content="a fact that stays")
+
+    copied = merge_memories(app, source_agent_id="keep", target_agent_id="new", mode="copy")
+    assert copied["ok"] and vector_threshold(app, "keep") == 0.52  # a copy leaves the source as it was
+
+    moved = merge_memories(app, source_agent_id="old", target_agent_id="new", mode="move")
+    assert moved["ok"] and not any(moved["left_at_source"].values())
+    assert vector_threshold(app, "old") == app.settings.vector_min_similarity
+    assert vector_threshold(app, "keep") == 0.52

@@ -241,6 +241,12 @@ def merge_memories(
         )
     if not dry_run:
         _queue_node_builds(app, target_agent_id, merge.inserted)
+        if mode == "move" and not any(extra.get("left_at_source", {}).values()):
+            # MG-7: an emptied source keeps no calibration behind (after commit,
+            # so a rolled-back move never loses it).
+            from cpersona.services.calibration import forget_agent
+
+            forget_agent(app, source_agent_id)
     return {
         "ok": True, "dry_run": dry_run, "source_agent_id": source_agent_id,
         "target_agent_id": target_agent_id, "strategy": strategy, "mode": mode,
