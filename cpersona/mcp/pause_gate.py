@@ -25,6 +25,8 @@ write tool has no rule, so that fallback is a safety net, not the design.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 import dataclasses
 import logging
 from collections.abc import Callable, Mapping
@@ -63,9 +65,10 @@ def skipped(tool: str, body: Response, state: PauseState) -> Response:
     return answer
 
 
-class Rule:
+class Rule(ABC):
+    @abstractmethod
     async def paused(self, call: ToolCall, call_next: CallNext, state: PauseState) -> Response:
-        raise NotImplementedError
+        """How a call is answered while its pause bucket is paused."""
 
 
 @dataclass(frozen=True)
