@@ -96,8 +96,22 @@ def _validator(schema_json: str) -> Draft202012Validator:
     return Draft202012Validator(schema)
 
 
+# Tool schemas are long-lived objects, so the hot path looks them up by identity
+# (serialising a schema on every call to find its validator cost more than the
+# validation itself); the JSON-keyed cache still shares equal schemas.
+_BY_IDENTITY: dict[int, tuple[Mapping[str, Any], Draft202012Validator]] = {}
+_BY_IDENTITY_MAX = 256
+
+
 def validator_for(schema: Mapping[str, Any]) -> Draft202012Validator:
-    return _validator(json.dumps(schema, sort_keys=True))
+    hit = _BY_IDENTITY.get(id(schema))
+    if hit is not None and hit[0] is schema:
+        return hit[1]
+    validator = _validator(json.dumps(schema, sort_keys=True))
+    if len(_BY_IDENTITY) >= _BY_IDENTITY_MAX:
+        _BY_IDENTITY.clear()
+    _BY_IDENTITY[id(schema)] = (schema, validator)  # holding the schema keeps its id from being reused
+    return validator
 
 
 def schema_violation(schema: Mapping[str, Any], arguments: Mapping[str, Any]) -> str | None:
