@@ -72,7 +72,7 @@ def embedding_env(mode: str, embed_url: str | None) -> dict[str, str]:
     """CPERSONA_* settings for one embedding mode of the benchmarks.
 
     ``none`` is keyword-only; every other mode name (minilm, stub) is the
-    ``http`` provider pointed at a local embed_server.py.
+    ``http`` provider pointed at a local minilm_server.py.
     """
     if mode == "none":
         return {"CPERSONA_EMBEDDING_MODE": "none"}
@@ -220,7 +220,7 @@ def write_results(prefix: str, payload: dict[str, Any]) -> Path:
 
 @contextlib.contextmanager
 def start_embedder(mode: str) -> Iterator[str | None]:
-    """Run bench/embed_server.py for an embedding mode; yields its /embed URL.
+    """Run bench/minilm_server.py for an embedding mode; yields its /embed URL.
 
     ``none`` needs no embedder (yields None); ``stub`` runs the stdlib-only stub
     on this interpreter; ``minilm`` runs the model in bench/.venvs/embed.
@@ -229,11 +229,11 @@ def start_embedder(mode: str) -> Iterator[str | None]:
         yield None
         return
     if mode == "stub":
-        command = [sys.executable, str(BENCH_DIR / "embed_server.py"), "--stub", "--port", "0"]
+        command = [sys.executable, str(BENCH_DIR / "minilm_server.py"), "--stub", "--port", "0"]
     elif mode == "minilm":
         if not EMBED_PYTHON.exists():
             raise SystemExit(f"{EMBED_PYTHON} does not exist; run bench/setup.sh")
-        command = [str(EMBED_PYTHON), str(BENCH_DIR / "embed_server.py"), "--port", "0"]
+        command = [str(EMBED_PYTHON), str(BENCH_DIR / "minilm_server.py"), "--port", "0"]
     else:
         raise SystemExit(f"unknown embedding mode {mode!r}; expected none, stub or minilm")
     # stderr goes to a file: the model loader's progress bars are not benchmark output.

@@ -18,7 +18,7 @@ BENCH_DIR = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(BENCH_DIR))
 
 from bm25 import BM25Index  # noqa: E402
-from embed_server import DIMENSIONS, stub_embed  # noqa: E402
+from minilm_server import DIMENSIONS, stub_embed  # noqa: E402
 from locomo import TurnLookup, ranked_dia_ids  # noqa: E402
 from locomo_data import DEFAULT_DATA_DIR, load_conversation, normalize_evidence, session_timestamp  # noqa: E402
 from metrics import ndcg_at, percentile, reciprocal_rank, score_question  # noqa: E402
@@ -109,7 +109,7 @@ def test_stub_vectors_are_deterministic_unit_vectors():
 
 def test_stub_server_answers_bad_input_clearly_and_keeps_the_connection_usable():
     process = subprocess.Popen(
-        [sys.executable, str(BENCH_DIR / "embed_server.py"), "--stub", "--port", "0"],
+        [sys.executable, str(BENCH_DIR / "minilm_server.py"), "--stub", "--port", "0"],
         stdout=subprocess.PIPE,
         text=True,
     )
