@@ -24,7 +24,6 @@ and runs under a statement_timeout, so no query can hold a worker for long.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
 from datetime import datetime, timezone
 from typing import Any
 
@@ -33,18 +32,10 @@ from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 
 from cpersona.embedding.vectors import FLOAT32
-from cpersona.storage.engine import Database
 from cpersona.storage.scope import Scope, sql_fragment
-from cpersona.storage.search import Hit, Kind, KeywordResult, Record, RowKey, clean_query, query_terms
-from cpersona.storage.search_sqlite import (
-    _EPISODE_COLUMNS,
-    _MEMORY_COLUMNS,
-    LIKE_MAX_PATTERN_BYTES,
-    STATEMENT_DEADLINE_SECONDS,
-    _episode,
-    _memory,
-    like_pattern,
-)
+from cpersona.storage.search import Hit, Kind, KeywordResult, clean_query, query_terms
+from cpersona.storage.search_sql import EPISODE_COLUMNS, MEMORY_COLUMNS, SqlSearch, episode_record, memory_record
+from cpersona.storage.search_sqlite import LIKE_MAX_PATTERN_BYTES, STATEMENT_DEADLINE_SECONDS, like_pattern
 from cpersona.storage.vectors_sqlite import usable_query
 
 log = logging.getLogger(__name__)
@@ -79,12 +70,10 @@ def _terms_clause(column_sets: tuple[str, ...], terms: list[str]) -> tuple[str, 
     return " OR ".join(per_term), " + ".join(f"({p})::int" for p in per_term), params
 
 
-class PostgresSearch:
+class PostgresSearch(SqlSearch):
     """:class:`~cpersona.storage.search.SearchBackend` for a PostgreSQL database."""
 
-    def __init__(self, db: Database, *, fts_enabled: bool = True) -> None:
-        self.db = db
-        self.fts_enabled = fts_enabled
+    source_filter = staticmethod(source_filter)
 
     # -- keyword arms -----------------------------------------------------------
 
@@ -99,7 +88,7 @@ class PostgresSearch:
             by_source, source_params = source_filter(source_id)
             any_term, matched, term_params = _terms_clause(("m.content",), terms)
             sql = text(
-                f"SELECT {_MEMORY_COLUMNS}, ({matched}) + word_similarity(:q, m.content) AS score "
+                f"SELECT {MEMORY_COLUMNS}, ({matched}) + word_similarity(:q, m.content) AS score "
                 f"FROM memories m WHERE ({any_term}) AND {where} AND {by_source} "
                 "ORDER BY score DESC, m.id LIMIT :depth"
             )
@@ -107,7 +96,7 @@ class PostgresSearch:
                 **params, **source_params, **term_params, "q": clean_query(query), "depth": depth,
             })
             if rows:
-                return KeywordResult([Hit(_memory(r), float(r.score)) for r in rows], "fts")
+                return KeywordResult([Hit(memory_record(r), float(r.score)) for r in rows], "fts")
         return KeywordResult(self._like_memories(scope, query, depth, source_id), "like")
 
     def _like_memories(self, scope: Scope, query: str, depth: int, source_id: str) -> list[Hit]:
@@ -119,12 +108,12 @@ class PostgresSearch:
         # ILIKE: PostgreSQL's LIKE is case-sensitive, SQLite's folds case. ILIKE
         # folds every script's case, SQLite's LIKE ASCII only (a wider match).
         sql = text(
-            f"SELECT {_MEMORY_COLUMNS} FROM memories m "
+            f"SELECT {MEMORY_COLUMNS} FROM memories m "
             f"WHERE m.content ILIKE :pattern AND {where} AND {by_source} "
             "ORDER BY m.created_at DESC, m.id DESC LIMIT :depth"
         )
         rows = self._run("memories LIKE", sql, {**params, **source_params, "pattern": pattern, "depth": depth})
-        return [Hit(_memory(r)) for r in (rows or [])]
+        return [Hit(memory_record(r)) for r in (rows or [])]
 
     def keyword_episodes(self, scope: Scope, query: str, depth: int) -> list[Hit]:
         terms = query_terms(query)
@@ -133,12 +122,12 @@ class PostgresSearch:
         where, params = sql_fragment(scope, "e")
         any_term, matched, term_params = _terms_clause(("e.summary", "e.keywords"), terms)
         sql = text(
-            f"SELECT {_EPISODE_COLUMNS}, ({matched}) + word_similarity(:q, e.summary) AS score "
+            f"SELECT {EPISODE_COLUMNS}, ({matched}) + word_similarity(:q, e.summary) AS score "
             f"FROM episodes e WHERE ({any_term}) AND {where} "
             "ORDER BY score DESC, e.id LIMIT :depth"
         )
         rows = self._run("episodes trigram", sql, {**params, **term_params, "q": clean_query(query), "depth": depth})
-        return [Hit(_episode(r), float(r.score)) for r in (rows or [])]
+        return [Hit(episode_record(r), float(r.score)) for r in (rows or [])]
 
     # -- vector arm (spec §5.6), in-process ------------------------------------------
 
@@ -195,49 +184,6 @@ class PostgresSearch:
 
     # -- listings and scope facts -----------------------------------------------
 
-    def recent_memories(self, scope: Scope, depth: int, *, source_id: str = "") -> list[Hit]:
-        if depth <= 0:
-            return []
-        where, params = sql_fragment(scope, "m")
-        by_source, source_params = source_filter(source_id)
-        sql = text(
-            f"SELECT {_MEMORY_COLUMNS} FROM memories m WHERE {where} AND {by_source} "
-            "ORDER BY m.created_at DESC, m.id DESC LIMIT :depth"
-        )
-        rows = self._run("recency", sql, {**params, **source_params, "depth": depth})
-        return [Hit(_memory(r)) for r in (rows or [])]
-
-    def pool_count(self, scope: Scope) -> int:
-        m_where, params = sql_fragment(scope, "m")
-        e_where, _ = sql_fragment(scope, "e")
-        sql = text(
-            f"SELECT (SELECT count(*) FROM memories m WHERE {m_where}) "
-            f"+ (SELECT count(*) FROM episodes e WHERE {e_where})"
-        )
-        with self.db.read() as session:
-            return int(session.execute(sql, params).scalar_one())
-
-    def fetch(self, scope: Scope, keys: Iterable[RowKey]) -> dict[RowKey, Record]:
-        wanted: dict[str, list[int]] = {"mem": [], "ep": []}
-        for kind, row_id in keys:
-            wanted[kind].append(int(row_id))
-        found: dict[RowKey, Record] = {}
-        with self.db.read() as session:
-            for kind, ids in wanted.items():
-                if not ids:
-                    continue
-                alias, table, columns, build = (
-                    ("m", "memories", _MEMORY_COLUMNS, _memory)
-                    if kind == "mem"
-                    else ("e", "episodes", _EPISODE_COLUMNS, _episode)
-                )
-                where, params = sql_fragment(scope, alias)
-                sql = text(f"SELECT {columns} FROM {table} {alias} WHERE {alias}.id = ANY(:ids) AND {where}")
-                for row in session.execute(sql, {**params, "ids": ids}):
-                    record = build(row)
-                    found[record.key] = record
-        return found
-
     def episode_boundary(self, scope: Scope) -> datetime | None:
         # cpersona_instant() reads SQLite-style and ISO-8601 stamps (UTC when no
         # offset), NULL for anything else: "newest" by instant, as julianday does.
@@ -246,14 +192,6 @@ class PostgresSearch:
         with self.db.read() as session:
             value = session.execute(sql, params).scalar_one()
         return None if value is None else value.astimezone(timezone.utc)
-
-    def profile(self, agent_id: str) -> str | None:
-        sql = text(
-            "SELECT content FROM profiles WHERE agent_id = :agent "
-            "ORDER BY user_id != '', id LIMIT 1"
-        )
-        with self.db.read() as session:
-            return session.execute(sql, {"agent": agent_id}).scalar_one_or_none()
 
     # -- execution ----------------------------------------------------------------
 

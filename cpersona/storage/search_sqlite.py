@@ -28,9 +28,9 @@ from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
-from cpersona.storage.engine import Database
 from cpersona.storage.scope import Scope, sql_fragment
-from cpersona.storage.search import Hit, Kind, KeywordResult, Record, RowKey, clean_query, query_terms
+from cpersona.storage.search import Hit, Kind, KeywordResult, clean_query, query_terms
+from cpersona.storage.search_sql import EPISODE_COLUMNS, MEMORY_COLUMNS, SqlSearch, episode_record, memory_record
 from cpersona.storage.vectors_sqlite import scan_parameters, scan_statement, usable_query
 
 log = logging.getLogger(__name__)
@@ -43,15 +43,6 @@ _PROGRESS_STEPS = 10_000  # VM instructions between deadline checks
 
 # spec KW-2: patterns longer than this are not run at all.
 LIKE_MAX_PATTERN_BYTES = 50_000
-
-_MEMORY_COLUMNS = (
-    "m.id, m.content, m.source, m.timestamp, m.msg_id, m.created_at, "
-    "m.embedding IS NOT NULL AS has_embedding, m.recall_count, m.last_recalled_at"
-)
-_EPISODE_COLUMNS = (
-    "e.id, e.summary, e.start_time, e.created_at, e.resolved, e.embedding IS NOT NULL AS has_embedding"
-)
-
 
 # English function words of 3+ letters (shorter words never become terms). A
 # question's "what", "did", "the" match nearly every row (and, as trigram
@@ -106,46 +97,16 @@ def source_filter(source_id: str, alias: str = "m") -> tuple[str, dict[str, Any]
     )
 
 
-def _memory(row: Any) -> Record:
-    return Record(
-        kind="mem",
-        id=row.id,
-        text=row.content,
-        source=row.source,
-        timestamp=row.timestamp or "",
-        msg_id=row.msg_id or "",
-        created_at=row.created_at or "",
-        has_embedding=bool(row.has_embedding),
-        recall_count=row.recall_count or 0,
-        last_recalled_at=row.last_recalled_at,
-    )
-
-
-def _episode(row: Any) -> Record:
-    return Record(
-        kind="ep",
-        id=row.id,
-        text=row.summary,
-        source="",
-        timestamp=row.start_time or row.created_at or "",
-        created_at=row.created_at or "",
-        resolved=bool(row.resolved),
-        has_embedding=bool(row.has_embedding),
-    )
-
-
 def _julian_to_datetime(jd: float) -> datetime:
     # A julian day is a double: good to about a millisecond, so round to that.
     millis = round((jd - 2440587.5) * 86_400_000)
     return datetime(1970, 1, 1, tzinfo=timezone.utc) + timedelta(milliseconds=millis)
 
 
-class SqliteSearch:
+class SqliteSearch(SqlSearch):
     """:class:`~cpersona.storage.search.SearchBackend` for a SQLite database."""
 
-    def __init__(self, db: Database, *, fts_enabled: bool = True) -> None:
-        self.db = db
-        self.fts_enabled = fts_enabled
+    source_filter = staticmethod(source_filter)
 
     # -- keyword arms -----------------------------------------------------------
 
@@ -172,7 +133,7 @@ class SqliteSearch:
         where, params = sql_fragment(scope, "m")
         by_source, source_params = source_filter(source_id)
         sql = text(
-            f"SELECT {_MEMORY_COLUMNS}, memories_fts.rank AS rank "
+            f"SELECT {MEMORY_COLUMNS}, memories_fts.rank AS rank "
             "FROM memories_fts JOIN memories m ON m.id = memories_fts.rowid "
             f"WHERE memories_fts MATCH :match AND {where} AND {by_source} "
             "ORDER BY memories_fts.rank, m.id LIMIT :depth"
@@ -182,7 +143,7 @@ class SqliteSearch:
         if rows is None:
             return None
         # bm25 is "more negative is better"; hits carry -bm25 so higher is better.
-        return [Hit(_memory(r), score) for r, score in rows]
+        return [Hit(memory_record(r), score) for r, score in rows]
 
     def _ranked(
         self, what: str, sql: Any, params: dict[str, Any], terms: list[str], depth: int
@@ -220,12 +181,12 @@ class SqliteSearch:
         where, params = sql_fragment(scope, "m")
         by_source, source_params = source_filter(source_id)
         sql = text(
-            f"SELECT {_MEMORY_COLUMNS} FROM memories m "
+            f"SELECT {MEMORY_COLUMNS} FROM memories m "
             f"WHERE m.content LIKE :pattern ESCAPE '\\' AND {where} AND {by_source} "
             "ORDER BY m.created_at DESC, m.id DESC LIMIT :depth"
         )
         rows = self._run("memories LIKE", sql, {**params, **source_params, "pattern": pattern, "depth": depth})
-        return [Hit(_memory(r)) for r in (rows or [])]
+        return [Hit(memory_record(r)) for r in (rows or [])]
 
     def keyword_episodes(self, scope: Scope, query: str, depth: int) -> list[Hit]:
         terms = query_terms(query)
@@ -233,13 +194,13 @@ class SqliteSearch:
             return []
         where, params = sql_fragment(scope, "e")
         sql = text(
-            f"SELECT {_EPISODE_COLUMNS}, episodes_fts.rank AS rank "
+            f"SELECT {EPISODE_COLUMNS}, episodes_fts.rank AS rank "
             "FROM episodes_fts JOIN episodes e ON e.id = episodes_fts.rowid "
             f"WHERE episodes_fts MATCH :match AND {where} "
             "ORDER BY episodes_fts.rank, e.id LIMIT :depth"
         )
         rows = self._ranked("episodes FTS", sql, params, terms, depth)
-        return [Hit(_episode(r), score) for r, score in (rows or [])]
+        return [Hit(episode_record(r), score) for r, score in (rows or [])]
 
     # -- vector arm (spec §5.6) ----------------------------------------------------
 
@@ -271,51 +232,6 @@ class SqliteSearch:
 
     # -- listings and scope facts -----------------------------------------------
 
-    def recent_memories(self, scope: Scope, depth: int, *, source_id: str = "") -> list[Hit]:
-        if depth <= 0:
-            return []
-        where, params = sql_fragment(scope, "m")
-        by_source, source_params = source_filter(source_id)
-        sql = text(
-            f"SELECT {_MEMORY_COLUMNS} FROM memories m WHERE {where} AND {by_source} "
-            "ORDER BY m.created_at DESC, m.id DESC LIMIT :depth"
-        )
-        rows = self._run("recency", sql, {**params, **source_params, "depth": depth})
-        return [Hit(_memory(r)) for r in (rows or [])]
-
-    def pool_count(self, scope: Scope) -> int:
-        m_where, params = sql_fragment(scope, "m")
-        e_where, _ = sql_fragment(scope, "e")
-        sql = text(
-            f"SELECT (SELECT count(*) FROM memories m WHERE {m_where}) "
-            f"+ (SELECT count(*) FROM episodes e WHERE {e_where})"
-        )
-        with self.db.read() as session:
-            return int(session.execute(sql, params).scalar_one())
-
-    def fetch(self, scope: Scope, keys: Iterable[RowKey]) -> dict[RowKey, Record]:
-        wanted: dict[str, list[int]] = {"mem": [], "ep": []}
-        for kind, row_id in keys:
-            wanted[kind].append(int(row_id))
-        found: dict[RowKey, Record] = {}
-        with self.db.read() as session:
-            for kind, ids in wanted.items():
-                if not ids:
-                    continue
-                alias, table, columns, build = (
-                    ("m", "memories", _MEMORY_COLUMNS, _memory)
-                    if kind == "mem"
-                    else ("e", "episodes", _EPISODE_COLUMNS, _episode)
-                )
-                where, params = sql_fragment(scope, alias)
-                marks = ", ".join(f":id{i}" for i in range(len(ids)))
-                params.update({f"id{i}": v for i, v in enumerate(ids)})
-                sql = text(f"SELECT {columns} FROM {table} {alias} WHERE {alias}.id IN ({marks}) AND {where}")
-                for row in session.execute(sql, params):
-                    record = build(row)
-                    found[record.key] = record
-        return found
-
     def episode_boundary(self, scope: Scope) -> datetime | None:
         # julianday() reads both SQLite's own 'YYYY-MM-DD HH:MM:SS' and ISO-8601
         # stamps with offsets, so "newest" is decided by instant, not by text.
@@ -324,14 +240,6 @@ class SqliteSearch:
         with self.db.read() as session:
             jd = session.execute(sql, params).scalar_one()
         return None if jd is None else _julian_to_datetime(float(jd))
-
-    def profile(self, agent_id: str) -> str | None:
-        sql = text(
-            "SELECT content FROM profiles WHERE agent_id = :agent "
-            "ORDER BY user_id != '', id LIMIT 1"
-        )
-        with self.db.read() as session:
-            return session.execute(sql, {"agent": agent_id}).scalar_one_or_none()
 
     # -- execution ----------------------------------------------------------------
 

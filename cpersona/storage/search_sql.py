@@ -1,0 +1,123 @@
+"""What the SQL search backends share: row shapes, recency, pool count, hydration, profile.
+
+Only the statements that read the same on SQLite and PostgreSQL live here; each
+backend supplies its own ``source_filter`` (the spec ISO-3 predicate needs the
+engine's JSON functions), its keyword and vector arms, the episode boundary
+(date arithmetic differs) and ``_run`` (how a statement deadline is enforced).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from sqlalchemy import bindparam, text
+
+from cpersona.storage.engine import Database
+from cpersona.storage.scope import Scope, sql_fragment
+from cpersona.storage.search import Hit, Record, RowKey
+
+MEMORY_COLUMNS = (
+    "m.id, m.content, m.source, m.timestamp, m.msg_id, m.created_at, "
+    "m.embedding IS NOT NULL AS has_embedding, m.recall_count, m.last_recalled_at"
+)
+EPISODE_COLUMNS = (
+    "e.id, e.summary, e.start_time, e.created_at, e.resolved, e.embedding IS NOT NULL AS has_embedding"
+)
+
+
+def memory_record(row: Any) -> Record:
+    return Record(
+        kind="mem",
+        id=row.id,
+        text=row.content,
+        source=row.source,
+        timestamp=row.timestamp or "",
+        msg_id=row.msg_id or "",
+        created_at=row.created_at or "",
+        has_embedding=bool(row.has_embedding),
+        recall_count=row.recall_count or 0,
+        last_recalled_at=row.last_recalled_at,
+    )
+
+
+def episode_record(row: Any) -> Record:
+    return Record(
+        kind="ep",
+        id=row.id,
+        text=row.summary,
+        source="",
+        timestamp=row.start_time or row.created_at or "",
+        created_at=row.created_at or "",
+        resolved=bool(row.resolved),
+        has_embedding=bool(row.has_embedding),
+    )
+
+
+class SqlSearch(ABC):
+    """The engine-neutral half of :class:`~cpersona.storage.search.SearchBackend`."""
+
+    # (source_id, alias) -> (SQL predicate, parameters); set by each backend.
+    source_filter: Callable[..., tuple[str, dict[str, Any]]]
+
+    def __init__(self, db: Database, *, fts_enabled: bool = True) -> None:
+        self.db = db
+        self.fts_enabled = fts_enabled
+
+    @abstractmethod
+    def _run(self, what: str, sql: Any, params: dict[str, Any]) -> list[Any] | None:
+        """Rows of one search statement under the backend's deadline, or None when it failed."""
+
+    def recent_memories(self, scope: Scope, depth: int, *, source_id: str = "") -> list[Hit]:
+        if depth <= 0:
+            return []
+        where, params = sql_fragment(scope, "m")
+        by_source, source_params = type(self).source_filter(source_id)
+        sql = text(
+            f"SELECT {MEMORY_COLUMNS} FROM memories m WHERE {where} AND {by_source} "
+            "ORDER BY m.created_at DESC, m.id DESC LIMIT :depth"
+        )
+        rows = self._run("recency", sql, {**params, **source_params, "depth": depth})
+        return [Hit(memory_record(r)) for r in (rows or [])]
+
+    def pool_count(self, scope: Scope) -> int:
+        m_where, params = sql_fragment(scope, "m")
+        e_where, _ = sql_fragment(scope, "e")
+        sql = text(
+            f"SELECT (SELECT count(*) FROM memories m WHERE {m_where}) "
+            f"+ (SELECT count(*) FROM episodes e WHERE {e_where})"
+        )
+        with self.db.read() as session:
+            return int(session.execute(sql, params).scalar_one())
+
+    def fetch(self, scope: Scope, keys: Iterable[RowKey]) -> dict[RowKey, Record]:
+        wanted: dict[str, list[int]] = {"mem": [], "ep": []}
+        for kind, row_id in keys:
+            wanted[kind].append(int(row_id))
+        found: dict[RowKey, Record] = {}
+        with self.db.read() as session:
+            for kind, ids in wanted.items():
+                if not ids:
+                    continue
+                alias, table, columns, build = (
+                    ("m", "memories", MEMORY_COLUMNS, memory_record)
+                    if kind == "mem"
+                    else ("e", "episodes", EPISODE_COLUMNS, episode_record)
+                )
+                where, params = sql_fragment(scope, alias)
+                sql = text(
+                    f"SELECT {columns} FROM {table} {alias} WHERE {alias}.id IN :ids AND {where}"
+                ).bindparams(bindparam("ids", expanding=True))
+                for row in session.execute(sql, {**params, "ids": ids}):
+                    record = build(row)
+                    found[record.key] = record
+        return found
+
+    def profile(self, agent_id: str) -> str | None:
+        sql = text(
+            "SELECT content FROM profiles WHERE agent_id = :agent "
+            "ORDER BY user_id != '', id LIMIT 1"
+        )
+        with self.db.read() as session:
+            return session.execute(sql, {"agent": agent_id}).scalar_one_or_none()
