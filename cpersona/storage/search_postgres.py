@@ -34,8 +34,15 @@ from sqlalchemy.exc import DBAPIError
 from cpersona.embedding.vectors import FLOAT32
 from cpersona.storage.scope import Scope, sql_fragment
 from cpersona.storage.search import Hit, Kind, KeywordResult, clean_query, query_terms
-from cpersona.storage.search_sql import EPISODE_COLUMNS, MEMORY_COLUMNS, SqlSearch, episode_record, memory_record
-from cpersona.storage.search_sqlite import LIKE_MAX_PATTERN_BYTES, STATEMENT_DEADLINE_SECONDS, like_pattern
+from cpersona.storage.search_sql import (
+    EPISODE_COLUMNS,
+    MEMORY_COLUMNS,
+    SqlSearch,
+    episode_record,
+    like_pattern,
+    memory_record,
+)
+from cpersona.storage.search_sqlite import STATEMENT_DEADLINE_SECONDS
 from cpersona.storage.vectors_sqlite import usable_query
 
 log = logging.getLogger(__name__)
@@ -74,6 +81,9 @@ class PostgresSearch(SqlSearch):
     """:class:`~cpersona.storage.search.SearchBackend` for a PostgreSQL database."""
 
     source_filter = staticmethod(source_filter)
+    # PostgreSQL's LIKE is case-sensitive; ILIKE folds every script's case (SQLite
+    # folds ASCII only, so this can match a little more). Backslash escapes by default.
+    substring_match = "ILIKE :pattern"
 
     # -- keyword arms -----------------------------------------------------------
 
@@ -98,22 +108,6 @@ class PostgresSearch(SqlSearch):
             if rows:
                 return KeywordResult([Hit(memory_record(r), float(r.score)) for r in rows], "fts")
         return KeywordResult(self._like_memories(scope, query, depth, source_id), "like")
-
-    def _like_memories(self, scope: Scope, query: str, depth: int, source_id: str) -> list[Hit]:
-        pattern = like_pattern(clean_query(query))
-        if len(pattern.encode("utf-8")) > LIKE_MAX_PATTERN_BYTES:
-            return []
-        where, params = sql_fragment(scope, "m")
-        by_source, source_params = source_filter(source_id)
-        # ILIKE: PostgreSQL's LIKE is case-sensitive, SQLite's folds case. ILIKE
-        # folds every script's case, SQLite's LIKE ASCII only (a wider match).
-        sql = text(
-            f"SELECT {MEMORY_COLUMNS} FROM memories m "
-            f"WHERE m.content ILIKE :pattern AND {where} AND {by_source} "
-            "ORDER BY m.created_at DESC, m.id DESC LIMIT :depth"
-        )
-        rows = self._run("memories LIKE", sql, {**params, **source_params, "pattern": pattern, "depth": depth})
-        return [Hit(memory_record(r)) for r in (rows or [])]
 
     def keyword_episodes(self, scope: Scope, query: str, depth: int) -> list[Hit]:
         terms = query_terms(query)

@@ -16,7 +16,10 @@ from sqlalchemy import bindparam, text
 
 from cpersona.storage.engine import Database
 from cpersona.storage.scope import Scope, sql_fragment
-from cpersona.storage.search import Hit, Record, RowKey
+from cpersona.storage.search import Hit, Record, RowKey, clean_query
+
+# spec KW-2: substring patterns longer than this are not run at all.
+LIKE_MAX_PATTERN_BYTES = 50_000
 
 MEMORY_COLUMNS = (
     "m.id, m.content, m.source, m.timestamp, m.msg_id, m.created_at, "
@@ -25,6 +28,12 @@ MEMORY_COLUMNS = (
 EPISODE_COLUMNS = (
     "e.id, e.summary, e.start_time, e.created_at, e.resolved, e.embedding IS NOT NULL AS has_embedding"
 )
+
+
+def like_pattern(query: str) -> str:
+    """``%query%`` with LIKE's wildcards and the escape character escaped."""
+    escaped = query.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return f"%{escaped}%"
 
 
 def memory_record(row: Any) -> Record:
@@ -60,6 +69,8 @@ class SqlSearch(ABC):
 
     # (source_id, alias) -> (SQL predicate, parameters); set by each backend.
     source_filter: Callable[..., tuple[str, dict[str, Any]]]
+    # The substring test against :pattern, with backslash as the escape character.
+    substring_match: str
 
     def __init__(self, db: Database, *, fts_enabled: bool = True) -> None:
         self.db = db
@@ -68,6 +79,25 @@ class SqlSearch(ABC):
     @abstractmethod
     def _run(self, what: str, sql: Any, params: dict[str, Any]) -> list[Any] | None:
         """Rows of one search statement under the backend's deadline, or None when it failed."""
+
+    def _like_memories(self, scope: Scope, query: str, depth: int, source_id: str) -> list[Hit]:
+        """Newest-first substring matches (spec KW-1), scope and source inside the WHERE.
+
+        The reference reads up to max(depth*5, 50) rows and filters them in
+        Python; with the filters in SQL, reading ``depth`` rows is the same answer.
+        """
+        pattern = like_pattern(clean_query(query))
+        if len(pattern.encode("utf-8")) > LIKE_MAX_PATTERN_BYTES:
+            return []
+        where, params = sql_fragment(scope, "m")
+        by_source, source_params = type(self).source_filter(source_id)
+        sql = text(
+            f"SELECT {MEMORY_COLUMNS} FROM memories m "
+            f"WHERE m.content {self.substring_match} AND {where} AND {by_source} "
+            "ORDER BY m.created_at DESC, m.id DESC LIMIT :depth"
+        )
+        rows = self._run("memories LIKE", sql, {**params, **source_params, "pattern": pattern, "depth": depth})
+        return [Hit(memory_record(r)) for r in (rows or [])]
 
     def recent_memories(self, scope: Scope, depth: int, *, source_id: str = "") -> list[Hit]:
         if depth <= 0:

@@ -30,7 +30,14 @@ from sqlalchemy.orm import Session
 
 from cpersona.storage.scope import Scope, sql_fragment
 from cpersona.storage.search import Hit, Kind, KeywordResult, clean_query, query_terms
-from cpersona.storage.search_sql import EPISODE_COLUMNS, MEMORY_COLUMNS, SqlSearch, episode_record, memory_record
+from cpersona.storage.search_sql import (  # noqa: F401  (like_pattern is part of this module's API)
+    EPISODE_COLUMNS,
+    MEMORY_COLUMNS,
+    SqlSearch,
+    episode_record,
+    like_pattern,
+    memory_record,
+)
 from cpersona.storage.vectors_sqlite import scan_parameters, scan_statement, usable_query
 
 log = logging.getLogger(__name__)
@@ -41,8 +48,6 @@ log = logging.getLogger(__name__)
 STATEMENT_DEADLINE_SECONDS = 2.0
 _PROGRESS_STEPS = 10_000  # VM instructions between deadline checks
 
-# spec KW-2: patterns longer than this are not run at all.
-LIKE_MAX_PATTERN_BYTES = 50_000
 
 # English function words of 3+ letters (shorter words never become terms). A
 # question's "what", "did", "the" match nearly every row (and, as trigram
@@ -70,12 +75,6 @@ def ranking_terms(terms: list[str]) -> list[str]:
 def fts5_match(terms: Iterable[str]) -> str:
     """An FTS5 query that ORs ``terms``, each quoted so it is read literally."""
     return " OR ".join('"' + term.replace('"', '""') + '"' for term in terms)
-
-
-def like_pattern(query: str) -> str:
-    """``%query%`` with LIKE's wildcards and the escape character escaped."""
-    escaped = query.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-    return f"%{escaped}%"
 
 
 def source_filter(source_id: str, alias: str = "m") -> tuple[str, dict[str, Any]]:
@@ -107,6 +106,8 @@ class SqliteSearch(SqlSearch):
     """:class:`~cpersona.storage.search.SearchBackend` for a SQLite database."""
 
     source_filter = staticmethod(source_filter)
+    # SQLite's LIKE folds ASCII case; FTS5 trigram folds at least as widely.
+    substring_match = "LIKE :pattern ESCAPE '\\'"
 
     # -- keyword arms -----------------------------------------------------------
 
@@ -169,24 +170,6 @@ class SqliteSearch(SqlSearch):
         # A function-word match ranks below every content-word match, in its own bm25 order.
         ranked.extend((r, floor - 1.0 - i) for i, r in enumerate(extra))
         return ranked
-
-    def _like_memories(self, scope: Scope, query: str, depth: int, source_id: str) -> list[Hit]:
-        # The reference reads up to max(depth*5, 50) rows and filters them in
-        # Python; here scope and source are in the WHERE clause, so reading
-        # `depth` rows gives the same answer.
-        needle = clean_query(query)
-        pattern = like_pattern(needle)
-        if len(pattern.encode("utf-8")) > LIKE_MAX_PATTERN_BYTES:
-            return []
-        where, params = sql_fragment(scope, "m")
-        by_source, source_params = source_filter(source_id)
-        sql = text(
-            f"SELECT {MEMORY_COLUMNS} FROM memories m "
-            f"WHERE m.content LIKE :pattern ESCAPE '\\' AND {where} AND {by_source} "
-            "ORDER BY m.created_at DESC, m.id DESC LIMIT :depth"
-        )
-        rows = self._run("memories LIKE", sql, {**params, **source_params, "pattern": pattern, "depth": depth})
-        return [Hit(memory_record(r)) for r in (rows or [])]
 
     def keyword_episodes(self, scope: Scope, query: str, depth: int) -> list[Hit]:
         terms = query_terms(query)
