@@ -221,22 +221,23 @@ def ratio(ours: float, ref: float) -> str:
 
 def format_tables(summaries: list[dict[str, Any]]) -> str:
     columns = ("fill_rows_per_s", "store_p50_ms", "store_p95_ms", "recall_p50_ms", "recall_p95_ms", "recall_mean_rows")
-    header = f"{'mode':<6} {'size':>7} {'server':<6} " + " ".join(f"{c:>16}" for c in columns) + f" {'failures':>8}"
+    header = f"{'mode':<6} {'size':>7} {'server':<7} " + " ".join(f"{c:>16}" for c in columns) + f" {'failures':>8}"
     lines = [header, "-" * len(header)]
     for s in summaries:
         lines.append(
-            f"{s['mode']:<6} {s['size']:>7} {s['server']:<6} "
+            f"{s['mode']:<6} {s['size']:>7} {s['server']:<7} "
             + " ".join(f"{s[c]:>16}" for c in columns)
             + f" {s['failures']:>8}"
         )
     keyed = {(s["mode"], s["size"], s["server"]): s for s in summaries}
-    pairs = sorted({(m, z) for (m, z, v) in keyed if (m, z, "ours") in keyed and (m, z, "ref") in keyed})
-    if pairs:
-        lines += ["", "ours / ref (rows/s: higher is better; ms: lower is better)"]
-        lines.append(f"{'mode':<6} {'size':>7} " + " ".join(f"{c:>16}" for c in columns[:5]))
-        for mode, size in pairs:
-            ours, ref = keyed[(mode, size, "ours")], keyed[(mode, size, "ref")]
-            lines.append(f"{mode:<6} {size:>7} " + " ".join(f"{ratio(ours[c], ref[c]):>16}" for c in columns[:5]))
+    for top, bottom in (("ours", "ref"), ("ours-pg", "ours")):  # ours-pg: ours on PostgreSQL
+        pairs = sorted({(m, z) for (m, z, v) in keyed if (m, z, top) in keyed and (m, z, bottom) in keyed})
+        if pairs:
+            lines += ["", f"{top} / {bottom} (rows/s: higher is better; ms: lower is better)"]
+            lines.append(f"{'mode':<6} {'size':>7} " + " ".join(f"{c:>16}" for c in columns[:5]))
+            for mode, size in pairs:
+                ours, ref = keyed[(mode, size, top)], keyed[(mode, size, bottom)]
+                lines.append(f"{mode:<6} {size:>7} " + " ".join(f"{ratio(ours[c], ref[c]):>16}" for c in columns[:5]))
     lines += target_lines(keyed)
     return "\n".join(lines)
 
@@ -299,7 +300,7 @@ def parse_sizes(text: str) -> list[int]:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", type=parse_sizes, default=parse_sizes("1000,10000,100000"))
-    parser.add_argument("--servers", default="ours,ref", help="comma list of: ours, ref")
+    parser.add_argument("--servers", default="ours,ref", help="comma list of: ours, ours-pg (ours on PostgreSQL), ref")
     parser.add_argument("--modes", default="none,stub", help="comma list of: none, stub, minilm")
     parser.add_argument("--recalls", type=int, default=200, help="timed recalls per size")
     parser.add_argument("--store-probes", type=int, default=100, help="timed sequential stores per size")

@@ -29,6 +29,7 @@ from typing import Any, AsyncIterator, Iterator
 
 from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.client.stdio import get_default_environment
+from pg_database import database_for
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_DIR = BENCH_DIR.parent
@@ -38,6 +39,7 @@ RESULTS_DIR = BENCH_DIR / "results"
 # CPERSONA_BENCH_<NAME>_PYTHON overrides one (e.g. a reference venv made elsewhere).
 DEFAULT_PYTHONS = {
     "ours": REPO_DIR / ".venv" / "bin" / "python",
+    "ours-pg": REPO_DIR / ".venv" / "bin" / "python",  # ours on PostgreSQL (pg_database.py)
     "ref": BENCH_DIR / ".venvs" / "ref" / "bin" / "python",
 }
 
@@ -53,7 +55,7 @@ class ToolCallError(RuntimeError):
 
 
 def server_python(name: str) -> Path:
-    override = os.environ.get(f"CPERSONA_BENCH_{name.upper()}_PYTHON")
+    override = os.environ.get(f"CPERSONA_BENCH_{name.upper().replace('-', '_')}_PYTHON")
     if override:
         return Path(override)
     if name not in DEFAULT_PYTHONS:
@@ -181,6 +183,9 @@ async def start_server(
         }
     )
     env.update(settings)
+    database = database_for(name)
+    if database is not None:
+        env["CPERSONA_DATABASE_URL"] = database.url
     params = StdioServerParameters(
         command=str(server_python(name)),
         args=["-m", "cpersona"],
@@ -207,6 +212,8 @@ async def start_server(
     finally:
         if not (keep_workdir or failed):
             shutil.rmtree(workdir, ignore_errors=True)
+        if database is not None and not keep_workdir:
+            database.drop()
 
 
 def write_results(prefix: str, payload: dict[str, Any]) -> Path:
