@@ -125,3 +125,19 @@ def test_the_backend_is_chosen_by_the_engine(backends):
     assert isinstance(open_search(lite.db), SqliteSearch)
     assert isinstance(open_search(pg.db, fts_enabled=False), PostgresSearch)
     assert open_search(pg.db, fts_enabled=False).fts_enabled is False
+
+
+@pytest.mark.parametrize("scope", SCOPES)
+@pytest.mark.parametrize(("query", "phrases"), [
+    ("zzz", ["migration plans"]), ("", ["database migration"]), ("ok", ["Project q memory"]),
+    ("zzz", ["東京タワー"]), ("zzz", ["pl"]),
+])
+def test_phrases_find_the_same_rows(backends, scope, query, phrases):
+    # spec RX-8: a declared multi-word name is one phrase on both backends
+    lite, pg = backends
+    a = lite.keyword_memories(scope, query, 10, phrases=phrases)
+    b = pg.keyword_memories(scope, query, 10, phrases=phrases)
+    assert a.method == b.method
+    assert sorted(ids(a.hits)) == sorted(ids(b.hits))
+    assert sorted(ids(lite.keyword_episodes(scope, query, 10, phrases=phrases))) == sorted(
+        ids(pg.keyword_episodes(scope, query, 10, phrases=phrases)))

@@ -327,3 +327,29 @@ def test_profile_is_per_agent(db, search):  # spec ISO-5
         session.execute(insert(Profile), [{"agent_id": "a", "content": "Likes tea", "project_id": "p"}])
     assert search.profile("a") == "Likes tea"
     assert search.profile("b") is None
+
+
+# -- phrases (declared names, spec RX-8) ---------------------------------------------
+
+
+def test_phrase_terms_are_cleaned_bounded_and_deduplicated():
+    from cpersona.storage.search import phrase_terms
+
+    assert phrase_terms(["Mina  Tanaka", "MINA TANAKA", "ab", " x ", "deploy"], ["Deploy"]) == ["Mina Tanaka"]
+    assert phrase_terms(["\x00Release\ncalendar "]) == ["Release calendar"]
+
+
+def test_a_multi_word_phrase_matches_only_where_its_words_stand_together(search, db):  # spec RX-8
+    add_memories(db, {"content": "Mina Tanaka owns the release calendar"},
+                 {"content": "Tanaka and Mina met; nobody owns anything"},
+                 {"content": "unrelated note about lunch"})
+    add_episodes(db, {"summary": "Sync with Mina Tanaka on the calendar", "keywords": ""},
+                 {"summary": "Mina said Tanaka would call", "keywords": ""})
+    # The phrase is one term: "Mina" OR "Tanaka" would also find the second row of each table.
+    assert refs(search.keyword_memories(Scope("a"), "zzqq", 10, phrases=["Mina Tanaka"]).hits) == ["mem:1"]
+    assert refs(search.keyword_episodes(Scope("a"), "zzqq", 10, phrases=["mina tanaka"])) == ["ep:1"]
+    # A phrase alone (blank query) still searches; a too-short phrase adds nothing.
+    assert refs(search.keyword_memories(Scope("a"), "", 10, phrases=["Mina Tanaka"]).hits) == ["mem:1"]
+    assert search.keyword_memories(Scope("a"), "", 10, phrases=["Mi"]).method == "none"
+    # Without phrases the words are separate terms, as before.
+    assert sorted(refs(search.keyword_memories(Scope("a"), "Mina Tanaka", 10).hits)) == ["mem:1", "mem:2"]

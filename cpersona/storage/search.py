@@ -16,7 +16,7 @@ caller can forget to filter it, and no other agent's rows can crowd the depth.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal, Protocol
@@ -68,6 +68,27 @@ def query_terms(query: str) -> list[str]:
             if len(terms) >= MAX_TERMS:
                 return list(terms)
     return list(terms)
+
+
+def phrase_terms(phrases: Iterable[str], terms: Iterable[str] = ()) -> list[str]:
+    """Extra terms searched whole, spaces included (a multi-word name as one phrase).
+
+    Each phrase is cleaned and trimmed; one shorter than 3 characters is left
+    out (a trigram index cannot match it), and so is one already among
+    ``terms`` or an earlier phrase (compared case-folded, as the index folds).
+    At most :data:`MAX_TERMS`.
+    """
+    seen = {term.casefold() for term in terms}
+    kept: list[str] = []
+    for phrase in phrases:
+        text = " ".join(clean_query(phrase[:MAX_QUERY_CHARS]).split())
+        if len(text) < 3 or text.casefold() in seen:
+            continue
+        seen.add(text.casefold())
+        kept.append(text)
+        if len(kept) >= MAX_TERMS:
+            break
+    return kept
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,18 +150,20 @@ class SearchBackend(Protocol):
     """What recall needs from a database. Every method applies ``scope`` itself."""
 
     def keyword_memories(
-        self, scope: Scope, query: str, depth: int, *, source_id: str = ""
+        self, scope: Scope, query: str, depth: int, *, source_id: str = "", phrases: Sequence[str] = ()
     ) -> KeywordResult:
         """Memories matching ``query``, best first, at most ``depth``.
 
         Full-text search where it can serve the query; otherwise (no usable
         term, no match, index disabled or failing) a newest-first substring
-        match standing in for it (spec KW-1).
+        match standing in for it (spec KW-1). ``phrases`` are OR-ed in as
+        whole phrases (:func:`phrase_terms`), never split into words: the
+        declared names reconstruct adds to its lexical arms (spec RX-8).
         """
         ...
 
-    def keyword_episodes(self, scope: Scope, query: str, depth: int) -> list[Hit]:
-        """Episodes whose summary or keywords match ``query``, best first."""
+    def keyword_episodes(self, scope: Scope, query: str, depth: int, *, phrases: Sequence[str] = ()) -> list[Hit]:
+        """Episodes whose summary or keywords match ``query`` or one of ``phrases``, best first."""
         ...
 
     def recent_memories(self, scope: Scope, depth: int, *, source_id: str = "") -> list[Hit]:

@@ -24,6 +24,7 @@ and runs under a statement_timeout, so no query can hold a worker for long.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import Any
 
@@ -33,7 +34,7 @@ from sqlalchemy.exc import DBAPIError
 
 from cpersona.embedding.vectors import FLOAT32
 from cpersona.storage.scope import Scope, sql_fragment
-from cpersona.storage.search import Hit, Kind, KeywordResult, clean_query, query_terms
+from cpersona.storage.search import Hit, Kind, KeywordResult, clean_query, phrase_terms, query_terms
 from cpersona.storage.search_sql import (
     EPISODE_COLUMNS,
     MEMORY_COLUMNS,
@@ -88,11 +89,12 @@ class PostgresSearch(SqlSearch):
     # -- keyword arms -----------------------------------------------------------
 
     def keyword_memories(
-        self, scope: Scope, query: str, depth: int, *, source_id: str = ""
+        self, scope: Scope, query: str, depth: int, *, source_id: str = "", phrases: Sequence[str] = ()
     ) -> KeywordResult:
-        if depth <= 0 or not clean_query(query):
+        if depth <= 0 or not (clean_query(query) or phrases):
             return KeywordResult([], "none")
         terms = query_terms(query)
+        terms += phrase_terms(phrases, terms)  # a phrase is one ILIKE pattern, spaces included
         if self.fts_enabled and terms:
             where, params = sql_fragment(scope, "m")
             by_source, source_params = source_filter(source_id)
@@ -107,10 +109,13 @@ class PostgresSearch(SqlSearch):
             })
             if rows:
                 return KeywordResult([Hit(memory_record(r), float(r.score)) for r in rows], "fts")
+        if not clean_query(query):  # phrases alone: no substring scan stands in for them
+            return KeywordResult([], "none")
         return KeywordResult(self._like_memories(scope, query, depth, source_id), "like")
 
-    def keyword_episodes(self, scope: Scope, query: str, depth: int) -> list[Hit]:
+    def keyword_episodes(self, scope: Scope, query: str, depth: int, *, phrases: Sequence[str] = ()) -> list[Hit]:
         terms = query_terms(query)
+        terms += phrase_terms(phrases, terms)
         if depth <= 0 or not self.fts_enabled or not terms:
             return []
         where, params = sql_fragment(scope, "e")

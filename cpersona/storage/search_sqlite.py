@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -29,7 +29,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from cpersona.storage.scope import Scope, sql_fragment
-from cpersona.storage.search import Hit, Kind, KeywordResult, clean_query, query_terms
+from cpersona.storage.search import Hit, Kind, KeywordResult, clean_query, phrase_terms, query_terms
 from cpersona.storage.search_sql import (  # noqa: F401  (like_pattern is part of this module's API)
     EPISODE_COLUMNS,
     MEMORY_COLUMNS,
@@ -112,25 +112,30 @@ class SqliteSearch(SqlSearch):
     # -- keyword arms -----------------------------------------------------------
 
     def keyword_memories(
-        self, scope: Scope, query: str, depth: int, *, source_id: str = ""
+        self, scope: Scope, query: str, depth: int, *, source_id: str = "", phrases: Sequence[str] = ()
     ) -> KeywordResult:
-        if depth <= 0 or not clean_query(query):
+        if depth <= 0 or not (clean_query(query) or phrases):
             return KeywordResult([], "none")
         terms = query_terms(query)
-        if self.fts_enabled and terms:
-            hits = self._fts_memories(scope, terms, depth, source_id)
+        extra = phrase_terms(phrases, terms)
+        if self.fts_enabled and (terms or extra):
+            hits = self._fts_memories(scope, terms, depth, source_id, extra)
             if hits:
                 return KeywordResult(hits, "fts")
-            if hits is not None:
+            if hits is not None and terms:
                 # The MATCH ran and no row in scope holds even one of the query's
                 # terms (each is a substring of the query, and the trigram index
                 # folds case at least as far as LIKE does), so no row holds the
                 # whole query: the LIKE pass, a scan of the whole scope, would
                 # come back empty. Skipping it is the no-match recall's main cost.
                 return KeywordResult([], "like")
+        if not clean_query(query):
+            return KeywordResult([], "none")
         return KeywordResult(self._like_memories(scope, query, depth, source_id), "like")
 
-    def _fts_memories(self, scope: Scope, terms: list[str], depth: int, source_id: str) -> list[Hit] | None:
+    def _fts_memories(
+        self, scope: Scope, terms: list[str], depth: int, source_id: str, phrases: Sequence[str]
+    ) -> list[Hit] | None:
         where, params = sql_fragment(scope, "m")
         by_source, source_params = source_filter(source_id)
         sql = text(
@@ -140,14 +145,15 @@ class SqliteSearch(SqlSearch):
             "ORDER BY memories_fts.rank, m.id LIMIT :depth"
         )
         params.update(source_params)
-        rows = self._ranked("memories FTS", sql, params, terms, depth)
+        rows = self._ranked("memories FTS", sql, params, terms, depth, phrases)
         if rows is None:
             return None
         # bm25 is "more negative is better"; hits carry -bm25 so higher is better.
         return [Hit(memory_record(r), score) for r, score in rows]
 
     def _ranked(
-        self, what: str, sql: Any, params: dict[str, Any], terms: list[str], depth: int
+        self, what: str, sql: Any, params: dict[str, Any], terms: list[str], depth: int,
+        phrases: Sequence[str] = (),
     ) -> list[tuple[Any, float]] | None:
         """Rows of an FTS statement ranked on the query's content words.
 
@@ -156,7 +162,9 @@ class SqliteSearch(SqlSearch):
         shorter than with every term). Their scores are set below the last
         content-word row's so raw scores stay in list order for rsf.
         """
-        content = ranking_terms(terms)
+        # Phrases (declared names) always rank as content, whatever words they hold.
+        content = [*ranking_terms(terms), *phrases]
+        terms = [*terms, *phrases]
         rows = self._run(what, sql, {**params, "match": fts5_match(content), "depth": depth})
         if rows is None:
             return None
@@ -171,9 +179,10 @@ class SqliteSearch(SqlSearch):
         ranked.extend((r, floor - 1.0 - i) for i, r in enumerate(extra))
         return ranked
 
-    def keyword_episodes(self, scope: Scope, query: str, depth: int) -> list[Hit]:
+    def keyword_episodes(self, scope: Scope, query: str, depth: int, *, phrases: Sequence[str] = ()) -> list[Hit]:
         terms = query_terms(query)
-        if depth <= 0 or not self.fts_enabled or not terms:
+        extra = phrase_terms(phrases, terms)
+        if depth <= 0 or not self.fts_enabled or not (terms or extra):
             return []
         where, params = sql_fragment(scope, "e")
         sql = text(
@@ -182,7 +191,7 @@ class SqliteSearch(SqlSearch):
             f"WHERE episodes_fts MATCH :match AND {where} "
             "ORDER BY episodes_fts.rank, e.id LIMIT :depth"
         )
-        rows = self._ranked("episodes FTS", sql, params, terms, depth)
+        rows = self._ranked("episodes FTS", sql, params, terms, depth, extra)
         return [Hit(episode_record(r), score) for r, score in (rows or [])]
 
     # -- vector arm (spec §5.6) ----------------------------------------------------

@@ -211,3 +211,17 @@ def test_excerpt_from_a_node_set_ranked_without_a_query_vector_says_lexical_only
     assert excerpt["content"] == second_part  # spec RX-32: the lexically best node is quoted
     assert excerpt["node"] == {"index": 1, "of": 2, "span": [cut, len(long_text)]}
     assert out["quote_selection"] == "lexical_only"  # spec RX-33: keyword-only server, no query vector
+
+
+def test_a_multi_word_declared_name_is_searched_as_one_phrase(app):
+    phrase = _put(app, "Project North Star shipped its beta to the pilot users.", "2026-01-05T10:00:00+00:00",
+                  source_id="n1")
+    scattered = _put(app, "North of the river, the star festival project needs volunteers.",
+                     "2026-01-06T10:00:00+00:00", source_id="n2")
+    declare_associations(app, agent_id=A, associations={"entities": [{"name": "Orion",
+                                                                       "aliases": ["Project North Star"]}]})
+    out = reconstruct(app, agent_id=A, query="status of Orion", trace=True)
+    assert out["trace"]["cues"]["terms"] == ["Project North Star"]  # spec RX-7
+    # spec RX-8: the alias is one quoted phrase, not "Project" OR "North" OR "Star"
+    assert phrase in out["trace"]["candidate_refs"]
+    assert scattered not in out["trace"]["candidate_refs"]

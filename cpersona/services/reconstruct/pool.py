@@ -75,14 +75,15 @@ def _with_terms(app: App, req: RecallRequest, found: Retrieval, terms: list[str]
     """RX-8: re-run the lexical arms with the extra terms OR-ed in; the vector lists stay as they are."""
     backend = search_backend(app)
     excluded = exclusion(())
-    widened = " ".join([req.query, *(f'"{t}"' for t in terms if len(t) >= 3)])
     query = req.retriever_query()
     kept = [lst for lst in found.lists if lst.channel not in LEXICAL]
     found.lists = kept
+    # Each term is one phrase ("Mina Tanaka" as written, not "Mina" OR "Tanaka");
+    # the backend leaves out terms shorter than 3 characters.
     if query.episodes_apply:
-        found.add("episodes", backend.keyword_episodes(query.scope, widened, depth), excluded)
-    found.add("memories", backend.keyword_memories(query.scope, widened, depth, source_id=req.source_id).hits,
-              excluded)
+        found.add("episodes", backend.keyword_episodes(query.scope, query.text, depth, phrases=terms), excluded)
+    found.add("memories", backend.keyword_memories(query.scope, query.text, depth, source_id=req.source_id,
+                                                   phrases=terms).hits, excluded)
 
 
 def candidate_pool(app: App, req: RecallRequest, terms: list[str]) -> Pool:
