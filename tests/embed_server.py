@@ -10,6 +10,15 @@ It speaks the contracts the client must handle (spec EMB-1, EMB-2, EMB-6):
   truncated, window_end_char}, ...]}`` (spec OV-1) when ``token_window`` is set,
   404 otherwise. A token is a run of word characters or one other non-space
   character (``tokens_of``); the window closes at the end of token ``token_window``.
+- with ``remote_index`` on, the remote vector index of spec EMB-6, kept in memory
+  (``index``: namespace → {id: (text, vector)}): ``POST /index`` ``{namespace,
+  items: [{id, text}]}`` embeds and stores (same id replaces), ``POST /remove``
+  ``{namespace, ids}``, ``POST /purge`` ``{namespace}``, and ``POST /search``
+  ``{namespace, query, limit, min_similarity}`` → ``{results: [{id, score}]}``,
+  best dot product first. Off (the default), the four routes answer 404.
+  ``search_results`` (a list) is answered verbatim instead of searching;
+  ``route_status`` / ``route_delay`` (route path → status / seconds) break or
+  slow one route without touching the others.
 
 Vectors are deterministic and meaningful enough for recall tests: a hashed bag
 of lower-cased words (weight 1) and character trigrams (weight 0.5), signed by
@@ -47,6 +56,7 @@ from typing import Any
 import pytest
 
 WORD = re.compile(r"\w+", re.UNICODE)
+REMOTE_ROUTES = ("/search", "/index", "/remove", "/purge")
 TOKEN = re.compile(r"\w+|[^\w\s]", re.UNICODE)
 
 
@@ -116,6 +126,11 @@ class EmbedServer:
     api_order: str = "forward"
     requests: list[RecordedRequest] = field(default_factory=list)
     port: int = 0
+    remote_index: bool = False
+    index: dict[str, dict[str, tuple[str, list[float]]]] = field(default_factory=dict)
+    search_results: list[Any] | None = None
+    route_status: dict[str, int] = field(default_factory=dict)
+    route_delay: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -179,6 +194,16 @@ class EmbedServer:
         with self._lock:
             return [r for r in self.requests if r.method == "POST" and r.path.split("?")[0] == "/count_tokens"]
 
+    def route_requests(self, route: str) -> list[RecordedRequest]:
+        """Recorded POSTs to one path, e.g. ``/index``."""
+        with self._lock:
+            return [r for r in self.requests if r.method == "POST" and r.path.split("?")[0] == route]
+
+    def indexed(self, namespace: str) -> dict[str, str]:
+        """What the remote index holds for ``namespace``: id → text."""
+        with self._lock:
+            return {ref: text for ref, (text, _) in self.index.get(namespace, {}).items()}
+
     def record(self, request: RecordedRequest) -> None:
         with self._lock:
             self.requests.append(request)
@@ -220,6 +245,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._answer({"embeddings": [self.state.vector(t) for t in texts]})
         elif path == "/v1/embeddings":
             self._embeddings_api(body)
+        elif path in REMOTE_ROUTES and self.state.remote_index:
+            self._remote(path, body)
         elif path == "/count_tokens" and self.state.token_window is not None:
             texts = body.get("texts") if isinstance(body, dict) else None
             if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
@@ -247,6 +274,39 @@ class _Handler(BaseHTTPRequestHandler):
         if state.api_order == "reverse":
             items.reverse()
         self._answer({"object": "list", "data": items, "model": body.get("model", state.model_name)})
+
+    def _remote(self, path: str, body: Any) -> None:
+        """The in-memory remote vector index (spec EMB-6)."""
+        state = self.state
+        if delay := state.route_delay.get(path):
+            time.sleep(delay)
+        if status := state.route_status.get(path):
+            self._send_json(status, {"error": "configured failure"})
+            return
+        if not isinstance(body, dict) or not isinstance(body.get("namespace"), str):
+            self._send_json(422, {"error": "namespace must be a string"})
+            return
+        with state._lock:
+            space = state.index.setdefault(body["namespace"], {})
+            if path == "/index":
+                for item in body.get("items") or []:
+                    space[item["id"]] = (item["text"], state.vector(item["text"]))
+                payload: Any = {"indexed": len(body.get("items") or [])}
+            elif path == "/remove":
+                removed = [ref for ref in body.get("ids") or [] if space.pop(ref, None) is not None]
+                payload = {"removed": len(removed)}
+            elif path == "/purge":
+                payload = {"purged": len(space)}
+                space.clear()
+            elif state.search_results is not None:
+                payload = {"results": state.search_results}
+            else:
+                query = state.vector(body.get("query", ""))
+                scored = [(sum(a * b for a, b in zip(query, vector)), ref) for ref, (_, vector) in space.items()]
+                floor = body.get("min_similarity", 0.0)
+                scored = sorted((s for s in scored if s[0] >= floor), key=lambda s: -s[0])[: body.get("limit", 10)]
+                payload = {"results": [{"id": ref, "score": score} for score, ref in scored]}
+        self._send_json(200, payload)
 
     # ------------------------------------------------------------- plumbing
 

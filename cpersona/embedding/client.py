@@ -114,7 +114,9 @@ class _NotIssued(Exception):
     """No request could be sent (configuration fault)."""
 
 
-class _BadStatus(Exception):
+class BadStatus(Exception):
+    """The endpoint answered with a non-2xx status."""
+
     def __init__(self, status: int, reason: str) -> None:
         super().__init__(f"{status} {reason}".strip())
         self.status = status
@@ -337,7 +339,7 @@ class Embedder:
             accepted = [vector.astype(FLOAT32) for vector in vectors]
         except Exception as exc:  # never raise: every failure means "no vector"
             evidence = self._evidence("POST", self.url, exc)
-            if not isinstance(exc, (_NotIssued, _BadStatus, EmbeddingResponseError, httpx.HTTPError, httpx.InvalidURL)):
+            if not isinstance(exc, (_NotIssued, BadStatus, EmbeddingResponseError, httpx.HTTPError, httpx.InvalidURL)):
                 log.exception("Unexpected error in the embedding client")
             log.warning("Embedding request failed: %s", evidence)
             self._record(ok=False, attempted=attempted, error=evidence)
@@ -348,30 +350,7 @@ class Embedder:
     def _fetch(
         self, method: str, url: str, body: bytes | None, headers: dict[str, str], timeout: float
     ) -> bytes:
-        """The 2xx body, read under the size cap and the overall deadline.
-
-        httpx's timeout bounds each network wait; the deadline check between
-        chunks stops a backend that drips a body slowly from stretching one
-        request far past the timeout.
-        """
-        deadline = time.monotonic() + timeout
-        cap = self._max_response_bytes
-        with self._http.stream(method, url, content=body, headers=headers, timeout=timeout) as response:
-            if not response.is_success:
-                raise _BadStatus(response.status_code, response.reason_phrase)
-            declared = response.headers.get("content-length")
-            if declared is not None and declared.strip().isdigit() and int(declared) > cap:
-                raise EmbeddingResponseError(f"response declares {int(declared)} bytes, over the {cap}-byte cap")
-            chunks: list[bytes] = []
-            received = 0
-            for chunk in response.iter_bytes():
-                received += len(chunk)
-                if received > cap:
-                    raise EmbeddingResponseError(f"response body runs past the {cap}-byte cap")
-                if time.monotonic() > deadline:
-                    raise httpx.ReadTimeout("response took longer than the timeout")
-                chunks.append(chunk)
-            return b"".join(chunks)
+        return fetch_capped(self._http, method, url, body, headers, timeout, self._max_response_bytes)
 
     def _ask_capabilities(self, timeout: float) -> tuple[BackendIdentity | None, str | None]:
         if self._config_problem:
@@ -387,7 +366,7 @@ class Embedder:
             return parse_capabilities(parse_json_object(raw)), None
         except Exception as exc:  # tolerated: the route is optional (EMB-6)
             evidence = self._evidence("GET", url, exc)
-            if isinstance(exc, _BadStatus) and exc.status == 404:
+            if isinstance(exc, BadStatus) and exc.status == 404:
                 evidence += " (the server predates the capability report)"
             return None, evidence
 
@@ -395,7 +374,7 @@ class Embedder:
         """``mode=<m> / <METHOD> <safe url> failed: <Type>: <detail>`` (spec ADV-4)."""
         if isinstance(exc, _NotIssued):
             return f"mode={self.mode} / {method} {safe_endpoint(url)} failed: {exc}"
-        kind = "HTTPStatusError" if isinstance(exc, _BadStatus) else type(exc).__name__
+        kind = "HTTPStatusError" if isinstance(exc, BadStatus) else type(exc).__name__
         detail = redact(str(exc) or repr(exc), url, _normalised(url))
         return f"mode={self.mode} / {method} {safe_endpoint(url)} failed: {kind}: {detail}"
 
@@ -412,6 +391,35 @@ class Embedder:
                 self._last_failure_at = now
                 self._last_error = error
                 self._last_failure_attempted = attempted
+
+
+def fetch_capped(
+    http: httpx.Client, method: str, url: str, body: bytes | None, headers: dict[str, str], timeout: float,
+    cap: int = MAX_RESPONSE_BYTES,
+) -> bytes:
+    """The 2xx body, read under the size cap and the overall deadline.
+
+    httpx's timeout bounds each network wait; the deadline check between
+    chunks stops a backend that drips a body slowly from stretching one
+    request far past the timeout. A non-2xx answer raises ``BadStatus``.
+    """
+    deadline = time.monotonic() + timeout
+    with http.stream(method, url, content=body, headers=headers, timeout=timeout) as response:
+        if not response.is_success:
+            raise BadStatus(response.status_code, response.reason_phrase)
+        declared = response.headers.get("content-length")
+        if declared is not None and declared.strip().isdigit() and int(declared) > cap:
+            raise EmbeddingResponseError(f"response declares {int(declared)} bytes, over the {cap}-byte cap")
+        chunks: list[bytes] = []
+        received = 0
+        for chunk in response.iter_bytes():
+            received += len(chunk)
+            if received > cap:
+                raise EmbeddingResponseError(f"response body runs past the {cap}-byte cap")
+            if time.monotonic() > deadline:
+                raise httpx.ReadTimeout("response took longer than the timeout")
+            chunks.append(chunk)
+        return b"".join(chunks)
 
 
 def _normalised(url: str) -> str:
