@@ -29,7 +29,7 @@ from sqlalchemy import ColumnElement, Connection, delete, inspect, select, text,
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from cpersona.services import calibration
+from cpersona.services import calibration, remote_vectors
 from cpersona.services.app import App
 from cpersona.services.memories import embed_text
 from cpersona.services.nodes import QUEUED, queue_build, runs_past_window
@@ -149,10 +149,12 @@ def delete_memory(app: App, *, memory_id: Any, agent_id: Any = "", session_key: 
         if not _in_range(row_id):
             raise _absent(row_id, owner)
         with app.db.write() as session:
-            _checked_memory(session, row_id, owner, refused_if_locked="deleted")
+            row = _checked_memory(session, row_id, owner, refused_if_locked="deleted")
             gone = session.execute(delete(Memory).where(*_memory_guards(row_id, owner, respect_lock=True))).rowcount
             if gone != 1:
                 raise _unmatched(session, row_id, owner, "deleted")
+        # After commit, from the owner read before the delete; a failure is logged only.
+        remote_vectors.forget(app, row.agent_id, [f"mem:{row_id}"])
         return {"ok": True, "deleted_id": row_id}
 
     return _answer(work)
@@ -256,6 +258,7 @@ def update_memory(
             nodes_queued = long_text and queue_build(app, session, "mem", row_id, agent_id=row.agent_id,
                                                      project_id=row.project_id)
 
+        remote_vectors.push(app, row.agent_id, [(f"mem:{row_id}", cleaned.text)])  # re-index the new text
         response: dict[str, Any] = {"ok": True, "updated_id": row_id}
         if cleaned.truncated:
             response["truncated"] = True
@@ -280,8 +283,10 @@ def delete_episode(app: App, *, episode_id: Any, agent_id: Any = "", session_key
             raise refusal
         guards = [Episode.id == row_id] + ([Episode.agent_id == owner] if owner is not None else [])
         with app.db.write() as session:
+            episode_owner = session.scalar(select(Episode.agent_id).where(*guards))  # DE-2: read before the delete
             if session.execute(delete(Episode).where(*guards)).rowcount != 1:
                 raise refusal
+        remote_vectors.forget(app, episode_owner or "", [f"ep:{row_id}"])
         return {"ok": True, "deleted_id": row_id}
 
     return _answer(work)
@@ -327,5 +332,6 @@ def delete_agent_data(app: App, *, agent_id: Any = None, session_key: Any = "") 
         }
         _delete_declarations(session.connection(), agent_id)
     _forget_calibration(app, agent_id)
+    remote_vectors.purge(app, agent_id)  # DAD-2: the agent's remote namespace; failure logged only
     # DAD-4: the four counters always, zeros for an agent that had nothing.
     return {"ok": True, "agent_id": agent_id, **counts}

@@ -12,6 +12,7 @@ from typing import Any
 
 from sqlalchemy import select
 
+from cpersona.services import remote_vectors
 from cpersona.services.app import App
 from cpersona.services.listing import ListBounds, bounded_response, fetch_capped, listing_scope
 from cpersona.services.memories import embed_text
@@ -131,6 +132,7 @@ def _archive(app: App, *, agent_id: Any, summary: Any, history: Any, keywords: A
         nodes_queued = long_text and queue_build(app, session, "ep", episode_id, agent_id=agent_id,
                                                  project_id=project_id)
 
+    remote_vectors.push(app, agent_id, [(f"ep:{episode_id}", clean_summary.text)])  # after commit (EMB-6)
     response: dict[str, Any] = {"ok": True, "episode_id": episode_id}
     if clean_summary.truncated or clean_keywords.truncated:
         response["truncated"] = True

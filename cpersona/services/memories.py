@@ -26,8 +26,10 @@ from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from cpersona.services import remote_vectors
 from cpersona.services.app import App
 from cpersona.services.associations import declare_for_record
+from cpersona.services.backfill import keeps_local_vectors
 from cpersona.services.nodes import QUEUED, queue_build, runs_past_window
 from cpersona.services.operating_context import ProjectRefusal, resolve_project
 from cpersona.services.responses import failure
@@ -192,7 +194,10 @@ def _write(app: App, request: _Write, ahead: Any) -> dict[str, Any]:
         return _with_lock_flag({"ok": True, "result": "skipped", "reason": "duplicate (unique index)"},
                                request, locked=False)
 
-    response: dict[str, Any] = {"ok": True, "result": "stored", "id": new_id, "embedded": embedding is not None}
+    # ST-6: in remote vector mode the row also counts as embedded when the index took it.
+    pushed = remote_vectors.push(app, request.agent_id, [(f"mem:{new_id}", request.content)])
+    response: dict[str, Any] = {"ok": True, "result": "stored", "id": new_id,
+                                "embedded": embedding is not None or pushed}
     if request.truncated:
         response["truncated"] = True
     if nodes_queued:
@@ -380,8 +385,10 @@ def embed_text(app: App, text: str) -> bytes | None:
     """The text's vector, or None; an embedding failure never fails a write (ST-6, AE-5).
 
     Call it before ``app.db.write()``: no network request may run under the write lock.
+    Remote vector mode with ``CPERSONA_STORE_BLOB=false`` keeps no local vector,
+    so it asks for none (the remote index embeds the text itself).
     """
-    if app.embedder is None:
+    if not keeps_local_vectors(app):
         return None
     try:
         return app.embedder.embed(text)

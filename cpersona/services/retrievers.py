@@ -17,6 +17,7 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from cpersona.services import remote_vectors
 from cpersona.services.advisory import embedding_health
 from cpersona.services.app import App
 from cpersona.services.backfill import on_query_embedded
@@ -110,8 +111,12 @@ def retrieve(app: App, backend: SearchBackend, query: Query, depth: int, exclude
     if query.blank:  # spec §5.7.4: a blank query is a recency listing
         found.add("memories", backend.recent_memories(query.scope, depth, source_id=query.source_id), excluded)
         return found
-    vector = embed_query(app, query.text, measure=query.measure)
-    if vector is not None:
+    remote = remote_near_list(app, backend, query, depth)
+    if remote is not None:
+        # EMB-6: the remote index's answer replaces the local scan, and no far list is read.
+        found.query_embedded = True
+        found.add("vector", remote, excluded)
+    elif (vector := embed_query(app, query.text, measure=query.measure)) is not None:
         found.query_embedded, found.query_vector = True, vector
         vector_lists(app, backend, query, depth, vector, excluded, found)
     if query.episodes_apply:
@@ -152,6 +157,24 @@ def vector_threshold(app: App, agent_id: str) -> float:
     return calibrated_threshold(app, agent_id)
 
 
+def arm_threshold(app: App, agent_id: str) -> float:
+    """The vector channel's cut (VEC-4): ``t``, times the threshold factor under fusion."""
+    threshold = vector_threshold(app, agent_id)
+    if app.settings.recall_mode != "cascade":
+        threshold *= app.settings.rrf_threshold_factor  # the other arms vouch for what this admits
+    return threshold
+
+
+def remote_near_list(app: App, backend: SearchBackend, query: Query, depth: int) -> list[Hit] | None:
+    """The near list from the remote index (remote vector mode), or None to scan locally."""
+    if app.settings.vector_search_mode != "remote":
+        return None
+    return remote_vectors.near_list(
+        app, backend, agent_id=query.agent_id, text=query.text, scope=query.scope, source_id=query.source_id,
+        episodes_apply=query.episodes_apply, depth=depth, threshold=arm_threshold(app, query.agent_id),
+        measure=query.measure)
+
+
 def vector_lists(
     app: App,
     backend: SearchBackend,
@@ -164,9 +187,7 @@ def vector_lists(
     """The near list over the scan window and, when configured, the far list (VEC-2..7)."""
     settings = app.settings
     fusing = settings.recall_mode != "cascade"
-    threshold = vector_threshold(app, query.agent_id)
-    if fusing:
-        threshold *= settings.rrf_threshold_factor  # the other arms vouch for what this admits
+    threshold = arm_threshold(app, query.agent_id)
     window = settings.max_memories
     near = nearest(backend, query, vector, depth, threshold, (0, window))
     found.add("vector", near, excluded)

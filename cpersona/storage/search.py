@@ -174,8 +174,9 @@ class SearchBackend(Protocol):
         """Memories plus episodes in scope: the pool the quality gate scales with."""
         ...
 
-    def fetch(self, scope: Scope, keys: Iterable[RowKey]) -> dict[RowKey, Record]:
-        """Rows by reference, silently omitting any outside ``scope``."""
+    def fetch(self, scope: Scope, keys: Iterable[RowKey], *, source_id: str = "") -> dict[RowKey, Record]:
+        """Rows by reference, silently omitting any outside ``scope`` (and, for
+        memories, any that ``source_id`` filters out as in the keyword arm)."""
         ...
 
     def episode_boundary(self, scope: Scope) -> datetime | None:

@@ -121,7 +121,7 @@ class SqlSearch(ABC):
         with self.db.read() as session:
             return int(session.execute(sql, params).scalar_one())
 
-    def fetch(self, scope: Scope, keys: Iterable[RowKey]) -> dict[RowKey, Record]:
+    def fetch(self, scope: Scope, keys: Iterable[RowKey], *, source_id: str = "") -> dict[RowKey, Record]:
         wanted: dict[str, list[int]] = {"mem": [], "ep": []}
         for kind, row_id in keys:
             wanted[kind].append(int(row_id))
@@ -136,6 +136,9 @@ class SqlSearch(ABC):
                     else ("e", "episodes", EPISODE_COLUMNS, episode_record)
                 )
                 where, params = sql_fragment(scope, alias)
+                if kind == "mem" and source_id:
+                    by_source, source_params = type(self).source_filter(source_id, alias)
+                    where, params = f"{where} AND {by_source}", {**params, **source_params}
                 sql = text(
                     f"SELECT {columns} FROM {table} {alias} WHERE {alias}.id IN :ids AND {where}"
                 ).bindparams(bindparam("ids", expanding=True))

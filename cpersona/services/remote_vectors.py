@@ -1,0 +1,108 @@
+"""Remote vector mode, as the services use it (spec EMB-6, ST-6, DE-2, DAD-2).
+
+``CPERSONA_VECTOR_SEARCH_MODE=remote`` hands vector search to the embedding
+service's own index (``cpersona.embedding.remote``). This module is the one
+place the services meet it:
+
+- ``near_list``: recall's vector channel from a remote answer. The index only
+  knows the namespace (the agent), so every id it names is hydrated through
+  the search backend's ``fetch`` — the same scope predicates
+  (``cpersona.storage.scope``) and source filter every local arm applies — and
+  whatever is not visible there (another project or channel, another source,
+  a deleted row, an id this database never had) is dropped, never shown.
+- ``push`` after a write commits (store, update, archive), ``forget`` after a
+  delete, ``purge`` after an agent's data is gone. Failures are logged by the
+  client and tolerated: the database row is the record, the index a copy.
+
+Network calls never run under the write lock: callers call these after their
+transaction has committed.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+
+from cpersona.embedding.client import EmbedOutcome
+from cpersona.embedding.remote import RemoteIndex, build_remote_index
+from cpersona.services.advisory import embedding_health
+from cpersona.services.app import App
+from cpersona.services.backfill import on_query_embedded
+from cpersona.storage.search import MAX_QUERY_CHARS, Hit, SearchBackend
+from cpersona.storage.scope import Scope
+
+log = logging.getLogger(__name__)
+
+_EXTRAS_KEY = "remote_index"
+_build_lock = threading.Lock()
+
+
+def remote_index(app: App) -> RemoteIndex | None:
+    """The App's remote index client, built on first use; None outside remote mode."""
+    if app.settings.vector_search_mode != "remote":
+        return None
+    if _EXTRAS_KEY not in app.extras:
+        with _build_lock:
+            if _EXTRAS_KEY not in app.extras:
+                app.extras[_EXTRAS_KEY] = build_remote_index(app.settings, app.embedder)
+    return app.extras[_EXTRAS_KEY]
+
+
+# -- recall ------------------------------------------------------------------------------
+
+
+def near_list(
+    app: App, backend: SearchBackend, *, agent_id: str, text: str, scope: Scope, source_id: str,
+    episodes_apply: bool, depth: int, threshold: float, measure: bool = True,
+) -> list[Hit] | None:
+    """The vector channel's list from the remote index, or None to fall back to the local scan.
+
+    None when there is no remote index or it gave no usable answer (404,
+    timeout, malformed body); the caller then embeds the query and scans
+    locally, which finds what local blobs exist. An answer — even an empty
+    one — replaces the local scan, and no far list is read (EMB-6, VEC-7).
+    """
+    index = remote_index(app)
+    if index is None or depth <= 0:
+        return None
+    answer = index.search(agent_id, text[:MAX_QUERY_CHARS], depth, threshold)
+    if not answer.ok:
+        return None
+    if measure:
+        # ADV-2: a remote-search answer counts as healthy.
+        recovered = embedding_health(app).observe(EmbedOutcome(True, True))
+        on_query_embedded(app, recovered=recovered)
+    wanted = [hit for hit in answer.hits or [] if hit.score >= threshold and (hit.kind == "mem" or episodes_apply)]
+    if not wanted:
+        return []
+    # Isolation: only rows the scope (and the source filter, for memories) can see survive.
+    visible = backend.fetch(scope, [hit.key for hit in wanted], source_id=source_id)
+    hits = [Hit(visible[hit.key], hit.score) for hit in wanted if hit.key in visible]
+    hits.sort(key=lambda hit: -(hit.raw or 0.0))  # stable: the service's order breaks ties
+    return hits[:depth]
+
+
+# -- writes ------------------------------------------------------------------------------
+
+
+def push(app: App, agent_id: str, items: Sequence[tuple[str, str]]) -> bool:
+    """Index ``(ref, text)`` pairs of one agent after commit; True when the service took them."""
+    index = remote_index(app)
+    if index is None or not items:
+        return False
+    return index.index(agent_id, items)
+
+
+def forget(app: App, agent_id: str, refs: Sequence[str]) -> bool:
+    """Remove deleted rows' vectors from the agent's namespace (failure logged only)."""
+    index = remote_index(app)
+    if index is None or not refs:
+        return False
+    return index.remove(agent_id, refs)
+
+
+def purge(app: App, agent_id: str) -> bool:
+    """Drop the agent's whole namespace (delete_agent_data, DAD-2; failure logged only)."""
+    index = remote_index(app)
+    return index.purge(agent_id) if index is not None else False
