@@ -118,3 +118,26 @@ def test_the_graph_reader_also_reads_the_anchor() -> None:  # spec IM-9: every r
 
 def test_associations_keep_the_canonical_spelling() -> None:  # spec §0.3: mem:007 is stored as mem:7
     assert associations.parse_ref(" ep:0042 ").canonical == "ep:42"
+
+
+def test_a_graph_ref_too_long_to_convert_names_nothing(app, db, tmp_path) -> None:
+    # spec IM-9: an item naming a record that was not restored is dropped and
+    # summarised. A ref of more digits than Python converts to an int (no JSON
+    # id can be that long) used to stop the whole import with a ValueError.
+    from test_export_import import mem, write_jsonl
+    from test_import_db import add_graph_tables_to
+
+    from cpersona.services.portability import import_memories
+
+    add_graph_tables_to(db)
+    source = write_jsonl(
+        tmp_path / "in.jsonl", mem("kept", id=10),
+        {"_type": "entity", "id": 5, "agent_id": "alice", "project_id": "", "channel": "",
+         "name": "Robert", "declared_by": "agent", "created_at": "t", "aliases": []},
+        {"_type": "mention", "entity": 5, "ref": "mem:" + "1" * 5000, "declared_by": "agent", "created_at": "t"},
+        {"_type": "mention", "entity": 5, "ref": "mem:10", "declared_by": "agent", "created_at": "t"},
+    )
+    answer = import_memories(app, input_path=str(source))
+    assert answer["ok"] is True and answer["imported_memories"] == 1
+    assert answer["associations"] == {"entities": 1, "mentions": 1, "relations": 0}
+    assert answer["errors"][-1].startswith("1 association items were not carried (0 entities, 1 mentions")

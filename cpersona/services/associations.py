@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import re
 import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -36,8 +35,10 @@ from typing import Any
 from sqlalchemy import and_, delete, or_, select, text
 from sqlalchemy.orm import Session
 
+from cpersona.services import refs as record_refs
 from cpersona.services.app import App
 from cpersona.services.operating_context import ProjectRefusal, resolve_project
+from cpersona.services.refs import Ref, canonical_ref
 from cpersona.services.responses import failure
 from cpersona.services.sanitize import check_key_field, find_lone_surrogate, has_nul
 from cpersona.storage.models import Episode, Memory
@@ -55,15 +56,13 @@ log = logging.getLogger(__name__)
 MAX_ITEMS = 64  # entities, relations, retract.relations, retract.mentions (A-13, A-16, A-21)
 MAX_ALIASES = 32  # per entity item (A-14)
 MAX_TEXT = 256  # a name, alias, predicate or entity endpoint after trimming (A-3)
-MAX_ID = 2**63 - 1  # a ref whose id does not fit a signed 64-bit integer names no record
 
 RECORD_KINDS = ("mem", "ep")
 ENTITY_KIND = "entity"
 
-# Ref-shaped strings: ASCII digits only, leading zeros read through (mem:007 is
-# mem:7). Signs, inner spaces and non-ASCII digits make an ordinary name, as in
-# get_contents (services/contents.py), so one string means one thing in both.
-_REF = re.compile(r"(mem|ep):([0-9]+)")
+# Declared text is trimmed before it is read, so a ref in it may be padded up
+# to this many characters; a longer string is no ref (nor, once trimmed, text).
+_MAX_DECLARED_REF_CHARS = MAX_TEXT + 64
 
 # Drop reasons, worded as the reference words them (clients may match on them).
 BEYOND_ITEMS = f"beyond the {MAX_ITEMS}-item bound"
@@ -99,32 +98,13 @@ def declared_text(value: Any) -> str | None:
     return trimmed if 0 < len(trimmed) <= MAX_TEXT else None
 
 
-@dataclass(frozen=True, slots=True)
-class Ref:
-    """A ref-shaped string: ``kind`` and ``id`` (the id may overflow; then it names nothing)."""
-
-    kind: str
-    id: int
-
-    @property
-    def canonical(self) -> str:
-        return f"{self.kind}:{self.id}"
-
-    @property
-    def in_range(self) -> bool:
-        return 1 <= self.id <= MAX_ID
-
-
 def parse_ref(value: Any) -> Ref | None:
-    """``mem:<digits>`` / ``ep:<digits>`` (surrounding whitespace ignored), else None."""
-    if not isinstance(value, str) or len(value) > MAX_TEXT + 64:
-        return None
-    match = _REF.fullmatch(value.strip())
-    return Ref(match.group(1), int(match.group(2))) if match else None
+    """A ref in declared text: trimmed (A-3), leading zeros read through (§0.3), any id.
 
-
-def canonical_ref(kind: str, record_id: int) -> str:
-    return f"{kind}:{record_id}"
+    An overflowing id still makes the string a ref (never an entity name); it
+    just names no record (``Ref.in_range``).
+    """
+    return record_refs.parse_ref(value, trim=True, max_chars=_MAX_DECLARED_REF_CHARS)
 
 
 def record_of_agent(session: Session, ref: Ref, agent_id: str) -> bool:

@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import select
 
+from cpersona.services import refs as record_refs
 from cpersona.services.app import App
 from cpersona.services.nodes import current_nodes
 from cpersona.services.recall import parse_source
@@ -37,14 +37,7 @@ from cpersona.storage.search import Record, RowKey
 
 MAX_REFS = 20  # spec GC-1
 BATCH_BUDGET = 40_000  # characters per call, whatever CPERSONA_MAX_CONTENT_LENGTH says (spec GC-4)
-MAX_ID = 2**63 - 1  # a ref beyond a signed 64-bit id names no record
 REVISION_CHARS = 12  # a revision is this many hex digits of SHA-256 (spec GR-7)
-
-# Canonical refs are ASCII decimal; leading zeros are read through (mem:007 is
-# mem:7, spec §0.3 of the associations part). Signs, spaces, underscores and
-# non-ASCII digits, which int() would quietly accept, name nothing.
-_REF = re.compile(r"(mem|ep):0*([0-9]{1,19})")
-_MAX_REF_CHARS = 64  # longer strings cannot be a ref; do not even scan them
 
 RANGE_KINDS = ("node", "span", "block")
 
@@ -58,14 +51,13 @@ NO_CURRENT_BLOCKS = "no_current_blocks"
 
 
 def parse_ref(value: Any) -> RowKey | None:
-    """``("mem" | "ep", id)`` for a well-formed ref, else None (spec GC-3)."""
-    if not isinstance(value, str) or len(value) > _MAX_REF_CHARS:
-        return None
-    match = _REF.fullmatch(value)
-    if match is None:
-        return None
-    row_id = int(match.group(2))
-    return (match.group(1), row_id) if 1 <= row_id <= MAX_ID else None
+    """``("mem" | "ep", id)`` for a ref as sent, else None (spec GC-3).
+
+    Not trimmed; leading zeros read through (mem:007 is mem:7, associations
+    §0.3); an id of 0 or beyond signed 64-bit is malformed, like any other.
+    """
+    ref = record_refs.parse_ref(value)
+    return ref.key if ref is not None and ref.in_range else None
 
 
 def revision_of(text: str) -> str:

@@ -24,8 +24,10 @@ from typing import Any
 
 from sqlalchemy import Connection, bindparam, text
 
+from cpersona.services import refs as record_refs
 from cpersona.services.portability import coerce
 from cpersona.services.portability.coerce import LineRefused
+from cpersona.services.refs import Ref, canonical_ref
 from cpersona.storage.scope import Scope, sql_fragment
 
 PAGE_SIZE = 500
@@ -38,16 +40,9 @@ def normalize(value: str) -> str:
     return " ".join(unicodedata.normalize("NFKC", value).casefold().split())
 
 
-def parse_ref(ref: Any) -> tuple[str, int] | None:
-    """``mem:<id>`` / ``ep:<id>`` in canonical decimal form (VF-7), else None."""
-    if not isinstance(ref, str):
-        return None
-    kind, _, digits = ref.partition(":")
-    if kind not in ("mem", "ep") or not digits.isascii() or not digits.isdigit():
-        return None
-    if digits != str(int(digits)):
-        return None
-    return kind, int(digits)
+def parse_ref(ref: Any) -> Ref | None:
+    """A ref of a graph record: canonical only (VF-7), any id (the file's own record ids)."""
+    return record_refs.parse_ref(ref, leading_zeros=False, max_chars=None)
 
 
 class RefMap:
@@ -73,7 +68,7 @@ class RefMap:
     def _want_ref(self, ref: Any) -> None:
         parsed = parse_ref(ref)
         if parsed is not None:
-            self._wanted[parsed[0]].add(parsed[1])
+            self._wanted[parsed.kind].add(parsed.id)
 
     def wants(self, kind: str, ident: Any) -> bool:
         return type(ident) is int and ident in self._wanted[kind]
@@ -89,8 +84,8 @@ class RefMap:
         parsed = parse_ref(ref)
         if parsed is None:
             return None
-        new_id = self.lookup(*parsed)
-        return None if new_id is None else f"{parsed[0]}:{new_id}"
+        new_id = self.lookup(parsed.kind, parsed.id)
+        return None if new_id is None else canonical_ref(parsed.kind, new_id)
 
 
 @dataclass
