@@ -442,6 +442,19 @@ def test_malformed_lines_are_reported_and_the_rest_imports(app: App, db: Databas
     assert [r[0] for r in rows(db, "memories", ("content",))] == ["first", "last"]
 
 
+def test_a_number_too_long_to_read_refuses_only_its_line(app: App, db: Database, tmp_path: Path) -> None:
+    # spec IM-3: a line the JSON parser refuses is reported with the parser's
+    # message and skipped; an integer longer than Python converts (4300 digits)
+    # used to stop the whole import instead.
+    source = write_jsonl(tmp_path / "in.jsonl", mem("first"),
+                         '{"_type": "memory", "agent_id": "alice", "content": "x", "id": ' + "1" * 5000 + "}",
+                         mem("last"))
+    answer = import_memories(app, input_path=str(source))
+    assert answer["ok"] is True and answer["imported_memories"] == 2
+    assert len(answer["errors"]) == 1
+    assert answer["errors"][0].startswith("Line 2: invalid JSON: Exceeds the limit (4300 digits)")
+
+
 def test_truncated_file_aborts_before_anything_is_written(app: App, db: Database, tmp_path: Path) -> None:
     # spec IM-10 / JL-4: header counts that disagree with the file = truncation.
     source = write_jsonl(

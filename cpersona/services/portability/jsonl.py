@@ -175,7 +175,7 @@ def read_lines(path: Path, max_bytes: int) -> Iterator[Line]:
 def _parse(number: int, text: str) -> Line:
     try:
         value = json.loads(text)
-    except json.JSONDecodeError as exc:
+    except ValueError as exc:  # JSONDecodeError, or an integer longer than int() converts
         return Line(number, None, f"Line {number}: invalid JSON: {exc}")
     except RecursionError:
         return Line(number, None, f"Line {number}: invalid JSON: nested too deeply")
