@@ -43,6 +43,10 @@ class Candidate:
     confidence: float | None = None  # only under legacy confidence ordering
     single_arm: bool = False  # only one retriever could have ranked it (spec §5.8.2)
     penalty: float = 1.0  # product of the factors scale() applied (the episode penalty)
+    backfilled: bool = False  # cosine read from the stored vector, not found by the vector arm (§5.9.4)
+    shown_cosine: float | None = None  # display-only cosine under fusion ordering: never judged (§5.9.3)
+    confidence_payload: dict[str, Any] | None = None  # the response's "confidence" object (§5.9.3)
+    prior: float | None = None  # the age prior's multiplier, when it ran (§5.9.6)
 
     @property
     def is_profile(self) -> bool:
@@ -138,7 +142,7 @@ def apply_gate(
         # (1/61 × 0.5) can never clear the rrf bar, so every memory older than
         # the newest episode became unrecallable (README decision 3; measured
         # in tests/test_vector_channel.py and the issue-3 report).
-        if row.penalty > 0:
+        if row.penalty > 0 and name != "confidence":  # legacy confidence is judged as 2.5 did (§5.9.3)
             value /= row.penalty
         if name != "rrf":
             return value >= min_score

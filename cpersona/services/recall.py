@@ -3,8 +3,11 @@
 The pipeline, top to bottom:
 
     validate → depth → retrieve (one ranked list per retriever) → fuse
-      → score (episode boundary penalty) → gate → autocut → cut to limit
-      → reverse (the best row ends the list) → messages → counters
+      → score (episode boundary penalty; legacy confidence ordering: cosine
+        backfill before it, confidence and re-sort after it) → gate
+      → gate_fallback rescue or autocut → age prior → cut to limit
+      → confidence beside the rows (fusion ordering) → reverse (the best row
+        ends the list) → messages → counters
       → advisory → preview tier / full-content budget
 
 Retrievers (:mod:`cpersona.services.retrievers`) are the vector channel (near
@@ -32,6 +35,15 @@ from sqlalchemy import update
 
 from cpersona.services.advisory import advisory
 from cpersona.services.app import App
+from cpersona.services.confidence import (
+    TimeSpan,
+    backfill_cosines,
+    describe_confidence,
+    gate_fallback,
+    legacy_ordering,
+    memory_time_span,
+    order_by_confidence,
+)
 from cpersona.services.fusion import cascade, rrf, rsf
 from cpersona.services.gate import (
     PROFILE_KEY,
@@ -41,6 +53,7 @@ from cpersona.services.gate import (
     calibrated_gate_for,
 )
 from cpersona.services.operating_context import resolve_project
+from cpersona.services.prior import apply_prior, prior_applies
 from cpersona.services.preview import (
     FULL_CONTENT_BUDGET,
     apply_full_content_budget,
@@ -230,6 +243,53 @@ def apply_episode_penalty(
     return rows
 
 
+def score_candidates(
+    app: App, backend: SearchBackend, req: RecallRequest, found: Retrieval, rows: list[Candidate]
+) -> list[Candidate]:
+    """Step 6 (spec §5.9): the episode penalty and, under legacy ordering, confidence around it.
+
+    Legacy ordering backfills the cosine of rows the vector arm did not find
+    (non-blank query), applies the penalty, then scores every row and
+    re-sorts by confidence. Otherwise the penalty alone.
+    """
+    if not legacy_ordering(app.settings):
+        return apply_episode_penalty(app, backend, req.scope, rows, legacy=False)
+    with app.db.read() as session:
+        if not req.blank:
+            backfill_cosines(session, found.query_vector, rows)
+        span = memory_time_span(session, req.scope)
+    rows = apply_episode_penalty(app, backend, req.scope, rows, legacy=True)
+    return order_by_confidence(app.settings, rows, now=app.clock(), span=span, deep=req.deep)
+
+
+@dataclass
+class Admitted:
+    """The rows that survived the gate (or were rescued), best first."""
+
+    rows: list[Candidate]
+    gate_fallback: bool = False
+
+
+def admit(app: App, backend: SearchBackend, req: RecallRequest, rows: list[Candidate]) -> Admitted:
+    """Steps 7–10: the quality gate, the gate_fallback rescue (§5.11), autocut (§5.12)."""
+    settings = app.settings
+    gate = calibrated_gate_for(app.extras, req.agent_id, enabled=settings.fused_gate_enabled)
+    passed = apply_gate(
+        rows, pool=backend.pool_count(req.scope), query_blank=req.blank, deep=req.deep,
+        rrf_k=settings.rrf_k, calibrated=gate,
+    )  # fmt: skip
+    if (rescued := gate_fallback(rows, passed)) is not None:
+        return Admitted(rescued, gate_fallback=True)  # autocut is skipped after a rescue
+    if settings.autocut_enabled:
+        passed = autocut(passed, min_results=settings.autocut_min_results, min_gap_ratio=settings.autocut_min_gap_ratio)
+    return Admitted(passed)
+
+
+def time_span(app: App, scope: Scope) -> TimeSpan:
+    with app.db.read() as session:
+        return memory_time_span(session, scope)
+
+
 # -- response ------------------------------------------------------------------------
 
 
@@ -248,22 +308,28 @@ def match_reason(row: Candidate) -> dict[str, Any] | None:
     reason: dict[str, Any] = {"signal": judged[0], "score": judged[1]}
     for name in ("cosine", "rrf", "rsf"):
         value = getattr(row, name)
+        if name == "cosine" and value is None:
+            value = row.shown_cosine  # fusion ordering displays a stored-vector cosine (§5.9.3)
         if value is not None:
             reason[name] = value
+    if row.prior is not None:
+        reason["prior"] = round(row.prior, 4)
     return reason
 
 
 def message(row: Candidate) -> dict[str, Any]:
-    if row.is_profile:
-        return {"content": f"[Profile] {row.profile_text}", "source": {"System": "profile"}}
     record = row.record
-    assert record is not None
-    out: dict[str, Any] = {"content": record.content, "ref": record.ref}
-    out["source"] = {"System": "episode"} if record.kind == "ep" else parse_source(record.source)
-    if record.timestamp:
-        out["timestamp"] = record.timestamp
-    if record.msg_id:
-        out["id"] = record.msg_id
+    if record is None:  # the profile row
+        out: dict[str, Any] = {"content": f"[Profile] {row.profile_text}", "source": {"System": "profile"}}
+    else:
+        out = {"content": record.content, "ref": record.ref}
+        out["source"] = {"System": "episode"} if record.kind == "ep" else parse_source(record.source)
+        if record.timestamp:
+            out["timestamp"] = record.timestamp
+        if record.msg_id:
+            out["id"] = record.msg_id
+    if row.confidence_payload is not None:
+        out["confidence"] = row.confidence_payload
     if (reason := match_reason(row)) is not None:
         out["match_reason"] = reason
     return out
@@ -323,20 +389,21 @@ def run_recall(app: App, req: RecallRequest) -> RecallOutcome:
     found = retrieve(app, backend, req.retriever_query(), depth, exclusion(req.exclude_contents))
     _attach_advisory(app, req, extras)  # after the query embedding: this recall's outcome counts (ADV-2)
     rows = fuse(app, req, found, backend.profile(req.agent_id))
-    legacy = settings.confidence_enabled and settings.confidence_ordering == "legacy"
-    rows = apply_episode_penalty(app, backend, req.scope, rows, legacy=legacy)
-
-    gate = calibrated_gate_for(app.extras, req.agent_id, enabled=settings.fused_gate_enabled)
-    rows = apply_gate(
-        rows, pool=backend.pool_count(req.scope), query_blank=req.blank, deep=req.deep,
-        rrf_k=settings.rrf_k, calibrated=gate,
-    )  # fmt: skip
-    if settings.autocut_enabled:
-        rows = autocut(rows, min_results=settings.autocut_min_results, min_gap_ratio=settings.autocut_min_gap_ratio)
+    rows = score_candidates(app, backend, req, found, rows)
+    admitted = admit(app, backend, req, rows)
+    rows = admitted.rows
+    if admitted.gate_fallback:
+        extras["gate_fallback"] = True  # spec RC-4: present only when it fired
+    if (prior_on := prior_applies(settings, rows, legacy=legacy_ordering(settings))) is not None:
+        rows = apply_prior(settings, rows, prior_on, span=time_span(app, req.scope), now=app.clock())
 
     ranked = rows[: req.limit]
+    if settings.confidence_enabled and not legacy_ordering(settings):
+        with app.db.read() as session:  # fusion ordering: confidence for the response only (§5.9.3)
+            describe_confidence(settings, session, found.query_vector, ranked, now=app.clock(),
+                                span=memory_time_span(session, req.scope), deep=req.deep)
     ranked.reverse()  # spec RC-1: the best row is the last one, nearest the reader
-    if settings.confidence_enabled and not req.deep:
+    if settings.confidence_enabled and not req.deep and not admitted.gate_fallback:  # spec §5.9.5
         bump_recall_counters(app, [r.record.id for r in ranked if r.record and r.record.kind == "mem"])
     return RecallOutcome([message(row) for row in ranked], extras)
 
