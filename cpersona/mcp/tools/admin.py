@@ -18,8 +18,29 @@ _OWNER = {
 }
 
 
-def _memory_id(verb: str) -> dict[str, object]:
-    return {"type": "integer", "description": f"Id of the memory to {verb} (the number in mem:<id>)."}
+_ROW_IDS = {"memory": ("memory_id", "mem"), "episode": ("episode_id", "ep")}
+
+
+def _one_row_tool(
+    name: str, description: str, *, row: str, verb: str, annotations: Annotations,
+    more: dict[str, object] | None = None,
+) -> ToolSpec:
+    """A tool acting on one row found by id, owner-checked when agent_id is given.
+
+    Arguments, in order: agent_id, the row's id, ``more`` (all required), session_key.
+    """
+    id_field, ref_kind = _ROW_IDS[row]
+    row_id = {"type": "integer", "description": f"Id of the {row} to {verb} (the number in {ref_kind}:<id>)."}
+    return ToolSpec(
+        name=name,
+        description=description,
+        input_schema=object_schema(
+            {"agent_id": _OWNER, id_field: row_id, **(more or {}), "session_key": SESSION_KEY},
+            required=[id_field, *(more or {})],
+        ),
+        annotations=annotations,
+        service=f"cpersona.services.admin:{name}",
+    )
 
 
 DELETE_AGENT_DATA = ToolSpec(
@@ -36,88 +57,48 @@ DELETE_AGENT_DATA = ToolSpec(
     service="cpersona.services.admin:delete_agent_data",
 )
 
-DELETE_MEMORY = ToolSpec(
-    name="delete_memory",
-    description=(
-        "Delete one memory by its id; a locked memory is refused. When agent_id is given, the memory must "
-        "belong to that agent (ownership is enforced)."
-    ),
-    input_schema=object_schema({
-        "agent_id": _OWNER,
-        "memory_id": _memory_id("delete"),
-        "session_key": SESSION_KEY,
-    }, required=["memory_id"]),
-    annotations=_DESTRUCTIVE,
-    service="cpersona.services.admin:delete_memory",
+DELETE_MEMORY = _one_row_tool(
+    "delete_memory",
+    "Delete one memory by its id; a locked memory is refused. When agent_id is given, the memory must "
+    "belong to that agent (ownership is enforced).",
+    row="memory", verb="delete", annotations=_DESTRUCTIVE,
 )
 
-DELETE_EPISODE = ToolSpec(
-    name="delete_episode",
-    description=(
-        "Delete one episode by its id. When agent_id is given, the episode must belong to that agent "
-        "(ownership is enforced)."
-    ),
-    input_schema=object_schema({
-        "agent_id": _OWNER,
-        "episode_id": {"type": "integer", "description": "Id of the episode to delete (the number in ep:<id>)."},
-        "session_key": SESSION_KEY,
-    }, required=["episode_id"]),
-    annotations=_DESTRUCTIVE,
-    service="cpersona.services.admin:delete_episode",
+DELETE_EPISODE = _one_row_tool(
+    "delete_episode",
+    "Delete one episode by its id. When agent_id is given, the episode must belong to that agent "
+    "(ownership is enforced).",
+    row="episode", verb="delete", annotations=_DESTRUCTIVE,
 )
 
-UPDATE_MEMORY = ToolSpec(
-    name="update_memory",
-    description=(
-        "Replace the text of one memory, found by id. A locked memory is refused, and when agent_id is given "
-        "the memory must belong to that agent (ownership is enforced). The new text is cleaned as store cleans "
-        "content: '[Memory from ...]' annotations are removed, so a text made only of them is refused instead "
-        "of leaving an empty row, and it is cut to the content length limit, in which case the answer says "
-        "truncated:true. If another memory of the same agent, project and channel already holds exactly that "
-        "text, the edit is refused with ok:false naming that memory: each bucket keeps one copy. The memory "
-        "is embedded again from its new text. A new text longer than the embedding window is answered with "
-        "nodes:{status:'queued'}, as store does."
-    ),
-    input_schema=object_schema({
-        "agent_id": _OWNER,
-        "memory_id": _memory_id("edit"),
-        "content": {"type": "string", "description": "The memory's new text; it replaces the old one entirely."},
-        "session_key": SESSION_KEY,
-    }, required=["memory_id", "content"]),
-    annotations=_EDIT,
-    service="cpersona.services.admin:update_memory",
+UPDATE_MEMORY = _one_row_tool(
+    "update_memory",
+    "Replace the text of one memory, found by id. A locked memory is refused, and when agent_id is given "
+    "the memory must belong to that agent (ownership is enforced). The new text is cleaned as store cleans "
+    "content: '[Memory from ...]' annotations are removed, so a text made only of them is refused instead "
+    "of leaving an empty row, and it is cut to the content length limit, in which case the answer says "
+    "truncated:true. If another memory of the same agent, project and channel already holds exactly that "
+    "text, the edit is refused with ok:false naming that memory: each bucket keeps one copy. The memory "
+    "is embedded again from its new text. A new text longer than the embedding window is answered with "
+    "nodes:{status:'queued'}, as store does.",
+    row="memory", verb="edit", annotations=_EDIT,
+    more={"content": {"type": "string", "description": "The memory's new text; it replaces the old one entirely."}},
 )
 
-LOCK_MEMORY = ToolSpec(
-    name="lock_memory",
-    description=(
-        "Lock one memory so that delete_memory and update_memory refuse it. A lock does not stop an operator "
-        "from re-filing it: migrate_channel_axis and merge_memories in move mode still relocate it, and it "
-        "stays locked there; delete_agent_data still removes it. When agent_id is given, the memory must "
-        "belong to that agent (ownership is enforced). Locking a locked memory succeeds again."
-    ),
-    input_schema=object_schema({
-        "agent_id": _OWNER,
-        "memory_id": _memory_id("lock"),
-        "session_key": SESSION_KEY,
-    }, required=["memory_id"]),
-    annotations=_EDIT,
-    service="cpersona.services.admin:lock_memory",
+LOCK_MEMORY = _one_row_tool(
+    "lock_memory",
+    "Lock one memory so that delete_memory and update_memory refuse it. A lock does not stop an operator "
+    "from re-filing it: migrate_channel_axis and merge_memories in move mode still relocate it, and it "
+    "stays locked there; delete_agent_data still removes it. When agent_id is given, the memory must "
+    "belong to that agent (ownership is enforced). Locking a locked memory succeeds again.",
+    row="memory", verb="lock", annotations=_EDIT,
 )
 
-UNLOCK_MEMORY = ToolSpec(
-    name="unlock_memory",
-    description=(
-        "Unlock one memory, so that delete_memory and update_memory may change it again. When agent_id is "
-        "given, the memory must belong to that agent (ownership is enforced)."
-    ),
-    input_schema=object_schema({
-        "agent_id": _OWNER,
-        "memory_id": _memory_id("unlock"),
-        "session_key": SESSION_KEY,
-    }, required=["memory_id"]),
-    annotations=_EDIT,
-    service="cpersona.services.admin:unlock_memory",
+UNLOCK_MEMORY = _one_row_tool(
+    "unlock_memory",
+    "Unlock one memory, so that delete_memory and update_memory may change it again. When agent_id is "
+    "given, the memory must belong to that agent (ownership is enforced).",
+    row="memory", verb="unlock", annotations=_EDIT,
 )
 
 # delete_agent_data sits apart from the by-id tools in the reference's list; the
