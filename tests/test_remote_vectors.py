@@ -371,3 +371,53 @@ def test_index_batches_and_namespace_per_agent(server):  # spec EMB-6
     assert {b["namespace"] for b in sent} == {"cpersona:agent with spaces"}
     assert json.loads(json.dumps(sent[0]["items"][0])) == {"id": "mem:1", "text": "text 1"}
     index.close()
+
+
+# -- bulk writes: merge and import push after commit (MG-7, MG-8, IM-13, IM-14) ----------------------
+
+
+def test_merge_copy_pushes_to_the_target_and_move_purges_an_emptied_source(rapp, db, server):
+    from cpersona.services.portability import merge_memories
+
+    store(rapp, agent_id="a", content="first fact")
+    archive_episode(rapp, agent_id="a", summary="an episode of a")
+    server.requests.clear()
+    assert merge_memories(rapp, source_agent_id="a", target_agent_id="b", dry_run=True)["ok"] is True
+    assert bodies(server, "/index") == []  # a dry run writes nowhere
+    assert merge_memories(rapp, source_agent_id="a", target_agent_id="b")["ok"] is True  # MG-8
+    assert sorted(server.indexed("cpersona:b").values()) == ["an episode of a", "first fact"]
+    with db.read() as session:
+        b_ids = {f"mem:{i}" for i in session.scalars(select(Memory.id).where(Memory.agent_id == "b"))}
+    assert b_ids <= set(server.indexed("cpersona:b"))
+    assert merge_memories(rapp, source_agent_id="a", target_agent_id="c", mode="move")["ok"] is True  # MG-7
+    assert bodies(server, "/purge") == [{"namespace": NS}]
+
+
+def test_merge_move_that_leaves_rows_removes_only_the_moved_ones(rapp, server):  # spec MG-7
+    from cpersona.services.portability import merge_memories
+
+    moved = store(rapp, agent_id="a", content="moves over")["id"]
+    store(rapp, agent_id="a", content="already there")
+    store(rapp, agent_id="b", content="already there")  # skipped by the merge, so it stays at a
+    server.requests.clear()
+    answer = merge_memories(rapp, source_agent_id="a", target_agent_id="b", mode="move")
+    assert answer["left_at_source"]["memories"] == 1
+    assert bodies(server, "/remove") == [{"namespace": NS, "ids": [f"mem:{moved}"]}]
+    assert bodies(server, "/purge") == []
+
+
+def test_import_pushes_inserted_rows_after_commit_and_dry_run_does_not(rapp, db, server, tmp_path):  # IM-13/14
+    from cpersona.services.portability import export_memories, import_memories
+
+    store(rapp, agent_id="a", content="exported fact")
+    out = tmp_path / "a.jsonl"
+    assert export_memories(rapp, agent_id="a", output_path=str(out))["ok"] is True
+    server.requests.clear()
+    assert import_memories(rapp, input_path=str(out), target_agent_id="z", dry_run=True)["ok"] is True
+    assert bodies(server, "/index") == []
+    answer = import_memories(rapp, input_path=str(out), target_agent_id="z")
+    assert answer["imported_memories"] == 1
+    with db.read() as session:
+        new_id = session.scalar(select(Memory.id).where(Memory.agent_id == "z"))
+    assert bodies(server, "/index") == [{"namespace": "cpersona:z", "items": [{"id": f"mem:{new_id}",
+                                                                                "text": "exported fact"}]}]

@@ -26,6 +26,7 @@ from typing import Any
 from sqlalchemy import Connection
 from sqlalchemy.exc import SQLAlchemyError
 
+from cpersona.services import remote_vectors
 from cpersona.services.app import App
 from cpersona.services.portability import coerce, jsonl
 from cpersona.services.portability.coerce import LineRefused, VectorRejected
@@ -129,6 +130,9 @@ class RecordImporter:
         self.now_sql = sql_stamp(app.clock())
         self.folders_skipped = 0
         self._profile_lines: dict[tuple[str, str], str] = {}
+        # agent -> (ref, text) of inserted rows, for the remote index after commit (IM-13);
+        # None unless the caller will push them.
+        self.remote_items: dict[str, list[tuple[str, str]]] | None = None
 
     # -- dispatch
 
@@ -223,6 +227,7 @@ class RecordImporter:
             self.tallies.skipped_memories += 1
             return
         self.tallies.imported_memories += 1
+        self._note_remote(agent, f"mem:{row_id}", row.content)
         if truncated:
             self.errors.add(
                 f"{where}: memory content exceeded the "
@@ -262,6 +267,7 @@ class RecordImporter:
             self.tallies.skipped_episodes += 1
             return
         self.tallies.imported_episodes += 1
+        self._note_remote(agent, f"ep:{row_id}", row.summary)
         if truncated:
             self.errors.add(
                 f"{where}: episode summary exceeded the "
@@ -273,6 +279,10 @@ class RecordImporter:
             self.tallies.future_episode_timestamps += 1
         if no_project and self.export_headed:
             self.tallies.episodes_without_project += 1
+
+    def _note_remote(self, agent: str, ref: str, text: str) -> None:
+        if self.remote_items is not None:
+            self.remote_items.setdefault(agent, []).append((ref, text))
 
     def _profile(self, where: str, record: dict[str, Any], agent: str) -> None:
         user_id = coerce.key(record, "user_id")
@@ -393,6 +403,8 @@ def import_memories(
                 export_headed=found.export_headed,
                 errors=errors,
             )
+            if not dry_run and remote_vectors.remote_index(app) is not None:
+                importer.remote_items = {}  # IM-14: a dry run writes nowhere, the remote index included
             seen = _restore_lines(importer, path, settings.max_import_bytes, errors)
             if seen != found.counts:
                 raise _Abort("the file changed while it was being imported")
@@ -405,6 +417,8 @@ def import_memories(
         return failure(f"{aborted}: database error: {getattr(exc, 'orig', None) or exc}", dry_run=dry_run,
                        **_zero_counts(), **_errors(errors))
 
+    for agent, items in (importer.remote_items or {}).items():
+        remote_vectors.push(app, agent, items)  # IM-13: after commit; a failure is logged only
     return {"ok": True, "dry_run": dry_run, **importer.tallies.counts(), **extra, **_errors(errors)}
 
 

@@ -17,6 +17,7 @@ from typing import Any
 from sqlalchemy import Connection, delete, text
 from sqlalchemy.exc import SQLAlchemyError
 
+from cpersona.services import remote_vectors
 from cpersona.services.app import App
 from cpersona.services.portability.graph import CarryResult, GraphCarrier, GraphReader, RefMap
 from cpersona.services.portability.layout import Layout
@@ -78,6 +79,9 @@ class _Merge:
         self.copied: dict[str, list[int]] = {"memories": [], "episodes": [], "profiles": []}
         # (kind, new id, text, project) of rows this merge wrote, for MG-8.
         self.inserted: list[tuple[str, int, str, str]] = []
+        # (ref, text) of every row written, pushed to the remote index after commit (MG-8).
+        remote = not dry_run and remote_vectors.remote_index(app) is not None
+        self.remote_items: list[tuple[str, str]] | None = [] if remote else None
 
     def run(self, *, move: bool) -> dict[str, Any]:
         carrier = self._collect_graph()
@@ -147,6 +151,8 @@ class _Merge:
                 t.skipped_episodes += 1
 
     def _note_inserted(self, kind: str, new_id: int | None, text: str, project_id: str) -> None:
+        if new_id is not None and self.remote_items is not None:
+            self.remote_items.append((f"{kind}:{new_id}", text))
         if new_id is not None and not self.dry_run and len(self.inserted) < NODE_FOLLOWUP_LIMIT:
             self.inserted.append((kind, new_id, text, project_id))
 
@@ -241,7 +247,9 @@ def merge_memories(
         )
     if not dry_run:
         _queue_node_builds(app, target_agent_id, merge.inserted)
-        if mode == "move" and not any(extra.get("left_at_source", {}).values()):
+        emptied = mode == "move" and not any(extra.get("left_at_source", {}).values())
+        _sync_remote_index(app, merge, emptied=emptied, moved=mode == "move")
+        if emptied:
             # MG-7: an emptied source keeps no calibration behind (after commit,
             # so a rolled-back move never loses it).
             from cpersona.services.calibration import forget_agent
@@ -252,6 +260,19 @@ def merge_memories(
         "target_agent_id": target_agent_id, "strategy": strategy, "mode": mode,
         **merge.tallies.counts(), **extra,
     }
+
+
+def _sync_remote_index(app: App, merge: _Merge, *, emptied: bool, moved: bool) -> None:
+    """After commit, in remote vector mode: push the merged rows (MG-8); after a move,
+    purge an emptied source's namespace or remove the moved rows from it (MG-7)."""
+    if merge.remote_items is None:
+        return
+    remote_vectors.push(app, merge.target, merge.remote_items)
+    if emptied:
+        remote_vectors.purge(app, merge.source)
+    elif moved:
+        refs = [f"mem:{i}" for i in merge.copied["memories"]] + [f"ep:{i}" for i in merge.copied["episodes"]]
+        remote_vectors.forget(app, merge.source, refs)
 
 
 def _queue_node_builds(app: App, agent_id: str, inserted: list[tuple[str, int, str, str]]) -> int:
