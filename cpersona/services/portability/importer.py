@@ -34,6 +34,7 @@ from cpersona.services.portability.graph import GraphCarrier, RefMap
 from cpersona.services.portability.layout import Layout
 from cpersona.services.portability.paths import vet_input_file
 from cpersona.services.portability.writer import EpisodeRow, MemoryRow, ProfileRow, RecordWriter
+from cpersona.services.refs import canonical_ref
 from cpersona.services.responses import ToolFailure, failure
 from cpersona.services.sanitize import sanitize
 from cpersona.services.timestamps import ahead_of_clock, sql_stamp
@@ -41,6 +42,8 @@ from cpersona.services.timestamps import ahead_of_clock, sql_stamp
 log = logging.getLogger(__name__)
 
 MAX_LISTED_ERRORS = 100  # IM-16
+# A memory or an episode line: the field holding its text, and its ref kind.
+_TEXT_RECORDS = {"memory": ("content", "mem"), "episode": ("summary", "ep")}
 
 
 class ErrorLog:
@@ -216,25 +219,10 @@ class RecordImporter:
             recall_count=coerce.count(record, "recall_count"),
             last_recalled_at=coerce.optional_text(record, "last_recalled_at"),
         )
-        row.embedding, row.embedding_model, vector_error = self._vector(where, "memory", record)
-        cleaned = sanitize(raw, self.settings.max_content_length)
-        row.content, truncated = cleaned.text, cleaned.truncated
-        if not row.content:
-            raise LineRefused("content is empty after sanitization")
-        inserted, row_id = self.writer.put_memory(row)
-        self.refs.record("mem", record.get("id"), row_id)
-        if not inserted:
+        if not self._restore(where, "memory", record, row):
             self.tallies.skipped_memories += 1
             return
         self.tallies.imported_memories += 1
-        self._note_remote(agent, f"mem:{row_id}", row.content)
-        if truncated:
-            self.errors.add(
-                f"{where}: memory content exceeded the "
-                f"{self.settings.max_content_length}-character cap and was truncated"
-            )
-        if vector_error:
-            self.errors.add(vector_error)
         if self.clock.ahead(row.timestamp):
             self.tallies.future_timestamps += 1
         if no_project and self.export_headed:
@@ -256,29 +244,42 @@ class RecordImporter:
             end_time=coerce.optional_text(record, "end_time"),
             resolved=coerce.flag(record, "resolved"),
         )
-        row.embedding, row.embedding_model, vector_error = self._vector(where, "episode", record)
-        cleaned = sanitize(raw, self.settings.max_content_length)
-        row.summary, truncated = cleaned.text, cleaned.truncated
-        if not row.summary:
-            raise LineRefused("summary is empty after sanitization")
-        inserted, row_id = self.writer.put_episode(row)
-        self.refs.record("ep", record.get("id"), row_id)
-        if not inserted:
+        if not self._restore(where, "episode", record, row):
             self.tallies.skipped_episodes += 1
             return
         self.tallies.imported_episodes += 1
-        self._note_remote(agent, f"ep:{row_id}", row.summary)
-        if truncated:
-            self.errors.add(
-                f"{where}: episode summary exceeded the "
-                f"{self.settings.max_content_length}-character cap and was truncated"
-            )
-        if vector_error:
-            self.errors.add(vector_error)
         if self.clock.ahead(row.start_time) or self.clock.ahead(row.end_time):
             self.tallies.future_episode_timestamps += 1
         if no_project and self.export_headed:
             self.tallies.episodes_without_project += 1
+
+    def _restore(self, where: str, kind: str, record: dict[str, Any], row: MemoryRow | EpisodeRow) -> bool:
+        """What a memory line and an episode line share once their row is read; True when written.
+
+        Attaches the line's vector (JL-6), cleans the text as store does (IM-5),
+        writes the row unless an equal one is already there (IM-6.3, IM-7), and
+        maps the file's id to whichever row now holds the record (IM-9).
+        """
+        text_field, ref_kind = _TEXT_RECORDS[kind]
+        row.embedding, row.embedding_model, vector_error = self._vector(where, kind, record)
+        cleaned = sanitize(getattr(row, text_field), self.settings.max_content_length)
+        if not cleaned.text:
+            raise LineRefused(f"{text_field} is empty after sanitization")
+        setattr(row, text_field, cleaned.text)
+        put = self.writer.put_memory if kind == "memory" else self.writer.put_episode
+        inserted, row_id = put(row)
+        self.refs.record(ref_kind, record.get("id"), row_id)
+        if not inserted:
+            return False
+        self._note_remote(row.agent_id, canonical_ref(ref_kind, row_id), cleaned.text)
+        if cleaned.truncated:
+            self.errors.add(
+                f"{where}: {kind} {text_field} exceeded the "
+                f"{self.settings.max_content_length}-character cap and was truncated"
+            )
+        if vector_error:
+            self.errors.add(vector_error)
+        return True
 
     def _note_remote(self, agent: str, ref: str, text: str) -> None:
         if self.remote_items is not None:
