@@ -421,3 +421,15 @@ def test_import_pushes_inserted_rows_after_commit_and_dry_run_does_not(rapp, db,
         new_id = session.scalar(select(Memory.id).where(Memory.agent_id == "z"))
     assert bodies(server, "/index") == [{"namespace": "cpersona:z", "items": [{"id": f"mem:{new_id}",
                                                                                 "text": "exported fact"}]}]
+
+
+def test_health_rewrites_reach_the_remote_index(rapp, db, server):  # spec health H-6
+    from cpersona.services.health.check_health import check_health
+
+    row = add_memory(db, content="hello <@123456789> there, see you")
+    answer = check_health(rapp, agent_id="a", fix=True, checks=["discord_mention"])
+    assert answer.get("ok", True) is not False
+    with db.read() as session:
+        now = session.scalar(select(Memory.content).where(Memory.id == row))
+    assert now != "hello <@123456789> there, see you"  # the repair did rewrite it
+    assert bodies(server, "/index") == [{"namespace": NS, "items": [{"id": f"mem:{row}", "text": now}]}]

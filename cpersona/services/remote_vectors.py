@@ -22,13 +22,16 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+
+from sqlalchemy import select
 
 from cpersona.embedding.client import EmbedOutcome
 from cpersona.embedding.remote import RemoteIndex, build_remote_index
 from cpersona.services.advisory import embedding_health
 from cpersona.services.app import App
 from cpersona.services.backfill import on_query_embedded
+from cpersona.storage.models import Episode, Memory
 from cpersona.storage.search import MAX_QUERY_CHARS, Hit, SearchBackend
 from cpersona.storage.scope import Scope
 
@@ -92,6 +95,26 @@ def push(app: App, agent_id: str, items: Sequence[tuple[str, str]]) -> bool:
     if index is None or not items:
         return False
     return index.index(agent_id, items)
+
+
+def push_rows(app: App, keys: Iterable[tuple[str, int]]) -> int:
+    """Push rows by key with their current text, per owner (health repairs, H-6); how many were taken.
+
+    Reads the rows after the caller's commit, so a row deleted meanwhile is simply not sent.
+    """
+    if remote_index(app) is None:
+        return 0
+    wanted: dict[str, list[int]] = {"mem": [], "ep": []}
+    for kind, row_id in keys:
+        wanted[kind].append(int(row_id))
+    by_agent: dict[str, list[tuple[str, str]]] = {}
+    with app.db.read() as session:
+        for kind, model, column in (("mem", Memory, Memory.content), ("ep", Episode, Episode.summary)):
+            if wanted[kind]:
+                for row_id, agent_id, text in session.execute(
+                        select(model.id, model.agent_id, column).where(model.id.in_(wanted[kind]))):
+                    by_agent.setdefault(agent_id, []).append((f"{kind}:{row_id}", text))
+    return sum(len(items) for agent_id, items in by_agent.items() if push(app, agent_id, items))
 
 
 def forget(app: App, agent_id: str, refs: Sequence[str]) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from cpersona.services import remote_vectors
 from cpersona.services.app import App
 from cpersona.services.health import derived, embeddings
 from cpersona.services.health.registry import (
@@ -69,6 +70,7 @@ def fix_run(app: App, agent_id: str, checks: Sequence[Check], prep: Prep) -> lis
             by_check.setdefault(issue["check"], []).append(issue)
     _second_pass(app, agent_id, ctx.nulled, prep, by_check)
     derived.queue_after_rewrites(app, ctx.rewritten)  # H-6: after commit, token reports outside the lock
+    remote_vectors.push_rows(app, ctx.rewritten)  # H-6: rewritten text reaches the remote index (remote mode)
     return _ordered(checks, by_check)
 
 
