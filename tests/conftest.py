@@ -1,4 +1,14 @@
-"""Shared fixtures: a real SQLite file (WAL) migrated to head, and an App on it."""
+"""Shared fixtures: a migrated database on each backend, and an App on it.
+
+The ``db`` fixture (and so ``app``) is a real SQLite file in WAL migrated to
+head. A test module that holds storage or service behaviour opts into the
+second backend with ``pytestmark = pytest.mark.both_backends``: its tests then
+run twice, ``[sqlite]`` and ``[postgres]``, the PostgreSQL half on a fresh
+database (one per session, emptied before each test) (skipped without CPERSONA_TEST_PG_URL).
+A test in such a module that is about SQLite itself (file bytes, WAL, PRAGMAs,
+FTS5 or sqlite-vec internals, legacy files) opts out with
+``@pytest.mark.sqlite_only``.
+"""
 
 from __future__ import annotations
 
@@ -9,11 +19,37 @@ import pytest
 
 from cpersona.config import load_settings
 from cpersona.services.app import App
-from cpersona.storage.engine import Database, open_sqlite
+from cpersona.storage.engine import Database, open_postgres, open_sqlite
 from cpersona.storage.migrate import upgrade
 from embed_server import embed_server  # noqa: F401  (a real local embedding server, as a fixture)
+from pg_support import PgSessionDatabase
 
 LEGACY_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "legacy"
+
+BACKENDS = ("sqlite", "postgres")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "both_backends: run the test's db/app fixtures on SQLite and on PostgreSQL")
+    config.addinivalue_line(
+        "markers", "sqlite_only(reason): about SQLite itself; not run on PostgreSQL in a both_backends module")
+    config.addinivalue_line("markers", "postgres: the PostgreSQL half of a both_backends test")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    # Only tests that reach the database through the fixtures are doubled.
+    if "backend" not in metafunc.fixturenames:
+        return
+    if metafunc.definition.get_closest_marker("both_backends") is None:
+        return
+    if metafunc.definition.get_closest_marker("sqlite_only") is not None:
+        return
+    metafunc.parametrize(
+        "backend",
+        ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)],
+        indirect=True,
+    )
 
 
 def legacy_fixture(name: str, tmp_path: Path) -> Path:
@@ -27,20 +63,61 @@ def legacy_fixture(name: str, tmp_path: Path) -> Path:
 
 
 @pytest.fixture
+def backend(request: pytest.FixtureRequest) -> str:
+    """Which engine the db fixture opens: "sqlite" unless the test was doubled."""
+    return getattr(request, "param", "sqlite")
+
+
+@pytest.fixture(scope="session")
+def pg_session_db() -> PgSessionDatabase:
+    """The PostgreSQL database the doubled tests share, emptied before each one."""
+    shared = PgSessionDatabase()
+    yield shared
+    shared.close()
+
+
+@pytest.fixture
 def db_path(tmp_path: Path) -> Path:
     return tmp_path / "mem" / "cpersona.db"
 
 
+# Where files beside the database go (calibration sidecar, update-check cache)
+# when the database itself is not a file: keyed by the Database object.
+_SIDE_FILES: dict[int, Path] = {}
+
+
 @pytest.fixture
-def db(db_path: Path) -> Database:
+def db(backend: str, db_path: Path, request: pytest.FixtureRequest) -> Database:
+    if backend == "postgres":
+        shared: PgSessionDatabase = request.getfixturevalue("pg_session_db")
+        with shared.lease() as url:
+            database = open_postgres(url)
+            db_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            _SIDE_FILES[id(database)] = db_path
+            try:
+                yield database
+            finally:
+                _SIDE_FILES.pop(id(database), None)
+                database.close()
+        return
     database = open_sqlite(db_path)
     upgrade(database)
     yield database
     database.close()
 
 
+def db_settings_env(db: Database) -> dict[str, str]:
+    """The CPERSONA_* variables that name ``db`` (for an App or a child process)."""
+    if db.is_sqlite:
+        return {"CPERSONA_DB_PATH": str(db.path)}
+    return {
+        "CPERSONA_DB_PATH": str(_SIDE_FILES.get(id(db), Path("data/cpersona.db"))),
+        "CPERSONA_DATABASE_URL": db.engine.url.render_as_string(hide_password=False),
+    }
+
+
 def make_app(db: Database, **env: str) -> App:
-    environ = {"CPERSONA_DB_PATH": str(db.path)}
+    environ = db_settings_env(db)
     environ.update({k if k.startswith("CPERSONA_") else f"CPERSONA_{k.upper()}": v for k, v in env.items()})
     return App(db=db, settings=load_settings(environ))
 

@@ -49,3 +49,128 @@ def fresh_pg_url() -> Iterator[str]:
         with admin.connect() as conn:
             conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         admin.dispose()
+
+
+
+# Catalogue objects of the current schema (tables with their column counts,
+# indexes, sequences, triggers, functions): if a test changed any of them,
+# the shared database is rebuilt rather than emptied.
+_SCHEMA_FINGERPRINT = """
+SELECT md5(string_agg(x, ',' ORDER BY x)) FROM (
+  SELECT c.relname::text || ':' || c.relkind::text || ':' || count(a.attnum)::text AS x
+    FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+    LEFT JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+   WHERE n.nspname = current_schema() GROUP BY c.relname, c.relkind
+  UNION ALL SELECT 'trigger:' || tgname::text FROM pg_trigger WHERE NOT tgisinternal
+  UNION ALL SELECT 'function:' || proname::text FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+   WHERE n.nspname = current_schema()
+) s
+"""
+
+# Rows the migrations themselves write; everything else is test data.
+_KEPT_TABLES = ("alembic_version", "schema_version")
+
+
+class PgSessionDatabase:
+    """One PostgreSQL database at head per test session, emptied before each test.
+
+    Creating a database (even from a template) costs about a second on the CI
+    machine and running the Alembic history about three, where deleting the
+    rows and restarting the id sequences costs a few tens of milliseconds: that
+    is what keeps the PostgreSQL half of the suite affordable. Each lease
+    starts from the state a fresh migrated database has — no rows, ids from 1,
+    the migrations' own bookkeeping rows — and a test that changed the schema
+    gets the database rebuilt for the next one.
+    """
+
+    def __init__(self) -> None:
+        self._server: str | None = None
+        self._name: str | None = None
+        self._fingerprint: str | None = None
+        self._kept_rows: dict[str, list[tuple]] = {}
+        self._reset_sql = ""
+        self._admin = None
+
+    def _url(self) -> str:
+        from sqlalchemy.engine import make_url
+
+        return make_url(self._server).set(database=self._name).render_as_string(hide_password=False)
+
+    def _build(self) -> None:
+        from cpersona.storage.engine import open_postgres
+        from cpersona.storage.migrate import upgrade
+
+        if self._server is None:
+            self._server = pg_server_url()
+            self._admin = _admin_engine(self._server)
+        self._drop()
+        self._name = "cp_session_" + uuid.uuid4().hex[:12]
+        with self._admin.connect() as conn:
+            conn.exec_driver_sql(f'CREATE DATABASE "{self._name}"')
+        db = open_postgres(self._url())
+        try:
+            upgrade(db)
+        finally:
+            db.close()
+        from sqlalchemy import create_engine
+
+        engine = create_engine(self._url(), isolation_level="AUTOCOMMIT")
+        try:
+            with engine.connect() as conn:
+                self._fingerprint = conn.exec_driver_sql(_SCHEMA_FINGERPRINT).scalar()
+                tables = [r[0] for r in conn.exec_driver_sql(
+                    "SELECT tablename FROM pg_tables WHERE schemaname = current_schema()")]
+                sequences = [r[0] for r in conn.exec_driver_sql(
+                    "SELECT sequencename FROM pg_sequences WHERE schemaname = current_schema()")]
+                self._kept_rows = {t: [tuple(r) for r in conn.exec_driver_sql(f'SELECT * FROM "{t}"')]
+                                   for t in _KEPT_TABLES if t in tables}
+        finally:
+            engine.dispose()
+        self._reset_sql = "; ".join(
+            [f'DELETE FROM "{t}"' for t in tables if t != "alembic_version"]
+            + [f'ALTER SEQUENCE "{s}" RESTART' for s in sequences])
+
+    def _reset(self) -> None:
+        """Empty the database for the next test, or rebuild it if its schema moved."""
+        from sqlalchemy import create_engine, text
+
+        with self._admin.connect() as conn:
+            # A test may have left an engine open; its sessions would hold locks.
+            conn.execute(text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                              "WHERE datname = :d AND pid <> pg_backend_pid()"), {"d": self._name})
+        engine = create_engine(self._url(), isolation_level="AUTOCOMMIT")
+        try:
+            with engine.connect() as conn:
+                if conn.exec_driver_sql(_SCHEMA_FINGERPRINT).scalar() != self._fingerprint:
+                    rebuild = True
+                else:
+                    rebuild = False
+                    conn.exec_driver_sql(self._reset_sql)
+                    for row in self._kept_rows.get("schema_version", []):
+                        conn.execute(text("INSERT INTO schema_version VALUES (:v, :a)"),
+                                     {"v": row[0], "a": row[1]})
+        finally:
+            engine.dispose()
+        if rebuild:
+            self._build()
+
+    @contextmanager
+    def lease(self) -> Iterator[str]:
+        """The URL of the session's database, empty and at head, for one test."""
+        if self._name is None:
+            self._build()
+        else:
+            self._reset()
+        yield self._url()
+
+    def _drop(self) -> None:
+        if self._name is None:
+            return
+        with self._admin.connect() as conn:
+            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{self._name}" WITH (FORCE)')
+        self._name = None
+
+    def close(self) -> None:
+        if self._admin is not None:
+            self._drop()
+            self._admin.dispose()

@@ -401,3 +401,43 @@ def test_counters_skip_deep_and_paused_recalls_and_count_in_fusion(db, apps):  #
         cosine=answer["messages"][0]["match_reason"]["cosine"], recall_count=1,
         last_recalled_at=NOW.strftime("%Y-%m-%d %H:%M:%S")).score
     assert again["messages"][0]["confidence"]["score"] < fresh.score
+
+
+def test_prior_in_the_pipeline_reorders_and_shows_in_match_reason(db, apps):  # spec §5.9.6, §5.14
+    old = add_memory(db, "xylophone practice", timestamp="2026-11-01T00:00:00+00:00")
+    new = add_memory(db, "xylophone lessons on tuesday", timestamp="2026-11-29T00:00:00+00:00")
+    plain = recall(apps(CONFIDENCE_ENABLED="false"), agent_id="a", query="xylophone")
+    assert all("prior" not in m["match_reason"] for m in plain["messages"])  # rate 0: identity
+    leaning = recall(apps(CONFIDENCE_ENABLED="false", PRIOR_AGE_RATE="0.01"), agent_id="a", query="xylophone")
+    assert sorted(m["ref"] for m in leaning["messages"]) == sorted(m["ref"] for m in plain["messages"])
+    rows = by_ref(leaning)
+    assert rows[f"mem:{new}"]["match_reason"]["prior"] == 1.0  # anchor: the newest memory
+    assert rows[f"mem:{old}"]["match_reason"]["prior"] == 0.3  # 672 h old → 1/7.72, floored
+    assert leaning["messages"][-1]["ref"] == f"mem:{new}"  # best last (RC-1)
+    # legacy ordering: confidence orders, the prior stays out
+    legacy = recall(apps(CONFIDENCE_ORDERING="legacy", PRIOR_AGE_RATE="0.01"), agent_id="a", query="xylophone")
+    assert all("prior" not in m["match_reason"] for m in legacy["messages"])
+
+
+def test_reconstruct_reports_the_rescue_under_legacy(db, apps):  # spec §5.11, RX-12, RX-13
+    from cpersona.services.reconstruct.service import reconstruct
+
+    middling, lexical = fallback_corpus(db)
+    app = apps(CONFIDENCE_ORDERING="legacy")
+    recall(app, agent_id="a", query="xylophone")  # counts MIDDLING: it is held back for 5 minutes
+    app.clock = lambda: NOW + timedelta(minutes=2)
+    out = reconstruct(app, agent_id="a", query="xylophone")
+    assert out["gate_fallback"] is True
+    assert out["shortfall_reason"] == "below_quality_threshold"
+    assert counters(db)[lexical] == (0, None)  # reconstruct never counts (RX-9)
+
+
+def test_gate_calibration_under_legacy_measures_confidence(db, apps):  # spec GATE-3, §5.18.3
+    from cpersona.services.fused_gate import scored_candidates
+
+    add_memory(db, "xylophone lessons on tuesday", timestamp=iso(NOW))
+    add_memory(db, LEXICAL_ONLY, timestamp=iso(NOW))
+    rows = scored_candidates(apps(CONFIDENCE_ORDERING="legacy"), "a", "xylophone")
+    assert rows and all(row.signal[0] == "confidence" for row in rows)
+    assert any(row.backfilled for row in rows)
+    assert all(row.signal[0] != "confidence" for row in scored_candidates(apps(), "a", "xylophone"))

@@ -14,6 +14,8 @@ from cpersona.services.memories import store
 from cpersona.storage.models import Memory
 from conftest import make_app
 
+pytestmark = pytest.mark.both_backends  # storage/service behaviour: run on SQLite and PostgreSQL
+
 FIXED_NOW = datetime(2026, 6, 1, 12, 0, 0, 123456, tzinfo=timezone.utc)
 
 

@@ -207,5 +207,4 @@ def scored_candidates(app: App, agent_id: str, text: str) -> list[Candidate]:
     found = retrievers.retrieve(app, backend, req.retriever_query(), recall.depth_for(app, req),
                                 retrievers.exclusion(()))
     rows = recall.fuse(app, req, found, None)
-    legacy = app.settings.confidence_enabled and app.settings.confidence_ordering == "legacy"
-    return recall.apply_episode_penalty(app, backend, req.scope, rows, legacy=legacy)
+    return recall.score_candidates(app, backend, req, found, rows)  # legacy ordering: confidence too

@@ -36,7 +36,6 @@ from sqlalchemy import update
 from cpersona.services.advisory import advisory
 from cpersona.services.app import App
 from cpersona.services.confidence import (
-    TimeSpan,
     backfill_cosines,
     describe_confidence,
     gate_fallback,
@@ -271,7 +270,7 @@ class Admitted:
 
 
 def admit(app: App, backend: SearchBackend, req: RecallRequest, rows: list[Candidate]) -> Admitted:
-    """Steps 7–10: the quality gate, the gate_fallback rescue (§5.11), autocut (§5.12)."""
+    """Steps 7–11: the quality gate, the gate_fallback rescue (§5.11), autocut (§5.12), age prior (§5.9.6)."""
     settings = app.settings
     gate = calibrated_gate_for(app.extras, req.agent_id, enabled=settings.fused_gate_enabled)
     passed = apply_gate(
@@ -282,12 +281,11 @@ def admit(app: App, backend: SearchBackend, req: RecallRequest, rows: list[Candi
         return Admitted(rescued, gate_fallback=True)  # autocut is skipped after a rescue
     if settings.autocut_enabled:
         passed = autocut(passed, min_results=settings.autocut_min_results, min_gap_ratio=settings.autocut_min_gap_ratio)
+    if (prior_on := prior_applies(settings, passed, legacy=legacy_ordering(settings))) is not None:
+        with app.db.read() as session:
+            span = memory_time_span(session, req.scope)
+        passed = apply_prior(settings, passed, prior_on, span=span, now=app.clock())
     return Admitted(passed)
-
-
-def time_span(app: App, scope: Scope) -> TimeSpan:
-    with app.db.read() as session:
-        return memory_time_span(session, scope)
 
 
 # -- response ------------------------------------------------------------------------
@@ -394,8 +392,6 @@ def run_recall(app: App, req: RecallRequest) -> RecallOutcome:
     rows = admitted.rows
     if admitted.gate_fallback:
         extras["gate_fallback"] = True  # spec RC-4: present only when it fired
-    if (prior_on := prior_applies(settings, rows, legacy=legacy_ordering(settings))) is not None:
-        rows = apply_prior(settings, rows, prior_on, span=time_span(app, req.scope), now=app.clock())
 
     ranked = rows[: req.limit]
     if settings.confidence_enabled and not legacy_ordering(settings):

@@ -19,8 +19,7 @@ from sqlalchemy import select
 
 from cpersona.services.advisory import advisory
 from cpersona.services.app import App
-from cpersona.services.gate import apply_gate, autocut, calibrated_gate_for
-from cpersona.services.recall import RecallRequest, apply_episode_penalty, depth_for, fuse, parse_instant
+from cpersona.services.recall import RecallRequest, admit, depth_for, fuse, parse_instant, score_candidates
 from cpersona.services.retrievers import Retrieval, exclusion, retrieve, search_backend
 from cpersona.services.update_check import recall_update_notice
 from cpersona.storage.models import Episode, Memory
@@ -88,7 +87,6 @@ def _with_terms(app: App, req: RecallRequest, found: Retrieval, terms: list[str]
 
 def candidate_pool(app: App, req: RecallRequest, terms: list[str]) -> Pool:
     """RX-9 … RX-12: the rows one recall of depth ``top_k`` returns, best first, plus its notices."""
-    settings = app.settings
     pool = Pool()
     backend = search_backend(app)
     depth = depth_for(app, req)
@@ -100,15 +98,12 @@ def candidate_pool(app: App, req: RecallRequest, terms: list[str]) -> Pool:
         pool.notices["advisory"] = notice
     if (update := recall_update_notice(app, req.session_key)) is not None:
         pool.notices["update"] = update
-    fused = fuse(app, req, found, backend.profile(req.agent_id))
-    legacy = settings.confidence_enabled and settings.confidence_ordering == "legacy"
-    fused = apply_episode_penalty(app, backend, req.scope, fused, legacy=legacy)
-    gate = calibrated_gate_for(app.extras, req.agent_id, enabled=settings.fused_gate_enabled)
-    rows = apply_gate(fused, pool=backend.pool_count(req.scope), query_blank=req.blank, deep=req.deep,
-                      rrf_k=settings.rrf_k, calibrated=gate)
-    if settings.autocut_enabled:
-        rows = autocut(rows, min_results=settings.autocut_min_results, min_gap_ratio=settings.autocut_min_gap_ratio)
-    rows = rows[: req.limit]
+    # recall's steps 6–11: penalty and (legacy) confidence, gate, gate_fallback rescue or autocut, prior
+    fused = score_candidates(app, backend, req, found, fuse(app, req, found, backend.profile(req.agent_id)))
+    admitted = admit(app, backend, req, fused)
+    if admitted.gate_fallback:
+        pool.notices["gate_fallback"] = True  # RX-12, RX-13
+    rows = admitted.rows[: req.limit]
     pool.admitted = sum(1 for r in rows if not r.is_profile)
     taken = {r.key for r in rows}
     for row in rows:
