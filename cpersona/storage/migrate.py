@@ -43,6 +43,7 @@ from sqlalchemy import Connection, text
 from sqlalchemy.exc import DBAPIError
 
 from cpersona.storage.engine import Database, open_database, open_sqlite
+from cpersona.storage.vectors_postgres import VECTOR_COLUMN, ensure_vector_columns
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +119,8 @@ def include_object_for(dialect: str):
         return None
 
     def include_object(obj, name, type_, reflected, compare_to):
+        if type_ == "column" and name == VECTOR_COLUMN:  # derived, optional (vectors_postgres)
+            return False
         return not (type_ == "index" and name in PG_UNMODELLED_INDEXES)
 
     return include_object
@@ -288,6 +291,7 @@ def _upgrade_postgres(conn: Connection, label: str) -> None:
             "move memories into PostgreSQL with export_memories / import_memories"
         )
     command.upgrade(alembic_config(conn), "head")
+    ensure_vector_columns(conn)
 
 
 def _upgrade_in_transaction(conn: Connection, path: Path | None, *, fts_enabled: bool) -> None:

@@ -1,4 +1,4 @@
-"""SearchBackend over PostgreSQL: pg_trgm for the keyword arms, numpy for vectors.
+"""SearchBackend over PostgreSQL: pg_trgm for the keyword arms, pgvector or numpy for vectors.
 
 Keyword search. The GIN ``gin_trgm_ops`` indexes (revision 0001's PostgreSQL
 branch) answer ``ILIKE '%term%'`` for any term of 3 or more characters, in any
@@ -11,11 +11,12 @@ min-max-normalises it per channel exactly as it does ``-bm25``. With no usable
 term or no match, memories fall back to the newest-first substring scan
 (spec KW-1), as on SQLite.
 
-Vectors. pgvector is not available on Debian's PostgreSQL 15 (notes/stack.md
-§5), so the vector arm reads the scope's scan window of float32 BYTEA blobs —
-newest first, only blobs of the query's width (VEC-3) — in chunks and ranks
-them by cosine in numpy. The window, threshold, depth and tie order (cosine
-desc, scan position asc) are those of :mod:`cpersona.storage.vectors_sqlite`.
+Vectors (:mod:`cpersona.storage.vectors_postgres`). Where the server has
+pgvector, the window is ranked inside PostgreSQL over a derived ``vector``
+column; otherwise (Debian 12 ships no pgvector package) the window's float32
+BYTEA blobs are read in chunks and ranked in numpy. Either way the window,
+threshold, depth, tie order and cosine values are those of
+:mod:`cpersona.storage.vectors_sqlite`.
 
 Every statement carries the isolation fragment of :mod:`cpersona.storage.scope`
 and runs under a statement_timeout, so no query can hold a worker for long.
@@ -28,11 +29,10 @@ from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import Any
 
-import numpy as np
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 
-from cpersona.embedding.vectors import FLOAT32
+from cpersona.storage.engine import Database
 from cpersona.storage.scope import Scope, sql_fragment
 from cpersona.storage.search import Hit, Kind, KeywordResult, clean_query, phrase_terms, query_terms
 from cpersona.storage.search_sql import (
@@ -44,11 +44,10 @@ from cpersona.storage.search_sql import (
     memory_record,
 )
 from cpersona.storage.search_sqlite import STATEMENT_DEADLINE_SECONDS
-from cpersona.storage.vectors_sqlite import usable_query
+from cpersona.storage.vectors_postgres import numpy_scan, pgvector_scan, pgvector_serves
+from cpersona.storage.vectors_sqlite import scan_parameters, usable_query
 
 log = logging.getLogger(__name__)
-
-VECTOR_CHUNK_ROWS = 2048  # rows per fetch of the vector scan: bounds memory, not the answer
 
 
 def source_filter(source_id: str, alias: str = "m") -> tuple[str, dict[str, Any]]:
@@ -85,6 +84,11 @@ class PostgresSearch(SqlSearch):
     # PostgreSQL's LIKE is case-sensitive; ILIKE folds every script's case (SQLite
     # folds ASCII only, so this can match a little more). Backslash escapes by default.
     substring_match = "ILIKE :pattern"
+
+    def __init__(self, db: Database, *, fts_enabled: bool = True, pgvector: bool | None = None) -> None:
+        """``pgvector``: None = use it when the database carries its columns; False = numpy."""
+        super().__init__(db, fts_enabled=fts_enabled)
+        self._pgvector = pgvector
 
     # -- keyword arms -----------------------------------------------------------
 
@@ -128,7 +132,7 @@ class PostgresSearch(SqlSearch):
         rows = self._run("episodes trigram", sql, {**params, **term_params, "q": clean_query(query), "depth": depth})
         return [Hit(episode_record(r), float(r.score)) for r in (rows or [])]
 
-    # -- vector arm (spec §5.6), in-process ------------------------------------------
+    # -- vector arm (spec §5.6): pgvector, or numpy over the same window ---------------
 
     def vector_candidates(
         self,
@@ -141,45 +145,27 @@ class PostgresSearch(SqlSearch):
         window: tuple[int, int],
         source_id: str = "",
     ) -> list[Hit]:
-        start, stop = max(0, int(window[0])), max(0, int(window[1]))
-        if depth <= 0 or stop <= start or not usable_query(query):
+        if depth <= 0 or window[1] <= window[0] or not usable_query(query):
             return []
-        table, alias = ("memories", "m") if kind == "mem" else ("episodes", "e")
+        if self._pgvector is None:
+            self._pgvector = pgvector_serves(self.db)
+        alias = "m" if kind == "mem" else "e"
         where, params = sql_fragment(scope, alias)
         if kind == "mem":
             by_source, source_params = source_filter(source_id)
             where, params = f"{where} AND {by_source}", {**params, **source_params}
-        sql = text(
-            f"SELECT {alias}.id, {alias}.embedding FROM {table} {alias} "
-            f"WHERE {where} AND {alias}.embedding IS NOT NULL AND octet_length({alias}.embedding) = :nbytes "
-            f"ORDER BY {alias}.created_at DESC, {alias}.id ASC LIMIT :span OFFSET :start"
-        )
-        params.update({"nbytes": len(query), "span": stop - start, "start": start})
-        q = np.frombuffer(query, dtype=FLOAT32).astype(np.float64)
-        q /= np.linalg.norm(q)
-        scored: list[tuple[float, int, int]] = []  # (cosine, scan position, id)
-        position = 0
+        params.update(scan_parameters(query, window=window, threshold=threshold, depth=depth))
+        scan = pgvector_scan if self._pgvector else numpy_scan
         try:
             with self.db.read() as session:
                 session.execute(text(f"SET LOCAL statement_timeout = {int(STATEMENT_DEADLINE_SECONDS * 1000)}"))
-                result = session.execute(sql, params)
-                while chunk := result.fetchmany(VECTOR_CHUNK_ROWS):
-                    matrix = np.frombuffer(b"".join(bytes(r.embedding) for r in chunk), dtype=FLOAT32)
-                    matrix = matrix.reshape(len(chunk), -1).astype(np.float64)
-                    with np.errstate(invalid="ignore", divide="ignore"):
-                        cosines = (matrix @ q) / np.linalg.norm(matrix, axis=1)
-                    for offset, (row, cosine) in enumerate(zip(chunk, cosines)):
-                        # NaN (zero or non-finite stored vector) fails every threshold, as on SQLite.
-                        if np.isfinite(cosine) and cosine >= threshold:
-                            scored.append((float(cosine), position + offset, row.id))
-                    position += len(chunk)
+                best = scan(session, kind, where, params, query)
         except DBAPIError as exc:
             log.warning("%s vector search failed, treated as no match: %s", kind, exc.orig)
             return []
-        scored.sort(key=lambda s: (-s[0], s[1]))
-        best = scored[:depth]
-        records = self.fetch(scope, [(kind, row_id) for _, _, row_id in best])
-        return [Hit(records[(kind, i)], cos) for cos, _, i in best if (kind, i) in records]
+        # Hydrate through the same scope: a row deleted or moved since the scan is dropped.
+        records = self.fetch(scope, [(kind, row_id) for _, row_id in best])
+        return [Hit(records[(kind, i)], cos) for cos, i in best if (kind, i) in records]
 
     # -- listings and scope facts -----------------------------------------------
 
