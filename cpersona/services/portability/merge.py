@@ -109,12 +109,9 @@ class _Merge:
         return carrier
 
     def _memories(self) -> None:
-        t = self.tallies
         for row in self.reader.memories():
-            if not row.content:
-                t.skipped_memories += 1
-                continue
-            inserted, new_id = self.writer.put_memory(MemoryRow(
+            # An empty row counts as skipped, never copied (MG-3, MG-4 for episodes).
+            written = bool(row.content) and self._copy(row.id, MemoryRow(
                 agent_id=self.target, project_id=row.project_id, channel=row.channel,
                 msg_id=row.msg_id, content=row.content, source=row.source,
                 timestamp=row.timestamp, metadata=row.metadata, created_at=row.created_at,
@@ -122,33 +119,39 @@ class _Merge:
                 last_recalled_at=row.last_recalled_at, embedding=row.embedding,
                 embedding_model=row.embedding_model or "",
             ))
-            self.refs.record("mem", row.id, new_id)
-            if inserted:
-                t.merged_memories += 1
-                self.copied["memories"].append(row.id)
-                self._note_inserted("mem", new_id, row.content, row.project_id)
+            if written:
+                self.tallies.merged_memories += 1
             else:
-                t.skipped_memories += 1
+                self.tallies.skipped_memories += 1
 
     def _episodes(self) -> None:
-        t = self.tallies
         for row in self.reader.episodes():
-            if not row.summary:
-                t.skipped_episodes += 1
-                continue
-            inserted, new_id = self.writer.put_episode(EpisodeRow(
+            written = bool(row.summary) and self._copy(row.id, EpisodeRow(
                 agent_id=self.target, project_id=row.project_id, channel=row.channel,
                 summary=row.summary, keywords=row.keywords, created_at=row.created_at,
                 start_time=row.start_time, end_time=row.end_time, resolved=row.resolved,
                 embedding=row.embedding, embedding_model=row.embedding_model or "",
             ))
-            self.refs.record("ep", row.id, new_id)
-            if inserted:
-                t.merged_episodes += 1
-                self.copied["episodes"].append(row.id)
-                self._note_inserted("ep", new_id, row.summary, row.project_id)
+            if written:
+                self.tallies.merged_episodes += 1
             else:
-                t.skipped_episodes += 1
+                self.tallies.skipped_episodes += 1
+
+    def _copy(self, source_id: int, row: MemoryRow | EpisodeRow) -> bool:
+        """Write one source record under the target unless it holds an equal one; True when written.
+
+        Either way the source id now maps to the row holding the record (MG-6);
+        a row written is remembered for a move's delete (MG-7) and the follow-ups (MG-8).
+        """
+        if isinstance(row, MemoryRow):
+            kind, copied, text, (inserted, new_id) = "mem", "memories", row.content, self.writer.put_memory(row)
+        else:
+            kind, copied, text, (inserted, new_id) = "ep", "episodes", row.summary, self.writer.put_episode(row)
+        self.refs.record(kind, source_id, new_id)
+        if inserted:
+            self.copied[copied].append(source_id)
+            self._note_inserted(kind, new_id, text, row.project_id)
+        return inserted
 
     def _note_inserted(self, kind: str, new_id: int | None, text: str, project_id: str) -> None:
         if new_id is not None and self.remote_items is not None:
