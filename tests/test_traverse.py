@@ -22,6 +22,8 @@ from cpersona.services import traverse as traverse_module
 from cpersona.services.traverse import traverse
 from cpersona.storage.engine import Database
 
+pytestmark = pytest.mark.both_backends  # storage/service behaviour: run on SQLite and PostgreSQL
+
 T0 = datetime(2026, 11, 30, 3, 59, 33, tzinfo=timezone.utc)
 
 

@@ -39,7 +39,7 @@ from cpersona.services.associations import (
 from cpersona.services.operating_context import resolve_project
 from cpersona.services.responses import failure
 from cpersona.storage.scope import Scope, sql_fragment
-from cpersona.storage.search_sqlite import source_filter
+from cpersona.storage import dialect
 
 MAX_HOPS = 5  # schema bound (TV-2)
 DEFAULT_HOPS = 1
@@ -154,7 +154,7 @@ def _mentions(session: Session, scope: Scope, source_id: str, channel: str, enti
         return {}
     m_where, params = sql_fragment(scope, "m")
     e_where, _ = sql_fragment(scope, "e")
-    by_source, source_params = source_filter(source_id, "m")
+    by_source, source_params = dialect.source_filter(session, source_id, "m")
     arms = [
         "SELECT em.entity_id AS entity_id, 'mem' AS kind, m.id AS record_id FROM entity_mentions em "
         "JOIN memories m ON m.id = "
