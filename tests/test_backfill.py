@@ -28,6 +28,8 @@ from cpersona.services.memories import store
 from cpersona.services.recall import recall
 from cpersona.storage.models import Episode, Memory
 
+pytestmark = pytest.mark.both_backends  # storage/service behaviour: run on SQLite and PostgreSQL
+
 
 def embedding_app(db, server, **env: str) -> App:
     environ = {"CPERSONA_DB_PATH": str(db.path), "CPERSONA_EMBEDDING_MODE": "http",

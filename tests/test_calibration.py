@@ -31,6 +31,8 @@ from cpersona.services.fused_gate import signal_floor
 from cpersona.services.gate import calibrated_gate_for
 from cpersona.storage.models import Memory
 
+pytestmark = pytest.mark.both_backends  # storage/service behaviour: run on SQLite and PostgreSQL
+
 
 @pytest.fixture
 def app(db):

@@ -11,6 +11,8 @@ from cpersona.services.episodes import archive_episode, history_span, list_episo
 from cpersona.storage.models import Episode
 from conftest import make_app
 
+pytestmark = pytest.mark.both_backends  # storage/service behaviour: run on SQLite and PostgreSQL
+
 FIXED_NOW = datetime(2026, 6, 1, 12, 0, 0, tzinfo=timezone.utc)
 
 

@@ -17,6 +17,8 @@ from cpersona.services.gate import (
     heuristic_min_score,
 )
 
+pytestmark = pytest.mark.both_backends  # storage/service behaviour: run on SQLite and PostgreSQL
+
 M1, M2, M3, E1 = ("mem", 1), ("mem", 2), ("mem", 3), ("ep", 1)
 K = 60
 

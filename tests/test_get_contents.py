@@ -16,6 +16,8 @@ from cpersona.services.app import App
 from cpersona.services.contents import BATCH_BUDGET, get_contents, item_cost, parse_ref, revision_of
 from cpersona.storage.models import Episode, Memory
 
+pytestmark = pytest.mark.both_backends  # storage/service behaviour: run on SQLite and PostgreSQL
+
 STAMP = "2026-11-01T09:00:00+00:00"  # 25 characters
 SOURCE = '{"type": "Agent", "id": "b", "name": ""}'  # 40 characters as the answer spells it
 SOURCE_OBJ = {"type": "Agent", "id": "b", "name": ""}

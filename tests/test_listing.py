@@ -12,6 +12,8 @@ from cpersona.services.memories import store
 from cpersona.storage.models import Memory
 from conftest import make_app
 
+pytestmark = pytest.mark.both_backends  # storage/service behaviour: run on SQLite and PostgreSQL
+
 
 def store_at(app, when: str, **arguments) -> int:
     app.clock = lambda: datetime.fromisoformat(when).replace(tzinfo=timezone.utc)

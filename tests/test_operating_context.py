@@ -27,6 +27,8 @@ from cpersona.services.operating_context import (
 from cpersona.services.recall import recall
 from cpersona.storage.models import Episode, Memory
 
+pytestmark = pytest.mark.both_backends  # storage/service behaviour: run on SQLite and PostgreSQL
+
 CONTEXT = '''\
 version = 1
 context_revision = "2026-11-30.1"

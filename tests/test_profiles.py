@@ -11,6 +11,8 @@ from cpersona.services.profiles import get_profile, update_profile
 from cpersona.storage.models import Profile
 from conftest import make_app
 
+pytestmark = pytest.mark.both_backends  # storage/service behaviour: run on SQLite and PostgreSQL
+
 
 def profiles(db) -> list[Profile]:
     with db.read() as session:

@@ -31,6 +31,8 @@ from cpersona.services.tasks import (
 from cpersona.storage.engine import open_sqlite
 from cpersona.storage.models import Episode, PendingMemoryTask
 
+pytestmark = pytest.mark.both_backends  # storage/service behaviour: run on SQLite and PostgreSQL
+
 
 def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
