@@ -57,11 +57,13 @@ def cue_terms(session: Session, scope: Scope, query: str) -> Cues:
         return cues
     readable = predicates(Entity, scope)
     # Substring tests run in SQL so only matches leave the database (bounded by MAX_MATCHES).
+    # instr() on SQLite, strpos() on PostgreSQL: a plain position test, no LIKE wildcards.
+    position = func.instr if session.get_bind().dialect.name == "sqlite" else func.strpos
     names = select(Entity.normalized.label("term"), Entity.id.label("entity_id")).where(
-        readable, func.instr(literal(folded), Entity.normalized) > 0)
+        readable, position(literal(folded), Entity.normalized) > 0)
     aliases = (select(EntityAlias.normalized.label("term"), EntityAlias.entity_id.label("entity_id"))
                .join(Entity, Entity.id == EntityAlias.entity_id)
-               .where(readable, func.instr(literal(folded), EntityAlias.normalized) > 0))
+               .where(readable, position(literal(folded), EntityAlias.normalized) > 0))
     both = union_all(names, aliases).subquery()
     matches = session.execute(
         select(both.c.term, both.c.entity_id).where(func.length(both.c.term) > 0)

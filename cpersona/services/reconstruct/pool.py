@@ -19,6 +19,8 @@ from sqlalchemy import select
 
 from cpersona.services.advisory import advisory
 from cpersona.services.app import App
+from cpersona.services.reconstruct.cue_arm import CueOutcome, lift, search_period
+from cpersona.services.reconstruct.time_cue import TimeCue
 from cpersona.services.recall import RecallRequest, admit, depth_for, fuse, parse_instant, score_candidates
 from cpersona.services.retrievers import Retrieval, exclusion, retrieve, search_backend
 from cpersona.services.update_check import recall_update_notice
@@ -85,8 +87,12 @@ def _with_terms(app: App, req: RecallRequest, found: Retrieval, terms: list[str]
                                                    phrases=terms).hits, excluded)
 
 
-def candidate_pool(app: App, req: RecallRequest, terms: list[str]) -> Pool:
-    """RX-9 … RX-12: the rows one recall of depth ``top_k`` returns, best first, plus its notices."""
+def candidate_pool(app: App, req: RecallRequest, terms: list[str], cue: TimeCue | None = None) -> Pool:
+    """RX-9 … RX-12: the rows one recall of depth ``top_k`` returns, best first, plus its notices.
+
+    With a time cue (TQ-6) the period is searched too: answer rows it also
+    found move up a few places, and rows only it found take held seats.
+    """
     pool = Pool()
     backend = search_backend(app)
     depth = depth_for(app, req)
@@ -94,6 +100,7 @@ def candidate_pool(app: App, req: RecallRequest, terms: list[str]) -> Pool:
     if terms and not req.blank:
         _with_terms(app, req, found, terms, depth)
     pool.query_vector = found.query_vector
+    cued = search_period(app, backend, req.scope, cue, req.query, terms, req.source_id)
     if (notice := advisory(app, req.session_key)) is not None:
         pool.notices["advisory"] = notice
     if (update := recall_update_notice(app, req.session_key)) is not None:
@@ -103,7 +110,10 @@ def candidate_pool(app: App, req: RecallRequest, terms: list[str]) -> Pool:
     admitted = admit(app, backend, req, fused)
     if admitted.gate_fallback:
         pool.notices["gate_fallback"] = True  # RX-12, RX-13
-    rows = admitted.rows[: req.limit]
+    # TQ-6: the lift works on the admitted list before the cut, so a period row
+    # just past the depth can move into it (and the row it passes drops out).
+    order, moved = lift([r.key for r in admitted.rows], set(cued.found), cued.places)
+    rows = [admitted.rows[i] for i in order][: req.limit]
     pool.admitted = sum(1 for r in rows if not r.is_profile)
     taken = {r.key for r in rows}
     for row in rows:
@@ -117,8 +127,23 @@ def candidate_pool(app: App, req: RecallRequest, terms: list[str]) -> Pool:
                      and r.key not in found.cosines), None)
         if seat is not None:
             pool.candidates.append(Candidate(len(pool.candidates), seat.record, held=True))
+    seated = _cue_seats(backend, req, pool, cued, {r.key for r in fused} | taken)
+    if cued.notice is not None:
+        if cued.used:
+            cued.notice.update(moved=moved, seated=seated)
+        pool.notices["time_cue"] = cued.notice
     _read_context(app, pool.candidates)
     return pool
+
+
+def _cue_seats(backend: Any, req: RecallRequest, pool: Pool, cued: CueOutcome, retrieved: set[Any]) -> int:
+    """TQ-6: the best period rows no arm retrieved take as many held seats as the cue lifts places."""
+    wanted = [key for key in cued.found if key not in retrieved][: cued.places]
+    records = backend.fetch(req.scope, wanted)
+    for key in wanted:
+        if key in records:
+            pool.candidates.append(Candidate(len(pool.candidates), records[key], held=True))
+    return sum(1 for key in wanted if key in records)
 
 
 def _read_context(app: App, candidates: list[Candidate]) -> None:

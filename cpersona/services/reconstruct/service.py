@@ -49,7 +49,7 @@ def _run(app: App, req: Request) -> dict[str, Any]:
     with app.db.read() as session:
         graph = _graph_present(session)
         cues = cue_terms(session, scope, req.recall.query) if graph and not req.recall.blank else Cues()
-    pool = candidate_pool(app, req.recall, cues.terms)
+    pool = candidate_pool(app, req.recall, cues.terms, req.time_cue)
     cands = pool.candidates
     refs = [c.ref for c in cands]
     relations = []

@@ -33,6 +33,18 @@ class TimeCue:
     ago: tuple[str, int] | str | None = None  # (unit, value) or "long_ago"
 
 
+_EARLIEST = datetime.min.replace(tzinfo=timezone.utc)
+_LATEST = datetime.max.replace(tzinfo=timezone.utc)
+
+
+def _shift(moment: datetime, delta: timedelta) -> datetime:
+    """``moment + delta``, clipped to the representable range (TQ-4)."""
+    try:
+        return moment + delta
+    except OverflowError:
+        return _LATEST if delta > timedelta(0) else _EARLIEST
+
+
 def _instant(field: str, value: Any, *, end_of_day: bool) -> datetime:
     if not isinstance(value, str) or not value.strip():
         raise _refuse(f"time_cue.{field} must be a date (YYYY-MM-DD) or an ISO-8601 timestamp")
@@ -40,11 +52,16 @@ def _instant(field: str, value: Any, *, end_of_day: bool) -> datetime:
     try:
         if len(text) == 10:
             day = datetime.strptime(text, "%Y-%m-%d").replace(tzinfo=timezone.utc)
-            return day + timedelta(days=1) if end_of_day else day  # a date is the whole day (TQ-2)
+            return _shift(day, timedelta(days=1)) if end_of_day else day  # a date is the whole day (TQ-2)
         moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
         raise _refuse(f"time_cue.{field} is not a date or timestamp: {value!r}") from None
-    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+    if moment.tzinfo is None:
+        return moment.replace(tzinfo=timezone.utc)
+    try:
+        return moment.astimezone(timezone.utc)
+    except OverflowError:  # an offset that carries the instant past year 1 or 9999
+        return _EARLIEST if moment.year == 1 else _LATEST
 
 
 def parse_time_cue(raw: Any) -> TimeCue | None:
@@ -91,22 +108,25 @@ def base_period(cue: TimeCue, now: datetime, oldest: datetime | None,
     if cue.ago is not None:
         unit, value = cue.ago
         width = UNITS[unit]
-        centre = now - width * value
-        start, end = centre - width / 2, min(centre + width / 2, now)
+        try:
+            centre = now - width * value
+        except OverflowError:
+            centre = _EARLIEST
+        start, end = _shift(centre, -width / 2), min(_shift(centre, width / 2), now)
     else:
         start = cue.after if cue.after is not None else oldest
         end = cue.before if cue.before is not None else now
     if start is None:
         return None
     if end <= start:
-        end = start + timedelta(seconds=1)  # an empty period is widened to one second
+        end = _shift(start, timedelta(seconds=1))  # an empty period is widened to one second
     return start, end
 
 
 def widen(period: tuple[datetime, datetime], confidence: str) -> tuple[datetime, datetime]:
     start, end = period
     margin = (end - start) * MARGIN[confidence]
-    return start - margin, end + margin
+    return _shift(start, -margin), _shift(end, margin)
 
 
 def recent_only(period: tuple[datetime, datetime], now: datetime) -> bool:

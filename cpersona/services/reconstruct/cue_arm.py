@@ -1,0 +1,186 @@
+"""The time cue applied to the candidate pool: the cue arm, the lift and the seats (spec TQ-4 … TQ-7).
+
+A cue says *when* the answer was stored. The period it names is searched as
+well, to a depth of 50: the rows of the period (memories by their timestamp,
+episodes by their start) that hold a word of the query, most words first,
+then newest. The cue only ever adds: it never changes a score, the gate or
+autocut. Rows the answer already holds that the period search also found move
+up a few places; rows the period search found that no arm retrieved at all
+take a few held seats. A period search that finds nothing is widened once by
+one confidence step before giving up.
+
+Deliberate difference from the reference: the period is searched lexically
+only (no vector pass restricted to the period), so ``remainder`` — the
+reference's note about period rows past the vector scan window — never arises.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import text
+
+from cpersona.services.app import App
+from cpersona.services.reconstruct.time_cue import (
+    CONFIDENCES,
+    POLICY,
+    TimeCue,
+    base_period,
+    ignored_notice,
+    recent_only,
+    widen,
+)
+from cpersona.services.recall import parse_instant
+from cpersona.storage.scope import Scope, sql_fragment
+from cpersona.storage.search import RowKey, phrase_terms, query_terms
+from cpersona.storage.search_sql import like_pattern
+from cpersona.storage.search_sqlite import ranking_terms
+
+DEPTH = 50  # rows the period search returns (TQ-6)
+PLACES = {"sure": 3, "likely": 2, "vague": 1}  # how far a cue row may move up, and how many seats (TQ-6)
+
+
+@dataclass(slots=True)
+class CueOutcome:
+    """What the cue did: the period search's rows (best first) and the notice for the response."""
+
+    found: list[RowKey] = field(default_factory=list)
+    confidence: str = "sure"
+    notice: dict[str, Any] | None = None
+    used: bool = False  # False: no cue, no period, or a recent-only cue (nothing moves, no seats)
+
+    @property
+    def places(self) -> int:
+        return PLACES[self.confidence] if self.used else 0
+
+
+def search_period(app: App, backend: Any, scope: Scope, cue: TimeCue | None, query: str, phrases: Sequence[str],
+                  source_id: str, *, now: datetime | None = None) -> CueOutcome:
+    """TQ-4 … TQ-6: the period the cue names and the rows found in it (widened once when empty)."""
+    outcome = CueOutcome()
+    if cue is None:
+        return outcome
+    now = now or datetime.now(timezone.utc)
+    oldest, newest = _scope_span(app, scope) if _needs_span(cue) else (None, None)
+    base = base_period(cue, now, oldest, newest)
+    if base is None:
+        return outcome  # long_ago on an empty scope, or no start: no period to search
+    if recent_only(base, now):  # TQ-5: judged on the sure-width period
+        outcome.notice = ignored_notice(base)
+        return outcome
+    confidence = cue.confidence
+    period = widen(base, confidence)
+    found = _in_period(app, backend, scope, period, query, phrases, source_id)
+    revised = False
+    if not found and confidence != CONFIDENCES[-1]:
+        confidence = CONFIDENCES[CONFIDENCES.index(confidence) + 1]
+        period = widen(base, confidence)
+        found = _in_period(app, backend, scope, period, query, phrases, source_id)
+        revised = True
+    outcome.found, outcome.confidence, outcome.used = found, confidence, True
+    outcome.notice = {"policy": POLICY, "period": [period[0].isoformat(), period[1].isoformat()],
+                      "confidence": confidence, "revised": revised, "moved": 0, "seated": 0}
+    return outcome
+
+
+def lift(keys: list[RowKey | None], found: set[RowKey], places: int) -> tuple[list[int], int]:
+    """TQ-6: the answer's order after rows the period search also found move up by at most ``places``.
+
+    Top-down, each found row steps past the rows above it, one at a time, up to
+    ``places`` steps; it stops at another found row or at a row some found row
+    already stepped past (no row is pushed down more than one place, and found
+    rows keep their order among themselves). Returns the new order (indices
+    into ``keys``) and how many rows changed place, lifted and passed alike.
+    Scores and membership are untouched. (Order and count measured against
+    the reference on fixtures where several found rows compete.)
+    """
+    order = list(range(len(keys)))
+    passed: set[int] = set()
+    for at in range(len(order)):
+        if keys[order[at]] not in found:
+            continue
+        pos = at
+        for _ in range(places):
+            above = order[pos - 1] if pos > 0 else None
+            if above is None or keys[above] in found or above in passed:
+                break
+            passed.add(above)
+            order[pos - 1], order[pos] = order[pos], above
+            pos -= 1
+    moved = sum(1 for new, old in enumerate(order) if new != old)
+    return order, moved
+
+
+def _needs_span(cue: TimeCue) -> bool:
+    return cue.ago == "long_ago" or (cue.ago is None and cue.after is None)
+
+
+def _instant_sql(app: App, column: str) -> str:
+    """``column`` as a comparable instant, offsets honoured (naive stamps read as UTC)."""
+    return f"julianday({column})" if app.db.is_sqlite else f"cpersona_instant({column})"
+
+
+def _scope_span(app: App, scope: Scope) -> tuple[datetime | None, datetime | None]:
+    """The oldest and newest memory timestamps of the scope (TQ-4), or None for an empty scope."""
+    where, params = sql_fragment(scope, "m")
+    instant = _instant_sql(app, "m.timestamp")
+    ends = []
+    for direction in ("ASC", "DESC"):
+        sql = text(f"SELECT m.timestamp FROM memories m WHERE {where} AND {instant} IS NOT NULL "
+                   f"ORDER BY {instant} {direction}, m.id LIMIT 1")
+        with app.db.read() as session:
+            stamp = session.execute(sql, params).scalar_one_or_none()
+        ends.append(parse_instant(stamp) if stamp else None)
+    return ends[0], ends[1]
+
+
+def _in_period(app: App, backend: Any, scope: Scope, period: tuple[datetime, datetime], query: str,
+               phrases: Sequence[str], source_id: str) -> list[RowKey]:
+    """Rows of the period holding a term of the query (content words first) or a cue phrase, best first.
+
+    A query with no usable term (blank, or only words shorter than 3
+    characters) finds the period's rows newest first.
+    """
+    terms = query_terms(query)
+    words = [*ranking_terms(terms), *phrase_terms(phrases, terms)]
+    params: dict[str, Any] = {"start": period[0].isoformat(), "end": period[1].isoformat(), "depth": DEPTH}
+    match = backend.substring_match
+    found: list[tuple[int, float, str, int]] = []  # (-terms matched, -instant, kind, id)
+    for kind, alias, table, stamp, texts in (
+        ("mem", "m", "memories", "m.timestamp", ("m.content",)),
+        ("ep", "e", "episodes", "COALESCE(NULLIF(e.start_time, ''), e.created_at)", ("e.summary", "e.keywords")),
+    ):
+        where, scope_params = sql_fragment(scope, alias)
+        clauses = [where]
+        if kind == "mem":
+            by_source, source_params = type(backend).source_filter(source_id)
+            clauses.append(by_source)
+            scope_params = {**scope_params, **source_params}
+        instant = _instant_sql(app, stamp)
+        start, end = _instant_sql(app, ":start"), _instant_sql(app, ":end")
+        clauses.append(f"{instant} >= {start} AND {instant} < {end}")
+        per_term = []
+        for i, word in enumerate(words):
+            params[f"w{i}"] = like_pattern(word)
+            per_term.append("(" + " OR ".join(
+                f"COALESCE({col}, '') {match.replace(':pattern', f':w{i}')}" for col in texts) + ")")
+        score = " + ".join(f"(CASE WHEN {p} THEN 1 ELSE 0 END)" for p in per_term) or "0"
+        if per_term:
+            clauses.append("(" + " OR ".join(per_term) + ")")
+        sql = text(f"SELECT {alias}.id AS id, ({score}) AS hits, {instant} AS at FROM {table} {alias} "
+                   f"WHERE {' AND '.join(clauses)} ORDER BY hits DESC, at DESC, {alias}.id DESC LIMIT :depth")
+        with app.db.read() as session:
+            rows = session.execute(sql, {**params, **scope_params}).all()
+        found.extend((-int(r.hits), -_as_number(r.at), kind, int(r.id)) for r in rows)
+    found.sort()
+    return [(kind, ident) for _, _, kind, ident in found[:DEPTH]]
+
+
+def _as_number(value: Any) -> float:
+    """An instant column as a number that orders like time (julianday float or timestamptz)."""
+    if isinstance(value, datetime):
+        return value.timestamp()
+    return float(value or 0.0)
