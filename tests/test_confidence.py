@@ -33,7 +33,10 @@ from cpersona.services.recall_context import recall_with_context
 from cpersona.storage.models import Episode, Memory, Profile
 from cpersona.storage.scope import Scope
 from cpersona.storage.search import Record
+from conftest import db_settings_env
 from embed_server import embed_text
+
+pytestmark = pytest.mark.both_backends  # service behaviour: run on SQLite and PostgreSQL
 
 NOW = datetime(2026, 11, 30, 12, 0, 0, tzinfo=timezone.utc)
 DEFAULTS = load_settings({"CPERSONA_DB_PATH": "unused.db"})
@@ -248,7 +251,7 @@ def test_prior_reorders_fused_rows_by_age_and_keeps_every_row():  # spec §5.9.6
 
 
 def vec_app(db, server, **env: str) -> App:
-    environ = {"CPERSONA_DB_PATH": str(db.path), "CPERSONA_EMBEDDING_MODE": "http",
+    environ = {**db_settings_env(db), "CPERSONA_EMBEDDING_MODE": "http",
                "CPERSONA_EMBEDDING_URL": server.url, "CPERSONA_CONFIDENCE_ENABLED": "true",
                "CPERSONA_EPISODE_PENALTY_ENABLED": "false",
                **{f"CPERSONA_{k}": v for k, v in env.items()}}
