@@ -433,3 +433,35 @@ def test_health_rewrites_reach_the_remote_index(rapp, db, server):  # spec healt
         now = session.scalar(select(Memory.content).where(Memory.id == row))
     assert now != "hello <@123456789> there, see you"  # the repair did rewrite it
     assert bodies(server, "/index") == [{"namespace": NS, "items": [{"id": f"mem:{row}", "text": now}]}]
+
+
+# -- the real server process, over stdio ---------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_remote_mode_end_to_end_over_stdio(tmp_path, server):  # spec EMB-6, ST-6, DM (remove)
+    import os
+    import sys
+
+    from mcp import Client, StdioServerParameters
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CPERSONA_", "EMBEDDING_"))}
+    env.update({"CPERSONA_DB_PATH": str(tmp_path / "data" / "memory.db"), "CPERSONA_UPDATE_CHECK": "false",
+                "CPERSONA_EMBEDDING_MODE": "http", "CPERSONA_EMBEDDING_URL": server.url,
+                "CPERSONA_VECTOR_SEARCH_MODE": "remote", "CPERSONA_STORE_BLOB": "false"})
+    params = StdioServerParameters(command=sys.executable, args=["-m", "cpersona"], env=env, cwd=os.getcwd())
+
+    async def call(client: Client, tool: str, **arguments: Any) -> dict:
+        result = await client.call_tool(tool, arguments)
+        assert result.is_error is False, result.content
+        return json.loads(result.content[0].text)
+
+    async with Client(params) as client:
+        stored = await call(client, "store", agent_id="a", content="The orchard apples ripen in late September")
+        assert stored["embedded"] is True  # no local blob: the accepted push is the kept vector
+        found = await call(client, "recall", agent_id="a", query="when do orchard apples ripen", limit=5)
+        row = next(m for m in found["messages"] if m["ref"] == f"mem:{stored['id']}")
+        assert row["match_reason"]["cosine"] > 0.3  # scored by the service's index, not a local blob
+        assert (await call(client, "delete_memory", agent_id="a", memory_id=stored["id"]))["ok"] is True
+    assert bodies(server, "/search")[0]["namespace"] == NS
+    assert server.indexed(NS) == {}  # pushed, then removed
