@@ -20,7 +20,6 @@ transaction has committed.
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Iterable, Sequence
 
@@ -34,8 +33,6 @@ from cpersona.services.backfill import on_query_embedded
 from cpersona.storage.models import Episode, Memory
 from cpersona.storage.search import MAX_QUERY_CHARS, Hit, SearchBackend
 from cpersona.storage.scope import Scope
-
-log = logging.getLogger(__name__)
 
 _EXTRAS_KEY = "remote_index"
 _build_lock = threading.Lock()
