@@ -88,6 +88,19 @@ def test_more_matched_terms_rank_first(backends):
     assert ids(hits)[0][1] in (3, 4) and hits[0].raw > hits[-1].raw
 
 
+def test_function_words_only_fill_after_content_words(backends):
+    # As on SQLite (search_sqlite.ranking_terms): "the" matches row 1, "plans" rows 3 and 4;
+    # the content word ranks first, the function-word row follows, below it.
+    lite, pg = backends
+    for backend in (lite, pg):
+        hits = backend.keyword_memories(Scope("a"), "the plans", 10).hits
+        assert {h.record.id for h in hits[:2]} == {3, 4}
+        assert [h.record.id for h in hits[2:]] == [1]
+        assert hits[2].raw < min(h.raw for h in hits[:2])
+    # Depth reached by content words alone: no function-word row at all.
+    assert {h.record.id for h in pg.keyword_memories(Scope("a"), "the plans", 2).hits} == {3, 4}
+
+
 @pytest.mark.parametrize("source_id", ["u1", "u", "discord:", "u2"])
 def test_source_filter_matches_sqlite(backends, source_id):
     # spec ISO-3: exact when the id ends in a letter/digit, prefix otherwise; non-JSON never matches

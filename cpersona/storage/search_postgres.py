@@ -43,7 +43,7 @@ from cpersona.storage.search_sql import (
     like_pattern,
     memory_record,
 )
-from cpersona.storage.search_sqlite import STATEMENT_DEADLINE_SECONDS
+from cpersona.storage.search_sqlite import STATEMENT_DEADLINE_SECONDS, ranking_terms
 from cpersona.storage.vectors_postgres import numpy_scan, pgvector_scan, pgvector_serves
 from cpersona.storage.vectors_sqlite import scan_parameters, usable_query
 
@@ -98,39 +98,79 @@ class PostgresSearch(SqlSearch):
         if depth <= 0 or not (clean_query(query) or phrases):
             return KeywordResult([], "none")
         terms = query_terms(query)
-        terms += phrase_terms(phrases, terms)  # a phrase is one ILIKE pattern, spaces included
-        if self.fts_enabled and terms:
+        extra = phrase_terms(phrases, terms)  # a phrase is one ILIKE pattern, spaces included
+        if self.fts_enabled and (terms or extra):
             where, params = sql_fragment(scope, "m")
             by_source, source_params = source_filter(source_id)
-            any_term, matched, term_params = _terms_clause(("m.content",), terms)
-            sql = text(
-                f"SELECT {MEMORY_COLUMNS}, ({matched}) + word_similarity(:q, m.content) AS score "
-                f"FROM memories m WHERE ({any_term}) AND {where} AND {by_source} "
-                "ORDER BY score DESC, m.id LIMIT :depth"
-            )
-            rows = self._run("memories trigram", sql, {
-                **params, **source_params, **term_params, "q": clean_query(query), "depth": depth,
-            })
+
+            def statement(any_term: str, matched: str) -> Any:
+                return text(
+                    f"SELECT {MEMORY_COLUMNS}, ({matched}) + word_similarity(:q, m.content) AS score "
+                    f"FROM memories m WHERE ({any_term}) AND {where} AND {by_source} "
+                    "ORDER BY score DESC, m.id LIMIT :depth"
+                )
+
+            rows = self._ranked("memories trigram", statement, ("m.content",), {
+                **params, **source_params, "q": clean_query(query), "depth": depth,
+            }, terms, extra, depth)
             if rows:
-                return KeywordResult([Hit(memory_record(r), float(r.score)) for r in rows], "fts")
+                return KeywordResult([Hit(memory_record(r), score) for r, score in rows], "fts")
+            if rows is not None and terms:
+                # No row in scope holds even one of the query's terms, each a substring
+                # of the query under the same ILIKE test, so none holds the whole query:
+                # the substring scan of the whole scope would come back empty.
+                return KeywordResult([], "like")
         if not clean_query(query):  # phrases alone: no substring scan stands in for them
             return KeywordResult([], "none")
         return KeywordResult(self._like_memories(scope, query, depth, source_id), "like")
 
     def keyword_episodes(self, scope: Scope, query: str, depth: int, *, phrases: Sequence[str] = ()) -> list[Hit]:
         terms = query_terms(query)
-        terms += phrase_terms(phrases, terms)
-        if depth <= 0 or not self.fts_enabled or not terms:
+        extra = phrase_terms(phrases, terms)
+        if depth <= 0 or not self.fts_enabled or not (terms or extra):
             return []
         where, params = sql_fragment(scope, "e")
-        any_term, matched, term_params = _terms_clause(("e.summary", "e.keywords"), terms)
-        sql = text(
-            f"SELECT {EPISODE_COLUMNS}, ({matched}) + word_similarity(:q, e.summary) AS score "
-            f"FROM episodes e WHERE ({any_term}) AND {where} "
-            "ORDER BY score DESC, e.id LIMIT :depth"
-        )
-        rows = self._run("episodes trigram", sql, {**params, **term_params, "q": clean_query(query), "depth": depth})
-        return [Hit(episode_record(r), float(r.score)) for r in (rows or [])]
+
+        def statement(any_term: str, matched: str) -> Any:
+            return text(
+                f"SELECT {EPISODE_COLUMNS}, ({matched}) + word_similarity(:q, e.summary) AS score "
+                f"FROM episodes e WHERE ({any_term}) AND {where} "
+                "ORDER BY score DESC, e.id LIMIT :depth"
+            )
+
+        rows = self._ranked("episodes trigram", statement, ("e.summary", "e.keywords"),
+                            {**params, "q": clean_query(query), "depth": depth}, terms, extra, depth)
+        return [Hit(episode_record(r), score) for r, score in (rows or [])]
+
+    def _ranked(
+        self, what: str, statement: Any, columns: tuple[str, ...], params: dict[str, Any],
+        terms: list[str], phrases: Sequence[str], depth: int,
+    ) -> list[tuple[Any, float]] | None:
+        """Rows matching the terms, ranked on the query's content words first.
+
+        As on SQLite (``search_sqlite.ranking_terms``): function words ("what",
+        "did", "the") match nearly every row, so the first pass ranks on the
+        content words and phrases only; rows only a function word matches fill
+        the list after them, scored below the last content-word row. Besides
+        ranking like SQLite, this keeps the common case cheap: the rows scored
+        are those holding a content word, not nearly the whole scope.
+        """
+        content = [*ranking_terms(terms), *phrases]
+        every = [*terms, *phrases]
+        any_term, matched, term_params = _terms_clause(columns, content)
+        rows = self._run(what, statement(any_term, matched), {**params, **term_params})
+        if rows is None:
+            return None
+        ranked = [(r, float(r.score)) for r in rows]
+        if len(ranked) >= depth or len(content) == len(every):
+            return ranked
+        any_term, matched, term_params = _terms_clause(columns, every)
+        rest = self._run(what, statement(any_term, matched), {**params, **term_params})
+        seen = {r.id for r, _ in ranked}
+        floor = min((score for _, score in ranked), default=0.0)
+        fill = [r for r in (rest or []) if r.id not in seen][: depth - len(ranked)]
+        ranked.extend((r, floor - 1.0 - i) for i, r in enumerate(fill))
+        return ranked
 
     # -- vector arm (spec §5.6): pgvector, or numpy over the same window ---------------
 
