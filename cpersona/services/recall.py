@@ -431,7 +431,8 @@ def recall(
         # The operating context's Hard layer: '@auto' and the registry warn, never refuse a read.
         resolution = resolve_project(app, "recall", req.project_id, agent_id=req.agent_id)
         req = replace(req, project_id=resolution.project_id)
-        outcome = run_recall(app, req)
+        with app.db.snapshot():  # one read session for the pipeline's five or six reads
+            outcome = run_recall(app, req)
     except ToolFailure as failure:
         return failure.as_response()
     settings = app.settings

@@ -103,6 +103,8 @@ class Database:
         self.engine = engine
         self.path = path
         self._write_lock = threading.RLock()
+        # The session of the snapshot() this thread is inside, if any.
+        self._shared = threading.local()
 
     @property
     def label(self) -> str:
@@ -121,7 +123,14 @@ class Database:
 
     @contextmanager
     def read(self) -> Iterator[Session]:
-        """A session over one read snapshot; nothing it does is committed."""
+        """A session over one read snapshot; nothing it does is committed.
+
+        Inside :meth:`snapshot` on the same thread, the snapshot's session.
+        """
+        shared = getattr(self._shared, "session", None)
+        if shared is not None:
+            yield shared
+            return
         bind: Engine | Connection = self.engine
         if not self.is_sqlite:
             bind = self.engine.execution_options(isolation_level="REPEATABLE READ")
@@ -130,6 +139,31 @@ class Database:
                 yield session
             finally:
                 session.rollback()
+
+    @contextmanager
+    def snapshot(self) -> Iterator[None]:
+        """Every read() this thread opens inside shares one session and one snapshot.
+
+        A recall reads five or six times; opening a session each time (pool
+        checkout, BEGIN, ROLLBACK) cost about as much as its cheaper statements.
+        Writes inside still take their own connection, and a read after a write
+        inside the block does not see it, so wrap only a read pipeline. The
+        session starts lazily, at the first statement, so work before that
+        (an embedding call) holds no snapshot open.
+
+        SQLite only: a failed statement leaves a SQLite read transaction usable,
+        while on PostgreSQL it aborts the transaction, and every later read of
+        the block would fail with it; there each read keeps its own session.
+        """
+        if not self.is_sqlite or getattr(self._shared, "session", None) is not None:
+            yield
+            return
+        with self.read() as session:
+            self._shared.session = session
+            try:
+                yield
+            finally:
+                self._shared.session = None
 
     def _begin_write(self, conn: Connection) -> Connection:
         if self.is_sqlite:
