@@ -33,6 +33,7 @@ from mcp.shared.message import SessionMessage
 
 from cpersona.mcp.dispatch import input_error
 from cpersona.mcp.results import replace_lone_surrogates, to_result
+from cpersona.mcp.stdio_pipes import pipe_stdio
 
 log = logging.getLogger(__name__)
 
@@ -40,9 +41,13 @@ _NUMBER = re.compile(r"-?[0-9]+(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
 
 
 async def serve_stdio(server: Server[Any]) -> None:
-    async with stdio_server() as (read_stream, write_stream):
-        await server.run(SecondChanceReader(read_stream, write_stream), write_stream,
-                         server.create_initialization_options())
+    # Pipes are watched by the event loop (no worker-thread hop per line);
+    # anything else (a file, a terminal) goes through the SDK's own file wrapping.
+    async with pipe_stdio() as pipes:
+        stdin, stdout = pipes if pipes is not None else (None, None)
+        async with stdio_server(stdin, stdout) as (read_stream, write_stream):  # type: ignore[arg-type]
+            await server.run(SecondChanceReader(read_stream, write_stream), write_stream,
+                             server.create_initialization_options())
 
 
 class SecondChanceReader:
