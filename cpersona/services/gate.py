@@ -28,6 +28,9 @@ from cpersona.storage.search import Record, RowKey
 PROFILE_KEY: RowKey = ("profile", -1)
 PROFILE_MIN_POOL = 50  # the profile rides along only in a scope this large (spec ORD-3)
 UNSCORED_MIN_POOL = 100  # rows with no score at all pass only in a pool this large
+# Every pool rule is flat from this size on (the heuristic bar reaches its floor
+# at 499 rows), so recall counts the pool no further than this.
+POOL_SATURATION = 499
 
 
 @dataclass(slots=True)

@@ -45,6 +45,7 @@ from cpersona.services.confidence import (
 )
 from cpersona.services.fusion import cascade, rrf, rsf
 from cpersona.services.gate import (
+    POOL_SATURATION,
     PROFILE_KEY,
     Candidate,
     apply_gate,
@@ -274,7 +275,7 @@ def admit(app: App, backend: SearchBackend, req: RecallRequest, rows: list[Candi
     settings = app.settings
     gate = calibrated_gate_for(app.extras, req.agent_id, enabled=settings.fused_gate_enabled)
     passed = apply_gate(
-        rows, pool=backend.pool_count(req.scope), query_blank=req.blank, deep=req.deep,
+        rows, pool=backend.pool_count(req.scope, cap=POOL_SATURATION), query_blank=req.blank, deep=req.deep,
         rrf_k=settings.rrf_k, calibrated=gate,
     )  # fmt: skip
     if (rescued := gate_fallback(rows, passed)) is not None:

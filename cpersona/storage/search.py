@@ -170,8 +170,11 @@ class SearchBackend(Protocol):
         """The ``depth`` newest memories in scope (created_at desc, id desc)."""
         ...
 
-    def pool_count(self, scope: Scope) -> int:
-        """Memories plus episodes in scope: the pool the quality gate scales with."""
+    def pool_count(self, scope: Scope, *, cap: int | None = None) -> int:
+        """Memories plus episodes in scope: the pool the quality gate scales with.
+
+        With ``cap``, ``min(count, cap)``, which stops counting at the cap.
+        """
         ...
 
     def fetch(self, scope: Scope, keys: Iterable[RowKey], *, source_id: str = "") -> dict[RowKey, Record]:

@@ -111,15 +111,25 @@ class SqlSearch(ABC):
         rows = self._run("recency", sql, {**params, **source_params, "depth": depth})
         return [Hit(memory_record(r)) for r in (rows or [])]
 
-    def pool_count(self, scope: Scope) -> int:
+    def pool_count(self, scope: Scope, *, cap: int | None = None) -> int:
         m_where, params = sql_fragment(scope, "m")
         e_where, _ = sql_fragment(scope, "e")
-        sql = text(
-            f"SELECT (SELECT count(*) FROM memories m WHERE {m_where}) "
-            f"+ (SELECT count(*) FROM episodes e WHERE {e_where})"
-        )
+        if cap is None:
+            sql = text(
+                f"SELECT (SELECT count(*) FROM memories m WHERE {m_where}) "
+                f"+ (SELECT count(*) FROM episodes e WHERE {e_where})"
+            )
+        else:
+            # Each table stops counting at the cap: a count of the whole scope
+            # walked every row of it (about 3 ms per recall at 100k rows).
+            sql = text(
+                f"SELECT (SELECT count(*) FROM (SELECT 1 FROM memories m WHERE {m_where} LIMIT :cap) AS capped_m) "
+                f"+ (SELECT count(*) FROM (SELECT 1 FROM episodes e WHERE {e_where} LIMIT :cap) AS capped_e)"
+            )
+            params = {**params, "cap": max(cap, 0)}
         with self.db.read() as session:
-            return int(session.execute(sql, params).scalar_one())
+            total = int(session.execute(sql, params).scalar_one())
+        return total if cap is None else min(total, max(cap, 0))
 
     def fetch(self, scope: Scope, keys: Iterable[RowKey], *, source_id: str = "") -> dict[RowKey, Record]:
         wanted: dict[str, list[int]] = {"mem": [], "ep": []}
