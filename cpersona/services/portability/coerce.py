@@ -56,13 +56,8 @@ def text(record: dict[str, Any], field: str, default: str = "") -> str:
 
 
 def optional_text(record: dict[str, Any], field: str) -> str | None:
-    """A nullable text column (``last_recalled_at``, ``start_time``…)."""
-    value = record.get(field)
-    if value is None:
-        return None
-    if not isinstance(value, str):
-        raise LineRefused(f"{field} is not a string")
-    return _storable(value, field)
+    """A nullable text column (``last_recalled_at``, ``start_time``…): absent or null stays None."""
+    return None if record.get(field) is None else text(record, field)
 
 
 def flag(record: dict[str, Any], field: str) -> int:

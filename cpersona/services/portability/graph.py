@@ -80,7 +80,7 @@ class RefMap:
     def lookup(self, kind: str, ident: Any) -> int | None:
         return self._found[kind].get(ident) if type(ident) is int else None
 
-    def repoint(self, ref: str) -> str | None:
+    def repoint(self, ref: Any) -> str | None:
         parsed = parse_ref(ref)
         if parsed is None:
             return None
@@ -413,7 +413,7 @@ class GraphCarrier:
 
     def _carry_mention(self, record: dict[str, Any], refs: RefMap) -> None:
         entity_id = self._entity_ids.get(record.get("entity"))
-        ref = refs.repoint(record.get("ref"))  # type: ignore[arg-type]
+        ref = refs.repoint(record.get("ref"))
         if entity_id is None or ref is None:
             self.result.dropped.add("mention")
             return
