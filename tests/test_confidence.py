@@ -161,6 +161,7 @@ def test_span_is_chronological_not_textual(db):  # spec §5.9.2
     add_memory(db, "b", timestamp="2026-01-01T02:00:00+00:00")  # the newest instant
     add_memory(db, "c", timestamp="garbage")  # unreadable: no part in the span
     add_memory(db, "d", timestamp="")
+    add_memory(db, "f", timestamp="2500000")  # SQLite would read a Julian day (year 2132); not a date here
     add_memory(db, "e", timestamp="2030-01-01T00:00:00+00:00", agent="other")  # out of scope
     with db.read() as session:
         span = memory_time_span(session, Scope("a"))
