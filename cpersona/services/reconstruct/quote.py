@@ -138,6 +138,7 @@ class Quote:
     fields: dict[str, Any] = field(default_factory=dict)  # content_len, ranges, expand, node, ...
     basis: str = "whole"
     lexical_only: bool = False  # a node set was ranked without a query vector (RX-33)
+    node_order: list[int] | None = None  # node indices, best first, when quoted from nodes (trace, RX-43)
 
 
 def head_quote(ref: str, text: str, query: str, cap: int, rrf_k: int) -> Quote:
@@ -191,8 +192,8 @@ def excerpt_quote(session: Session, kind: str, record_id: int, ref: str, text: s
     nodes = current_nodes(session, kind, record_id, text)
     if nodes:
         spans = [(n.start, n.end) for n in nodes]
-        best = rank_spans(text, spans, query, rrf_k, node_closeness(nodes, query_vector))[0]
-        node = nodes[best]
+        ranked = rank_spans(text, spans, query, rrf_k, node_closeness(nodes, query_vector))
+        node = nodes[ranked[0]]
         piece = text[node.start:node.end]
         fields: dict[str, Any] = {"node": {"index": node.index, "of": len(nodes), "span": [node.start, node.end]}}
         if len(piece) > cap:
@@ -200,7 +201,8 @@ def excerpt_quote(session: Session, kind: str, record_id: int, ref: str, text: s
             fields["content_len"] = len(piece)
             fields["expand"] = {"ref": ref, "node": node.index}
             piece = piece[:cap]
-        return Quote(piece, fields, basis="node", lexical_only=query_vector is None)
+        return Quote(piece, fields, basis="node", lexical_only=query_vector is None,
+                     node_order=[nodes[i].index for i in ranked])
     if len(shown) <= cap:
         return Quote(shown)
     unavailable = "not_current" if node_rows(session, kind, record_id) else "no_nodes"

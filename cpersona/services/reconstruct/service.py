@@ -18,6 +18,7 @@ from cpersona.services.app import App
 from cpersona.services.associations import record_relations
 from cpersona.services.operating_context import resolve_project
 from cpersona.services.reconstruct import bundle as bundling
+from cpersona.services.reconstruct.audit import NODE_ORDER_DEPTH, coverage
 from cpersona.services.reconstruct.budget import admit
 from cpersona.services.reconstruct.cues import Cues, cue_terms
 from cpersona.services.reconstruct.pool import candidate_pool
@@ -93,6 +94,10 @@ def _run(app: App, req: Request) -> dict[str, Any]:
             out["quote_selection"] = "lexical_only"
         _envelope(out, req, pool, items[:n_items], n_items, got.cut_items > 0 and n_items < len(items), budget,
                   budget_policy, got.used, excerpt_counts, excerpts, full, cues, clusters)
+        if full:
+            _audit(out["trace"], req.recall.query, items[:n_items],
+                   [(items[i].head.ref, quotes[i]) for i in range(n_items)]
+                   + [(row.ref, q) for i in range(n_items) for row, q in excerpts[i][:excerpt_counts[i]]])
         return out
 
     if req.trace:
@@ -112,6 +117,22 @@ def _run(app: App, req: Request) -> dict[str, Any]:
         raise ToolFailure("cap_below_minimum", detail="the first item alone is larger than the token cap",
                           items=[], returned_count=0, mode=req.mode, cap=CAPS[req.mode])
     return capped
+
+
+def _audit(trace: dict[str, Any], query: str, items: list[Item], shown: list[tuple[str, Quote]]) -> None:
+    """RX-43: node_order for records quoted from nodes; coverage of the query by the cited records."""
+    node_order: dict[str, list[int]] = {}
+    for ref, quote in shown:
+        if quote.node_order is not None:
+            node_order.setdefault(ref, quote.node_order[:NODE_ORDER_DEPTH])
+    if node_order:
+        trace["node_order"] = node_order
+    if items:
+        cited: dict[str, str] = {}
+        for item in items:
+            for row in item.rows:
+                cited.setdefault(row.ref, row.record.text)
+        trace["coverage"] = coverage(query, list(cited.items()))
 
 
 def _capped(build: Any, got: Any, mode: str) -> dict[str, Any] | None:
