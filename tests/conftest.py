@@ -130,3 +130,25 @@ def app(db: Database) -> App:
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
+
+
+def refuse_inserts(db: Database, table: str, message: str, *, when: tuple[str, str] | None = None) -> None:
+    """Make the database itself refuse INSERTs into ``table`` with ``message`` (a failing disk's stand-in).
+
+    ``when`` = (column, value) limits the refusal to new rows holding that value.
+    A trigger on either engine, so a test of rollback runs unchanged on both.
+    """
+    name = f"refuse_{table}"
+    if db.is_sqlite:
+        condition = f"WHEN new.{when[0]} = '{when[1]}' " if when else ""
+        ddl = [f"CREATE TRIGGER {name} BEFORE INSERT ON {table} {condition}"
+               f"BEGIN SELECT RAISE(ABORT, '{message}'); END"]
+    else:
+        condition = f"WHEN (NEW.{when[0]} = '{when[1]}') " if when else ""
+        ddl = [f"CREATE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS "
+               f"$$ BEGIN RAISE EXCEPTION '{message}'; END $$",
+               f"CREATE TRIGGER {name} BEFORE INSERT ON {table} FOR EACH ROW {condition}"
+               f"EXECUTE FUNCTION {name}()"]
+    with db.write_connection() as conn:
+        for statement in ddl:
+            conn.exec_driver_sql(statement)

@@ -27,7 +27,7 @@ from cpersona.services import admin
 from cpersona.services.app import App
 from cpersona.services.calibration_state import state_of, vector_threshold
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.both_backends]
 
 REGISTRY = default_registry()
 GATES = GateChain([PauseGate()])
@@ -55,8 +55,17 @@ def row(app: App, memory_id: int) -> dict[str, Any] | None:
         return dict(found) if found else None
 
 
+# PostgreSQL has no separate full-text table: its trigram indexes cover the rows
+# themselves, so there the lexical index holds whatever rows still hold the phrase.
+_INDEXED_TEXT = {"memories_fts": ("memories", "content"), "episodes_fts": ("episodes", "summary || ' ' || keywords")}
+
+
 def fts_hits(app: App, table: str, phrase: str) -> list[int]:
     with app.db.read() as session:
+        if not app.db.is_sqlite:
+            base, indexed = _INDEXED_TEXT[table]
+            return [r[0] for r in session.execute(
+                text(f"SELECT id FROM {base} WHERE strpos({indexed}, :q) > 0 ORDER BY id"), {"q": phrase})]
         return [r[0] for r in session.execute(
             text(f"SELECT rowid FROM {table} WHERE {table} MATCH :q"), {"q": f'"{phrase}"'})]
 

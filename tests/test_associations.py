@@ -31,6 +31,9 @@ from cpersona.services.episodes import archive_episode
 from cpersona.services.memories import store
 from cpersona.storage.engine import Database
 from cpersona.storage.scope import Scope
+from conftest import refuse_inserts
+
+pytestmark = pytest.mark.both_backends  # storage/service behaviour: run on SQLite and PostgreSQL
 
 STAMP = "2026-11-30T04:01:11.432103+00:00"
 
@@ -325,7 +328,8 @@ def test_nul_in_names_is_refused_item_by_item(app, db: Database) -> None:  # our
         {"item": "relations[0].subject", "reason": "endpoint must not contain a NUL character"},
         {"item": "relations[1]", "reason": "predicate must not contain a NUL character"},
     ]
-    assert rows(db, "SELECT count(*) FROM entities WHERE instr(name, char(0)) > 0") == [(0,)]
+    if db.is_sqlite:  # PostgreSQL text cannot hold a NUL at all
+        assert rows(db, "SELECT count(*) FROM entities WHERE instr(name, char(0)) > 0") == [(0,)]
 
 
 # -- retract (A-20, A-21, A-22) -----------------------------------------------------------------
@@ -404,9 +408,7 @@ def test_argument_refusals_keep_the_declaration_shape(app, db: Database, argumen
 
 def test_a_database_failure_leaves_nothing_half_written(app, db: Database) -> None:
     notes(app, count=1)
-    with db.write_connection() as conn:
-        conn.exec_driver_sql("CREATE TRIGGER refuse_r BEFORE INSERT ON relations WHEN new.predicate = 'boom' "
-                             "BEGIN SELECT RAISE(ABORT, 'disk said no'); END")
+    refuse_inserts(db, "relations", "disk said no", when=("predicate", "boom"))
     with pytest.raises(Exception, match="disk said no"):
         declare(app, agent_id="dz", anchor_ref="mem:1", associations={
             "entities": [{"name": "Kept?"}], "relations": [{"subject": "A", "predicate": "boom", "object": "B"}]})
@@ -464,9 +466,7 @@ def test_store_rider_does_not_run_without_a_row(app, db: Database) -> None:  # A
 
 
 def test_a_failing_rider_never_unstores_the_memory(app, db: Database) -> None:  # AS-4
-    with db.write_connection() as conn:
-        conn.exec_driver_sql("CREATE TRIGGER refuse_e BEFORE INSERT ON entities "
-                             "BEGIN SELECT RAISE(ABORT, 'disk said no'); END")
+    refuse_inserts(db, "entities", "disk said no")
     answer = store(app, agent_id="spec", content="still here", associations={"entities": [{"name": "A"}]})
     assert answer["result"] == "stored" and answer["id"] == 1
     assert answer["associations"] == {"entities": [], "mentions": 0, "relations": [], "dropped": [

@@ -15,6 +15,8 @@ from cpersona.services.channel_axis import classify, migrate_channel_axis
 from cpersona.services.recall import recall
 from cpersona.storage.models import Memory
 
+pytestmark = pytest.mark.both_backends  # storage/service behaviour: run on SQLite and PostgreSQL
+
 ROWS = [  # (agent, channel, metadata, content)
     ("kai", "discord", {"session_id": "1122334455:77:0"}, "a"),   # 1 recoverable
     ("kai", "discord", {"session_id": "1122334455:shared"}, "b"),  # 2 recoverable

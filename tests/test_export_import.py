@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from sqlalchemy import select, text
 
-from conftest import make_app
+from conftest import make_app, refuse_inserts
 from cpersona.services.app import App
 from cpersona.services.portability import (
     export_memories,
@@ -26,6 +26,8 @@ from cpersona.services.responses import ToolFailure
 from cpersona.storage.engine import Database, open_sqlite
 from cpersona.storage.migrate import upgrade
 from cpersona.storage.models import Episode, Memory, Profile
+
+pytestmark = pytest.mark.both_backends  # storage/service behaviour: run on SQLite and PostgreSQL
 
 LEGACY = Path(__file__).resolve().parents[2] / "shared" / "data" / "legacy"
 ONE_AGENT = LEGACY / "export-2.6.14-dev.jsonl"
@@ -726,10 +728,7 @@ def test_graph_items_that_cannot_be_carried_are_summarised(app: App, db: Databas
 
 def test_import_is_all_or_nothing(app: App, db: Database, tmp_path: Path) -> None:
     # spec IM-13: a real run is one transaction; a failure rolls every line back
-    with db.write_connection() as conn:
-        conn.exec_driver_sql(
-            "CREATE TRIGGER refuse_poison BEFORE INSERT ON memories WHEN new.content = 'poison' "
-            "BEGIN SELECT RAISE(ABORT, 'disk said no'); END")
+    refuse_inserts(db, "memories", "disk said no", when=("content", "poison"))
     source = write_jsonl(tmp_path / "in.jsonl", mem("one"), mem("two"), mem("poison"), mem("four"))
     answer = import_memories(app, input_path=str(source))
     assert answer == {"ok": False, "error": "import aborted and rolled back: database error: disk said no",

@@ -99,6 +99,8 @@ def _statements(ddl: str) -> list[str]:
 
 
 def add_graph_tables_to(db: Database) -> None:
+    if not db.is_sqlite:  # the DDL is SQLite's; PostgreSQL's migrations already made these tables
+        return
     with db.write_connection() as conn:
         add_graph_tables(lambda sql: conn.exec_driver_sql(sql))
 

@@ -13,7 +13,10 @@ from cpersona.services.portability import merge_memories, paused_merge_body, val
 from cpersona.services.responses import ToolFailure
 from cpersona.storage.engine import Database
 from cpersona.storage.models import Episode, Memory, PendingMemoryTask, Profile
+from conftest import refuse_inserts
 from test_import_db import STAMP, add_graph_tables_to
+
+pytestmark = pytest.mark.both_backends  # storage/service behaviour: run on SQLite and PostgreSQL
 
 VEC = struct.pack("<2f", 1.0, -2.0)
 MEMORY_COLUMNS = ("project_id, channel, msg_id, content, source, timestamp, metadata, embedding, "
@@ -164,10 +167,7 @@ def test_argument_validation(app: App, db: Database, args: dict[str, str], messa
 
 def test_failure_rolls_the_whole_merge_back(app: App, db: Database, alice: dict[str, int]) -> None:
     # spec MG-9: an error after some rows were written leaves nothing behind
-    with db.write_connection() as conn:
-        conn.exec_driver_sql(
-            "CREATE TRIGGER refuse_dave_episodes BEFORE INSERT ON episodes WHEN new.agent_id = 'dave' "
-            "BEGIN SELECT RAISE(ABORT, 'episode write refused'); END")
+    refuse_inserts(db, "episodes", "episode write refused", when=("agent_id", "dave"))
     answer = merge_memories(app, source_agent_id="alice", target_agent_id="dave", mode="move")
     assert answer == {
         "ok": False, "error": "merge aborted and rolled back: episode write refused",
@@ -185,16 +185,17 @@ def test_graph_is_carried_and_repointed(app: App, db: Database, alice: dict[str,
     add_graph_tables_to(db)
     with db.write() as session:
         run = lambda sql, **p: session.execute(text(sql), p)  # noqa: E731
-        run("INSERT INTO entities (id, agent_id, name, normalized, declared_by, created_at) "
-            "VALUES (1, 'alice', 'Miso', 'miso', 'agent', :s)", s=STAMP)
+        # ids from the sequence (1, then 2): an explicit id would not advance PostgreSQL's
+        run("INSERT INTO entities (agent_id, name, normalized, declared_by, created_at) "
+            "VALUES ('alice', 'Miso', 'miso', 'agent', :s)", s=STAMP)
         run("INSERT INTO entity_aliases VALUES (1, 'the cat', 'the cat')")
         run("INSERT INTO entity_mentions VALUES (1, :r, 'agent', :s)", r=f"mem:{alice['m1']}", s=STAMP)
         run("INSERT INTO relations (agent_id, subject_kind, subject_id, predicate, object_kind, object_id, "
             "anchor_ref, declared_by, declared_at) VALUES ('alice', 'mem', :m2, 'follows', 'ep', :e1, :a, 'agent', :s)",
             m2=alice["m2"], e1=alice["e1"], a=f"mem:{alice['m1']}", s=STAMP)
         # dave already calls someone else "the cat": that alias cannot be carried
-        run("INSERT INTO entities (id, agent_id, name, normalized, declared_by, created_at) "
-            "VALUES (2, 'dave', 'The Cat', 'the cat', 'agent', :s)", s=STAMP)
+        run("INSERT INTO entities (agent_id, name, normalized, declared_by, created_at) "
+            "VALUES ('dave', 'The Cat', 'the cat', 'agent', :s)", s=STAMP)
 
     answer = merge_memories(app, source_agent_id="alice", target_agent_id="dave", mode="move")
     assert answer["associations"] == {"entities": 1, "mentions": 1, "relations": 1, "not_carried": 1}

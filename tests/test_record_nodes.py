@@ -33,7 +33,10 @@ from cpersona.services.nodes import DivisionFailed, build_record_nodes, current_
 from cpersona.services.tasks import task_queue
 from cpersona.storage.engine import Database, open_sqlite
 from cpersona.storage.migrate import upgrade
+from conftest import refuse_inserts
 from embed_server import EmbedServer, token_info, tokens_of
+
+pytestmark = pytest.mark.both_backends  # storage/service behaviour: run on SQLite and PostgreSQL
 
 MIXED = "Mixed! Questions? Yes... maybe.\n \t\nNew para: x.y.z and e.g. things!" * 6
 PARAGRAPHS = (
@@ -257,9 +260,7 @@ def test_without_http_embeddings_nothing_is_asked_or_queued(db: Database) -> Non
 
 
 def test_a_failed_enqueue_omits_the_key_and_keeps_the_write(app: App, db: Database) -> None:  # OV-4
-    with db.write_connection() as conn:
-        conn.exec_driver_sql("CREATE TRIGGER refuse_task BEFORE INSERT ON pending_memory_tasks "
-                             "BEGIN SELECT RAISE(ABORT, 'queue is full'); END")
+    refuse_inserts(db, "pending_memory_tasks", "queue is full")
     answer = store(app, agent_id="tree", content=LONG)
     assert answer["result"] == "stored" and "nodes" not in answer
     with db.read() as session:

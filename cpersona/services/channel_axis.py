@@ -27,7 +27,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, select, text
+from sqlalchemy import Connection, bindparam, inspect, select, text
 from sqlalchemy.exc import IntegrityError
 
 from cpersona.services.app import App
@@ -236,8 +236,7 @@ class _Declarations:
 
     @classmethod
     def of(cls, conn: Connection, app: App) -> _Declarations | None:
-        tables = {r[0] for r in conn.execute(text("SELECT name FROM sqlite_master WHERE type = 'table'"))} \
-            if conn.dialect.name == "sqlite" else set()
+        tables = set(inspect(conn).get_table_names())
         if not {"entities", "entity_aliases", "entity_mentions", "relations"} <= tables:
             return None
         return cls(conn, app.now_iso())
@@ -260,8 +259,8 @@ class _Declarations:
         for entity_id, declared_by, created_at in mentions:
             copy = self._entity_copy(entity_id, channel)
             self.conn.execute(text(
-                "INSERT OR IGNORE INTO entity_mentions (entity_id, ref, declared_by, created_at) "
-                "VALUES (:entity, :ref, :by, :at)"), {"entity": copy, "ref": ref, "by": declared_by, "at": created_at})
+                "INSERT INTO entity_mentions (entity_id, ref, declared_by, created_at) "
+                "VALUES (:entity, :ref, :by, :at) ON CONFLICT DO NOTHING"), {"entity": copy, "ref": ref, "by": declared_by, "at": created_at})
             self.conn.execute(text("DELETE FROM entity_mentions WHERE entity_id = :entity AND ref = :ref"),
                               {"entity": entity_id, "ref": ref})
         return {m.entity_id for m in mentions}
@@ -283,10 +282,10 @@ class _Declarations:
             values["channel"] = channel
             # The same declaration may already exist there: then the original simply goes.
             self.conn.execute(text(
-                "INSERT OR IGNORE INTO relations (agent_id, project_id, channel, subject_kind, subject_id, "
+                "INSERT INTO relations (agent_id, project_id, channel, subject_kind, subject_id, "
                 "predicate, object_kind, object_id, anchor_ref, declared_by, declared_at) VALUES (:agent_id, "
                 ":project_id, :channel, :subject_kind, :subject_id, :predicate, :object_kind, :object_id, "
-                ":anchor_ref, :declared_by, :declared_at)"), values)
+                ":anchor_ref, :declared_by, :declared_at) ON CONFLICT DO NOTHING"), values)
             self.conn.execute(text("DELETE FROM relations WHERE id = :id"), {"id": rel["id"]})
         return touched
 
@@ -311,8 +310,9 @@ class _Declarations:
                  "name": original["name"], "normalized": original["normalized"],
                  "by": original["declared_by"], "at": original["created_at"]}).scalar_one()
         self.conn.execute(text(
-            "INSERT OR IGNORE INTO entity_aliases (entity_id, alias, normalized) "
-            "SELECT :copy, alias, normalized FROM entity_aliases WHERE entity_id = :original"),
+            "INSERT INTO entity_aliases (entity_id, alias, normalized) "
+            "SELECT :copy, alias, normalized FROM entity_aliases WHERE entity_id = :original "
+            "ON CONFLICT DO NOTHING"),
             {"copy": found, "original": entity_id})
         self._copies[key] = found
         return found

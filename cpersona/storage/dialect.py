@@ -47,3 +47,15 @@ def position(bind: Any, haystack: str, needle: str) -> str:
     if is_sqlite(bind):
         return f"instr({haystack}, {needle})"
     return f"strpos({haystack}, {needle})"
+
+
+def error_message(exc: BaseException) -> str:
+    """The database's own one-line reason for a failed statement, for answers.
+
+    SQLite's driver says just the reason; psycopg appends CONTEXT / HINT lines
+    (which PL/pgSQL function raised, where) that only a log should carry.
+    """
+    orig = getattr(exc, "orig", None) or exc
+    diag = getattr(orig, "diag", None)
+    primary = getattr(diag, "message_primary", None)
+    return primary if primary else str(orig)

@@ -38,6 +38,7 @@ from cpersona.services.refs import canonical_ref
 from cpersona.services.responses import ToolFailure, failure
 from cpersona.services.sanitize import sanitize
 from cpersona.services.timestamps import ahead_of_clock, sql_stamp
+from cpersona.storage import dialect
 
 log = logging.getLogger(__name__)
 
@@ -415,7 +416,7 @@ def import_memories(
         return failure(f"{aborted}: {reason}", dry_run=dry_run, **_zero_counts(), **_errors(errors))
     except SQLAlchemyError as exc:
         log.exception("import of %s failed", path)
-        return failure(f"{aborted}: database error: {getattr(exc, 'orig', None) or exc}", dry_run=dry_run,
+        return failure(f"{aborted}: database error: {dialect.error_message(exc)}", dry_run=dry_run,
                        **_zero_counts(), **_errors(errors))
 
     for agent, items in (importer.remote_items or {}).items():

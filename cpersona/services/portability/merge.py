@@ -24,6 +24,7 @@ from cpersona.services.portability.layout import Layout
 from cpersona.services.portability.reader import SnapshotReader
 from cpersona.services.portability.writer import EpisodeRow, MemoryRow, ProfileRow, RecordWriter
 from cpersona.services.responses import ToolFailure, failure
+from cpersona.storage import dialect
 from cpersona.storage.models import Episode, Memory, PendingMemoryTask, Profile
 
 log = logging.getLogger(__name__)
@@ -242,7 +243,7 @@ def merge_memories(
         log.exception("merge %s -> %s failed", source_agent_id, target_agent_id)
         seen = merge.tallies if merge else MergeTallies()
         return failure(
-            f"merge aborted and rolled back: {getattr(exc, 'orig', None) or exc}",
+            f"merge aborted and rolled back: {dialect.error_message(exc)}",
             dry_run=dry_run, source_agent_id=source_agent_id, target_agent_id=target_agent_id,
             merged_memories=0, skipped_memories=seen.skipped_memories, merged_episodes=0,
             skipped_episodes=seen.skipped_episodes, profile_copied=False,
