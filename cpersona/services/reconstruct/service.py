@@ -112,11 +112,39 @@ def _run(app: App, req: Request) -> dict[str, Any]:
         if req.mode is not None:
             response.update(mode=req.mode, cap=CAPS[req.mode])
         return response
-    capped = _capped(build, got, req.mode)
+    capped = _capped(build, got, req.mode) or _fewer_claims(build, items, excerpts, req.mode)
     if capped is None:
-        raise ToolFailure("cap_below_minimum", detail="the first item alone is larger than the token cap",
-                          items=[], returned_count=0, mode=req.mode, cap=CAPS[req.mode])
+        raise ToolFailure("cap_below_minimum", detail="the first item's head quote alone is larger than the token cap",
+                          items=[], returned_count=0, mode=req.mode, cap=CAPS[req.mode], **pool.notices)
     return capped
+
+
+def _fewer_claims(build: Any, items: list[Item], excerpts: list[list[tuple[Any, Quote]]],
+                  mode: str) -> dict[str, Any] | None:
+    """RX-47: the first item alone is over the cap — keep the most claims that fit, at least the head.
+
+    Claims are kept in retention priority (RX-24: the head, then by relevance)
+    and shown in claim order; the rest are reported through claims_omitted.
+    """
+    first, first_excerpts = items[0], excerpts[0]
+    by_priority = [first.head] + sorted((r for r in first.rows if r is not first.head),
+                                        key=lambda r: (r.rank, r.record.kind, r.record.id))
+
+    def keep(k: int) -> None:
+        kept = {id(r) for r in by_priority[:k]}
+        items[0] = replace(first, rows=[r for r in first.rows if id(r) in kept],
+                           claims_omitted=first.claims_omitted + len(first.rows) - k)
+        excerpts[0] = [(row, q) for row, q in first_excerpts if id(row) in kept]
+
+    def shaped(k: int) -> dict[str, Any]:
+        keep(k)
+        return build(1, [0], False)
+
+    found = fit_to_cap(shaped, len(first.rows) - 1, mode)
+    if found is None:
+        return None
+    keep(found[1])  # leave the kept claims in place for anything read after
+    return found[0]
 
 
 def _audit(trace: dict[str, Any], query: str, items: list[Item], shown: list[tuple[str, Quote]]) -> None:
