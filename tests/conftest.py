@@ -35,6 +35,17 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "sqlite_only(reason): about SQLite itself; not run on PostgreSQL in a both_backends module")
     config.addinivalue_line("markers", "postgres: the PostgreSQL half of a both_backends test")
+    config.addinivalue_line(
+        "markers", "xfail_on_postgres(reason): a known behavioural difference; the PostgreSQL half must fail")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # strict: the day the difference goes away, the marker has to go too.
+    for item in items:
+        known = item.get_closest_marker("xfail_on_postgres")
+        callspec = getattr(item, "callspec", None)
+        if known and callspec is not None and callspec.params.get("backend") == "postgres":
+            item.add_marker(pytest.mark.xfail(reason=known.args[0], strict=True))
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

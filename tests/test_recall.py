@@ -16,6 +16,14 @@ from cpersona.services.preview import SEPARATOR, apply_full_content_budget, make
 from cpersona.services.recall import recall
 from cpersona.storage.models import Episode, Memory, Profile
 
+pytestmark = pytest.mark.both_backends  # storage/service behaviour: run on SQLite and PostgreSQL
+
+# A known difference of the PostgreSQL keyword arm (search_postgres.py): its score is
+# the number of distinct query terms a row holds (word_similarity breaks ties), not
+# FTS5's bm25, so a repeated term or a shorter row does not rank a row higher.
+NO_BM25_ON_POSTGRES = "PostgreSQL keyword score counts distinct terms, not bm25 (term frequency, row length)"
+
+
 # Fixed stamps keep the episode boundary penalty (on by default) out of tests
 # that are not about it: every memory is written after every episode.
 EPISODE_CREATED = "2026-06-01 12:00:00"
@@ -65,6 +73,7 @@ def quiet(app):
 # -- shape and order ------------------------------------------------------------------------
 
 
+@pytest.mark.xfail_on_postgres(NO_BM25_ON_POSTGRES)
 def test_the_last_row_is_the_best(db, app):  # spec RC-1, ORD-1
     filler(db, 100)
     add_memories(
@@ -80,6 +89,7 @@ def test_the_last_row_is_the_best(db, app):  # spec RC-1, ORD-1
     assert "ok" not in response  # spec G-2
 
 
+@pytest.mark.xfail_on_postgres(NO_BM25_ON_POSTGRES)
 def test_limit_cuts_the_ranked_list_before_the_reverse(db, app):  # spec ORD-1, RC-2
     filler(db, 100)
     add_memories(db, {"content": "alpha beta"}, {"content": "alpha alpha alpha"})
@@ -338,6 +348,7 @@ def test_deep_halves_the_gate(db, app):  # spec RC-10, GATE-4
     assert len(recall(app, agent_id="a", query="alpha", limit=50, deep=True)["messages"]) == 20
 
 
+@pytest.mark.xfail_on_postgres(NO_BM25_ON_POSTGRES)
 def test_rsf_mode_scores_and_labels_rows(db):  # spec §5.8.3
     app = make_app(db, RECALL_MODE="rsf")
     add_memories(db, {"content": "alpha alpha"}, {"content": "alpha and other words"})

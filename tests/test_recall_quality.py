@@ -21,6 +21,8 @@ from cpersona.storage.scope import Scope
 from cpersona.storage.search import query_terms
 from cpersona.storage.search_sqlite import SqliteSearch, ranking_terms
 
+pytestmark = pytest.mark.both_backends  # storage/service behaviour: run on SQLite and PostgreSQL
+
 MEMORY_STAMP = "2026-06-02T00:00:00+00:00"  # after every episode: no boundary penalty in play
 QUESTION = "What did they do with the pottery?"
 TARGET = "Melanie: I finally finished my first pottery bowl"
@@ -64,6 +66,7 @@ def test_function_words_are_left_out_of_the_ranking_terms():
     assert ranking_terms(query_terms("until the meeting")) == ["until", "meeting"]
 
 
+@pytest.mark.sqlite_only  # SqliteSearch itself: FTS5 bm25 ranking
 def test_content_word_match_ranks_first_and_function_word_matches_follow(db, corpus):  # spec §5.7.2
     result = SqliteSearch(db).keyword_memories(Scope("a"), QUESTION, 10)
     assert result.method == "fts"
@@ -78,18 +81,21 @@ def test_content_word_match_ranks_first_and_function_word_matches_follow(db, cor
     assert scores == sorted(scores, reverse=True)
 
 
+@pytest.mark.sqlite_only  # SqliteSearch itself: FTS5 bm25 ranking
 def test_fill_never_exceeds_depth(db, corpus):
     result = SqliteSearch(db).keyword_memories(Scope("a"), QUESTION, 2)
     assert [hit.record.ref for hit in result.hits][0] == corpus[TARGET]
     assert len(result.hits) == 2
 
 
+@pytest.mark.sqlite_only  # SqliteSearch itself: FTS5 bm25 ranking
 def test_query_of_only_function_words_still_uses_fts(db, corpus):  # spec KW-1
     result = SqliteSearch(db).keyword_memories(Scope("a"), "what did they", 10)
     assert result.method == "fts"
     assert {hit.record.ref for hit in result.hits} == {corpus[c] for c in CHATTER}
 
 
+@pytest.mark.sqlite_only  # SqliteSearch itself: FTS5 bm25 ranking
 def test_content_words_matching_nothing_fall_back_to_function_word_rows(db, corpus):  # spec KW-1
     # "zebra" matches no row: the function-word rows are what FTS finds, as with
     # every term ORed; the LIKE fallback is not taken while FTS finds something.
@@ -98,6 +104,7 @@ def test_content_words_matching_nothing_fall_back_to_function_word_rows(db, corp
     assert {hit.record.ref for hit in result.hits} == {corpus[c] for c in CHATTER}
 
 
+@pytest.mark.sqlite_only  # SqliteSearch itself: FTS5 bm25 ranking
 def test_episode_arm_ranks_on_content_words_too(db):  # spec §5.7.3
     with db.write() as session:
         session.execute(
