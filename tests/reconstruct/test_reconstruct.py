@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import hashlib
-import sqlite3
+
+import pytest
+from sqlalchemy import text as sql
 
 from cpersona.services.associations import declare_associations
 from cpersona.services.memories import store
 from cpersona.services.reconstruct import reconstruct
 from conftest import make_app
+
+pytestmark = pytest.mark.both_backends  # storage/service behaviour: run on SQLite and PostgreSQL
 
 A = "agent"
 
@@ -21,9 +25,15 @@ def _put(app, content, stamp, source_id="s1", **kw):
 
 
 def _ref_of(app, text):
-    with sqlite3.connect(app.db.path) as con:
-        (ident,) = con.execute("SELECT id FROM memories WHERE content = ?", (text,)).fetchone()
+    with app.db.read() as session:
+        ident = session.execute(sql("SELECT id FROM memories WHERE content = :t"), {"t": text}).scalar_one()
     return f"mem:{ident}"
+
+
+def _memory_rows(app):
+    with app.db.read() as session:
+        return [tuple(r) for r in session.execute(
+            sql("SELECT id, content, recall_count, last_recalled_at FROM memories ORDER BY id"))]
 
 
 def _seed(app):
@@ -121,15 +131,13 @@ def test_refusals_have_one_shape(app):
 
 def test_nothing_is_written(app):
     _seed(app)
-    before = hashlib.sha256(app.db.path.read_bytes()).hexdigest()
-    with sqlite3.connect(app.db.path) as con:
-        rows_before = con.execute("SELECT id, content, recall_count, last_recalled_at FROM memories").fetchall()
+    file_bytes = (lambda: hashlib.sha256(app.db.path.read_bytes()).hexdigest()) if app.db.is_sqlite else (lambda: "")
+    before = file_bytes()
+    rows_before = _memory_rows(app)
     for kwargs in ({}, {"mode": "lite"}, {"mode": "pro"}, {"trace": True}, {"budget": 5}):
         reconstruct(app, agent_id=A, query="cache eviction gateway", **kwargs)
-    with sqlite3.connect(app.db.path) as con:
-        rows_after = con.execute("SELECT id, content, recall_count, last_recalled_at FROM memories").fetchall()
-    assert rows_after == rows_before  # spec RX-50 (1), recall_count included
-    assert hashlib.sha256(app.db.path.read_bytes()).hexdigest() == before
+    assert _memory_rows(app) == rows_before  # spec RX-50 (1), recall_count included
+    assert file_bytes() == before  # and on SQLite not one byte of the file
 
 
 def test_deterministic(app):

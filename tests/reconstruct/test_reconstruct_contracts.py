@@ -10,11 +10,16 @@ from __future__ import annotations
 import json
 import sqlite3
 
+import pytest
+from sqlalchemy import text
+
 from cpersona.services.associations import declare_associations
 from cpersona.services.episodes import archive_episode
 from cpersona.services.memories import store
 from cpersona.services.reconstruct import reconstruct
 from conftest import make_app
+
+pytestmark = pytest.mark.both_backends  # storage/service behaviour: run on SQLite and PostgreSQL
 
 A = "agent"
 
@@ -29,14 +34,14 @@ def _put(app, content, stamp, source_id="s1", **kw):
 def _clone_with_msg_id(app, ref, content, stamp, msg_id):
     """A second row under the same caller id: only possible without the dedup index (RX-14 R note)."""
     ident = int(ref.split(":")[1])
-    with sqlite3.connect(app.db.path) as con:
-        con.execute("DROP INDEX IF EXISTS idx_memories_dedup_msg_id")
-        con.execute("UPDATE memories SET msg_id = ? WHERE id = ?", (msg_id, ident))
-        cur = con.execute(
+    with app.db.write_connection() as conn:
+        conn.exec_driver_sql("DROP INDEX IF EXISTS idx_memories_dedup_msg_id")
+        conn.execute(text("UPDATE memories SET msg_id = :m WHERE id = :i"), {"m": msg_id, "i": ident})
+        new_id = conn.execute(text(
             "INSERT INTO memories (agent_id, msg_id, content, source, timestamp, metadata, project_id, channel)"
-            " SELECT agent_id, msg_id, ?, source, ?, metadata, project_id, channel FROM memories WHERE id = ?",
-            (content, stamp, ident))
-        return f"mem:{cur.lastrowid}"
+            " SELECT agent_id, msg_id, :c, source, :s, metadata, project_id, channel FROM memories WHERE id = :i"
+            " RETURNING id"), {"c": content, "s": stamp, "i": ident}).scalar_one()
+    return f"mem:{new_id}"
 
 
 def _item_with(out, ref):
@@ -201,11 +206,12 @@ def test_excerpt_from_a_node_set_ranked_without_a_query_vector_says_lexical_only
     plain = reconstruct(app, agent_id=A, query="vault rotation key HSM", deep=True)
     assert "quote_selection" not in plain  # no node set used yet
     cut = len(first_part)
-    with sqlite3.connect(app.db.path) as con:
-        con.executemany('INSERT INTO record_nodes (parent_kind, parent_id, node_index, start_char, end_char,'
-                        ' token_count, "window", embedding, embedding_model) VALUES (?, ?, ?, ?, ?, 1, 256, NULL, "")',
-                        [("mem", int(older.split(":")[1]), 0, 0, cut),
-                         ("mem", int(older.split(":")[1]), 1, cut, len(long_text))])
+    with app.db.write_connection() as conn:
+        conn.execute(text('INSERT INTO record_nodes (parent_kind, parent_id, node_index, start_char, end_char,'
+                          ' token_count, "window", embedding, embedding_model)'
+                          " VALUES ('mem', :p, :n, :a, :b, 1, 256, NULL, '')"),
+                     [{"p": int(older.split(":")[1]), "n": 0, "a": 0, "b": cut},
+                      {"p": int(older.split(":")[1]), "n": 1, "a": cut, "b": len(long_text)}])
     out = reconstruct(app, agent_id=A, query="vault rotation key HSM", deep=True)
     excerpt = next(e for i in out["items"] for e in i.get("excerpts", []) if e["ref"] == older)
     assert excerpt["content"] == second_part  # spec RX-32: the lexically best node is quoted
