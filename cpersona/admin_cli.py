@@ -6,8 +6,9 @@ refused or failed (its message on stderr), 2 for unusable configuration and 3
 for a database this build must not open (the exit codes of ``cpersona serve``).
 Results go to stdout as short lines (``--json`` prints the service's answer).
 
-``stats`` only reads: it opens the file read-only and never upgrades it, so it
-also describes a database this build refuses to serve.
+``stats`` only reads: it opens the file read-only (on PostgreSQL, one read
+snapshot) and never upgrades it, so it also describes a database this build
+refuses to serve.
 """
 
 from __future__ import annotations
@@ -324,40 +325,76 @@ def collect_stats(path: Path) -> dict[str, Any]:
         "head_revision": head_revision(),
     }
     with read_only_snapshot(path.resolve()) as conn:
-        def rows(sql: str) -> list[Any]:
-            return list(conn.execute(text(sql)).all())
-
-        for table in ("memories", "episodes"):
-            if table not in found.tables:
-                continue
-            stats[table] = rows(f"SELECT count(*) FROM {table}")[0][0]
-            buckets = rows(f"SELECT agent_id, project_id, channel, count(*) AS n FROM {table} "
-                           f"GROUP BY agent_id, project_id, channel ORDER BY n DESC, agent_id, project_id, channel "
-                           f"LIMIT {STATS_BUCKET_LIMIT + 1}")
-            stats[f"{table}_by_bucket"] = [
-                {"agent_id": a, "project_id": p, "channel": c, "count": n} for a, p, c, n in buckets[:STATS_BUCKET_LIMIT]]
-            if len(buckets) > STATS_BUCKET_LIMIT:
-                stats[f"{table}_by_bucket_truncated"] = True
-        if "profiles" in found.tables:
-            stats["profiles"] = rows("SELECT count(*) FROM profiles")[0][0]
-        if "pending_memory_tasks" in found.tables:
-            stats["pending_tasks"] = rows("SELECT count(*) FROM pending_memory_tasks")[0][0]
-        for table in ("entities", "relations", "entity_mentions", "record_nodes"):
-            if table in found.tables:
-                stats[table] = rows(f"SELECT count(*) FROM {table}")[0][0]
+        _count_rows(stats, found.tables, lambda sql: list(conn.execute(text(sql)).all()))
     return stats
+
+
+def collect_stats_postgres(url: str) -> dict[str, Any]:
+    """The same figures for the PostgreSQL database at ``url``, from one read snapshot."""
+    from sqlalchemy import text
+
+    from cpersona.storage.engine import open_postgres
+    from cpersona.storage.migrate import _probe_rows, head_revision
+
+    db = open_postgres(url)
+    try:
+        with db.read() as session:
+            def rows(sql: str) -> list[Any]:
+                return list(session.execute(text(sql)).all())
+
+            found = _probe_rows(lambda sql: [tuple(r) for r in rows(sql)], "postgresql")
+            if "memories" not in found.tables:
+                raise _Exit(f"no cpersona tables in {db.label} (CPERSONA_DATABASE_URL)", _codes().EXIT_START_FAILED)
+            stats: dict[str, Any] = {
+                "path": db.label,
+                "size_bytes": rows("SELECT pg_database_size(current_database())")[0][0],
+                "wal_bytes": None,  # PostgreSQL's WAL is the cluster's, not this database's
+                "schema_version": found.version,
+                "alembic_revision": found.alembic_revision,
+                "head_revision": head_revision(),
+            }
+            _count_rows(stats, found.tables, rows)
+    finally:
+        db.close()
+    return stats
+
+
+def _count_rows(stats: dict[str, Any], tables: frozenset[str], rows: Callable[[str], list[Any]]) -> None:
+    """Row counts (and the largest agent/project/channel buckets) of the tables present."""
+    for table in ("memories", "episodes"):
+        if table not in tables:
+            continue
+        stats[table] = rows(f"SELECT count(*) FROM {table}")[0][0]
+        buckets = rows(f"SELECT agent_id, project_id, channel, count(*) AS n FROM {table} "
+                       f"GROUP BY agent_id, project_id, channel ORDER BY n DESC, agent_id, project_id, channel "
+                       f"LIMIT {STATS_BUCKET_LIMIT + 1}")
+        stats[f"{table}_by_bucket"] = [
+            {"agent_id": a, "project_id": p, "channel": c, "count": n} for a, p, c, n in buckets[:STATS_BUCKET_LIMIT]]
+        if len(buckets) > STATS_BUCKET_LIMIT:
+            stats[f"{table}_by_bucket_truncated"] = True
+    if "profiles" in tables:
+        stats["profiles"] = rows("SELECT count(*) FROM profiles")[0][0]
+    if "pending_memory_tasks" in tables:
+        stats["pending_tasks"] = rows("SELECT count(*) FROM pending_memory_tasks")[0][0]
+    for table in ("entities", "relations", "entity_mentions", "record_nodes"):
+        if table in tables:
+            stats[table] = rows(f"SELECT count(*) FROM {table}")[0][0]
 
 
 def _stats(args: argparse.Namespace) -> None:
     settings = _settings()
-    stats = collect_stats(settings.db_file)
+    if settings.database_url:
+        stats = collect_stats_postgres(settings.database_url)
+    else:
+        stats = collect_stats(settings.db_file)
     if args.json:
         print(json.dumps(stats, ensure_ascii=False, indent=2))
         return None
     revision = stats["alembic_revision"]
     state = "head" if revision == stats["head_revision"] else f"head is {stats['head_revision']}"
     print(f"database        {stats['path']}")
-    print(f"size            {stats['size_bytes'] / 1e6:.1f} MB (WAL {stats['wal_bytes'] / 1e6:.1f} MB)")
+    wal = "" if stats["wal_bytes"] is None else f" (WAL {stats['wal_bytes'] / 1e6:.1f} MB)"
+    print(f"size            {stats['size_bytes'] / 1e6:.1f} MB{wal}")
     print(f"schema_version  {stats['schema_version']}")
     print(f"alembic         {revision or 'not managed by cpersona yet'}"
           + (f" ({state})" if revision else ""))
