@@ -38,7 +38,9 @@ from typing import Any
 
 import numpy as np
 from sqlalchemy import Connection, text
+from sqlalchemy.dialects.postgresql.base import ischema_names
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.types import UserDefinedType
 
 from cpersona.embedding.vectors import FLOAT32
 from cpersona.storage.engine import Database
@@ -51,6 +53,20 @@ VECTOR_TABLES = ("memories", "episodes")
 VECTOR_CHUNK_ROWS = 2048  # rows per fetch of the numpy scan: bounds memory, not the answer
 
 _TABLES: dict[str, tuple[str, str]] = {"mem": ("memories", "m"), "ep": ("episodes", "e")}
+
+
+class PgVectorType(UserDefinedType):
+    """pgvector's ``vector``, named so that reflecting a table that has the column stays quiet."""
+
+    cache_ok = True
+
+    def get_col_spec(self, **kw: Any) -> str:
+        return "vector"
+
+
+# Table inspection (portability's layout check, Alembic's comparison) would
+# otherwise warn "Did not recognize type 'vector'" on every run.
+ischema_names.setdefault("vector", PgVectorType)
 
 # float32 little-endian blob -> vector, exactly: each value is rebuilt from its
 # sign, exponent and mantissa bits in float8 (exact for every float32) and cast
@@ -110,7 +126,8 @@ def ensure_vector_columns(conn: Connection) -> bool:
                     conn.exec_driver_sql("CREATE EXTENSION IF NOT EXISTS vector")
                 installed = True
             except DBAPIError as exc:  # e.g. a role that may not create extensions
-                log.info("pgvector is available but could not be enabled (%s); vectors rank in-process", exc.orig)
+                log.warning("pgvector is installed on the server but this role cannot enable it (%s); vectors rank "
+                            "in-process until CREATE EXTENSION vector is run in this database", exc.orig)
     if installed is None:
         for table in VECTOR_TABLES:
             conn.exec_driver_sql(f"DROP TRIGGER IF EXISTS {_trigger_name(table)} ON {table}")
