@@ -565,3 +565,58 @@ def test_auto_project_and_the_registry(db: Database, tmp_path) -> None:  # spec 
                        "dropped": [], "operating_context_revision": "rev-7",
                        "error": "project_id 'zzz' not in registry (rev rev-7)"}
     assert rows(db, "SELECT count(*) FROM entities") == [(2,)]
+
+
+# -- what a declaration writes: only what it names (A-10, A-11, A-23) ----------------------------
+
+
+def test_nothing_is_extracted_from_record_text(app, db: Database) -> None:  # spec
+    anchor = store(app, agent_id="dz", content="Atlas depends on Postgres; Mina owns the calendar.")["id"]
+    answer = declared(app, agent_id="dz", anchor_ref=f"mem:{anchor}", associations={
+        "entities": [{"name": "Mina"}, {"name": "Release calendar"}],
+        "relations": [{"subject": "Mina", "predicate": "owns", "object": "Release calendar"}]})
+    assert answer["mentions"] == 2
+    # Only the named entities exist (no Atlas or Postgres read out of the text) ...
+    assert rows(db, "SELECT name FROM entities ORDER BY id") == [("Mina",), ("Release calendar",)]
+    # ... each named entity is mentioned by the anchor, and the relation carries it
+    assert rows(db, "SELECT entity_id, ref FROM entity_mentions ORDER BY entity_id") == [
+        (1, f"mem:{anchor}"), (2, f"mem:{anchor}")]
+    assert rows(db, "SELECT predicate, anchor_ref FROM relations") == [("owns", f"mem:{anchor}")]
+    # an entity named only inside a relation is registered but not mentioned (A-10: nothing inferred)
+    declared(app, agent_id="dz", anchor_ref=f"mem:{anchor}",
+             associations={"relations": [{"subject": "Mina", "predicate": "uses", "object": "Atlas"}]})
+    assert rows(db, "SELECT count(*) FROM entity_mentions") == [(2,)]
+
+
+@pytest.mark.anyio
+async def test_a_paused_caller_writes_nothing(app, db: Database) -> None:  # spec A-23, §3.2 (paused)
+    anchor = store(app, agent_id="dz", content="evidence")["id"]
+    async with Client(build_server(app)) as client:
+        await client.call_tool("pause_persistence", {"session_key": "s"})
+        paused = payload(await client.call_tool("declare_associations", {
+            "agent_id": "dz", "anchor_ref": f"mem:{anchor}", "session_key": "s",
+            "associations": {"entities": [{"name": "Garden"}]}}))
+        other = payload(await client.call_tool("declare_associations", {
+            "agent_id": "dz", "session_key": "someone-else", "associations": {"entities": [{"name": "Shed"}]}}))
+    assert paused["ok"] is True and paused["result"] == "skipped" and paused["persisted"] is False
+    assert (paused["entities"], paused["mentions"], paused["relations"], paused["dropped"]) == ([], 0, [], [])
+    assert rows(db, "SELECT name FROM entities") == [("Shed",)]  # another session's bucket is not paused
+    assert other["result"] == "declared"
+
+
+def test_a_dedup_repair_repoints_the_losers_declarations(app, db: Database) -> None:  # spec CA-3
+    from cpersona.services.health.check_health import check_health
+
+    keeper = store(app, agent_id="dz", content="the same note")["id"]
+    # the same text again in a channel: covered by the global row, so the repair deletes it
+    loser = store(app, agent_id="dz", content="the same note", channel="c1")["id"]
+    other = store(app, agent_id="dz", content="another note")["id"]
+    declared(app, agent_id="dz", anchor_ref=f"mem:{loser}", associations={
+        "entities": [{"name": "Atlas"}],
+        "relations": [{"subject": f"mem:{loser}", "predicate": "supports", "object": f"mem:{other}"}]})
+    relation_ids = rows(db, "SELECT id FROM relations")
+    check_health(app, agent_id="dz", fix=True, checks=["duplicate_content"])
+    assert rows(db, "SELECT id FROM memories ORDER BY id") == [(keeper,), (other,)]
+    assert rows(db, "SELECT ref FROM entity_mentions") == [(f"mem:{keeper}",)]
+    assert rows(db, "SELECT id, subject_id, anchor_ref FROM relations") == [
+        (relation_ids[0][0], keeper, f"mem:{keeper}")]  # same relation id, re-pointed

@@ -250,7 +250,7 @@ def test_episode_offsets_skip_the_label_and_the_slice_has_none(db, app):  # spec
         ({"span": [0, 2], "revision": 5}, "invalid_range"),  # a revision must be text
         ({"node": 0}, "no_current_nodes"),  # no record has nodes yet (GR-10)
         ({"node": [0, 3]}, "no_current_nodes"),
-        ({"block": 0}, "no_current_blocks"),  # no block index (spec decision 6)
+        ({"block": 0}, "no_current_blocks"),  # GR-6: no block rows are built (spec decision 6, §12 point 8)
     ],
 )
 def test_ranges_that_cannot_be_served_exactly_are_unresolved_never_widened(db, app, entry, reason):  # spec GR-1, GR-3

@@ -215,6 +215,7 @@ def test_division_fails_on_unknown_reports_and_impossible_cuts() -> None:  # OV-
 
 
 def test_store_of_a_long_text_queues_a_node_build(app: App, db: Database, server: EmbedServer) -> None:  # OV-3, OV-4
+    # OV-7's shape without OV-5's blocks key: this server builds no blocks (spec §12 point 8)
     answer = store(app, agent_id="tree", content=LONG, project_id="P")
     assert answer == {"ok": True, "result": "stored", "id": 1, "embedded": True, "nodes": {"status": "queued"}}
     assert [(t, a, p, json.loads(payload)) for t, a, p, payload in tasks_table(db)] == [
@@ -226,7 +227,7 @@ def test_store_of_a_long_text_queues_a_node_build(app: App, db: Database, server
     assert "nodes" not in store(app, agent_id="tree", content=LONG, project_id="P")
 
 
-def test_archive_and_update_queue_builds_too(app: App, db: Database) -> None:  # OV-3
+def test_archive_and_update_queue_builds_too(app: App, db: Database) -> None:  # OV-3, OV-7
     assert archive_episode(app, agent_id="tree", summary=LONG)["nodes"] == {"status": "queued"}
     store(app, agent_id="tree", content="short at first")
     assert update_memory(app, memory_id=1, content=LONG + " Edited.", agent_id="tree")["nodes"] == {"status": "queued"}
@@ -477,3 +478,16 @@ def test_merge_queues_builds_for_long_rows_it_writes(app: App, db: Database) -> 
     # a dry run measures nothing and queues nothing
     assert merge_memories(app, source_agent_id="src", target_agent_id="dry", dry_run=True)["ok"]
     assert len(tasks_table(db)) == before + 2
+
+
+def test_nodes_are_never_search_candidates(app: App, db: Database) -> None:  # spec OV-12
+    from cpersona.services.reconstruct import reconstruct
+    from cpersona.services.recall import recall
+
+    store(app, agent_id="tree", content=LONG)
+    task_queue(app).drain()
+    assert len(node_table(db)) > 1  # the record has a node set
+    out = reconstruct(app, agent_id="tree", query="Sentence number 17 Atlas cluster", trace=True)
+    assert out["trace"]["candidate_refs"] == ["mem:1"]  # the record, once; no node of it
+    found = recall(app, agent_id="tree", query="Sentence number 17 Atlas cluster")
+    assert len(found["messages"]) == 1 and found["messages"][0]["content"].startswith("Sentence number 0 ")

@@ -288,3 +288,19 @@ def test_auto_project_is_resolved_for_the_read(db: Database, tmp_path) -> None: 
     other = traverse(app, agent_id="claude-code", entity="atlas", project_id="zzz")
     assert other["operating_context_warning"] == "project_id 'zzz' not in registry (rev r1)"
     assert [e["id"] for e in other["entities"]] == [2]
+
+
+def test_only_declared_data_comes_back(app) -> None:  # spec TV-10
+    anchor = store(app, agent_id="a", content="Mina owns the release calendar and also likes Atlas.")["id"]
+    declare(app, agent_id="a", anchor_ref=f"mem:{anchor}", associations={
+        "entities": [{"name": "Mina"}],
+        "relations": [{"subject": "Mina", "predicate": "owns", "object": "Release calendar"}]})
+    out = traverse(app, agent_id="a", entity="Mina", max_hops=2)
+    names = {e["name"] for e in out["entities"]}
+    assert names == {"Mina", "Release calendar"}  # Atlas is only in the text: never inferred
+    assert "Mina owns" not in str(out)  # no record text
+    # the relation ids listed are the ones retract takes
+    ids = [r["id"] for r in out["relations"]]
+    answer = declare_associations(app, agent_id="a", retract={"relations": ids})
+    assert answer["retracted"]["relations"] == len(ids) == 1
+    assert traverse(app, agent_id="a", entity="Mina")["relations"] == []

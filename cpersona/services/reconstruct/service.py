@@ -249,9 +249,9 @@ def _envelope(out: dict[str, Any], req: Request, pool: Any, items: list[Item], r
             out["budget_policy"] = budget_policy.as_dict()
     cut = budget_cut or "reserved_omitted" in out or any(
         len(excerpts[i]) > excerpt_counts[i] for i in range(returned))
-    if req.mode is None and (cut or full):
+    if (req.mode is None and cut) or full:  # RX-45: the mode shape has none; RX-43/48: trace has all
         out["effective_budget"], out["used_budget"] = budget, used
-    if req.mode is None:
+    if req.mode is None or full:
         bounds = req.bounds
         if any(it.claims_omitted for it in items) and "max_evidence" not in bounds.omitted:
             bounds.omitted.append("max_evidence")
