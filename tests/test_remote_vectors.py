@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from sqlalchemy import insert, select
 
+from conftest import db_settings_env
 from cpersona.config import load_settings
 from cpersona.embedding.client import build_embedder
 from cpersona.embedding.remote import RemoteIndex, build_remote_index, parse_ref, results_from_search
@@ -46,7 +47,7 @@ def server():
 
 def remote_app(db, server: EmbedServer, *, url: str | None = None, **env: str) -> App:
     environ = {
-        "CPERSONA_DB_PATH": str(db.path),
+        **db_settings_env(db),
         "CPERSONA_EMBEDDING_MODE": "http",
         "CPERSONA_EMBEDDING_URL": url or server.url,
         "CPERSONA_VECTOR_SEARCH_MODE": "remote",
@@ -244,6 +245,7 @@ def test_a_remote_answer_counts_as_healthy(rapp, server):  # spec ADV-2
 # -- isolation: a remote id is only a candidate until the local scope says so ----------------------
 
 
+@pytest.mark.both_backends  # the hydration is SQL each backend runs
 def test_remote_ids_outside_the_scope_never_leak(rapp, db, server):  # spec ISO-2, AX-1, EMB-6
     mine = add_memory(db, content="mine, global project")
     mine_project = add_memory(db, content="mine, project p", project_id="p")
@@ -269,6 +271,7 @@ def test_remote_ids_outside_the_scope_never_leak(rapp, db, server):  # spec ISO-
     assert not leaked & {m.get("ref") for m in answer["messages"]}
 
 
+@pytest.mark.both_backends
 def test_source_filter_applies_to_remote_memories_and_skips_episodes(rapp, db, server):  # spec ISO-3, ISO-4
     u1 = add_memory(db, content="from u1", source='{"type": "User", "id": "u1", "name": ""}')
     u2 = add_memory(db, content="from u2", source='{"type": "User", "id": "u2", "name": ""}')
