@@ -59,3 +59,89 @@ def error_message(exc: BaseException) -> str:
     diag = getattr(orig, "diag", None)
     primary = getattr(diag, "message_primary", None)
     return primary if primary else str(orig)
+
+
+def count_if(condition: str) -> str:
+    """How many rows satisfy ``condition`` (SUM over a boolean is SQLite-only)."""
+    return f"SUM(CASE WHEN {condition} THEN 1 ELSE 0 END)"
+
+
+# The characters SQL's trim() strips for "blank" text: space, tab, LF, VT, FF, CR.
+BLANK_CHARS = " \t\n\x0b\x0c\r"
+
+
+def has_object(conn: Any, kind: str, name: str) -> bool:
+    """Whether the database holds a table / index / trigger / view called ``name``."""
+    if is_sqlite(conn):
+        sql = "SELECT 1 FROM sqlite_master WHERE type = :k AND name = :n"
+    else:
+        sql = {"table": "SELECT 1 FROM pg_tables WHERE schemaname = current_schema() AND tablename = :n",
+               "index": "SELECT 1 FROM pg_indexes WHERE schemaname = current_schema() AND indexname = :n",
+               "view": "SELECT 1 FROM pg_views WHERE schemaname = current_schema() AND viewname = :n",
+               "trigger": "SELECT 1 FROM pg_trigger WHERE NOT tgisinternal AND tgname = :n"}[kind]
+    from sqlalchemy import text
+
+    return conn.execute(text(sql), {"k": kind, "n": name}).first() is not None
+
+
+# PostgreSQL 15 has no total JSON validity test (IS JSON arrives in 16), and a
+# failed ::jsonb cast aborts the statement. This helper answers NULL instead.
+# It lives in pg_temp: created inside the caller's transaction, gone with it,
+# never part of the schema.
+_PG_JSON_HELPER = """CREATE OR REPLACE FUNCTION pg_temp.cpersona_jsonb(doc text) RETURNS jsonb
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+  RETURN doc::jsonb;
+EXCEPTION WHEN others THEN
+  RETURN NULL;
+END $$"""
+
+# json_type() names (SQLite) → jsonb_typeof() names (PostgreSQL), for the kinds asked about.
+_PG_JSON_KIND = {"object": "object", "null": "null", "text": "string"}
+
+
+class JsonSql:
+    """Predicates over JSON text columns, spelled for one engine.
+
+    On PostgreSQL call :meth:`prepare` once in the transaction first.
+    """
+
+    def __init__(self, bind: Any) -> None:
+        self.sqlite = is_sqlite(bind)
+
+    def prepare(self, conn: Any) -> None:
+        if not self.sqlite:
+            conn.exec_driver_sql(_PG_JSON_HELPER)
+
+    def _doc(self, column: str) -> str:
+        return f"pg_temp.cpersona_jsonb({column})"
+
+    def valid(self, column: str) -> str:
+        return f"json_valid({column})" if self.sqlite else f"({self._doc(column)} IS NOT NULL)"
+
+    def type_is(self, column: str, kind: str, key: str | None = None) -> str:
+        if self.sqlite:
+            path = f", '$.{key}'" if key else ""
+            return f"(json_type({column}{path}) = '{kind}')"
+        member = f" -> '{key}'" if key else ""
+        return f"(jsonb_typeof({self._doc(column)}{member}) = '{_PG_JSON_KIND[kind]}')"
+
+    def type_is_not(self, column: str, kind: str, key: str | None = None) -> str:
+        """NULL-safe: a missing member is "not" any kind."""
+        if self.sqlite:
+            path = f", '$.{key}'" if key else ""
+            return f"(json_type({column}{path}) IS NOT '{kind}')"
+        member = f" -> '{key}'" if key else ""
+        return f"(jsonb_typeof({self._doc(column)}{member}) IS DISTINCT FROM '{_PG_JSON_KIND[kind]}')"
+
+    def text_at(self, column: str, key: str) -> str:
+        if self.sqlite:
+            return f"json_extract({column}, '$.{key}')"
+        return f"({self._doc(column)} ->> '{key}')"
+
+    def key_count(self, column: str) -> str:
+        """Members of a JSON object (NULL for anything else on PostgreSQL)."""
+        if self.sqlite:
+            return f"(SELECT COUNT(*) FROM json_each({column}))"
+        doc = self._doc(column)
+        return f"(CASE WHEN jsonb_typeof({doc}) = 'object' THEN (SELECT COUNT(*) FROM jsonb_object_keys({doc})) END)"

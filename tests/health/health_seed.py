@@ -10,15 +10,14 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
-from cpersona.config import load_settings
 from cpersona.services.app import App
 from cpersona.services.health.check_health import check_health
 
 
 def make_app(db: Any, **env: str) -> App:
-    environ = {"CPERSONA_DB_PATH": str(db.path)}
-    environ.update({k if k.startswith("CPERSONA_") else f"CPERSONA_{k.upper()}": v for k, v in env.items()})
-    return App(db=db, settings=load_settings(environ))
+    from conftest import make_app as app_on  # names the database on either backend
+
+    return app_on(db, **env)
 
 
 def insert_memory(app: Any, content: str, *, agent: str = "a", project: str = "", channel: str = "",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from health_seed import h  # noqa: F401  (the seeding fixture)
 
 import json
@@ -14,6 +16,8 @@ from cpersona.services.health.check_health import check_health
 from cpersona.services.health.deep_check import deep_check
 from cpersona.services.health.findings import get_session_findings
 from cpersona.services.health.registry import names
+
+pytestmark = pytest.mark.both_backends  # storage/service behaviour: run on SQLite and PostgreSQL
 
 
 def test_registry_has_38_checks_and_checks_run_echoes_it():
@@ -37,6 +41,7 @@ def test_checks_run_dedupes_and_execution_follows_registry_order(app, h):
     assert [i["check"] for i in out["issues"]] == ["invalid_json", "empty_content"]
 
 
+@pytest.mark.sqlite_only  # plants its critical issue by dropping an FTS5 trigger
 def test_verdict_and_stats(app, h):
     # spec R-7, H-11
     h.insert_memory(app, "a", project="p1", channel="c")
@@ -88,6 +93,7 @@ def test_nonfinite_and_dimension_mismatch(db, h, embed_server):
     assert rest["issues"] == []
 
 
+@pytest.mark.sqlite_only  # plants its critical issue by dropping an FTS5 trigger
 def test_findings_shape_caps_and_summary(app, h):
     # spec F-1, F-3..F-7, F-9
     assert get_session_findings(app, per_kind_limit=0) == {
@@ -151,6 +157,7 @@ def test_deep_check_near_duplicate_and_norm(app, h):
     assert r["embedding_norm"]["count"] == 1  # only the row of norm 3; w is within 0.001 of 1
 
 
+@pytest.mark.sqlite_only  # the checkup CLI reads a SQLite file
 def test_checkup_cli_exit_codes_and_json(db, h, tmp_path):
     # spec CLI-1, CLI-6, CLI-7
     missing = subprocess.run([sys.executable, "-m", "cpersona.checkup", "--db", str(tmp_path / "none.db")],

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
+
 from health_seed import h  # noqa: F401  (the seeding fixture)
 
 from cpersona.services.health.content import clean_annotations, clean_mentions
+
+pytestmark = pytest.mark.both_backends  # storage/service behaviour: run on SQLite and PostgreSQL
 
 
 def test_clean_functions_reach_a_fixed_point():

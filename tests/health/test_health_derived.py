@@ -19,6 +19,8 @@ from cpersona.services.health.check_health import check_health
 from cpersona.services.tasks import task_queue
 from embed_server import EmbedServer
 
+pytestmark = pytest.mark.both_backends  # storage/service behaviour: run on SQLite and PostgreSQL
+
 LONG = " ".join(f"Sentence number {i} talks about the Atlas cluster." for i in range(12))  # ~100 tokens
 
 

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
+
 from health_seed import h  # noqa: F401  (the seeding fixture)
 
 from datetime import datetime, timezone
+
+pytestmark = pytest.mark.both_backends  # storage/service behaviour: run on SQLite and PostgreSQL
 
 
 def test_axis_hygiene_clusters_spellings_of_one_bucket(app, h):

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from health_seed import h  # noqa: F401  (the seeding fixture)
+
+pytestmark = pytest.mark.both_backends  # storage/service behaviour: run on SQLite and PostgreSQL
 
 
 def test_intact_database_has_no_integrity_issue(app, h):
@@ -11,6 +15,7 @@ def test_intact_database_has_no_integrity_issue(app, h):
         assert h.run(app, name) == [], name
 
 
+@pytest.mark.sqlite_only  # sqlite_master drift of SQLite's own DDL
 def test_missing_trigger_and_index_are_drift_and_fix_recreates_them(app, h):
     # spec R-26: critical trigger, warn index; fix creates them; a rerun finds nothing
     h.execute(app, "DROP TRIGGER episodes_ai")
@@ -23,6 +28,7 @@ def test_missing_trigger_and_index_are_drift_and_fix_recreates_them(app, h):
     assert h.run(app, "schema_objects") == []
 
 
+@pytest.mark.sqlite_only  # sqlite_master drift of SQLite's own DDL
 def test_redefined_index_is_definition_drift(app, h):
     h.execute(app, "DROP INDEX idx_memories_msg_id")
     h.execute(app, "CREATE INDEX idx_memories_msg_id ON memories (msg_id)")
@@ -46,6 +52,7 @@ def test_dedup_msg_id_index_fix_blanks_colliders_keeping_locked(app, h):
     assert h.run(app, "dedup_msg_id_index") == []
 
 
+@pytest.mark.sqlite_only  # FTS5 shadow tables
 def test_fts_out_of_sync_is_critical_and_rebuild_fixes_it(app, h):
     # spec R-23: an index out of step with its content table
     row = h.insert_memory(app, "searchable words")
@@ -59,6 +66,7 @@ def test_fts_out_of_sync_is_critical_and_rebuild_fixes_it(app, h):
     assert h.run(app, "fts_integrity") == []
 
 
+@pytest.mark.sqlite_only  # FTS5 shadow tables
 def test_missing_fts_table_is_recreated(app, h):
     h.execute(app, "DROP TABLE episodes_fts")
     [issue] = h.run(app, "fts_integrity")

@@ -21,6 +21,8 @@ from cpersona.services.health.check_health import check_health
 from cpersona.services.health.deep_check import deep_check
 from cpersona.storage.engine import open_sqlite
 
+pytestmark = pytest.mark.both_backends  # storage/service behaviour: run on SQLite and PostgreSQL
+
 
 def http_app(db, h, server, **env):
     app = h.make_app(db, EMBEDDING_MODE="http", EMBEDDING_URL=server.url, **env)
@@ -54,6 +56,7 @@ def test_sqlite_integrity_clean_database(app, h):
     assert h.run(app, "sqlite_integrity") == []
 
 
+@pytest.mark.sqlite_only  # corrupts a page of the SQLite file
 def test_sqlite_integrity_reports_a_corrupt_index_page(app, h, tmp_path):
     # spec: critical, report-only (fix accepted, nothing written)
     copy = _corrupt_copy(app, h, tmp_path)
@@ -186,6 +189,7 @@ def test_operating_context_parse_and_size(db, h, tmp_path):
 
 
 @pytest.mark.skipif(os.name == "nt", reason="permission bits are not the access control there")
+@pytest.mark.sqlite_only  # the database file's own permissions
 def test_file_permissions_through_the_tool(db, h):
     # spec: files narrowed to 0600; directories reported for review, never chmod-ed
     import anyio

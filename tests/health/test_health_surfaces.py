@@ -21,7 +21,7 @@ from cpersona.mcp.pause_gate import PauseGate
 from cpersona.mcp.tools import default_registry
 from test_http_transport import HttpServer, mcp_call
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.both_backends]
 SKIP_REASON = "no-persist mode active — fix downgraded to fix=False"
 REGISTRY = default_registry()
 GATES = GateChain([PauseGate()])

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from cpersona.services.health.registry import Check, Ctx, Issue
+from cpersona.storage import dialect
 
 _ANNOTATION = re.compile(r"\[Memory from [^\]]*\]\s*")
 _MENTION = re.compile(r"<@!?\d+>")
@@ -45,14 +46,25 @@ def repoint_declarations(ctx: Ctx, old_id: int, new_id: int) -> None:
     if old_id == new_id or not ctx.has_table("relations"):
         return
     old, new = f"mem:{old_id}", f"mem:{new_id}"
-    # OR IGNORE: where the survivor already carries the same declaration, the
-    # deletion trigger removes the old row's copy afterwards.
-    ctx.run("UPDATE OR IGNORE entity_mentions SET ref = :new WHERE ref = :old", old=old, new=new)
-    ctx.run("UPDATE OR IGNORE relations SET subject_id = :n WHERE subject_kind = 'mem' AND subject_id = :o",
-            n=new_id, o=old_id)
-    ctx.run("UPDATE OR IGNORE relations SET object_id = :n WHERE object_kind = 'mem' AND object_id = :o",
-            n=new_id, o=old_id)
-    ctx.run("UPDATE OR IGNORE relations SET anchor_ref = :new WHERE anchor_ref = :old", old=old, new=new)
+    # A row whose moved copy would collide with one the survivor already carries
+    # stays put (what SQLite's UPDATE OR IGNORE did, spelled for every engine);
+    # the deletion trigger removes it with the old row afterwards.
+    ctx.run("UPDATE entity_mentions SET ref = :new WHERE ref = :old AND NOT EXISTS (SELECT 1 FROM entity_mentions t "
+            "WHERE t.entity_id = entity_mentions.entity_id AND t.ref = :new)", old=old, new=new)
+    _repoint_relations(ctx, "subject_id", "subject_kind = 'mem' AND subject_id = :old", old=old_id, new=new_id)
+    _repoint_relations(ctx, "object_id", "object_kind = 'mem' AND object_id = :old", old=old_id, new=new_id)
+    _repoint_relations(ctx, "anchor_ref", "anchor_ref = :old", old=old, new=new)
+
+
+# The relations' unique key (storage.md §6.2).
+_RELATION_KEY = ("agent_id", "project_id", "channel", "subject_kind", "subject_id", "predicate", "object_kind",
+                 "object_id", "anchor_ref")
+
+
+def _repoint_relations(ctx: Ctx, column: str, where: str, **params: Any) -> None:
+    same = " AND ".join(f"t.{c} = relations.{c}" for c in _RELATION_KEY if c != column)
+    ctx.run(f"UPDATE relations SET {column} = :new WHERE {where} "
+            f"AND NOT EXISTS (SELECT 1 FROM relations t WHERE t.{column} = :new AND {same})", **params)
 
 
 def delete_unlocked(ctx: Ctx, ids: list[int]) -> int:
@@ -89,7 +101,8 @@ def rewrite_content(ctx: Ctx, row_id: int, new_text: str) -> str:
 def _cleaning_check(name: str, needle: str, cleaner: Callable[[str], str]) -> Check:
     def candidates(ctx: Ctx) -> list[Any]:
         where, params = ctx.where()
-        return ctx.rows(f"SELECT id, content, locked FROM memories WHERE {where} AND instr(content, :needle) > 0",
+        return ctx.rows(f"SELECT id, content, locked FROM memories WHERE {where} "
+                        f"AND {dialect.position(ctx.conn, 'content', ':needle')} > 0",
                         needle=needle, **params)
 
     def detect(ctx: Ctx) -> list[Issue]:
@@ -126,7 +139,7 @@ def _cap(ctx: Ctx) -> int:
 def detect_oversized(ctx: Ctx) -> list[Issue]:
     cap = _cap(ctx)
     where, params = ctx.where()
-    row = ctx.rows(f"SELECT COUNT(*) AS n, COALESCE(SUM(locked = 0), 0) AS unlocked FROM memories "
+    row = ctx.rows(f"SELECT COUNT(*) AS n, COALESCE({dialect.count_if('locked = 0')}, 0) AS unlocked FROM memories "
                    f"WHERE {where} AND length(content) > :cap", cap=cap, **params)[0]
     if not row.n:
         return []

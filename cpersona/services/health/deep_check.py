@@ -13,7 +13,8 @@ from sqlalchemy import Connection, text
 
 from cpersona.services.app import App
 from cpersona.services.calibration_sidecar import read_sidecar, scoring_version
-from cpersona.services.health.hygiene import SENTINEL_SQL
+from cpersona.services.health.hygiene import sentinel_sql
+from cpersona.storage import dialect
 from cpersona.services.health.registry import dedupe, unknown_names, unknown_refusal
 from cpersona.services.timestamps import instant_seconds
 
@@ -34,6 +35,7 @@ _STAMP = re.compile(r"^\d{1,4}([-/:.]\d{1,4})+([ T]\d{1,2}(:\d{2}){1,2}(\.\d+)?)
 class DeepCtx:
     def __init__(self, app: App, conn: Connection, agent_id: str, fix: bool) -> None:
         self.app, self.conn, self.agent_id, self.fix = app, conn, agent_id, fix
+        dialect.JsonSql(conn).prepare(conn)  # the sentinel test reads JSON on PostgreSQL
 
     def rows(self, sql: str, **params: Any) -> list[Any]:
         return list(self.conn.execute(text(sql), {"agent": self.agent_id, **params}))
@@ -62,7 +64,8 @@ def recovered_name(content: str) -> str | None:
 
 
 def anonymous_source(ctx: DeepCtx) -> dict[str, Any]:
-    rows = ctx.rows(f"SELECT id, content, locked FROM memories WHERE agent_id = :agent AND {SENTINEL_SQL} ORDER BY id")
+    rows = ctx.rows(f"SELECT id, content, locked FROM memories WHERE agent_id = :agent "
+                    f"AND {sentinel_sql(ctx.conn)} ORDER BY id")
     found = [(r, recovered_name(r.content)) for r in rows]
     good = [(r, n) for r, n in found if n]
     bad = [r for r, n in found if not n]
@@ -137,12 +140,13 @@ def stale_profile(ctx: DeepCtx) -> dict[str, Any]:
 
 
 def orphaned_episodes(ctx: DeepCtx) -> dict[str, Any]:
+    start, end = dialect.instant(ctx.conn, "e.start_time"), dialect.instant(ctx.conn, "e.end_time")
     rows = ctx.rows(
         "SELECT e.id, e.summary, e.start_time, e.end_time FROM episodes e WHERE e.agent_id = :agent "
         "AND e.start_time IS NOT NULL AND e.start_time != '' AND e.end_time IS NOT NULL AND e.end_time != '' "
-        "AND (datetime(e.start_time) IS NULL OR datetime(e.end_time) IS NULL OR NOT EXISTS ("
+        f"AND ({start} IS NULL OR {end} IS NULL OR NOT EXISTS ("
         " SELECT 1 FROM memories m WHERE m.agent_id = :agent"
-        " AND datetime(m.timestamp) BETWEEN datetime(e.start_time) AND datetime(e.end_time))) ORDER BY e.id")
+        f" AND {dialect.instant(ctx.conn, 'm.timestamp')} BETWEEN {start} AND {end})) ORDER BY e.id")
     out: dict[str, Any] = {"count": len(rows)}
     if rows:
         out["samples"] = [{"id": r.id, "summary": r.summary[:80], "start": r.start_time, "end": r.end_time}

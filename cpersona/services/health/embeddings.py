@@ -11,11 +11,12 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from sqlalchemy import text
+from sqlalchemy import inspect, text
 
 from cpersona.services.advisory import embedding_health
 from cpersona.services.app import App
 from cpersona.services.health.registry import Check, Ctx, Issue, Prep
+from cpersona.storage import dialect
 from cpersona.storage.scope import Scope, sql_fragment
 
 TABLES = {"memories": "content", "episodes": "summary"}
@@ -232,8 +233,8 @@ def detect_backend(ctx: Ctx) -> list[Issue]:
 
 
 def _label_columns(ctx: Ctx) -> list[str]:
-    return [t for t in TABLES
-            if any(r[1] == "embedding_model" for r in ctx.rows(f"PRAGMA table_info({t})"))]
+    inspector = inspect(ctx.conn)
+    return [t for t in TABLES if any(c["name"] == "embedding_model" for c in inspector.get_columns(t))]
 
 
 def detect_model(ctx: Ctx) -> list[Issue]:
@@ -275,7 +276,7 @@ def detect_model(ctx: Ctx) -> list[Issue]:
 def _null_check(name: str, table: str) -> Check:
     def detect(ctx: Ctx) -> list[Issue]:
         where, params = ctx.where()
-        row = ctx.rows(f"SELECT COUNT(*) AS total, COALESCE(SUM(embedding IS NULL), 0) AS nulls "
+        row = ctx.rows(f"SELECT COUNT(*) AS total, COALESCE({dialect.count_if('embedding IS NULL')}, 0) AS nulls "
                        f"FROM {table} WHERE {where}", **params)[0]
         count = int(row.nulls)
         if not count:

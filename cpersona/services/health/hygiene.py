@@ -14,17 +14,26 @@ from cpersona.services.health.content import delete_unlocked
 from cpersona.services.health.registry import Check, Ctx, Issue
 from cpersona.services.sanitize import CANONICAL_TYPES, normalize_source
 from cpersona.services.timestamps import instant_seconds
+from cpersona.storage import dialect
 
 PAGE = 1000
 STALE_TASK_AGE = timedelta(hours=1)
 _OFFSET = re.compile(r"[+-]\d{2}:?\d{2}$")
 
-# The anonymous User sentinel (R-41, DC-5): type User, empty id and name, nothing else.
-SENTINEL_SQL = ("(json_valid(source) AND json_type(source) = 'object' "
-                "AND json_extract(source, '$.type') = 'User' AND json_extract(source, '$.id') = '' "
-                "AND json_extract(source, '$.name') = '' AND (SELECT COUNT(*) FROM json_each(source)) = 3)")
-UNATTRIBUTED_SQL = ("(json_valid(source) AND (json_type(source) = 'null' OR (json_type(source) = 'object' "
-                    "AND (SELECT COUNT(*) FROM json_each(source)) = 0)))")
+
+
+def sentinel_sql(conn: Any) -> str:
+    """The anonymous User sentinel (R-41, DC-5): type User, empty id and name, nothing else."""
+    j = dialect.JsonSql(conn)
+    return (f"({j.valid('source')} AND {j.type_is('source', 'object')} "
+            f"AND {j.text_at('source', 'type')} = 'User' AND {j.text_at('source', 'id')} = '' "
+            f"AND {j.text_at('source', 'name')} = '' AND {j.key_count('source')} = 3)")
+
+
+def unattributed_sql(conn: Any) -> str:
+    j = dialect.JsonSql(conn)
+    return (f"({j.valid('source')} AND ({j.type_is('source', 'null')} OR ({j.type_is('source', 'object')} "
+            f"AND {j.key_count('source')} = 0)))")
 
 
 def canonical_utc(stamp: str | None) -> str | None:
@@ -99,8 +108,11 @@ def reencode_json(raw: str | None) -> str:
 
 def detect_json(ctx: Ctx) -> list[Issue]:
     where, params = ctx.where()
-    r = ctx.rows(f"SELECT COALESCE(SUM(NOT json_valid(source)), 0) AS s, COALESCE(SUM(NOT json_valid(metadata)), 0) AS m, "
-                 f"COALESCE(SUM(locked = 0 AND (NOT json_valid(source) OR NOT json_valid(metadata))), 0) AS u "
+    j = dialect.JsonSql(ctx.conn)
+    bad_source, bad_metadata = f"NOT {j.valid('source')}", f"NOT {j.valid('metadata')}"
+    r = ctx.rows(f"SELECT COALESCE({dialect.count_if(bad_source)}, 0) AS s, "
+                 f"COALESCE({dialect.count_if(bad_metadata)}, 0) AS m, "
+                 f"COALESCE({dialect.count_if(f'locked = 0 AND ({bad_source} OR {bad_metadata})')}, 0) AS u "
                  f"FROM memories WHERE {where}", **params)[0]
     if not (r.s or r.m):
         return []
@@ -109,9 +121,10 @@ def detect_json(ctx: Ctx) -> list[Issue]:
 
 def repair_json(ctx: Ctx, issues: list[Issue]) -> None:
     where, params = ctx.where()
-    rows = ctx.rows(f"SELECT id, source, metadata, json_valid(source) AS vs, json_valid(metadata) AS vm "
-                    f"FROM memories WHERE {where} AND locked = 0 AND (NOT json_valid(source) OR NOT json_valid(metadata))",
-                    **params)
+    j = dialect.JsonSql(ctx.conn)
+    rows = ctx.rows(f"SELECT id, source, metadata, {j.valid('source')} AS vs, {j.valid('metadata')} AS vm "
+                    f"FROM memories WHERE {where} AND locked = 0 "
+                    f"AND (NOT {j.valid('source')} OR NOT {j.valid('metadata')})", **params)
     for r in rows:
         ctx.run("UPDATE memories SET source = :s, metadata = :m WHERE id = :i AND locked = 0",
                 s=r.source if r.vs else reencode_json(r.source), m=r.metadata if r.vm else reencode_json(r.metadata),
@@ -129,13 +142,13 @@ def _iso(stamp: str) -> datetime | None:
 
 
 def _sqlite_reads(ctx: Ctx, stamp: str) -> bool:
-    return ctx.scalar("SELECT julianday(:s) IS NOT NULL", s=stamp) == 1
+    return bool(ctx.scalar(f"SELECT {dialect.instant(ctx.conn, ':s')} IS NOT NULL", s=stamp))
 
 
 def _invalid_rows(ctx: Ctx) -> list[Any]:
     where, params = ctx.where()
     out = []
-    for r in _paged(ctx, f"SELECT id, timestamp, created_at, locked, julianday(timestamp) IS NOT NULL AS sq "
+    for r in _paged(ctx, f"SELECT id, timestamp, created_at, locked, {dialect.instant(ctx.conn, 'timestamp')} IS NOT NULL AS sq "
                          f"FROM memories WHERE {where} AND id > :after AND timestamp != ''", **params):
         if not r.sq:
             out.append(r)
@@ -356,7 +369,8 @@ def repair_future_episode(ctx: Ctx, issues: list[Issue]) -> None:
 def _stale_where(ctx: Ctx) -> tuple[str, dict[str, Any]]:
     where, params = ctx.where()
     cutoff = (ctx.now - STALE_TASK_AGE).astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
-    return f"{where} AND julianday(created_at) < julianday(:cutoff)", {**params, "cutoff": cutoff}
+    older = f"{dialect.instant(ctx.conn, 'created_at')} < {dialect.instant(ctx.conn, ':cutoff')}"
+    return f"{where} AND {older}", {**params, "cutoff": cutoff}
 
 
 def detect_stale_tasks(ctx: Ctx) -> list[Issue]:
@@ -383,27 +397,30 @@ def detect_missing_profile(ctx: Ctx) -> list[Issue]:
 
 # -- 26: empty_content ----------------------------------------------------------------------------
 
-_BLANK = "trim(content, ' ' || char(9, 10, 11, 12, 13)) = ''"
+_BLANK = "trim(content, :blank_chars) = ''"
 
 
 def detect_empty(ctx: Ctx) -> list[Issue]:
     where, params = ctx.where()
-    r = ctx.rows(f"SELECT COUNT(*) AS n, COALESCE(SUM(locked = 0), 0) AS u FROM memories WHERE {where} AND {_BLANK}",
-                 **params)[0]
+    r = ctx.rows(f"SELECT COUNT(*) AS n, COALESCE({dialect.count_if('locked = 0')}, 0) AS u FROM memories "
+                 f"WHERE {where} AND {_BLANK}", blank_chars=dialect.BLANK_CHARS, **params)[0]
     return [{"type": "empty_content", "count": r.n, "repairable": int(r.u)}] if r.n else []
 
 
 def repair_empty(ctx: Ctx, issues: list[Issue]) -> None:
     where, params = ctx.where()
     delete_unlocked(ctx, [r.id for r in ctx.rows(f"SELECT id FROM memories WHERE {where} AND locked = 0 AND {_BLANK}",
-                                                 **params)])
+                                                 blank_chars=dialect.BLANK_CHARS, **params)])
 
 
 # -- 27: invalid_source_type ----------------------------------------------------------------------
 
-_BAD_TYPE = ("json_valid(source) AND NOT " + UNATTRIBUTED_SQL +
-             " AND (json_type(source) != 'object' OR json_type(source, '$.type') IS NOT 'text'"
-             " OR json_extract(source, '$.type') NOT IN ('User', 'Agent', 'System'))")
+
+def _bad_type_sql(conn: Any) -> str:
+    j = dialect.JsonSql(conn)
+    return (f"{j.valid('source')} AND NOT {unattributed_sql(conn)} "
+            f"AND (NOT {j.type_is('source', 'object')} OR {j.type_is_not('source', 'text', 'type')} "
+            f"OR {j.text_at('source', 'type')} NOT IN ('User', 'Agent', 'System'))")
 
 
 def mapped_source(raw: str) -> str | None:
@@ -422,13 +439,15 @@ def _offenders(ctx: Ctx, *, unlocked: bool, limit: int | None = None) -> list[An
     where, params = ctx.where()
     lock = " AND locked = 0" if unlocked else ""
     tail = f" ORDER BY id LIMIT {int(limit)}" if limit is not None else ""
-    return ctx.rows(f"SELECT id, source FROM memories WHERE {where}{lock} AND {_BAD_TYPE}{tail}", **params)
+    return ctx.rows(f"SELECT id, source FROM memories WHERE {where}{lock} AND {_bad_type_sql(ctx.conn)}{tail}",
+                    **params)
 
 
 def _count_offenders(ctx: Ctx, *, unlocked: bool) -> int:
     where, params = ctx.where()
     lock = " AND locked = 0" if unlocked else ""
-    return int(ctx.scalar(f"SELECT COUNT(*) FROM memories WHERE {where}{lock} AND {_BAD_TYPE}", **params))
+    return int(ctx.scalar(f"SELECT COUNT(*) FROM memories WHERE {where}{lock} AND {_bad_type_sql(ctx.conn)}",
+                          **params))
 
 
 def detect_source_type(ctx: Ctx) -> list[Issue]:
@@ -494,7 +513,8 @@ def repair_oversized_profile(ctx: Ctx, issues: list[Issue]) -> None:
 
 def detect_anonymous(ctx: Ctx) -> list[Issue]:
     where, params = ctx.where()
-    r = ctx.rows(f"SELECT COALESCE(SUM({SENTINEL_SQL}), 0) AS s, COALESCE(SUM({UNATTRIBUTED_SQL}), 0) AS u "
+    r = ctx.rows(f"SELECT COALESCE({dialect.count_if(sentinel_sql(ctx.conn))}, 0) AS s, "
+                 f"COALESCE({dialect.count_if(unattributed_sql(ctx.conn))}, 0) AS u "
                  f"FROM memories WHERE {where}", **params)[0]
     sentinel, unattributed = int(r.s), int(r.u)
     if not (sentinel or unattributed):

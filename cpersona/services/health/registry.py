@@ -20,6 +20,7 @@ from typing import Any
 from sqlalchemy import Connection, text
 
 from cpersona.services.app import App
+from cpersona.storage import dialect
 from cpersona.storage.scope import Scope, sql_fragment
 
 log = logging.getLogger(__name__)
@@ -73,6 +74,9 @@ class Ctx:
     # Records whose text this run rewrote: their node builds are queued after commit (spec H-6).
     rewritten: set[tuple[str, int]] = field(default_factory=set)
 
+    def __post_init__(self) -> None:
+        dialect.JsonSql(self.conn).prepare(self.conn)  # JSON checks need it on PostgreSQL
+
     @property
     def settings(self) -> Any:
         return self.app.settings
@@ -99,9 +103,7 @@ class Ctx:
 
 
 def has_object(conn: Connection, kind: str, name: str) -> bool:
-    row = conn.execute(text("SELECT 1 FROM sqlite_master WHERE type = :k AND name = :n"),
-                       {"k": kind, "n": name}).first()
-    return row is not None
+    return dialect.has_object(conn, kind, name)
 
 
 Detector = Callable[[Ctx], list[Issue]]

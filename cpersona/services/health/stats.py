@@ -23,6 +23,8 @@ def _axis(conn: Connection, column: str, where: str, params: dict[str, Any]) -> 
 
 
 def db_size_bytes(conn: Connection) -> int:
+    if conn.dialect.name == "postgresql":
+        return int(conn.exec_driver_sql("SELECT pg_database_size(current_database())").scalar() or 0)
     try:
         pages = conn.exec_driver_sql("PRAGMA page_count").scalar() or 0
         size = conn.exec_driver_sql("PRAGMA page_size").scalar() or 0
