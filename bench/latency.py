@@ -12,6 +12,12 @@ database grows through the requested sizes. At each size:
           pairs, single words, phrases cut from stored rows, queries matching
           nothing, blank recency listings; limits 5 / 10 / 25) -> p50 / p95 ms
 
+Besides the client-side round trips, each timed phase reads the server
+process's own CPU time (Linux /proc, all its threads) -> store / recall CPU ms
+per call. On a machine shared with other work, wall-clock latency stretches
+with the load while CPU per call barely moves, so the CPU figures are the
+steadier comparison; the issue's targets are still judged on the wall clock.
+
 Rows are LoCoMo turns with about a third of their words swapped for words
 drawn by corpus frequency, so every row is distinct while text length and word
 statistics stay conversational. Everything is seeded: both servers get the
@@ -27,11 +33,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import random
 import sys
 import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 from typing import Any, Iterator
 
 from harness_python import ensure_harness_python
@@ -115,6 +123,8 @@ class SizeResult:
     recall_ms: list[float]
     recall_rows: list[int]
     failures: int
+    store_cpu_ms: float | None = None  # server CPU per timed store, None where /proc is missing
+    recall_cpu_ms: float | None = None
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -128,8 +138,41 @@ class SizeResult:
             "recall_p50_ms": round(percentile(self.recall_ms, 0.50), 2),
             "recall_p95_ms": round(percentile(self.recall_ms, 0.95), 2),
             "recall_mean_rows": round(sum(self.recall_rows) / len(self.recall_rows), 2) if self.recall_rows else 0.0,
+            "store_cpu_ms": None if self.store_cpu_ms is None else round(self.store_cpu_ms, 2),
+            "recall_cpu_ms": None if self.recall_cpu_ms is None else round(self.recall_cpu_ms, 2),
             "failures": self.failures,
         }
+
+
+def server_pid(server: RunningServer) -> int | None:
+    """The server's process, found by its working directory (a fresh temporary one); None without /proc."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return None
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if os.readlink(entry / "cwd") == str(server.workdir) and b"cpersona" in (entry / "cmdline").read_bytes():
+                return int(entry.name)
+        except OSError:
+            continue
+    return None
+
+
+def cpu_ms(pid: int | None) -> float | None:
+    """User plus system CPU time of process `pid` (all threads), in milliseconds."""
+    if pid is None:
+        return None
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) * 1000.0 / os.sysconf("SC_CLK_TCK")
+
+
+def per_call(before: float | None, after: float | None, calls: int) -> float | None:
+    return None if before is None or after is None or calls == 0 else (after - before) / calls
 
 
 def is_stored(answer: dict[str, Any]) -> bool:
@@ -175,6 +218,7 @@ async def measure_mode(
     results = []
     async with contextlib.AsyncExitStack() as stack:
         servers = [await stack.enter_async_context(start_server(n, embedding_env(mode, embed_url))) for n in names]
+        pids = {server.name: server_pid(server) for server in servers}
         stored = 0
         for size in args.sizes:
             fill_to = max(stored, size - args.store_probes)
@@ -183,6 +227,7 @@ async def measure_mode(
                 fills[server.name] = await fill(server, corpus, stored, fill_to, args.concurrency, f"{mode}/{server.name}/{size}")
             store_ms: dict[str, list[float]] = {server.name: [] for server in servers}
             failures = {server.name: fills[server.name][1] for server in servers}
+            cpu_before = {name: cpu_ms(pid) for name, pid in pids.items()}
             for index in range(fill_to, size):
                 for server in servers:
                     answer, elapsed = await server.try_call("store", corpus.row(index))
@@ -190,6 +235,8 @@ async def measure_mode(
                         store_ms[server.name].append(elapsed)
                     failures[server.name] += not is_stored(answer)
             stored = size
+            store_cpu = {name: per_call(cpu_before[name], cpu_ms(pid), size - fill_to) for name, pid in pids.items()}
+            cpu_before = {name: cpu_ms(pid) for name, pid in pids.items()}
             recall_ms: dict[str, list[float]] = {server.name: [] for server in servers}
             recall_rows: dict[str, list[int]] = {server.name: [] for server in servers}
             for arguments in corpus.recall_queries(args.recalls, stored, size):
@@ -199,34 +246,38 @@ async def measure_mode(
                         recall_ms[server.name].append(elapsed)
                     recall_rows[server.name].append(len(answer.get("messages") or []))
                     failures[server.name] += "messages" not in answer
+            recall_cpu = {name: per_call(cpu_before[name], cpu_ms(pid), args.recalls) for name, pid in pids.items()}
             for server in servers:
                 name = server.name
                 result = SizeResult(
-                    name, mode, size, fill_to, fills[name][0], store_ms[name], recall_ms[name], recall_rows[name], failures[name]
+                    name, mode, size, fill_to, fills[name][0], store_ms[name], recall_ms[name], recall_rows[name], failures[name],
+                    store_cpu[name], recall_cpu[name],
                 )
                 results.append(result)
                 summary = result.summary()
                 print(
                     f"  [{mode}/{name}/{size}] fill {summary['fill_rows_per_s']} rows/s; store p50 {summary['store_p50_ms']} ms; "
-                    f"recall p50 {summary['recall_p50_ms']} / p95 {summary['recall_p95_ms']} ms; failures {failures[name]}",
+                    f"recall p50 {summary['recall_p50_ms']} / p95 {summary['recall_p95_ms']} ms; "
+                    f"server CPU per store {summary['store_cpu_ms']} / recall {summary['recall_cpu_ms']} ms; failures {failures[name]}",
                     file=sys.stderr,
                     flush=True,
                 )
     return results
 
 
-def ratio(ours: float, ref: float) -> str:
-    return f"{ours / ref:.2f}" if ref else "-"
+def ratio(ours: float | None, ref: float | None) -> str:
+    return f"{ours / ref:.2f}" if ours is not None and ref else "-"
 
 
 def format_tables(summaries: list[dict[str, Any]]) -> str:
-    columns = ("fill_rows_per_s", "store_p50_ms", "store_p95_ms", "recall_p50_ms", "recall_p95_ms", "recall_mean_rows")
+    columns = ("fill_rows_per_s", "store_p50_ms", "store_p95_ms", "recall_p50_ms", "recall_p95_ms",
+               "store_cpu_ms", "recall_cpu_ms", "recall_mean_rows")
     header = f"{'mode':<6} {'size':>7} {'server':<7} " + " ".join(f"{c:>16}" for c in columns) + f" {'failures':>8}"
     lines = [header, "-" * len(header)]
     for s in summaries:
         lines.append(
             f"{s['mode']:<6} {s['size']:>7} {s['server']:<7} "
-            + " ".join(f"{s[c]:>16}" for c in columns)
+            + " ".join(f"{'-' if s[c] is None else s[c]:>16}" for c in columns)
             + f" {s['failures']:>8}"
         )
     keyed = {(s["mode"], s["size"], s["server"]): s for s in summaries}
@@ -234,10 +285,10 @@ def format_tables(summaries: list[dict[str, Any]]) -> str:
         pairs = sorted({(m, z) for (m, z, v) in keyed if (m, z, top) in keyed and (m, z, bottom) in keyed})
         if pairs:
             lines += ["", f"{top} / {bottom} (rows/s: higher is better; ms: lower is better)"]
-            lines.append(f"{'mode':<6} {'size':>7} " + " ".join(f"{c:>16}" for c in columns[:5]))
+            lines.append(f"{'mode':<6} {'size':>7} " + " ".join(f"{c:>16}" for c in columns[:7]))
             for mode, size in pairs:
                 ours, ref = keyed[(mode, size, top)], keyed[(mode, size, bottom)]
-                lines.append(f"{mode:<6} {size:>7} " + " ".join(f"{ratio(ours[c], ref[c]):>16}" for c in columns[:5]))
+                lines.append(f"{mode:<6} {size:>7} " + " ".join(f"{ratio(ours[c], ref[c]):>16}" for c in columns[:7]))
     lines += target_lines(keyed)
     return "\n".join(lines)
 
