@@ -445,3 +445,20 @@ def test_gate_calibration_under_legacy_measures_confidence(db, apps):  # spec GA
     assert rows and all(row.signal[0] == "confidence" for row in rows)
     assert any(row.backfilled for row in rows)
     assert all(row.signal[0] != "confidence" for row in scored_candidates(apps(), "a", "xylophone"))
+
+
+def test_legacy_confidence_orders_rrf_and_rsf_alike(db, apps):  # spec §5.9.3: "rrf and rsf return the same order"
+    for i, text in enumerate(["xylophone lessons on tuesday", "xylophone practice", MIDDLING, LEXICAL_ONLY,
+                              "the xylophone is in the hall cupboard", "tuesday dinner plans"]):
+        add_memory(db, text, timestamp=f"2026-11-{20 + i:02d}T00:00:00+00:00")
+    answers = {}
+    for mode in ("rrf", "rsf"):
+        # deep: no counters bumped, so the second recall sees what the first saw (RC-10)
+        response = recall(apps(CONFIDENCE_ORDERING="legacy", RECALL_MODE=mode), agent_id="a",
+                          query="xylophone tuesday", deep=True)
+        answers[mode] = [m["ref"] for m in response["messages"]]
+    assert len(answers["rrf"]) >= 3
+    assert answers["rrf"] == answers["rsf"]
+    fused = {mode: [m["ref"] for m in recall(apps(RECALL_MODE=mode), agent_id="a", query="xylophone tuesday",
+                                              deep=True)["messages"]] for mode in ("rrf", "rsf")}
+    assert fused["rrf"] != answers["rrf"] or fused["rsf"] != answers["rsf"]  # confidence did reorder something
