@@ -63,7 +63,9 @@ def walk_items(session: Session, scope: Scope, items: list[Cluster], *, max_hops
             continue  # a self-relation reaches nothing new
         adjacency.setdefault(rel.subject_id, []).append(rel)
         adjacency.setdefault(rel.object_id, []).append(rel)
-    reachable = sorted(e for e, d in graph.distance.items() if d >= 1)
+    # Every entity some relation reaches — a start included: an entity one item's rows
+    # mention can be another item's first hop (RX-20 reads records for all of them).
+    reachable = sorted(e for e in graph.distance if e in adjacency)
     # Per reached entity: readable records mentioning it, candidates excluded, lowest id first.
     limit = max_evidence + 1 + len(candidate_refs)
     records = _mentions(session, scope, source_id, channel, reachable, limit)
