@@ -168,6 +168,14 @@ def test_clamped_count_raised_budget_and_a_held_item(app):  # spec §8.3 fifth e
                    "requested_budget": 10,
                    "budget_policy": {"source": "caller", "clamped": True, "reason": "raised_to_one_excerpt"},
                    "reserved_count": 1, "shortfall_reason": "exhausted_candidates"}
+    # The reference's key order too: the modes count tokens of the JSON text (RX-44).
+    assert list(out) == ["items", "requested_count", "effective_count", "returned_count", "count_policy",
+                         "requested_budget", "budget_policy", "reserved_count", "shortfall_reason"]
+    traced = reconstruct(app, agent_id=A, query="OpenCV", trace=True)
+    assert list(traced) == ["items", "requested_count", "effective_count", "returned_count", "count_policy",
+                            "requested_budget", "effective_budget", "used_budget", "budget_policy", "bounds",
+                            "reconstruction", "advisory", "trace", "reserved_count", "shortfall_reason"]  # RX-43
+    assert traced["budget_policy"] == {"source": "server_default", "clamped": False, "reason": "default_fits_the_window"}
 
 
 def test_operator_forced_count_and_budget(db):  # spec §8.3 fifth example (forced), RX-3, RX-4, RX-38, RX-39

@@ -36,6 +36,10 @@ class Policy:
     def as_dict(self) -> dict[str, Any]:
         return {"source": self.source, "clamped": self.clamped, "reason": self.reason}
 
+    def worth_showing(self) -> bool:
+        """RX-40: shown when the server did something other than asked (a clamp, a raise, a forced value)."""
+        return self.clamped or self.source == "operator_forced"
+
 
 @dataclass(slots=True)
 class Bounds:
@@ -135,8 +139,8 @@ def resolve_budget(settings: Settings, requested: int | None, mode: str | None,
     """RX-4 / RX-5: the quoted-character budget and, when it differs from what was asked, why.
 
     ``None`` means no character budget (pro without a caller or forced budget:
-    the token cap bounds the answer instead). The policy is returned only when
-    RX-40 wants it shown: a clamp, a raise or an operator-forced value.
+    the token cap bounds the answer instead), and then no policy either.
+    Whether the policy is shown is RX-40's business (:func:`Policy.worth_showing`).
     """
     forced = settings.reconstruct_forced_budget
     if forced is not None:
@@ -156,8 +160,7 @@ def resolve_budget(settings: Settings, requested: int | None, mode: str | None,
     floor = one_head_quote(settings)
     if budget < floor:
         budget, reason = floor, "raised_to_one_excerpt"
-    policy = Policy(source, budget != base, reason)
-    return budget, (policy if policy.clamped or source == "operator_forced" else None)
+    return budget, Policy(source, budget != base, reason)
 
 
 def _bound(value: int | None, default: int, low: int, high: int) -> tuple[int, bool]:

@@ -98,7 +98,7 @@ def _run(app: App, req: Request) -> dict[str, Any]:
             _audit(out["trace"], req.recall.query, items[:n_items],
                    [(items[i].head.ref, quotes[i]) for i in range(n_items)]
                    + [(row.ref, q) for i in range(n_items) for row, q in excerpts[i][:excerpt_counts[i]]])
-        return out
+        return _in_wire_order(out)
 
     if req.trace:
         response = build(got.items, got.excerpts, True)
@@ -145,6 +145,20 @@ def _fewer_claims(build: Any, items: list[Item], excerpts: list[list[tuple[Any, 
         return None
     keep(found[1])  # leave the kept claims in place for anything read after
     return found[0]
+
+
+# The reference's key order. JSON readers do not care, but the modes count the
+# tokens of the JSON text, and the same answer should cost the same (RX-44).
+_WIRE_ORDER = ("items", "requested_count", "effective_count", "returned_count", "count_policy", "requested_budget",
+               "effective_budget", "used_budget", "budget_policy", "bounds", "reconstruction", "quote_selection",
+               "advisory", "update", "suggestion", "gate_fallback", "time_cue", "trace", "reserved_count",
+               "reserved_omitted", "shortfall_reason")
+
+
+def _in_wire_order(out: dict[str, Any]) -> dict[str, Any]:
+    ordered = {key: out[key] for key in _WIRE_ORDER if key in out}
+    ordered.update((key, value) for key, value in out.items() if key not in ordered)
+    return ordered
 
 
 def _audit(trace: dict[str, Any], query: str, items: list[Item], shown: list[tuple[str, Quote]]) -> None:
@@ -243,9 +257,10 @@ def _envelope(out: dict[str, Any], req: Request, pool: Any, items: list[Item], r
         if req.requested_count is not None or full:
             out["requested_count"] = req.requested_count
         out["count_policy"] = req.count_policy.as_dict()
-    if budget_policy is not None or full:
+    shown_policy = budget_policy is not None and (full or budget_policy.worth_showing())
+    if shown_policy or full:
         out["requested_budget"] = req.requested_budget
-        if budget_policy is not None:
+        if shown_policy:
             out["budget_policy"] = budget_policy.as_dict()
     cut = budget_cut or "reserved_omitted" in out or any(
         len(excerpts[i]) > excerpt_counts[i] for i in range(returned))
