@@ -71,6 +71,9 @@ class SqlSearch(ABC):
     source_filter: Callable[..., tuple[str, dict[str, Any]]]
     # The substring test against :pattern, with backslash as the escape character.
     substring_match: str
+    # Written after the table of a read by id (fetch): how to keep the planner
+    # on the primary key when a scope predicate sits beside the ids.
+    by_id_hint: str = ""
 
     def __init__(self, db: Database, *, fts_enabled: bool = True) -> None:
         self.db = db
@@ -150,7 +153,7 @@ class SqlSearch(ABC):
                     by_source, source_params = type(self).source_filter(source_id, alias)
                     where, params = f"{where} AND {by_source}", {**params, **source_params}
                 sql = text(
-                    f"SELECT {columns} FROM {table} {alias} WHERE {alias}.id IN :ids AND {where}"
+                    f"SELECT {columns} FROM {table} {alias} {self.by_id_hint} WHERE {alias}.id IN :ids AND {where}"
                 ).bindparams(bindparam("ids", expanding=True))
                 for row in session.execute(sql, {**params, "ids": ids}):
                     record = build(row)
