@@ -468,3 +468,23 @@ async def test_remote_mode_end_to_end_over_stdio(tmp_path, server):  # spec EMB-
         assert (await call(client, "delete_memory", agent_id="a", memory_id=stored["id"]))["ok"] is True
     assert bodies(server, "/search")[0]["namespace"] == NS
     assert server.indexed(NS) == {}  # pushed, then removed
+
+
+def test_health_deletes_leave_the_remote_index(rapp, db, server):  # spec health H-6
+    from cpersona.services.health.check_health import check_health
+    from cpersona.services.health.content import clean_mentions
+    from cpersona.services.health.deep_check import deep_check
+
+    raw = "hello <@123456789> there, see you"
+    twin = add_memory(db, content=clean_mentions(raw))
+    folded = add_memory(db, content=raw)  # its cleaned text equals the twin's: the repair folds it away
+    short = add_memory(db, content="ok")
+    kept = add_memory(db, content="said twice")
+    covered = add_memory(db, content="said twice", channel="d")  # covered by the channel-less copy
+    check_health(rapp, agent_id="a", fix=True, checks=["discord_mention", "duplicate_content"])
+    deep_check(rapp, agent_id="a", fix=True, checks=["short_content"])
+    with db.read() as session:
+        left = set(session.scalars(select(Memory.id)))
+    assert left == {twin, kept}  # the repairs really deleted their rows
+    assert bodies(server, "/remove") == [{"namespace": NS, "ids": sorted([f"mem:{folded}", f"mem:{covered}"])},
+                                         {"namespace": NS, "ids": [f"mem:{short}"]}]

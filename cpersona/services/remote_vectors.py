@@ -122,6 +122,15 @@ def forget(app: App, agent_id: str, refs: Sequence[str]) -> bool:
     return index.remove(agent_id, refs)
 
 
+def forget_rows(app: App, rows: Iterable[tuple[str, int, str]]) -> None:
+    """Remove deleted rows given as (kind, id, owner), one request per owner (health repairs, H-6)."""
+    by_agent: dict[str, list[str]] = {}
+    for kind, row_id, agent_id in rows:
+        by_agent.setdefault(agent_id, []).append(f"{kind}:{row_id}")
+    for agent_id, refs in by_agent.items():
+        forget(app, agent_id, sorted(refs))
+
+
 def purge(app: App, agent_id: str) -> bool:
     """Drop the agent's whole namespace (delete_agent_data, DAD-2; failure logged only)."""
     index = remote_index(app)

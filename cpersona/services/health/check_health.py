@@ -71,6 +71,7 @@ def fix_run(app: App, agent_id: str, checks: Sequence[Check], prep: Prep) -> lis
     _second_pass(app, agent_id, ctx.nulled, prep, by_check)
     derived.queue_after_rewrites(app, ctx.rewritten)  # H-6: after commit, token reports outside the lock
     remote_vectors.push_rows(app, ctx.rewritten)  # H-6: rewritten text reaches the remote index (remote mode)
+    remote_vectors.forget_rows(app, ctx.removed)
     return _ordered(checks, by_check)
 
 

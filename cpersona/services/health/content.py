@@ -72,6 +72,9 @@ def delete_unlocked(ctx: Ctx, ids: list[int]) -> int:
     for start in range(0, len(ids), CHUNK):
         chunk = ids[start:start + CHUNK]
         marks = ", ".join(str(int(i)) for i in chunk)
+        if ctx.settings.vector_search_mode == "remote":  # H-6: the owners, read before the rows go
+            ctx.removed.update(("mem", r.id, r.agent_id) for r in ctx.rows(
+                f"SELECT id, agent_id FROM memories WHERE locked = 0 AND id IN ({marks})"))
         deleted += ctx.run(f"DELETE FROM memories WHERE locked = 0 AND id IN ({marks})")
     return deleted
 
@@ -88,6 +91,7 @@ def rewrite_content(ctx: Ctx, row_id: int, new_text: str) -> str:
     if twin is not None:
         repoint_declarations(ctx, row_id, twin)
         ctx.run("DELETE FROM memories WHERE id = :i AND locked = 0", i=row_id)
+        ctx.removed.add(("mem", row_id, agent))
         return "folded"
     ctx.run("UPDATE memories SET content = :t, embedding = NULL WHERE id = :i AND locked = 0", t=new_text, i=row_id)
     ctx.nulled.add("memories")

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 from sqlalchemy import Connection, text
 
+from cpersona.services import remote_vectors
 from cpersona.services.app import App
 from cpersona.services.calibration_sidecar import read_sidecar, scoring_version
 from cpersona.services.health.hygiene import sentinel_sql
@@ -35,6 +36,7 @@ _STAMP = re.compile(r"^\d{1,4}([-/:.]\d{1,4})+([ T]\d{1,2}(:\d{2}){1,2}(\.\d+)?)
 class DeepCtx:
     def __init__(self, app: App, conn: Connection, agent_id: str, fix: bool) -> None:
         self.app, self.conn, self.agent_id, self.fix = app, conn, agent_id, fix
+        self.removed: list[str] = []  # refs of the agent's rows deleted, for the remote index after commit
         dialect.JsonSql(conn).prepare(conn)  # the sentinel test reads JSON on PostgreSQL
 
     def rows(self, sql: str, **params: Any) -> list[Any]:
@@ -115,6 +117,7 @@ def short_content(ctx: DeepCtx) -> dict[str, Any]:
         for start in range(0, len(ids), CHUNK):
             marks = ", ".join(str(i) for i in ids[start:start + CHUNK])
             fixed += ctx.run(f"DELETE FROM memories WHERE locked = 0 AND id IN ({marks})")
+        ctx.removed.extend(f"mem:{i}" for i in ids)
         out["fixed"] = fixed
     if rows:
         out["samples"] = [{"id": r.id, "content": r.content} for r in rows[:10]]
@@ -347,5 +350,6 @@ def deep_check(app: App, *, agent_id: Any, fix: Any = False, checks: Any = None,
             ctx = DeepCtx(app, conn, agent, True)
             for name in writers:
                 results[name] = _run(ctx, name)
+        remote_vectors.forget(app, agent, ctx.removed)  # after commit (remote vector mode)
     return {"agent_id": agent, "checks_run": checks_run, "results": {n: results[n] for n in checks_run},
             "fixed": fix}

@@ -73,6 +73,8 @@ class Ctx:
     nulled: set[str] = field(default_factory=set)
     # Records whose text this run rewrote: their node builds are queued after commit (spec H-6).
     rewritten: set[tuple[str, int]] = field(default_factory=set)
+    # (kind, id, owner) of rows this run deleted: removed from the remote vector index after commit (H-6).
+    removed: set[tuple[str, int, str]] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         dialect.JsonSql(self.conn).prepare(self.conn)  # JSON checks need it on PostgreSQL
