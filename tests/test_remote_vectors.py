@@ -488,3 +488,12 @@ def test_health_deletes_leave_the_remote_index(rapp, db, server):  # spec health
     assert left == {twin, kept}  # the repairs really deleted their rows
     assert bodies(server, "/remove") == [{"namespace": NS, "ids": sorted([f"mem:{folded}", f"mem:{covered}"])},
                                          {"namespace": NS, "ids": [f"mem:{short}"]}]
+
+
+def test_update_with_the_same_text_pushes_a_row_again(blobless, server):  # the operations guide's re-push
+    server.route_status["/index"] = 503
+    row = store(blobless, agent_id="a", content="pushed later")
+    assert row["embedded"] is False
+    server.route_status.clear()
+    assert update_memory(blobless, memory_id=row["id"], content="pushed later", agent_id="a")["ok"] is True
+    assert server.indexed(NS) == {f"mem:{row['id']}": "pushed later"}
