@@ -248,6 +248,10 @@ class SqliteSearch(SqlSearch):
         if depth <= 0 or not self.fts_enabled or not (terms or extra):
             return []
         where, params = sql_fragment(scope, "e")
+        # Many scopes hold no episode at all; one indexed look is cheaper than
+        # the one or two ranked statements that would find nothing.
+        if not self._run("episodes", text(f"SELECT 1 FROM episodes e WHERE {where} LIMIT 1"), params):
+            return []
         search = _fts_search("episodes_fts", "episodes", "e", EPISODE_COLUMNS, where)
         rows = self._ranked("episodes FTS", search, params, terms, depth, extra)
         return [Hit(episode_record(r), score) for r, score in (rows or [])]
