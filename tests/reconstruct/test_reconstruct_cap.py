@@ -7,7 +7,7 @@ import pytest
 from cpersona.services.memories import store
 from cpersona.services.reconstruct import reconstruct
 from cpersona.services.reconstruct.tokens import count_tokens
-from conftest import make_app
+from cpersona.services.reconstruct.shape import CAPS
 
 pytestmark = pytest.mark.both_backends
 
@@ -44,12 +44,13 @@ def test_a_first_item_over_the_cap_keeps_the_most_claims_that_fit(app):
     assert len(pro["items"][0]["claims"]) >= len(kept)  # a larger cap never removes (RX-46)
 
 
-def test_nothing_fits_is_cap_below_minimum(db):
-    app = make_app(db, RECONSTRUCT_QUOTE_CHARS="20000", RECONSTRUCT_TAIL_QUOTE_CHARS="400")
-    text = " ".join(f"zq{i}x{i * 7}" for i in range(2500))  # ~15,000 characters of rare tokens
-    assert store(app, agent_id=A, content="outage " + text, timestamp="2026-08-01T10:00:00+00:00").get("ok", True)
-    out = reconstruct(app, agent_id=A, query="outage", mode="lite")
+def test_nothing_fits_is_cap_below_minimum(app, monkeypatch):
+    # Under a mode a head shows passages of at most 800 characters, so no real record is over
+    # 3,000 tokens with one claim: the cap itself is lowered to reach the refusal.
+    monkeypatch.setitem(CAPS, "lite", 60)
+    _burst(app, 3)
+    out = reconstruct(app, agent_id=A, query="incident cache outage", mode="lite")
     assert out["ok"] is False and out["error"] == "cap_below_minimum"  # spec RX-47
     assert out["items"] == [] and out["returned_count"] == 0
-    assert out["mode"] == "lite" and out["cap"] == 3000 and out["detail"]
+    assert out["mode"] == "lite" and out["cap"] == 60 and out["detail"]
     assert "advisory" in out  # the candidate recall's notices ride along

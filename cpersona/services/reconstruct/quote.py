@@ -22,7 +22,10 @@ from cpersona.services.nodes import current_nodes, node_rows
 FORCE_CUT = 739  # longest read-time block (§7.4)
 GOVERNING_MAX = 1478  # longest governing range (§7.4)
 SEPARATOR = " \u2026 "
-_CUTS = re.compile(r"\n[ \t]*\n|\n|[。．！？]|[.!?](?=\s|\Z)")
+# Cut classes of §7.4: blank lines, line feeds, sentence ends. Every end of every class is a
+# candidate, so a blank line cuts after each of its line feeds (the lone "\n" piece then joins
+# the next block), as the reference divides.
+_CUT_CLASSES = (re.compile(r"\n[ \t]*\n"), re.compile(r"\n"), re.compile(r"[。．！？]|[.!?](?=\s|\Z)"))
 _WEAK = re.compile(r"[、，,;；:：]")
 _SENTENCE_END = tuple("。！？．.!?…")
 _QUALIFIERS_JA = ("ただし", "但し", "ただ、", "しかし", "しかしながら", "だが", "ですが", "でも、", "なお", "とはいえ",
@@ -50,7 +53,7 @@ def _force_split(start: int, end: int, text: str) -> list[tuple[int, int]]:
 
 def divide(text: str) -> list[tuple[int, int]]:
     """§7.4's division at read time (no node cuts, no fences or brackets considered)."""
-    cuts = sorted({m.end() for m in _CUTS.finditer(text)} | {len(text)})
+    cuts = sorted({m.end() for pattern in _CUT_CLASSES for m in pattern.finditer(text)} | {len(text)})
     spans, start = [], 0
     for cut in cuts:
         if cut > start:

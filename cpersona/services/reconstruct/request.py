@@ -139,7 +139,7 @@ def resolve_budget(settings: Settings, requested: int | None, mode: str | None,
     """RX-4 / RX-5: the quoted-character budget and, when it differs from what was asked, why.
 
     ``None`` means no character budget (pro without a caller or forced budget:
-    the token cap bounds the answer instead), and then no policy either.
+    the token cap bounds the answer instead; its policy says so).
     Whether the policy is shown is RX-40's business (:func:`Policy.worth_showing`).
     """
     forced = settings.reconstruct_forced_budget
@@ -148,7 +148,7 @@ def resolve_budget(settings: Settings, requested: int | None, mode: str | None,
     elif requested is not None:
         base, source, reason = requested, "caller", "budget_requested"
     elif mode == "pro":
-        return None, None
+        return None, Policy("server_default", False, "bounded_by_the_cap")  # RX-5
     elif mode == "lite":
         base, source, reason = LITE_BUDGET, "server_default", "budget_omitted"
     else:

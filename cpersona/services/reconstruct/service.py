@@ -9,7 +9,7 @@ row changes (RX-50) — the candidate recall is composed without its counters.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sqlalchemy import inspect
@@ -18,6 +18,7 @@ from cpersona.services.app import App
 from cpersona.services.associations import record_relations
 from cpersona.services.operating_context import resolve_project
 from cpersona.services.reconstruct import bundle as bundling
+from cpersona.services.reconstruct import sequence
 from cpersona.services.reconstruct.audit import NODE_ORDER_DEPTH, coverage
 from cpersona.services.reconstruct.budget import admit
 from cpersona.services.reconstruct.cues import Cues, cue_terms
@@ -78,48 +79,90 @@ def _run(app: App, req: Request) -> dict[str, Any]:
     budget, budget_policy = resolve_budget(settings, req.requested_budget, req.mode,
                                            req.effective_count + held)
     quotes, excerpts = _quote_all(app, req, items, pool.query_vector)
-    heads = [len(q.content) for q in quotes]
     sizes = [[len(q.content) for _, q in ex] for ex in excerpts]
-    got = admit(heads, sizes, budget)
+    kind = "whole" if req.mode is not None else settings.reconstruct_sequence  # RX-37, RX-45
+    refs_of = [it.head.ref for it in items]
+    passages: list[sequence.Passage] = []
+    if kind == "items":
+        got = admit([len(q.content) for q in quotes], sizes, budget)
+        steps = _item_steps(got, quotes)
+        final = steps[-1] if steps else Step(0, [], [], 0)
+        final.used = got.used
+    else:
+        texts = [it.head.record.text for it in items]
+        passages = sequence.order(
+            [sequence.record_passages(i, texts[i], req.recall.query, settings.rrf_k) for i in range(len(items))],
+            texts, [it.held for it in items], kind=kind, pro=req.mode == "pro", rrf_k=settings.rrf_k)
+        fits = sequence.admit(passages, sizes, budget)
+        prefixes = [sequence.prefix(k, passages, sizes, refs_of, texts) for k in range(1, fits + 1)]
+        steps = [Step(p.items, p.excerpt_counts, p.quotes, p.used, p.taken) for p in prefixes]
+        final = steps[-1] if steps else Step(0, [], [], 0)
+    budget_cut = final.items < len(items)
 
-    def build(n_items: int, excerpt_counts: list[int], full: bool) -> dict[str, Any]:
+    def build(step: Step, full: bool) -> dict[str, Any]:
+        n_items, excerpt_counts = step.items, step.excerpt_counts
         out: dict[str, Any] = {
-            "items": [item_dict(items[i], quotes[i], excerpts[i], excerpt_counts[i], full=full, mode=req.mode)
+            "items": [item_dict(items[i], step.heads[i], excerpts[i], excerpt_counts[i], full=full, mode=req.mode)
                       for i in range(n_items)],
             "effective_count": req.effective_count,
             "returned_count": n_items,
         }
-        shown = quotes[:n_items] + [q for i in range(n_items) for _, q in excerpts[i][:excerpt_counts[i]]]
+        shown = step.heads[:n_items] + [q for i in range(n_items) for _, q in excerpts[i][:excerpt_counts[i]]]
         if any(q.lexical_only for q in shown):  # RX-33
             out["quote_selection"] = "lexical_only"
-        _envelope(out, req, pool, items[:n_items], n_items, got.cut_items > 0 and n_items < len(items), budget,
-                  budget_policy, got.used, excerpt_counts, excerpts, full, cues, clusters)
+        _envelope(out, req, pool, items[:n_items], n_items, budget_cut and n_items < len(items), budget,
+                  budget_policy, step.used, excerpt_counts, excerpts, full, cues, clusters)
         if full:
             _audit(out["trace"], req.recall.query, items[:n_items],
-                   [(items[i].head.ref, quotes[i]) for i in range(n_items)]
+                   [(items[i].head.ref, step.heads[i]) for i in range(n_items)]
                    + [(row.ref, q) for i in range(n_items) for row, q in excerpts[i][:excerpt_counts[i]]])
+            if kind != "items":
+                out["trace"]["sequence"] = sequence.trace(kind, passages, step.taken, refs_of)
         return _in_wire_order(out)
 
     if req.trace:
-        response = build(got.items, got.excerpts, True)
+        response = build(final, True)
         if req.mode is not None:
-            capped = _capped(build, got, req.mode)
+            capped = _capped(build, steps, req.mode)
             if capped is not None:
                 response.update(mode=req.mode, cap=CAPS[req.mode], used_tokens=capped["used_tokens"])
         return response
-    if req.mode is None or not got.items:
-        response = build(got.items, got.excerpts, False)
+    if req.mode is None or not final.items:
+        response = build(final, False)
         if req.mode is not None:
             response.update(mode=req.mode, cap=CAPS[req.mode])
         return response
-    capped = _capped(build, got, req.mode) or _fewer_claims(build, items, excerpts, req.mode)
+    capped = _capped(build, steps, req.mode) or _fewer_claims(build, steps[0], items, excerpts, req.mode)
     if capped is None:
         raise ToolFailure("cap_below_minimum", detail="the first item's head quote alone is larger than the token cap",
                           items=[], returned_count=0, mode=req.mode, cap=CAPS[req.mode], **pool.notices)
     return capped
 
 
-def _fewer_claims(build: Any, items: list[Item], excerpts: list[list[tuple[Any, Quote]]],
+@dataclass(slots=True)
+class Step:
+    """One breakpoint of the payload sequence: the first ``items`` items with their head quotes and excerpts."""
+
+    items: int
+    excerpt_counts: list[int]
+    heads: list[Quote]
+    used: int
+    taken: list[Any] = field(default_factory=list)  # passages taken (passage sequences only)
+
+
+def _item_steps(got: Any, quotes: list[Quote]) -> list[Step]:
+    """RX-37 (items): every head in item order, then each item's first excerpt, then each one's second, …"""
+    steps = [Step(n, [0] * n, quotes[:n], 0) for n in range(1, got.items + 1)]
+    counts = [0] * got.items
+    for j in range(max(got.excerpts, default=0)):
+        for i in range(got.items):
+            if counts[i] < got.excerpts[i] and counts[i] == j:
+                counts[i] += 1
+                steps.append(Step(got.items, list(counts), quotes[:got.items], 0))
+    return steps
+
+
+def _fewer_claims(build: Any, first_step: Step, items: list[Item], excerpts: list[list[tuple[Any, Quote]]],
                   mode: str) -> dict[str, Any] | None:
     """RX-47: the first item alone is over the cap — keep the most claims that fit, at least the head.
 
@@ -138,7 +181,7 @@ def _fewer_claims(build: Any, items: list[Item], excerpts: list[list[tuple[Any, 
 
     def shaped(k: int) -> dict[str, Any]:
         keep(k)
-        return build(1, [0], False)
+        return build(first_step, False)
 
     found = fit_to_cap(shaped, len(first.rows) - 1, mode)
     if found is None:
@@ -177,16 +220,9 @@ def _audit(trace: dict[str, Any], query: str, items: list[Item], shown: list[tup
         trace["coverage"] = coverage(query, list(cited.items()))
 
 
-def _capped(build: Any, got: Any, mode: str) -> dict[str, Any] | None:
-    """RX-46: walk the payload sequence's breakpoints (items, then excerpts) and keep the longest fit."""
-    steps: list[tuple[int, list[int]]] = [(n, [0] * n) for n in range(1, got.items + 1)]
-    counts = [0] * got.items
-    for j in range(max(got.excerpts, default=0)):
-        for i in range(got.items):
-            if counts[i] < got.excerpts[i] and counts[i] == j:
-                counts[i] += 1
-                steps.append((got.items, list(counts)))
-    found = fit_to_cap(lambda k: build(*steps[k - 1], False), len(steps), mode)
+def _capped(build: Any, steps: list[Step], mode: str) -> dict[str, Any] | None:
+    """RX-46: the longest prefix of the payload sequence's breakpoints whose shaped JSON fits the cap."""
+    found = fit_to_cap(lambda k: build(steps[k - 1], False), len(steps), mode)
     return None if found is None else found[0]
 
 
@@ -265,7 +301,7 @@ def _envelope(out: dict[str, Any], req: Request, pool: Any, items: list[Item], r
     cut = budget_cut or "reserved_omitted" in out or any(
         len(excerpts[i]) > excerpt_counts[i] for i in range(returned))
     if (req.mode is None and cut) or full:  # RX-45: the mode shape has none; RX-43/48: trace has all
-        out["effective_budget"], out["used_budget"] = budget, used
+        out["effective_budget"], out["used_budget"] = (used if budget is None else budget), used
     if req.mode is None or full:
         bounds = req.bounds
         if any(it.claims_omitted for it in items) and "max_evidence" not in bounds.omitted:
@@ -287,7 +323,7 @@ def _envelope(out: dict[str, Any], req: Request, pool: Any, items: list[Item], r
     if full:
         trace: dict[str, Any] = {
             "candidate_refs": [c.ref for c in reversed(pool.candidates)],
-            "clusters": [[m.ref for m in cl.members] for cl in clusters],
+            "clusters": [[m.ref for m in cl.members] for cl in reversed(clusters)],  # as candidate_refs: worst first
         }
         if (cue_trace := cues.trace()) is not None:
             trace["cues"] = cue_trace

@@ -17,7 +17,7 @@ def claim(row: Row, *, full: bool) -> dict[str, Any]:
         out["why"] = row.why
     if row.hops is not None:
         out["hops"] = row.hops
-    if row.roles or full:
+    if row.roles:  # empty roles are omitted, in the trace too (as the reference does)
         out["roles"] = list(row.roles)
     return out
 
@@ -45,6 +45,8 @@ def item_dict(item: Item, head: Quote, excerpts: list[tuple[Row, Quote]], admitt
     out.update(fields)
     if full:
         out["quote_basis"] = head.basis
+        if head.fields.get("content_len") is not None:
+            out["content_truncated"] = True  # RX-41: the quote is not the whole record
     if admitted:
         out["excerpts"] = [{"ref": row.ref, "content": q.content, **q.fields} for row, q in excerpts[:admitted]]
     if len(excerpts) > admitted:
