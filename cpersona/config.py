@@ -332,7 +332,7 @@ class Settings(BaseSettings):
     reconstruct_quote_chars: int = _f(800, RX, "Size of the head quote of the first items (0: one governing passage instead).", lo=0)
     reconstruct_full_quotes: int = _f(5, RX, "How many items get a full-size quote.", lo=0)
     reconstruct_tail_quote_chars: int | None = _f(None, RX, "Quote size of the remaining items; must be above 0 and at most the head size when quotes are on.", lo=0, shown="min(400, quote chars)")
-    reconstruct_sequence: Literal["items", "evidence", "whole"] = _f("items", RX, "What is dropped first when the budget runs out.")
+    reconstruct_sequence: Literal["items", "evidence", "whole"] = _f("items", RX, "What the budget admits, in order: `items` every head quote, then excerpts; `evidence` the passages of every head record, ranked by item and passage position, then excerpts; `whole` the same with records that fit shown whole first. The modes always use `whole`.")
     reconstruct_max_budget: int | None = _f(None, RX, "Largest quoted-character budget; may not be below the preview size (1 when previews are off).", shown="max(20000, preview chars)")
     reconstruct_default_budget: int | None = _f(None, RX, "Budget when the caller gives none; between the preview size and the maximum.", shown="min(max(4000, preview chars), max budget)")
     reconstruct_forced_budget: int | None = _f(None, RX, "Budget imposed on every call; same bounds as the default.")
