@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -90,12 +91,24 @@ def backend(request: pytest.FixtureRequest) -> str:
     return getattr(request, "param", "sqlite")
 
 
+_PG_SHARED: list[PgSessionDatabase] = []
+
+
 @pytest.fixture(scope="session")
 def pg_session_db() -> PgSessionDatabase:
     """The PostgreSQL database the doubled tests share, emptied before each one."""
     shared = PgSessionDatabase()
+    _PG_SHARED.append(shared)
     yield shared
     shared.close()
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    # Each rebuild costs seconds: a test that changes the schema should say so in its name.
+    rebuilds = sum(shared.rebuilds for shared in _PG_SHARED)
+    if rebuilds:
+        terminalreporter.write_line(
+            f"PostgreSQL test database rebuilt {rebuilds} time(s): tests changed its schema")
 
 
 @pytest.fixture

@@ -90,6 +90,9 @@ class PgSessionDatabase:
         self._kept_rows: dict[str, list[tuple]] = {}
         self._reset_sql = ""
         self._admin = None
+        self.rebuilds = 0  # leases that found the schema changed by the test before
+        self._baseline_triggers: set[str] = set()
+        self._baseline_functions: set[str] = set()
 
     def _url(self) -> str:
         from sqlalchemy.engine import make_url
@@ -118,6 +121,11 @@ class PgSessionDatabase:
         try:
             with engine.connect() as conn:
                 self._fingerprint = conn.exec_driver_sql(_SCHEMA_FINGERPRINT).scalar()
+                self._baseline_triggers = {r[0] for r in conn.exec_driver_sql(
+                    "SELECT tgname FROM pg_trigger WHERE NOT tgisinternal")}
+                self._baseline_functions = {r[0] for r in conn.exec_driver_sql(
+                    "SELECT p.proname FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "
+                    "WHERE n.nspname = current_schema()")}
                 tables = [r[0] for r in conn.exec_driver_sql(
                     "SELECT tablename FROM pg_tables WHERE schemaname = current_schema()")]
                 sequences = [r[0] for r in conn.exec_driver_sql(
@@ -141,10 +149,11 @@ class PgSessionDatabase:
         engine = create_engine(self._url(), isolation_level="AUTOCOMMIT")
         try:
             with engine.connect() as conn:
-                if conn.exec_driver_sql(_SCHEMA_FINGERPRINT).scalar() != self._fingerprint:
-                    rebuild = True
-                else:
-                    rebuild = False
+                rebuild = conn.exec_driver_sql(_SCHEMA_FINGERPRINT).scalar() != self._fingerprint
+                if rebuild:
+                    self._drop_added_triggers(conn)  # the common change: a fault-injection trigger
+                    rebuild = conn.exec_driver_sql(_SCHEMA_FINGERPRINT).scalar() != self._fingerprint
+                if not rebuild:
                     conn.exec_driver_sql(self._reset_sql)
                     for row in self._kept_rows.get("schema_version", []):
                         conn.execute(text("INSERT INTO schema_version VALUES (:v, :a)"),
@@ -152,7 +161,22 @@ class PgSessionDatabase:
         finally:
             engine.dispose()
         if rebuild:
+            self.rebuilds += 1
             self._build()
+
+    def _drop_added_triggers(self, conn) -> None:
+        """Drop triggers and functions a test added (tests/conftest.py refuse_inserts), keeping the migrations'."""
+        for table, trigger in conn.exec_driver_sql(
+                "SELECT c.relname, t.tgname FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid "
+                "JOIN pg_namespace n ON n.oid = c.relnamespace "
+                "WHERE NOT t.tgisinternal AND n.nspname = current_schema()").all():
+            if trigger not in self._baseline_triggers:
+                conn.exec_driver_sql(f'DROP TRIGGER "{trigger}" ON "{table}"')
+        for (function,) in conn.exec_driver_sql(
+                "SELECT p.proname FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "
+                "WHERE n.nspname = current_schema()").all():
+            if function not in self._baseline_functions:
+                conn.exec_driver_sql(f'DROP FUNCTION IF EXISTS "{function}" CASCADE')
 
     @contextmanager
     def lease(self) -> Iterator[str]:
