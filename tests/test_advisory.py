@@ -21,6 +21,8 @@ from cpersona.services.recall import recall
 from cpersona.services.recall_context import recall_with_context
 from cpersona.storage.models import Memory
 
+pytestmark = pytest.mark.both_backends  # storage/service behaviour: run on SQLite and PostgreSQL
+
 
 def embedding_app(db, url: str | None, **env: str) -> App:
     environ = {"CPERSONA_DB_PATH": str(db.path), "CPERSONA_EMBEDDING_MODE": "http",

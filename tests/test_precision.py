@@ -17,6 +17,8 @@ from cpersona.services.calibration import calibrate_threshold, install, vector_t
 from cpersona.services.gate import calibrated_gate_for
 from cpersona.services.precision import get_recall_precision, label_of, set_recall_precision
 
+pytestmark = pytest.mark.both_backends  # storage/service behaviour: run on SQLite and PostgreSQL
+
 FAST = {"FUSED_GATE_SAMPLE_QUERIES": "10", "FUSED_GATE_CALIBRATION_DRAWS": "2"}  # each query is an HTTP round trip
 
 

@@ -18,6 +18,8 @@ from cpersona.services.recall import RecallOutcome
 from cpersona.services.recall_context import recall_with_context
 from cpersona.storage.models import Memory, Profile
 
+pytestmark = pytest.mark.both_backends  # storage/service behaviour: run on SQLite and PostgreSQL
+
 RELEASE = "The user said the release date is March 3rd."
 TOP = 1 / 61  # a first place on one list under rrf with K = 60
 
