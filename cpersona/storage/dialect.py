@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from sqlalchemy import text
+
 from cpersona.storage import search_postgres, search_sqlite
 
 
@@ -79,8 +81,6 @@ def has_object(conn: Any, kind: str, name: str) -> bool:
                "index": "SELECT 1 FROM pg_indexes WHERE schemaname = current_schema() AND indexname = :n",
                "view": "SELECT 1 FROM pg_views WHERE schemaname = current_schema() AND viewname = :n",
                "trigger": "SELECT 1 FROM pg_trigger WHERE NOT tgisinternal AND tgname = :n"}[kind]
-    from sqlalchemy import text
-
     return conn.execute(text(sql), {"k": kind, "n": name}).first() is not None
 
 
