@@ -86,3 +86,19 @@ def test_the_sequence_setting_applies_without_a_mode(db):  # spec RX-34, RX-37
     assert "ranges" in out["items"][0]  # the full shape, not the mode's
     items_sequence = reconstruct(make_app(db), agent_id=A, query="ledger kappa3 beta1", deep=True, trace=True)
     assert "sequence" not in items_sequence["trace"]  # the default `items` sequence uses head quotes
+
+
+def test_pro_moves_the_later_passages_of_long_held_records_to_the_end():  # spec RX-37 (pro)
+    from cpersona.services.reconstruct.sequence import Passage, order
+
+    texts = ["y" * 7000, "x" * 900, "z" * 300]  # item 0 is held and longer than 6,000 characters
+    passages = [[Passage(0, 0, 0, 800, 800), Passage(0, 1, 800, 1600, 1600)],
+                [Passage(1, 0, 0, 800, 800), Passage(1, 1, 800, 900, 900)],
+                [Passage(2, 0, 0, 300, 300, whole=True)]]
+    held = [True, False, False]
+    pro = order(passages, texts, held, kind="whole", pro=True, rrf_k=60)
+    assert [(p.item, p.inside) for p in pro] == [(2, 0), (0, 0), (1, 0), (1, 1), (0, 1)]
+    lite = order(passages, texts, held, kind="whole", pro=False, rrf_k=60)
+    assert [(p.item, p.inside) for p in lite] == [(2, 0), (0, 0), (0, 1), (1, 0), (1, 1)]
+    evidence = order(passages, texts, held, kind="evidence", pro=False, rrf_k=60)
+    assert [(p.item, p.inside) for p in evidence] == [(0, 0), (0, 1), (1, 0), (2, 0), (1, 1)]
