@@ -32,7 +32,7 @@ from cpersona.services.recall import recall
 from cpersona.services.recall_context import recall_with_context
 from cpersona.storage.models import Episode, Memory, Profile
 from cpersona.storage.scope import Scope
-from cpersona.storage.search import Record
+from cpersona.storage.search import Record, open_search
 from conftest import db_settings_env
 from embed_server import embed_text
 
@@ -163,13 +163,11 @@ def test_span_is_chronological_not_textual(db):  # spec §5.9.2
     add_memory(db, "d", timestamp="")
     add_memory(db, "f", timestamp="2500000")  # SQLite would read a Julian day (year 2132); not a date here
     add_memory(db, "e", timestamp="2030-01-01T00:00:00+00:00", agent="other")  # out of scope
-    with db.read() as session:
-        span = memory_time_span(session, Scope("a"))
+    span = memory_time_span(open_search(db), Scope("a"))
     assert span.oldest == datetime(2026, 1, 1, 1, tzinfo=timezone.utc)
     assert span.newest == datetime(2026, 1, 1, 2, tzinfo=timezone.utc)
     assert span.range_hours == 1.0
-    with db.read() as session:
-        assert memory_time_span(session, Scope("nobody")) == TimeSpan()
+    assert memory_time_span(open_search(db), Scope("nobody")) == TimeSpan()
 
 
 def test_stored_cosines_only_for_usable_vectors(db):  # spec §5.9.4

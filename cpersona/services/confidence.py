@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any
 
 import numpy as np
@@ -33,12 +33,10 @@ from sqlalchemy.orm import Session
 from cpersona.embedding.vectors import FLOAT32, VectorError, from_blob
 from cpersona.services.gate import Candidate
 from cpersona.services.timestamps import parse_iso
-from cpersona.storage import dialect
-from cpersona.storage.scope import Scope, sql_fragment
-from cpersona.storage.search import Record, RowKey
+from cpersona.storage.scope import Scope
+from cpersona.storage.search import Record, RowKey, SearchBackend
 
 HOUR = 3600.0
-UNIX_EPOCH_JULIAN_DAY = 2440587.5
 
 
 # -- time span (spec §5.9.2) ---------------------------------------------------------
@@ -67,32 +65,16 @@ class TimeSpan:
         return max(0.0, (now - self.newest).total_seconds() / HOUR)
 
 
-def memory_time_span(session: Session, scope: Scope) -> TimeSpan:
+def memory_time_span(backend: SearchBackend, scope: Scope) -> TimeSpan:
     """The chronological span of the scope's memory timestamps (spec §5.9.2).
 
     Timestamps are caller strings with any offset, so text order is not time
-    order: the database takes the minimum and maximum instant (SQLite's
-    julianday(), PostgreSQL's cpersona_instant(); both honour offsets and read
-    naive stamps as UTC) in one pass. Only date-shaped stamps count, so a bare
-    number the engine would read as a Julian day takes no part, nor do empty or
-    unreadable stamps.
+    order: the backend takes the minimum and maximum instant. Only date-shaped
+    stamps count, so a bare number the engine would read as a Julian day takes
+    no part, nor do empty or unreadable stamps.
     """
-    where, params = sql_fragment(scope, "m")
-    instant = dialect.instant(session, "m.timestamp")
-    sql = text(f"SELECT min({instant}), max({instant}) FROM memories m "
-               f"WHERE {where} AND m.timestamp LIKE '____-__-__%'")
-    oldest, newest = session.execute(sql, params).one()
-    return TimeSpan(_as_instant(oldest), _as_instant(newest))
-
-
-def _as_instant(value: Any) -> datetime | None:
-    """A julianday() number (SQLite) or timestamptz (PostgreSQL) as an aware UTC datetime."""
-    if value is None:
-        return None
-    if isinstance(value, datetime):
-        return value.astimezone(timezone.utc)
-    seconds = round((float(value) - UNIX_EPOCH_JULIAN_DAY) * 86400.0, 3)  # julianday() keeps milliseconds
-    return datetime.fromtimestamp(seconds, tz=timezone.utc)
+    oldest, newest = backend.memory_span(scope, date_shaped_only=True)
+    return TimeSpan(oldest, newest)
 
 
 # -- the score (spec §5.9.3) ---------------------------------------------------------

@@ -257,7 +257,7 @@ def score_candidates(
     with app.db.read() as session:
         if not req.blank:
             backfill_cosines(session, found.query_vector, rows)
-        span = memory_time_span(session, req.scope)
+        span = memory_time_span(backend, req.scope)
     rows = apply_episode_penalty(app, backend, req.scope, rows, legacy=True)
     return order_by_confidence(app.settings, rows, now=app.clock(), span=span, deep=req.deep)
 
@@ -283,8 +283,7 @@ def admit(app: App, backend: SearchBackend, req: RecallRequest, rows: list[Candi
     if settings.autocut_enabled:
         passed = autocut(passed, min_results=settings.autocut_min_results, min_gap_ratio=settings.autocut_min_gap_ratio)
     if (prior_on := prior_applies(settings, passed, legacy=legacy_ordering(settings))) is not None:
-        with app.db.read() as session:
-            span = memory_time_span(session, req.scope)
+        span = memory_time_span(backend, req.scope)
         passed = apply_prior(settings, passed, prior_on, span=span, now=app.clock())
     return Admitted(passed)
 
@@ -398,7 +397,7 @@ def run_recall(app: App, req: RecallRequest) -> RecallOutcome:
     if settings.confidence_enabled and not legacy_ordering(settings):
         with app.db.read() as session:  # fusion ordering: confidence for the response only (§5.9.3)
             describe_confidence(settings, session, found.query_vector, ranked, now=app.clock(),
-                                span=memory_time_span(session, req.scope), deep=req.deep)
+                                span=memory_time_span(backend, req.scope), deep=req.deep)
     ranked.reverse()  # spec RC-1: the best row is the last one, nearest the reader
     if settings.confidence_enabled and not req.deep and not admitted.gate_fallback:  # spec §5.9.5
         bump_recall_counters(app, [r.record.id for r in ranked if r.record and r.record.kind == "mem"])

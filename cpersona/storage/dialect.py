@@ -9,6 +9,7 @@ predicates are not here: they live in storage/scope.py.
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
 from typing import Any
 
 from sqlalchemy import text
@@ -42,6 +43,20 @@ def instant(bind: Any, column: str) -> str:
     spellings: SQLite-style and ISO-8601 stamps, UTC when no offset is given.
     """
     return f"julianday({column})" if is_sqlite(bind) else f"cpersona_instant({column})"
+
+
+# julianday() of 1970-01-01T00:00:00Z: SQLite's instants are days since the Julian epoch.
+UNIX_EPOCH_JULIAN_DAY = 2440587.5
+
+
+def instant_value(value: Any) -> datetime | None:
+    """What :func:`instant` selected (julianday() number or timestamptz) as an aware UTC datetime."""
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        return value.astimezone(timezone.utc)
+    seconds = round((float(value) - UNIX_EPOCH_JULIAN_DAY) * 86400.0, 3)  # julianday() keeps milliseconds
+    return datetime.fromtimestamp(seconds, tz=timezone.utc)
 
 
 def position(bind: Any, haystack: str, needle: str) -> str:

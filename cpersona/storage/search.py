@@ -91,6 +91,29 @@ def phrase_terms(phrases: Iterable[str], terms: Iterable[str] = ()) -> list[str]
     return kept
 
 
+# English function words of 3+ letters (shorter words never become terms). A
+# question's "what", "did", "the" match nearly every row (and, as trigram
+# substrings, "there", "other", "theory"), so ranking on them buries the rows
+# that share the question's content words. LoCoMo keyword-only, 760 questions:
+# R@10 0.562 -> 0.592 (plain BM25 0.571). Temporal connectives ("until",
+# "while", "because") stay: they carry meaning in the questions measured.
+FUNCTION_WORDS = frozenset(
+    """about above after again against all and any are been before being below between both
+    but can could did does doing down during each few for from further had has have having
+    her here hers herself him himself his how into its itself just more most myself nor not
+    now off once only other our ours ourselves out over own same she should some such than
+    that the their theirs them themselves then there these they this those through too under
+    very was were what when where which who whom why will with would you your yours yourself
+    yourselves""".split()
+)
+
+
+def ranking_terms(terms: list[str]) -> list[str]:
+    """``terms`` without function words, or all of them when nothing else is left."""
+    kept = [term for term in terms if term.lower() not in FUNCTION_WORDS]
+    return kept or terms
+
+
 @dataclass(frozen=True, slots=True)
 class Record:
     """One memory or episode as recall sees it.
@@ -184,6 +207,30 @@ class SearchBackend(Protocol):
 
     def episode_boundary(self, scope: Scope) -> datetime | None:
         """The instant the newest episode in scope was archived, if any."""
+        ...
+
+    def memory_span(self, scope: Scope, *, date_shaped_only: bool) -> tuple[datetime | None, datetime | None]:
+        """The oldest and newest instant among the scope's memory timestamps, as aware UTC datetimes.
+
+        Stamps are caller strings with any offset, so the engine orders them by
+        instant (naive = UTC), not as text; unreadable and empty stamps take no
+        part. ``date_shaped_only`` also leaves out stamps not starting
+        ``YYYY-MM-DD`` (a bare number the engine would read as a Julian day).
+        (None, None) when no stamp counts.
+        """
+        ...
+
+    def period_rows(
+        self, scope: Scope, start: datetime, end: datetime, words: Sequence[str], *, source_id: str = "", depth: int
+    ) -> list[RowKey]:
+        """Memories (by timestamp) and episodes (by start, else created_at) in [start, end), best first.
+
+        A row must hold one of ``words`` (substring, case-folded; memories'
+        content, episodes' summary or keywords) unless ``words`` is empty;
+        best = most words held, then newest instant, then highest id. At most
+        ``depth`` over both kinds. ``source_id`` filters memories as in the
+        keyword arm.
+        """
         ...
 
     def profile(self, agent_id: str) -> str | None:

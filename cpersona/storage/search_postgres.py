@@ -34,7 +34,7 @@ from sqlalchemy.exc import DBAPIError
 
 from cpersona.storage.engine import Database
 from cpersona.storage.scope import Scope, sql_fragment
-from cpersona.storage.search import Hit, Kind, KeywordResult, clean_query, phrase_terms, query_terms
+from cpersona.storage.search import Hit, Kind, KeywordResult, clean_query, phrase_terms, query_terms, ranking_terms
 from cpersona.storage.search_sql import (
     EPISODE_COLUMNS,
     MEMORY_COLUMNS,
@@ -43,7 +43,7 @@ from cpersona.storage.search_sql import (
     like_pattern,
     memory_record,
 )
-from cpersona.storage.search_sqlite import STATEMENT_DEADLINE_SECONDS, ranking_terms
+from cpersona.storage.search_sqlite import STATEMENT_DEADLINE_SECONDS
 from cpersona.storage.vectors_postgres import numpy_scan, pgvector_scan, pgvector_serves
 from cpersona.storage.vectors_sqlite import scan_parameters, usable_query
 

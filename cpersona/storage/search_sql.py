@@ -1,4 +1,5 @@
-"""What the SQL search backends share: row shapes, recency, pool count, hydration, profile.
+"""What the SQL search backends share: row shapes, recency, pool count, hydration, profile,
+the scope's memory span and a period's rows (time spelled by storage/dialect.py).
 
 Only the statements that read the same on SQLite and PostgreSQL live here; each
 backend supplies its own ``source_filter`` (the spec ISO-3 predicate needs the
@@ -9,7 +10,8 @@ engine's JSON functions), its keyword and vector arms, the episode boundary
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import bindparam, text
@@ -159,6 +161,62 @@ class SqlSearch(ABC):
                     record = build(row)
                     found[record.key] = record
         return found
+
+    def memory_span(self, scope: Scope, *, date_shaped_only: bool) -> tuple[datetime | None, datetime | None]:
+        from cpersona.storage import dialect  # dialect imports the backends: resolved at call time
+
+        where, params = sql_fragment(scope, "m")
+        instant = dialect.instant(self.db.engine, "m.timestamp")
+        shaped = " AND m.timestamp LIKE '____-__-__%'" if date_shaped_only else ""
+        sql = text(f"SELECT min({instant}), max({instant}) FROM memories m WHERE {where}{shaped}")
+        with self.db.read() as session:
+            oldest, newest = session.execute(sql, params).one()
+        return dialect.instant_value(oldest), dialect.instant_value(newest)
+
+    def period_rows(
+        self, scope: Scope, start: datetime, end: datetime, words: Sequence[str], *, source_id: str = "", depth: int
+    ) -> list[RowKey]:
+        from cpersona.storage import dialect
+
+        def instant(expr: str) -> str:
+            return dialect.instant(self.db.engine, expr)
+
+        params: dict[str, Any] = {"start": start.isoformat(), "end": end.isoformat(), "depth": depth}
+        for i, word in enumerate(words):
+            params[f"w{i}"] = like_pattern(word)
+        found: list[tuple[int, float, str, int]] = []  # (-words held, -instant, kind, id)
+        for kind, alias, table, stamp, texts in (
+            ("mem", "m", "memories", "m.timestamp", ("m.content",)),
+            ("ep", "e", "episodes", "COALESCE(NULLIF(e.start_time, ''), e.created_at)", ("e.summary", "e.keywords")),
+        ):
+            where, kind_params = sql_fragment(scope, alias)
+            clauses = [where]
+            if kind == "mem":
+                by_source, source_params = type(self).source_filter(source_id)
+                clauses.append(by_source)
+                kind_params = {**kind_params, **source_params}
+            at = instant(stamp)
+            clauses.append(f"{at} >= {instant(':start')} AND {at} < {instant(':end')}")
+            per_word = [
+                "(" + " OR ".join(
+                    f"COALESCE({col}, '') {self.substring_match.replace(':pattern', f':w{i}')}" for col in texts
+                ) + ")"
+                for i in range(len(words))
+            ]  # fmt: skip
+            held = " + ".join(f"(CASE WHEN {p} THEN 1 ELSE 0 END)" for p in per_word) or "0"
+            if per_word:
+                clauses.append("(" + " OR ".join(per_word) + ")")
+            sql = text(
+                f"SELECT {alias}.id AS id, ({held}) AS hits, {at} AS at FROM {table} {alias} "
+                f"WHERE {' AND '.join(clauses)} ORDER BY hits DESC, at DESC, {alias}.id DESC LIMIT :depth"
+            )
+            with self.db.read() as session:
+                rows = session.execute(sql, {**params, **kind_params}).all()
+            for row in rows:
+                moment = dialect.instant_value(row.at)
+                found.append((-int(row.hits), -(moment.timestamp() if moment else 0.0), kind, int(row.id)))
+        found.sort()
+        return [(kind, ident) for _, _, kind, ident in found[:depth]]
 
     def profile(self, agent_id: str) -> str | None:
         sql = text(

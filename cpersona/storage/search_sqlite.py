@@ -30,7 +30,16 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from cpersona.storage.scope import Scope, sql_fragment
-from cpersona.storage.search import Hit, Kind, KeywordResult, clean_query, phrase_terms, query_terms
+from cpersona.storage.search import (  # noqa: F401  (FUNCTION_WORDS, ranking_terms: imported from here too)
+    FUNCTION_WORDS,
+    Hit,
+    Kind,
+    KeywordResult,
+    clean_query,
+    phrase_terms,
+    query_terms,
+    ranking_terms,
+)
 from cpersona.storage.search_sql import (  # noqa: F401  (like_pattern is part of this module's API)
     EPISODE_COLUMNS,
     MEMORY_COLUMNS,
@@ -48,29 +57,6 @@ log = logging.getLogger(__name__)
 # (notes/stack.md §2); the deadline only stops pathological inputs.
 STATEMENT_DEADLINE_SECONDS = 2.0
 _PROGRESS_STEPS = 10_000  # VM instructions between deadline checks
-
-
-# English function words of 3+ letters (shorter words never become terms). A
-# question's "what", "did", "the" match nearly every row (and, as trigram
-# substrings, "there", "other", "theory"), so ranking on them buries the rows
-# that share the question's content words. LoCoMo keyword-only, 760 questions:
-# R@10 0.562 -> 0.592 (plain BM25 0.571). Temporal connectives ("until",
-# "while", "because") stay: they carry meaning in the questions measured.
-FUNCTION_WORDS = frozenset(
-    """about above after again against all and any are been before being below between both
-    but can could did does doing down during each few for from further had has have having
-    her here hers herself him himself his how into its itself just more most myself nor not
-    now off once only other our ours ourselves out over own same she should some such than
-    that the their theirs them themselves then there these they this those through too under
-    very was were what when where which who whom why will with would you your yours yourself
-    yourselves""".split()
-)
-
-
-def ranking_terms(terms: list[str]) -> list[str]:
-    """``terms`` without function words, or all of them when nothing else is left."""
-    kept = [term for term in terms if term.lower() not in FUNCTION_WORDS]
-    return kept or terms
 
 
 def fts5_match(terms: Iterable[str]) -> str:

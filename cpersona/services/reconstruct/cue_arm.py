@@ -21,9 +21,6 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import text
-
-from cpersona.services.app import App
 from cpersona.services.reconstruct.time_cue import (
     CONFIDENCES,
     POLICY,
@@ -33,11 +30,8 @@ from cpersona.services.reconstruct.time_cue import (
     recent_only,
     widen,
 )
-from cpersona.services.recall import parse_instant
-from cpersona.storage.scope import Scope, sql_fragment
-from cpersona.storage.search import RowKey, phrase_terms, query_terms
-from cpersona.storage.search_sql import like_pattern
-from cpersona.storage.search_sqlite import ranking_terms
+from cpersona.storage.scope import Scope
+from cpersona.storage.search import RowKey, phrase_terms, query_terms, ranking_terms
 
 DEPTH = 50  # rows the period search returns (TQ-6)
 PLACES = {"sure": 3, "likely": 2, "vague": 1}  # how far a cue row may move up, and how many seats (TQ-6)
@@ -57,14 +51,15 @@ class CueOutcome:
         return PLACES[self.confidence] if self.used else 0
 
 
-def search_period(app: App, backend: Any, scope: Scope, cue: TimeCue | None, query: str, phrases: Sequence[str],
+def search_period(backend: Any, scope: Scope, cue: TimeCue | None, query: str, phrases: Sequence[str],
                   source_id: str, *, now: datetime | None = None) -> CueOutcome:
     """TQ-4 … TQ-6: the period the cue names and the rows found in it (widened once when empty)."""
     outcome = CueOutcome()
     if cue is None:
         return outcome
     now = now or datetime.now(timezone.utc)
-    oldest, newest = _scope_span(app, scope) if _needs_span(cue) else (None, None)
+    # TQ-4: any stamp the engine reads as an instant counts (not only date-shaped ones)
+    oldest, newest = backend.memory_span(scope, date_shaped_only=False) if _needs_span(cue) else (None, None)
     base = base_period(cue, now, oldest, newest)
     if base is None:
         return outcome  # long_ago on an empty scope, or no start: no period to search
@@ -73,12 +68,12 @@ def search_period(app: App, backend: Any, scope: Scope, cue: TimeCue | None, que
         return outcome
     confidence = cue.confidence
     period = widen(base, confidence)
-    found = _in_period(app, backend, scope, period, query, phrases, source_id)
+    found = _in_period(backend, scope, period, query, phrases, source_id)
     revised = False
     if not found and confidence != CONFIDENCES[-1]:
         confidence = CONFIDENCES[CONFIDENCES.index(confidence) + 1]
         period = widen(base, confidence)
-        found = _in_period(app, backend, scope, period, query, phrases, source_id)
+        found = _in_period(backend, scope, period, query, phrases, source_id)
         revised = True
     outcome.found, outcome.confidence, outcome.used = found, confidence, True
     outcome.notice = {"policy": POLICY, "period": [period[0].isoformat(), period[1].isoformat()],
@@ -118,26 +113,7 @@ def _needs_span(cue: TimeCue) -> bool:
     return cue.ago == "long_ago" or (cue.ago is None and cue.after is None)
 
 
-def _instant_sql(app: App, column: str) -> str:
-    """``column`` as a comparable instant, offsets honoured (naive stamps read as UTC)."""
-    return f"julianday({column})" if app.db.is_sqlite else f"cpersona_instant({column})"
-
-
-def _scope_span(app: App, scope: Scope) -> tuple[datetime | None, datetime | None]:
-    """The oldest and newest memory timestamps of the scope (TQ-4), or None for an empty scope."""
-    where, params = sql_fragment(scope, "m")
-    instant = _instant_sql(app, "m.timestamp")
-    ends = []
-    for direction in ("ASC", "DESC"):
-        sql = text(f"SELECT m.timestamp FROM memories m WHERE {where} AND {instant} IS NOT NULL "
-                   f"ORDER BY {instant} {direction}, m.id LIMIT 1")
-        with app.db.read() as session:
-            stamp = session.execute(sql, params).scalar_one_or_none()
-        ends.append(parse_instant(stamp) if stamp else None)
-    return ends[0], ends[1]
-
-
-def _in_period(app: App, backend: Any, scope: Scope, period: tuple[datetime, datetime], query: str,
+def _in_period(backend: Any, scope: Scope, period: tuple[datetime, datetime], query: str,
                phrases: Sequence[str], source_id: str) -> list[RowKey]:
     """Rows of the period holding a term of the query (content words first) or a cue phrase, best first.
 
@@ -146,41 +122,4 @@ def _in_period(app: App, backend: Any, scope: Scope, period: tuple[datetime, dat
     """
     terms = query_terms(query)
     words = [*ranking_terms(terms), *phrase_terms(phrases, terms)]
-    params: dict[str, Any] = {"start": period[0].isoformat(), "end": period[1].isoformat(), "depth": DEPTH}
-    match = backend.substring_match
-    found: list[tuple[int, float, str, int]] = []  # (-terms matched, -instant, kind, id)
-    for kind, alias, table, stamp, texts in (
-        ("mem", "m", "memories", "m.timestamp", ("m.content",)),
-        ("ep", "e", "episodes", "COALESCE(NULLIF(e.start_time, ''), e.created_at)", ("e.summary", "e.keywords")),
-    ):
-        where, scope_params = sql_fragment(scope, alias)
-        clauses = [where]
-        if kind == "mem":
-            by_source, source_params = type(backend).source_filter(source_id)
-            clauses.append(by_source)
-            scope_params = {**scope_params, **source_params}
-        instant = _instant_sql(app, stamp)
-        start, end = _instant_sql(app, ":start"), _instant_sql(app, ":end")
-        clauses.append(f"{instant} >= {start} AND {instant} < {end}")
-        per_term = []
-        for i, word in enumerate(words):
-            params[f"w{i}"] = like_pattern(word)
-            per_term.append("(" + " OR ".join(
-                f"COALESCE({col}, '') {match.replace(':pattern', f':w{i}')}" for col in texts) + ")")
-        score = " + ".join(f"(CASE WHEN {p} THEN 1 ELSE 0 END)" for p in per_term) or "0"
-        if per_term:
-            clauses.append("(" + " OR ".join(per_term) + ")")
-        sql = text(f"SELECT {alias}.id AS id, ({score}) AS hits, {instant} AS at FROM {table} {alias} "
-                   f"WHERE {' AND '.join(clauses)} ORDER BY hits DESC, at DESC, {alias}.id DESC LIMIT :depth")
-        with app.db.read() as session:
-            rows = session.execute(sql, {**params, **scope_params}).all()
-        found.extend((-int(r.hits), -_as_number(r.at), kind, int(r.id)) for r in rows)
-    found.sort()
-    return [(kind, ident) for _, _, kind, ident in found[:DEPTH]]
-
-
-def _as_number(value: Any) -> float:
-    """An instant column as a number that orders like time (julianday float or timestamptz)."""
-    if isinstance(value, datetime):
-        return value.timestamp()
-    return float(value or 0.0)
+    return backend.period_rows(scope, period[0], period[1], words, source_id=source_id, depth=DEPTH)
