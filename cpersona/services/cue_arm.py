@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from cpersona.services.reconstruct.time_cue import (
+from cpersona.services.gate import Candidate
+from cpersona.services.time_cue import (
     CONFIDENCES,
     POLICY,
     TimeCue,
@@ -31,7 +32,7 @@ from cpersona.services.reconstruct.time_cue import (
     widen,
 )
 from cpersona.storage.scope import Scope
-from cpersona.storage.search import RowKey, phrase_terms, query_terms, ranking_terms
+from cpersona.storage.search import Record, RowKey, phrase_terms, query_terms, ranking_terms
 
 DEPTH = 50  # rows the period search returns (TQ-6)
 PLACES = {"sure": 3, "likely": 2, "vague": 1}  # how far a cue row may move up, and how many seats (TQ-6)
@@ -123,3 +124,35 @@ def _in_period(backend: Any, scope: Scope, period: tuple[datetime, datetime], qu
     terms = query_terms(query)
     words = [*ranking_terms(terms), *phrase_terms(phrases, terms)]
     return backend.period_rows(scope, period[0], period[1], words, source_id=source_id, depth=DEPTH)
+
+
+def seat_records(backend: Any, scope: Scope, outcome: CueOutcome, retrieved: set[RowKey], *,
+                 source_id: str = "") -> list[Record]:
+    """TQ-6: the best period rows no arm retrieved, as many as the cue lifts places, best first.
+
+    Hydrated through the scope and the source filter, so a seat can never
+    carry a row the caller could not have recalled.
+    """
+    wanted = [key for key in outcome.found if key not in retrieved][: outcome.places]
+    records = backend.fetch(scope, wanted, source_id=source_id)
+    return [records[key] for key in wanted if key in records]
+
+
+def cued_answer(backend: Any, scope: Scope, outcome: CueOutcome, admitted: list[Candidate], retrieved: set[RowKey],
+                limit: int, *, source_id: str = "") -> tuple[list[Candidate], list[Candidate]]:
+    """Recall's answer under a cue: the ranked rows (lifted, then cut) and the held seats, both best first.
+
+    The lift works on the admitted list before the cut, as in reconstruct, so a
+    period row just past ``limit`` can move into the answer. Seats are labelled
+    for the response (spec ORD-2: ``admission: "reservation"``, ``signal: "cue"``,
+    ``cue_rank`` 0 = the period search's best) and ``outcome.notice`` gets the
+    counts (TQ-7).
+    """
+    order, moved = lift([row.key for row in admitted], set(outcome.found), outcome.places)
+    ranked = [admitted[i] for i in order][:limit]
+    records = seat_records(backend, scope, outcome, retrieved | {row.key for row in ranked}, source_id=source_id)
+    seats = [Candidate(record.key, record=record, held={"signal": "cue", "admission": "reservation", "cue_rank": rank})
+             for rank, record in enumerate(records)]
+    if outcome.used and outcome.notice is not None:
+        outcome.notice.update(moved=moved, seated=len(seats))
+    return ranked, seats

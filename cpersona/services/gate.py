@@ -50,6 +50,7 @@ class Candidate:
     shown_cosine: float | None = None  # display-only cosine under fusion ordering: never judged (§5.9.3)
     confidence_payload: dict[str, Any] | None = None  # the response's "confidence" object (§5.9.3)
     prior: float | None = None  # the age prior's multiplier, when it ran (§5.9.6)
+    held: dict[str, Any] | None = None  # a held seat's match_reason: outside the ranked order (§5.13 ORD-2)
 
     @property
     def is_profile(self) -> bool:

@@ -5,8 +5,8 @@ The pipeline, top to bottom:
     validate → depth → retrieve (one ranked list per retriever) → fuse
       → score (episode boundary penalty; legacy confidence ordering: cosine
         backfill before it, confidence and re-sort after it) → gate
-      → gate_fallback rescue or autocut → age prior → cut to limit
-      → confidence beside the rows (fusion ordering) → reverse (the best row
+      → gate_fallback rescue or autocut → age prior → (time cue: lift) → cut to limit
+      → (time cue: held seats) → confidence beside the rows (fusion ordering) → reverse (the best row
         ends the list) → messages → counters
       → advisory → preview tier / full-content budget
 
@@ -43,6 +43,7 @@ from cpersona.services.confidence import (
     memory_time_span,
     order_by_confidence,
 )
+from cpersona.services.cue_arm import cued_answer, search_period
 from cpersona.services.fusion import cascade, rrf, rsf
 from cpersona.services.gate import (
     POOL_SATURATION,
@@ -60,6 +61,7 @@ from cpersona.services.preview import (
     apply_preview_tier,
 )
 from cpersona.services.responses import ToolFailure
+from cpersona.services.time_cue import TimeCue, parse_time_cue
 from cpersona.services.update_check import recall_update_notice
 from cpersona.services.retrievers import Query, Retrieval, exclusion, retrieve, search_backend
 from cpersona.storage.models import Memory
@@ -86,6 +88,7 @@ class RecallRequest:
     project_id: str | None = None
     source_id: str = ""
     full_content: bool = False
+    time_cue: TimeCue | None = None
 
     @property
     def scope(self) -> Scope:
@@ -144,9 +147,10 @@ def parse_request(app: App, arguments: dict[str, Any]) -> RecallRequest:
     if not isinstance(exclude, (list, tuple)) or not all(isinstance(e, str) for e in exclude):
         raise ToolFailure("exclude_contents must be a list of strings", messages=[])
     project_id = arguments.get("project_id")
-    time_cue = arguments.get("time_cue")
-    if time_cue is not None and not isinstance(time_cue, dict):
-        raise ToolFailure("time_cue must be an object", messages=[])
+    try:
+        time_cue = parse_time_cue(arguments.get("time_cue"))  # TQ-1…TQ-3: refused before any read
+    except ToolFailure as refused:
+        raise ToolFailure(refused.message, messages=[]) from None
     return RecallRequest(
         agent_id=_text("agent_id", arguments["agent_id"]),
         query=_text("query", arguments["query"]),
@@ -158,6 +162,7 @@ def parse_request(app: App, arguments: dict[str, Any]) -> RecallRequest:
         project_id=None if project_id is None else _text("project_id", project_id),
         source_id=_text("source_id", arguments.get("source_id")),
         full_content=_flag("full_content", arguments.get("full_content")),
+        time_cue=time_cue,
     )
 
 
@@ -300,6 +305,8 @@ def parse_source(stored: str) -> Any:
 
 def match_reason(row: Candidate) -> dict[str, Any] | None:
     """Why a scored row is here: the gate's signal and every score it carries (§5.14)."""
+    if row.held is not None:
+        return dict(row.held)
     judged = row.signal
     if judged is None:
         return None
@@ -393,15 +400,27 @@ def run_recall(app: App, req: RecallRequest) -> RecallOutcome:
     if admitted.gate_fallback:
         extras["gate_fallback"] = True  # spec RC-4: present only when it fired
 
-    ranked = rows[: req.limit]
-    if settings.confidence_enabled and not legacy_ordering(settings):
+    seats: list[Candidate] = []
+    if req.time_cue is None:
+        ranked = rows[: req.limit]
+    else:  # TQ-6: cue rows lifted before the cut; held seats after it, outside the ranked order (ORD-2)
+        cued = search_period(backend, req.scope, req.time_cue, req.query, (), req.source_id, now=app.clock())
+        ranked, seats = cued_answer(backend, req.scope, cued, rows, set(found.records), req.limit,
+                                    source_id=req.source_id)
+        if cued.notice is not None:
+            extras["time_cue"] = cued.notice  # TQ-5 ignored / TQ-7 used
+    legacy = legacy_ordering(settings)
+    if settings.confidence_enabled and (seats or not legacy):
+        described = seats if legacy else ranked + seats  # legacy ordering scored the ranked rows already
         with app.db.read() as session:  # fusion ordering: confidence for the response only (§5.9.3)
-            describe_confidence(settings, session, found.query_vector, ranked, now=app.clock(),
+            describe_confidence(settings, session, found.query_vector, described, now=app.clock(),
                                 span=memory_time_span(backend, req.scope), deep=req.deep)
-    ranked.reverse()  # spec RC-1: the best row is the last one, nearest the reader
     if settings.confidence_enabled and not req.deep and not admitted.gate_fallback:  # spec §5.9.5
+        # the ranked answer only: after the cut, before held seats
         bump_recall_counters(app, [r.record.id for r in ranked if r.record and r.record.kind == "mem"])
-    return RecallOutcome([message(row) for row in ranked], extras)
+    shown = ranked + seats
+    shown.reverse()  # spec RC-1: the best row is the last one, nearest the reader; seats come first (ORD-2)
+    return RecallOutcome([message(row) for row in shown], extras)
 
 
 def recall(

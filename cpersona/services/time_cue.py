@@ -2,7 +2,7 @@
 
 The cue is read before any retrieval so that an unreadable cue costs nothing
 (RX-2). The period is computed from the scope's oldest and newest memory and
-the clock; how the period then shapes the candidate pool is recall's business.
+the clock; :mod:`cpersona.services.cue_arm` searches it for recall and reconstruct.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ POLICY = "cued-v0.3"
 
 
 def _refuse(message: str) -> ToolFailure:
-    return ToolFailure(message, items=[], returned_count=0)
+    """A bare refusal: each tool adds its own empty answer (recall messages, reconstruct items)."""
+    return ToolFailure(message)
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,7 @@ import pytest
 
 from cpersona.services.memories import store
 from cpersona.services.reconstruct import reconstruct
-from cpersona.services.reconstruct.cue_arm import lift
+from cpersona.services.cue_arm import lift
 
 pytestmark = pytest.mark.both_backends
 

@@ -19,8 +19,8 @@ from sqlalchemy import select
 
 from cpersona.services.advisory import advisory
 from cpersona.services.app import App
-from cpersona.services.reconstruct.cue_arm import CueOutcome, lift, search_period
-from cpersona.services.reconstruct.time_cue import TimeCue
+from cpersona.services.cue_arm import CueOutcome, lift, search_period, seat_records
+from cpersona.services.time_cue import TimeCue
 from cpersona.services.recall import RecallRequest, admit, depth_for, fuse, parse_instant, score_candidates
 from cpersona.services.retrievers import Retrieval, exclusion, retrieve, search_backend
 from cpersona.services.update_check import recall_update_notice
@@ -138,12 +138,10 @@ def candidate_pool(app: App, req: RecallRequest, terms: list[str], cue: TimeCue 
 
 def _cue_seats(backend: Any, req: RecallRequest, pool: Pool, cued: CueOutcome, retrieved: set[Any]) -> int:
     """TQ-6: the best period rows no arm retrieved take as many held seats as the cue lifts places."""
-    wanted = [key for key in cued.found if key not in retrieved][: cued.places]
-    records = backend.fetch(req.scope, wanted)
-    for key in wanted:
-        if key in records:
-            pool.candidates.append(Candidate(len(pool.candidates), records[key], held=True))
-    return sum(1 for key in wanted if key in records)
+    records = seat_records(backend, req.scope, cued, retrieved, source_id=req.source_id)
+    for record in records:
+        pool.candidates.append(Candidate(len(pool.candidates), record, held=True))
+    return len(records)
 
 
 def _read_context(app: App, candidates: list[Candidate]) -> None:

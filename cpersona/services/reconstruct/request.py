@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from cpersona.config import Settings
-from cpersona.services.reconstruct.time_cue import TimeCue, parse_time_cue
+from cpersona.services.time_cue import TimeCue, parse_time_cue
 from cpersona.services.recall import RecallRequest, parse_request
 from cpersona.services.responses import ToolFailure
 
@@ -179,7 +179,10 @@ def parse(app: Any, arguments: dict[str, Any]) -> Request:
     except ToolFailure as failure:
         raise refusal(failure.message) from None
     mode = resolve_mode(arguments.get("mode"), arguments.get("lite"))
-    cue = parse_time_cue(arguments.get("time_cue"))  # RX-2: an unreadable cue stops here
+    try:
+        cue = parse_time_cue(arguments.get("time_cue"))  # RX-2: an unreadable cue stops here
+    except ToolFailure as failure:
+        raise refusal(failure.message) from None
     requested_count = _int_or_none("count", arguments.get("count"))
     requested_budget = _int_or_none("budget", arguments.get("budget"))
     top_k, low_k = _bound(_int_or_none("top_k", arguments.get("top_k")), settings.reconstruct_top_k, 1, 100)
