@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import TextClause, insert, text, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -47,7 +48,7 @@ from cpersona.services.sanitize import (
 )
 from cpersona.services.timestamps import FuturePolicy, sql_stamp
 from cpersona.storage.models import Memory
-from cpersona.storage.scope import Scope, predicates
+from cpersona.storage.scope import Scope, sql_fragment
 
 log = logging.getLogger(__name__)
 
@@ -316,34 +317,53 @@ def _serialize(name: str, value: Any) -> str:
 
 
 def _probe(session: Session, request: _Write) -> _Probe:
-    """Decide skip / reject / proceed against what is already stored (DD-1, DD-2)."""
+    """Decide skip / reject / proceed against what is already stored (DD-1, DD-2).
+
+    One statement answers both questions (a UNION ALL of two index look-ups):
+    the caller-id branch is tagged 1 and sorts first, so DD-1 wins over DD-2.
+    """
     # The project axis reads like a recall in the write's project: bucket P plus
     # the global pool (DD-3). Channel is narrower than a read's: a write to ''
     # is answered only by channel-less rows.
-    in_projects = predicates(Memory, Scope(agent_id=request.agent_id, project_id=request.project_id))
-
+    scope_sql, params = sql_fragment(Scope(agent_id=request.agent_id, project_id=request.project_id))
+    params["content"] = request.content
     if request.msg_id:
-        # DD-1: the same caller id anywhere in those projects, whatever the channel.
-        row_id = session.scalar(
-            select(Memory.id).where(in_projects, Memory.msg_id == request.msg_id).order_by(Memory.id).limit(1)
-        )
-        if row_id is not None:
-            return _Probe("skipped", "duplicate msg_id", row_id)
+        params["msg_id"] = request.msg_id
+    if request.channel:
+        params["channel"] = request.channel
+    rows = session.connection().execute(
+        _probe_statement(scope_sql, bool(request.msg_id), bool(request.channel)), params).all()
 
-    channels = (request.channel, "") if request.channel else ("",)
-    copies = session.execute(
-        select(Memory.id, Memory.source, Memory.project_id, Memory.channel)
-        .where(in_projects, Memory.channel.in_(channels), Memory.content == request.content)
-        .order_by(Memory.id)
-    ).all()
+    if rows and rows[0].same_id:
+        # DD-1: the same caller id anywhere in those projects, whatever the channel.
+        return _Probe("skipped", "duplicate msg_id", rows[0].id)
     wanted = source_id_text(request.source)
-    for copy in copies:
+    for copy in rows:
         if source_id_text(parse_stored_json(copy.source)) == wanted:
             return _Probe("skipped", "duplicate content", copy.id)
-    if any(c.project_id == request.project_id and c.channel == request.channel for c in copies):
+    if any(c.project_id == request.project_id and c.channel == request.channel for c in rows):
         # ST-5: one copy per exact bucket, whoever declared it.
         return _Probe("rejected", SAME_BUCKET_COPY)
     return _PROCEED
+
+
+@lru_cache(maxsize=32)
+def _probe_statement(scope_sql: str, by_msg_id: bool, in_channel: bool) -> TextClause:
+    """The dedup probe's SQL, built once per shape (the scope text has few forms)."""
+    channels = "(:channel, '')" if in_channel else "('')"
+    by_content = (
+        f"SELECT 0 AS same_id, id, source, project_id, channel FROM memories"
+        f" WHERE {scope_sql} AND channel IN {channels} AND content = :content"
+    )
+    if not by_msg_id:
+        return text(by_content + " ORDER BY id")
+    # `msg_id != ''` (always true here) lets SQLite use the partial unique index
+    # on (agent, project, msg_id); without it the planner walked the scope's index.
+    by_id = (
+        f"SELECT 1 AS same_id, id, source, project_id, channel FROM memories"
+        f" WHERE {scope_sql} AND msg_id = :msg_id AND msg_id != ''"
+    )
+    return text(f"{by_id} UNION ALL {by_content} ORDER BY same_id DESC, id")
 
 
 def _answer_without_insert(app: App, request: _Write, probe: _Probe) -> dict[str, Any]:
@@ -400,25 +420,30 @@ def embed_text(app: App, text: str) -> bytes | None:
 def _insert(session: Session, app: App, request: _Write, embedding: bytes | None) -> int | None:
     """Insert the row and return its id, or None when a unique index refused it (DD-5)."""
     now = app.clock()
-    row = Memory(
-        agent_id=request.agent_id,
-        project_id=request.project_id,
-        msg_id=request.msg_id,
-        content=request.content,
-        source=request.source_json,
-        timestamp=request.timestamp or now.isoformat(timespec="microseconds"),  # ST-7
-        metadata_=request.metadata_json,
-        embedding=embedding,
-        channel=request.channel,
-        locked=1 if request.lock else 0,
-        created_at=sql_stamp(now),
-    )
+    values = {
+        "agent_id": request.agent_id,
+        "project_id": request.project_id,
+        "msg_id": request.msg_id,
+        "content": request.content,
+        "source": request.source_json,
+        "timestamp": request.timestamp or now.isoformat(timespec="microseconds"),  # ST-7
+        "metadata": request.metadata_json,
+        "embedding": embedding,
+        "channel": request.channel,
+        "locked": 1 if request.lock else 0,
+        "created_at": sql_stamp(now),
+    }
+    # A Core insert: the ORM's unit of work (identity map, flush plan, state
+    # bookkeeping) cost more than the statement itself for one plain row.
+    conn = session.connection()
     try:
         # A savepoint, not the whole transaction: portable insert-or-ignore that
         # leaves the session usable (SQLite and PostgreSQL alike).
-        with session.begin_nested():
-            session.add(row)
-            session.flush()
+        with conn.begin_nested():
+            result = conn.execute(_INSERT_MEMORY, values)
     except IntegrityError:
         return None
-    return row.id
+    return result.inserted_primary_key[0]
+
+
+_INSERT_MEMORY = insert(Memory.__table__)
