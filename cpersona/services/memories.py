@@ -19,6 +19,7 @@ layer (``@auto``, the project registry) runs at step 3 of the validation.
 from __future__ import annotations
 
 import logging
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -436,10 +437,13 @@ def _insert(session: Session, app: App, request: _Write, embedding: bytes | None
     # A Core insert: the ORM's unit of work (identity map, flush plan, state
     # bookkeeping) cost more than the statement itself for one plain row.
     conn = session.connection()
+    # Insert-or-ignore that leaves the transaction usable. PostgreSQL aborts the
+    # whole transaction on a failed statement, so it needs a savepoint; SQLite
+    # undoes only the failed statement (ABORT), and there a savepoint's release
+    # made FTS5 flush its pending terms once more per row.
+    guard = nullcontext() if app.db.is_sqlite else conn.begin_nested()
     try:
-        # A savepoint, not the whole transaction: portable insert-or-ignore that
-        # leaves the session usable (SQLite and PostgreSQL alike).
-        with conn.begin_nested():
+        with guard:
             result = conn.execute(_INSERT_MEMORY, values)
     except IntegrityError:
         return None
