@@ -32,7 +32,7 @@ from cpersona.services import remote_vectors
 from cpersona.services.app import App
 from cpersona.services.associations import declare_for_record
 from cpersona.services.backfill import keeps_local_vectors
-from cpersona.services.nodes import QUEUED, queue_build, runs_past_window
+from cpersona.services.nodes import QUEUED, queue_build, runs_past_window, token_reporter
 from cpersona.services.operating_context import ProjectRefusal, resolve_project
 from cpersona.services.responses import failure
 from cpersona.services.sanitize import (
@@ -171,10 +171,13 @@ def store(
 def _write(app: App, request: _Write, ahead: Any) -> dict[str, Any]:
     """Steps after validation: dedup, embed, insert, lock."""
     # A cheap look before embedding: a duplicate costs no embedding request.
-    with app.db.read() as session:
-        early = _probe(session, request)
-    if early.result != "proceed":
-        return _answer_without_insert(app, request, early)
+    # Without an embedder or token reporter nothing runs between the two
+    # probes, so the authoritative one under the write lock answers alone.
+    if keeps_local_vectors(app) or token_reporter(app) is not None:
+        with app.db.read() as session:
+            early = _probe(session, request)
+        if early.result != "proceed":
+            return _answer_without_insert(app, request, early)
 
     embedding = embed_text(app, request.content)  # ST-11: the sanitized text, once, no lock held
     long_text = runs_past_window(app, request.content)  # OV-4: a network ask too, so before the lock
