@@ -26,6 +26,7 @@ from typing import Any
 
 from sqlalchemy import TextClause, insert, text, update
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
 from cpersona.services import remote_vectors
@@ -175,23 +176,23 @@ def _write(app: App, request: _Write, ahead: Any) -> dict[str, Any]:
     # probes, so the authoritative one under the write lock answers alone.
     if keeps_local_vectors(app) or token_reporter(app) is not None:
         with app.db.read() as session:
-            early = _probe(session, request)
+            early = _probe(session.connection(), request)
         if early.result != "proceed":
             return _answer_without_insert(app, request, early)
 
     embedding = embed_text(app, request.content)  # ST-11: the sanitized text, once, no lock held
     long_text = runs_past_window(app, request.content)  # OV-4: a network ask too, so before the lock
 
-    with app.db.write() as session:
+    # A bare connection, not an ORM session: every statement here is Core.
+    with app.db.write_connection() as conn:
         # The authoritative probe: another writer may have stored the same row
         # while the embedding request was out.
-        probe = _probe(session, request)
+        probe = _probe(conn, request)
         if probe.result != "proceed":
-            return _finish_probe(session, request, probe)
-        new_id = _insert(session, app, request, embedding)
+            return _finish_probe(conn, request, probe)
+        new_id = _insert(conn, app, request, embedding)
         # The build task commits with the row, so a restart cannot lose it.
-        nodes_queued = new_id is not None and long_text and queue_build(
-            app, session, "mem", new_id, agent_id=request.agent_id, project_id=request.project_id)
+        nodes_queued = new_id is not None and long_text and _queue_nodes(app, conn, request, new_id)
 
     if new_id is None:
         # DD-5: lost a race to the unique indexes (another process wrote the
@@ -320,7 +321,7 @@ def _serialize(name: str, value: Any) -> str:
 # -- dedup (§5.3) ----------------------------------------------------------------------------
 
 
-def _probe(session: Session, request: _Write) -> _Probe:
+def _probe(conn: Connection, request: _Write) -> _Probe:
     """Decide skip / reject / proceed against what is already stored (DD-1, DD-2).
 
     One statement answers both questions (a UNION ALL of two index look-ups):
@@ -335,7 +336,7 @@ def _probe(session: Session, request: _Write) -> _Probe:
         params["msg_id"] = request.msg_id
     if request.channel:
         params["channel"] = request.channel
-    rows = session.connection().execute(
+    rows = conn.execute(
         _probe_statement(scope_sql, bool(request.msg_id), bool(request.channel)), params).all()
 
     if rows and rows[0].same_id:
@@ -373,16 +374,16 @@ def _probe_statement(scope_sql: str, by_msg_id: bool, in_channel: bool) -> TextC
 def _answer_without_insert(app: App, request: _Write, probe: _Probe) -> dict[str, Any]:
     """Answer an early skip / reject; a skip with lock:true still has to lock its row."""
     if probe.result == "skipped" and request.lock:
-        with app.db.write() as session:
-            return _finish_probe(session, request, probe)
+        with app.db.write_connection() as conn:
+            return _finish_probe(conn, request, probe)
     return _probe_answer(request, probe, locked=False)
 
 
-def _finish_probe(session: Session, request: _Write, probe: _Probe) -> dict[str, Any]:
+def _finish_probe(conn: Connection, request: _Write, probe: _Probe) -> dict[str, Any]:
     locked = False
     if probe.result == "skipped" and request.lock and probe.row_id is not None:
         # ST-12: the row the store resolved to is the one that gets locked.
-        changed = session.execute(update(Memory).where(Memory.id == probe.row_id).values(locked=1))
+        changed = conn.execute(update(Memory).where(Memory.id == probe.row_id).values(locked=1))
         locked = changed.rowcount == 1
     return _probe_answer(request, probe, locked=locked)
 
@@ -421,7 +422,7 @@ def embed_text(app: App, text: str) -> bytes | None:
         return None
 
 
-def _insert(session: Session, app: App, request: _Write, embedding: bytes | None) -> int | None:
+def _insert(conn: Connection, app: App, request: _Write, embedding: bytes | None) -> int | None:
     """Insert the row and return its id, or None when a unique index refused it (DD-5)."""
     now = app.clock()
     values = {
@@ -439,7 +440,6 @@ def _insert(session: Session, app: App, request: _Write, embedding: bytes | None
     }
     # A Core insert: the ORM's unit of work (identity map, flush plan, state
     # bookkeeping) cost more than the statement itself for one plain row.
-    conn = session.connection()
     # Insert-or-ignore that leaves the transaction usable. PostgreSQL aborts the
     # whole transaction on a failed statement, so it needs a savepoint; SQLite
     # undoes only the failed statement (ABORT), and there a savepoint's release
@@ -451,6 +451,15 @@ def _insert(session: Session, app: App, request: _Write, embedding: bytes | None
     except IntegrityError:
         return None
     return result.inserted_primary_key[0]
+
+
+def _queue_nodes(app: App, conn: Connection, request: _Write, new_id: int) -> bool:
+    # The task queue writes through the ORM: a session joined to this transaction.
+    with Session(bind=conn, autoflush=False, expire_on_commit=False) as session:
+        queued = queue_build(app, session, "mem", new_id, agent_id=request.agent_id,
+                             project_id=request.project_id)
+        session.flush()
+    return queued
 
 
 _INSERT_MEMORY = insert(Memory.__table__)
