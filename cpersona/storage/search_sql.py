@@ -14,11 +14,12 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import bindparam, text
+from sqlalchemy import bindparam
 
 from cpersona.storage.engine import Database
 from cpersona.storage.scope import Scope, sql_fragment
 from cpersona.storage.search import Hit, Record, RowKey, clean_query
+from cpersona.storage.sql_text import text
 
 # spec KW-2: substring patterns longer than this are not run at all.
 LIKE_MAX_PATTERN_BYTES = 50_000

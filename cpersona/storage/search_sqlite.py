@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
@@ -48,6 +47,7 @@ from cpersona.storage.search_sql import (  # noqa: F401  (like_pattern is part o
     like_pattern,
     memory_record,
 )
+from cpersona.storage.sql_text import text
 from cpersona.storage.vectors_sqlite import scan_parameters, scan_statement, usable_query
 
 log = logging.getLogger(__name__)
