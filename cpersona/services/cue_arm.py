@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any
 
 from cpersona.services.gate import Candidate
@@ -53,12 +53,11 @@ class CueOutcome:
 
 
 def search_period(backend: Any, scope: Scope, cue: TimeCue | None, query: str, phrases: Sequence[str],
-                  source_id: str, *, now: datetime | None = None) -> CueOutcome:
+                  source_id: str, *, now: datetime) -> CueOutcome:
     """TQ-4 … TQ-6: the period the cue names and the rows found in it (widened once when empty)."""
     outcome = CueOutcome()
     if cue is None:
         return outcome
-    now = now or datetime.now(timezone.utc)
     # TQ-4: any stamp the engine reads as an instant counts (not only date-shaped ones)
     oldest, newest = backend.memory_span(scope, date_shaped_only=False) if _needs_span(cue) else (None, None)
     base = base_period(cue, now, oldest, newest)

@@ -100,7 +100,7 @@ def candidate_pool(app: App, req: RecallRequest, terms: list[str], cue: TimeCue 
     if terms and not req.blank:
         _with_terms(app, req, found, terms, depth)
     pool.query_vector = found.query_vector
-    cued = search_period(backend, req.scope, cue, req.query, terms, req.source_id)
+    cued = search_period(backend, req.scope, cue, req.query, terms, req.source_id, now=app.clock())
     if (notice := advisory(app, req.session_key)) is not None:
         pool.notices["advisory"] = notice
     if (update := recall_update_notice(app, req.session_key)) is not None:
