@@ -19,13 +19,10 @@ layer (``@auto``, the project registry) runs at step 3 of the validation.
 from __future__ import annotations
 
 import logging
-from contextlib import nullcontext
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Any
 
-from sqlalchemy import TextClause, insert, text, update
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy import update
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
@@ -50,7 +47,7 @@ from cpersona.services.sanitize import (
 )
 from cpersona.services.timestamps import FuturePolicy, sql_stamp
 from cpersona.storage.models import Memory
-from cpersona.storage.scope import Scope, sql_fragment
+from cpersona.storage.memory_writes import dedup_candidates, insert_memory
 
 log = logging.getLogger(__name__)
 
@@ -324,21 +321,12 @@ def _serialize(name: str, value: Any) -> str:
 def _probe(conn: Connection, request: _Write) -> _Probe:
     """Decide skip / reject / proceed against what is already stored (DD-1, DD-2).
 
-    One statement answers both questions (a UNION ALL of two index look-ups):
-    the caller-id branch is tagged 1 and sorts first, so DD-1 wins over DD-2.
+    The caller-id candidates come first, so DD-1 wins over DD-2.
     """
-    # The project axis reads like a recall in the write's project: bucket P plus
-    # the global pool (DD-3). Channel is narrower than a read's: a write to ''
-    # is answered only by channel-less rows.
-    scope_sql, params = sql_fragment(Scope(agent_id=request.agent_id, project_id=request.project_id))
-    params["content"] = request.content
-    if request.msg_id:
-        params["msg_id"] = request.msg_id
-    if request.channel:
-        params["channel"] = request.channel
-    rows = conn.execute(
-        _probe_statement(scope_sql, bool(request.msg_id), bool(request.channel)), params).all()
-
+    rows = dedup_candidates(
+        conn, agent_id=request.agent_id, project_id=request.project_id, channel=request.channel,
+        content=request.content, msg_id=request.msg_id,
+    )  # fmt: skip
     if rows and rows[0].same_id:
         # DD-1: the same caller id anywhere in those projects, whatever the channel.
         return _Probe("skipped", "duplicate msg_id", rows[0].id)
@@ -350,25 +338,6 @@ def _probe(conn: Connection, request: _Write) -> _Probe:
         # ST-5: one copy per exact bucket, whoever declared it.
         return _Probe("rejected", SAME_BUCKET_COPY)
     return _PROCEED
-
-
-@lru_cache(maxsize=32)
-def _probe_statement(scope_sql: str, by_msg_id: bool, in_channel: bool) -> TextClause:
-    """The dedup probe's SQL, built once per shape (the scope text has few forms)."""
-    channels = "(:channel, '')" if in_channel else "('')"
-    by_content = (
-        f"SELECT 0 AS same_id, id, source, project_id, channel FROM memories"
-        f" WHERE {scope_sql} AND channel IN {channels} AND content = :content"
-    )
-    if not by_msg_id:
-        return text(by_content + " ORDER BY id")
-    # `msg_id != ''` (always true here) lets SQLite use the partial unique index
-    # on (agent, project, msg_id); without it the planner walked the scope's index.
-    by_id = (
-        f"SELECT 1 AS same_id, id, source, project_id, channel FROM memories"
-        f" WHERE {scope_sql} AND msg_id = :msg_id AND msg_id != ''"
-    )
-    return text(f"{by_id} UNION ALL {by_content} ORDER BY same_id DESC, id")
 
 
 def _answer_without_insert(app: App, request: _Write, probe: _Probe) -> dict[str, Any]:
@@ -438,19 +407,7 @@ def _insert(conn: Connection, app: App, request: _Write, embedding: bytes | None
         "locked": 1 if request.lock else 0,
         "created_at": sql_stamp(now),
     }
-    # A Core insert: the ORM's unit of work (identity map, flush plan, state
-    # bookkeeping) cost more than the statement itself for one plain row.
-    # Insert-or-ignore that leaves the transaction usable. PostgreSQL aborts the
-    # whole transaction on a failed statement, so it needs a savepoint; SQLite
-    # undoes only the failed statement (ABORT), and there a savepoint's release
-    # made FTS5 flush its pending terms once more per row.
-    guard = nullcontext() if app.db.is_sqlite else conn.begin_nested()
-    try:
-        with guard:
-            result = conn.execute(_INSERT_MEMORY, values)
-    except IntegrityError:
-        return None
-    return result.inserted_primary_key[0]
+    return insert_memory(conn, values)
 
 
 def _queue_nodes(app: App, conn: Connection, request: _Write, new_id: int) -> bool:
@@ -461,5 +418,3 @@ def _queue_nodes(app: App, conn: Connection, request: _Write, new_id: int) -> bo
         session.flush()
     return queued
 
-
-_INSERT_MEMORY = insert(Memory.__table__)

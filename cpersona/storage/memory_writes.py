@@ -1,0 +1,78 @@
+"""The two statements of a memory store: the dedup probe and the insert that a unique index may refuse.
+
+They sit here rather than in the write path because both depend on how the
+engine plans and fails: the probe's shape is tuned to the indexes, and the
+insert has to leave the transaction usable on an engine that aborts it.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from functools import lru_cache
+from typing import Any
+
+from sqlalchemy import Row, TextClause, insert, text
+from sqlalchemy.engine import Connection
+from sqlalchemy.exc import IntegrityError
+
+from cpersona.storage.dialect import is_sqlite
+from cpersona.storage.models import Memory
+from cpersona.storage.scope import Scope, sql_fragment
+
+_INSERT_MEMORY = insert(Memory.__table__)
+
+
+def dedup_candidates(
+    conn: Connection, *, agent_id: str, project_id: str | None, channel: str, content: str, msg_id: str
+) -> list[Row[Any]]:
+    """Rows a new memory could duplicate: same caller id first (``same_id`` 1), then same content, by id.
+
+    The project axis reads like a recall in the write's project: bucket P plus
+    the global pool (DD-3). Channel is narrower than a read's: a write to ''
+    is answered only by channel-less rows. Rows carry ``id, source,
+    project_id, channel`` so the caller can apply the source and bucket rules.
+    """
+    scope_sql, params = sql_fragment(Scope(agent_id=agent_id, project_id=project_id))
+    params["content"] = content
+    if msg_id:
+        params["msg_id"] = msg_id
+    if channel:
+        params["channel"] = channel
+    return conn.execute(_probe_statement(scope_sql, bool(msg_id), bool(channel)), params).all()
+
+
+@lru_cache(maxsize=32)
+def _probe_statement(scope_sql: str, by_msg_id: bool, in_channel: bool) -> TextClause:
+    """One statement for both look-ups (a UNION ALL of two index probes), built once per shape."""
+    channels = "(:channel, '')" if in_channel else "('')"
+    by_content = (
+        f"SELECT 0 AS same_id, id, source, project_id, channel FROM memories"
+        f" WHERE {scope_sql} AND channel IN {channels} AND content = :content"
+    )
+    if not by_msg_id:
+        return text(by_content + " ORDER BY id")
+    # `msg_id != ''` (always true here) lets SQLite use the partial unique index
+    # on (agent, project, msg_id); without it the planner walked the scope's index.
+    by_id = (
+        f"SELECT 1 AS same_id, id, source, project_id, channel FROM memories"
+        f" WHERE {scope_sql} AND msg_id = :msg_id AND msg_id != ''"
+    )
+    return text(f"{by_id} UNION ALL {by_content} ORDER BY same_id DESC, id")
+
+
+def insert_memory(conn: Connection, values: dict[str, Any]) -> int | None:
+    """Insert one memory row and return its id, or None when a unique index refused it (DD-5).
+
+    A Core insert: the ORM's unit of work (identity map, flush plan, state
+    bookkeeping) cost more than the statement itself for one plain row.
+    PostgreSQL aborts the whole transaction on a failed statement, so there the
+    insert runs in a savepoint; SQLite undoes only the failed statement, and a
+    savepoint's release there made FTS5 flush its pending terms once more per row.
+    """
+    guard = nullcontext() if is_sqlite(conn) else conn.begin_nested()
+    try:
+        with guard:
+            result = conn.execute(_INSERT_MEMORY, values)
+    except IntegrityError:
+        return None
+    return result.inserted_primary_key[0]
