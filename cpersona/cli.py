@@ -85,10 +85,10 @@ def serve(args: argparse.Namespace) -> int:
     from cpersona.mcp.server import build_server
     from cpersona.mcp.stdio import serve_stdio
     from cpersona.services.app import App
-    from cpersona.services.backfill import start_backfill, stop_backfill
-    from cpersona.services.calibration import start_calibration
-    from cpersona.services.tasks import start_task_queue
-    from cpersona.services.update_check import start_update_check
+    from cpersona.services.records.backfill import start_backfill, stop_backfill
+    from cpersona.services.calibration.service import start_calibration
+    from cpersona.services.operations.tasks import start_task_queue
+    from cpersona.services.operations.update_check import start_update_check
     from cpersona.storage.migrate import MigrationError, TooNewDatabase, open_database_and_upgrade
 
     # Spec T-7 order: embedding mode and client, then the database.

@@ -23,9 +23,9 @@ from cpersona.mcp.dispatch import call_tool
 from cpersona.mcp.gates import GateChain
 from cpersona.mcp.pause_gate import PauseGate
 from cpersona.mcp.tools import default_registry
-from cpersona.services import admin
+from cpersona.services.records import admin
 from cpersona.services.app import App
-from cpersona.services.calibration_state import state_of, vector_threshold
+from cpersona.services.calibration.state import state_of, vector_threshold
 
 pytestmark = [pytest.mark.anyio, pytest.mark.both_backends]
 
@@ -130,7 +130,7 @@ async def test_scoped_failures_share_one_message_so_nothing_leaks(app):  # spec 
 
 
 async def test_unscoped_calls_answer_specifically_and_are_logged(app, caplog):  # spec OWN-2
-    caplog.set_level(logging.WARNING, logger="cpersona.services.admin")
+    caplog.set_level(logging.WARNING, logger="cpersona.services.records.admin")
     memory_id = await remember(app, "anyone may touch this")
     await call(app, "lock_memory", memory_id=memory_id)
     assert await call(app, "delete_memory", memory_id=memory_id) == {

@@ -17,9 +17,9 @@ import pytest
 from sqlalchemy import select, update
 
 from conftest import make_app
-from cpersona.services.episodes import archive_episode
-from cpersona.services.memories import store
-from cpersona.services.profiles import update_profile
+from cpersona.services.records.episodes import archive_episode
+from cpersona.services.records.memories import store
+from cpersona.services.records.profiles import update_profile
 from cpersona.storage.engine import open_sqlite
 from cpersona.storage.migrate import head_revision, upgrade
 from cpersona.storage.models import Memory

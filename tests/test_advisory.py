@@ -14,11 +14,11 @@ from sqlalchemy import insert
 
 from cpersona.config import load_settings
 from cpersona.embedding.client import build_embedder
-from cpersona.services.advisory import embedding_health
+from cpersona.services.recall.advisory import embedding_health
 from cpersona.services.app import App
-from cpersona.services.memories import store
-from cpersona.services.recall import recall
-from cpersona.services.recall_context import recall_with_context
+from cpersona.services.records.memories import store
+from cpersona.services.recall.service import recall
+from cpersona.services.recall.with_context import recall_with_context
 from cpersona.storage.models import Memory
 
 pytestmark = pytest.mark.both_backends  # storage/service behaviour: run on SQLite and PostgreSQL
@@ -165,7 +165,7 @@ def test_recall_with_context_forwards_the_advisory(app, embed_server):  # spec A
 
 
 def test_a_query_that_does_not_measure_leaves_the_health_alone(app, embed_server):  # spec ADV-2
-    from cpersona.services.retrievers import Query, exclusion, retrieve, search_backend
+    from cpersona.services.recall.retrievers import Query, exclusion, retrieve, search_backend
     from cpersona.storage.scope import Scope
 
     embed_server.status = 503

@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 from alembic import command
 
-from cpersona.services.associations import declare_associations
-from cpersona.services.memories import store
+from cpersona.services.graph.associations import declare_associations
+from cpersona.services.records.memories import store
 from cpersona.services.portability import export_memories, import_memories
-from cpersona.services.traverse import traverse
+from cpersona.services.graph.traverse import traverse
 from cpersona.storage.engine import Database, open_sqlite
 from cpersona.storage.migrate import alembic_config, head_revision, upgrade
 

@@ -16,8 +16,8 @@ from sqlalchemy import text
 
 from cpersona.mcp.server import build_server
 from cpersona.mcp.tools import default_registry
-from cpersona.services.admin import delete_agent_data
-from cpersona.services.associations import (
+from cpersona.services.records.admin import delete_agent_data
+from cpersona.services.graph.associations import (
     declare,
     declare_associations,
     delete_agent_associations,
@@ -27,8 +27,8 @@ from cpersona.services.associations import (
     record_relations,
     resolve_visible,
 )
-from cpersona.services.episodes import archive_episode
-from cpersona.services.memories import store
+from cpersona.services.records.episodes import archive_episode
+from cpersona.services.records.memories import store
 from cpersona.storage.engine import Database
 from cpersona.storage.scope import Scope
 from conftest import refuse_inserts

@@ -15,7 +15,7 @@ from cpersona.config import load_settings
 from cpersona.embedding.client import build_embedder
 from cpersona.embedding.vectors import to_blob
 from cpersona.services.app import App
-from cpersona.services.backfill import (
+from cpersona.services.records.backfill import (
     BackfillWorker,
     backfill_pass,
     install_backfill,
@@ -23,9 +23,9 @@ from cpersona.services.backfill import (
     stop_backfill,
     unembedded_count,
 )
-from cpersona.services.episodes import archive_episode
-from cpersona.services.memories import store
-from cpersona.services.recall import recall
+from cpersona.services.records.episodes import archive_episode
+from cpersona.services.records.memories import store
+from cpersona.services.recall.service import recall
 from cpersona.storage.models import Episode, Memory
 
 pytestmark = pytest.mark.both_backends  # storage/service behaviour: run on SQLite and PostgreSQL

@@ -9,7 +9,7 @@ from pathlib import Path
 from conftest import make_app
 from test_admin_cli import cli
 
-from cpersona.services.memories import store
+from cpersona.services.records.memories import store
 from cpersona.storage.backup import BackupError, backup_to
 
 

@@ -23,12 +23,12 @@ from cpersona.embedding.vectors import to_blob
 from cpersona.mcp.dispatch import call_tool
 from cpersona.mcp.gates import GateChain
 from cpersona.mcp.tools import default_registry
-from cpersona.services import calibration as cal
-from cpersona.services import calibration_math as cm
-from cpersona.services.calibration import calibrate_threshold, install, vector_threshold
-from cpersona.services.calibration_sidecar import SCORING_VERSION
-from cpersona.services.fused_gate import signal_floor
-from cpersona.services.gate import calibrated_gate_for
+from cpersona.services.calibration import service as cal
+from cpersona.services.calibration import statistics as cm
+from cpersona.services.calibration.service import calibrate_threshold, install, vector_threshold
+from cpersona.services.calibration.sidecar import SCORING_VERSION
+from cpersona.services.recall.fused_gate import signal_floor
+from cpersona.services.recall.gate import calibrated_gate_for
 from cpersona.storage.models import Memory
 
 pytestmark = pytest.mark.both_backends  # storage/service behaviour: run on SQLite and PostgreSQL
@@ -430,7 +430,7 @@ def test_mode_none_reads_only_the_betas_and_starts_nothing(db):
     write_sidecar_file(app)
     assert cal.start_calibration(app) is None
     assert vector_threshold(app, "g") == 0.3 and calibrated_gate_for(app.extras, "g", enabled=True) is None
-    from cpersona.services.precision import get_recall_precision
+    from cpersona.services.calibration.precision import get_recall_precision
 
     assert get_recall_precision(app, agent_id="g")["precision"] == "strict"
 

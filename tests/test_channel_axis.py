@@ -11,8 +11,8 @@ import json
 import pytest
 from sqlalchemy import inspect, select, text
 
-from cpersona.services.channel_axis import classify, migrate_channel_axis
-from cpersona.services.recall import recall
+from cpersona.services.operations.channel_axis import classify, migrate_channel_axis
+from cpersona.services.recall.service import recall
 from cpersona.storage.models import Memory
 
 pytestmark = pytest.mark.both_backends  # storage/service behaviour: run on SQLite and PostgreSQL
@@ -219,7 +219,7 @@ async def test_a_paused_real_run_is_a_dry_run(seeded):  # spec MC-6, P-11
     from cpersona.mcp.dispatch import call_tool
     from cpersona.mcp.gates import GateChain
     from cpersona.mcp.tools import default_registry
-    from cpersona.services.persistence import pause_persistence
+    from cpersona.services.operations.persistence import pause_persistence
 
     pause_persistence(seeded, ttl_seconds=600, session_key="op")
     gates = GateChain([pause_gate.PauseGate()])

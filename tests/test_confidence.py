@@ -20,16 +20,16 @@ from cpersona.config import load_settings
 from cpersona.embedding.client import build_embedder
 from cpersona.embedding.vectors import to_blob
 from cpersona.services.app import App
-from cpersona.services.confidence import (
+from cpersona.services.recall.confidence import (
     TimeSpan,
     memory_time_span,
     row_confidence,
     stored_cosines,
 )
-from cpersona.services.gate import Candidate, CalibratedGate, apply_gate, autocut
-from cpersona.services.prior import apply_prior, prior_applies
-from cpersona.services.recall import recall
-from cpersona.services.recall_context import recall_with_context
+from cpersona.services.recall.gate import Candidate, CalibratedGate, apply_gate, autocut
+from cpersona.services.recall.prior import apply_prior, prior_applies
+from cpersona.services.recall.service import recall
+from cpersona.services.recall.with_context import recall_with_context
 from cpersona.storage.models import Episode, Memory, Profile
 from cpersona.storage.scope import Scope
 from cpersona.storage.search import Record, open_search
@@ -435,7 +435,7 @@ def test_reconstruct_reports_the_rescue_under_legacy(db, apps):  # spec §5.11, 
 
 
 def test_gate_calibration_under_legacy_measures_confidence(db, apps):  # spec GATE-3, §5.18.3
-    from cpersona.services.fused_gate import scored_candidates
+    from cpersona.services.recall.fused_gate import scored_candidates
 
     add_memory(db, "xylophone lessons on tuesday", timestamp=iso(NOW))
     add_memory(db, LEXICAL_ONLY, timestamp=iso(NOW))

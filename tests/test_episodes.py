@@ -7,7 +7,7 @@ from datetime import datetime, timezone
 import pytest
 from sqlalchemy import select
 
-from cpersona.services.episodes import archive_episode, history_span, list_episodes
+from cpersona.services.records.episodes import archive_episode, history_span, list_episodes
 from cpersona.storage.models import Episode
 from conftest import make_app
 

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from cpersona.services.fusion import Ranked, RankedList, cascade, min_max, rrf, rsf
-from cpersona.services.gate import (
+from cpersona.services.recall.fusion import Ranked, RankedList, cascade, min_max, rrf, rsf
+from cpersona.services.recall.gate import (
     PROFILE_KEY,
     CalibratedGate,
     Candidate,

@@ -13,7 +13,7 @@ from cpersona.mcp.dispatch import call_tool
 from cpersona.mcp.gates import GateChain
 from cpersona.mcp.tools import default_registry
 from cpersona.services.app import App
-from cpersona.services.contents import BATCH_BUDGET, get_contents, item_cost, parse_ref, revision_of
+from cpersona.services.records.contents import BATCH_BUDGET, get_contents, item_cost, parse_ref, revision_of
 from cpersona.storage.models import Episode, Memory
 
 pytestmark = pytest.mark.both_backends  # storage/service behaviour: run on SQLite and PostgreSQL

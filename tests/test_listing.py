@@ -7,8 +7,8 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from sqlalchemy import text
 
-from cpersona.services.listing import ListBounds, apply_char_budget, list_memories
-from cpersona.services.memories import store
+from cpersona.services.records.listing import ListBounds, apply_char_budget, list_memories
+from cpersona.services.records.memories import store
 from cpersona.storage.models import Memory
 from conftest import make_app
 

@@ -18,9 +18,9 @@ import numpy as np
 from sqlalchemy import text, update
 
 from conftest import make_app
-from cpersona.services.episodes import archive_episode
-from cpersona.services.memories import store
-from cpersona.services.profiles import update_profile
+from cpersona.services.records.episodes import archive_episode
+from cpersona.services.records.memories import store
+from cpersona.services.records.profiles import update_profile
 from cpersona.storage.engine import open_postgres
 from cpersona.storage.migrate import open_and_upgrade
 from cpersona.storage.models import Memory

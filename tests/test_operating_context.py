@@ -14,9 +14,9 @@ import pytest
 from sqlalchemy import select
 
 from conftest import make_app
-from cpersona.services.episodes import archive_episode, list_episodes
-from cpersona.services.listing import list_memories
-from cpersona.services.memories import store
+from cpersona.services.records.episodes import archive_episode, list_episodes
+from cpersona.services.records.listing import list_memories
+from cpersona.services.records.memories import store
 from cpersona.services.operating_context import (
     ProjectRefusal,
     ProjectResolution,
@@ -24,7 +24,7 @@ from cpersona.services.operating_context import (
     instructions_summary,
     resolve_project,
 )
-from cpersona.services.recall import recall
+from cpersona.services.recall.service import recall
 from cpersona.storage.models import Episode, Memory
 
 pytestmark = pytest.mark.both_backends  # storage/service behaviour: run on SQLite and PostgreSQL

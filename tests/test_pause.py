@@ -25,10 +25,10 @@ from cpersona.mcp.gates import GateChain
 from cpersona.mcp.pause_gate import PAUSE_RULES, ForceDryRun, PassThrough, PauseGate, Skip, store_boundary
 from cpersona.mcp.registry import READ_ONLY, Annotations, Registry, ToolSpec
 from cpersona.mcp.tools import default_registry
-from cpersona.services import persistence
+from cpersona.services.operations import persistence
 from cpersona.services.app import App
-from cpersona.services.memories import store
-from cpersona.services.persistence import PauseState, ttl_text
+from cpersona.services.records.memories import store
+from cpersona.services.operations.persistence import PauseState, ttl_text
 from cpersona.services.responses import ToolFailure
 
 pytestmark = pytest.mark.anyio

@@ -11,7 +11,7 @@ import itertools
 
 import pytest
 
-from cpersona.services.gate import PROFILE_KEY, POOL_SATURATION, Candidate, apply_gate, heuristic_min_score
+from cpersona.services.recall.gate import PROFILE_KEY, POOL_SATURATION, Candidate, apply_gate, heuristic_min_score
 from cpersona.storage.engine import Database
 from cpersona.storage.models import Episode, Memory
 from cpersona.storage.scope import Scope

@@ -13,9 +13,9 @@ from cpersona.embedding.client import build_embedder
 from cpersona.mcp.dispatch import call_tool
 from cpersona.mcp.gates import GateChain
 from cpersona.mcp.tools import default_registry
-from cpersona.services.calibration import calibrate_threshold, install, vector_threshold
-from cpersona.services.gate import calibrated_gate_for
-from cpersona.services.precision import get_recall_precision, label_of, set_recall_precision
+from cpersona.services.calibration.service import calibrate_threshold, install, vector_threshold
+from cpersona.services.recall.gate import calibrated_gate_for
+from cpersona.services.calibration.precision import get_recall_precision, label_of, set_recall_precision
 
 pytestmark = pytest.mark.both_backends  # storage/service behaviour: run on SQLite and PostgreSQL
 

@@ -7,7 +7,7 @@ from datetime import datetime, timezone
 import pytest
 from sqlalchemy import select
 
-from cpersona.services.profiles import get_profile, update_profile
+from cpersona.services.records.profiles import get_profile, update_profile
 from cpersona.storage.models import Profile
 from conftest import make_app
 

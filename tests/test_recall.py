@@ -12,8 +12,8 @@ from sqlalchemy import insert, select
 
 from cpersona.config import load_settings
 from cpersona.services.app import App
-from cpersona.services.preview import SEPARATOR, apply_full_content_budget, make_excerpt
-from cpersona.services.recall import recall
+from cpersona.services.recall.preview import SEPARATOR, apply_full_content_budget, make_excerpt
+from cpersona.services.recall.service import recall
 from cpersona.storage.models import Episode, Memory, Profile
 
 pytestmark = pytest.mark.both_backends  # storage/service behaviour: run on SQLite and PostgreSQL

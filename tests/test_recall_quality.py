@@ -15,7 +15,7 @@ from sqlalchemy import insert
 
 from cpersona.config import load_settings
 from cpersona.services.app import App
-from cpersona.services.recall import recall
+from cpersona.services.recall.service import recall
 from cpersona.storage.models import Episode, Memory
 from cpersona.storage.scope import Scope
 from cpersona.storage.search import query_terms

@@ -15,9 +15,9 @@ from datetime import datetime, timezone
 import pytest
 from sqlalchemy import select
 
-from cpersona.services.cue_arm import lift
-from cpersona.services.memories import store
-from cpersona.services.recall import recall
+from cpersona.services.recall.cue_arm import lift
+from cpersona.services.records.memories import store
+from cpersona.services.recall.service import recall
 from cpersona.storage.models import Memory
 from conftest import make_app
 

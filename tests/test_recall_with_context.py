@@ -8,14 +8,14 @@ from datetime import datetime, timezone
 import pytest
 from sqlalchemy import insert, select
 
-import cpersona.services.recall_context as rwc_module
+import cpersona.services.recall.with_context as rwc_module
 from cpersona.config import load_settings
 from cpersona.mcp.dispatch import call_tool
 from cpersona.mcp.gates import GateChain
 from cpersona.mcp.tools import default_registry
 from cpersona.services.app import App
-from cpersona.services.recall import RecallOutcome
-from cpersona.services.recall_context import recall_with_context
+from cpersona.services.recall.service import RecallOutcome
+from cpersona.services.recall.with_context import recall_with_context
 from cpersona.storage.models import Memory, Profile
 
 pytestmark = pytest.mark.both_backends  # storage/service behaviour: run on SQLite and PostgreSQL

@@ -23,14 +23,14 @@ from sqlalchemy import text
 from cpersona.config import load_settings
 from cpersona.embedding.client import build_embedder
 from cpersona.embedding.tokens import TokenInfo, build_token_reporter, parse_entry
-from cpersona.services import nodes
-from cpersona.services.admin import update_memory
+from cpersona.services.records import nodes
+from cpersona.services.records.admin import update_memory
 from cpersona.services.app import App
-from cpersona.services.contents import get_contents, revision_of
-from cpersona.services.episodes import archive_episode
-from cpersona.services.memories import store
-from cpersona.services.nodes import DivisionFailed, build_record_nodes, current_nodes, divide
-from cpersona.services.tasks import task_queue
+from cpersona.services.records.contents import get_contents, revision_of
+from cpersona.services.records.episodes import archive_episode
+from cpersona.services.records.memories import store
+from cpersona.services.records.nodes import DivisionFailed, build_record_nodes, current_nodes, divide
+from cpersona.services.operations.tasks import task_queue
 from cpersona.storage.engine import Database, open_sqlite
 from cpersona.storage.migrate import upgrade
 from conftest import refuse_inserts
@@ -401,7 +401,7 @@ def test_a_queued_build_survives_a_restart(db_path, server: EmbedServer) -> None
 def test_the_worker_thread_builds_in_the_background(app: App, db: Database) -> None:  # spec OV-3, Q-2
     import time
 
-    from cpersona.services.tasks import start_task_queue
+    from cpersona.services.operations.tasks import start_task_queue
 
     start_task_queue(app)
     store(app, agent_id="tree", content=LONG)
@@ -482,7 +482,7 @@ def test_merge_queues_builds_for_long_rows_it_writes(app: App, db: Database) -> 
 
 def test_nodes_are_never_search_candidates(app: App, db: Database) -> None:  # spec OV-12
     from cpersona.services.reconstruct import reconstruct
-    from cpersona.services.recall import recall
+    from cpersona.services.recall.service import recall
 
     store(app, agent_id="tree", content=LONG)
     task_queue(app).drain()

@@ -23,7 +23,8 @@ from typing import Any
 
 import pytest
 
-from cpersona.services import associations, contents
+from cpersona.services.graph import associations
+from cpersona.services.records import contents
 from cpersona.services.portability.graph import RefMap
 
 MAX = 2**63 - 1

@@ -22,13 +22,13 @@ from cpersona.config import load_settings
 from cpersona.embedding.client import build_embedder
 from cpersona.embedding.remote import RemoteIndex, build_remote_index, parse_ref, results_from_search
 from cpersona.embedding.validate import EmbeddingResponseError
-from cpersona.services.admin import delete_agent_data, delete_episode, delete_memory, update_memory
-from cpersona.services.advisory import embedding_health
+from cpersona.services.records.admin import delete_agent_data, delete_episode, delete_memory, update_memory
+from cpersona.services.recall.advisory import embedding_health
 from cpersona.services.app import App
-from cpersona.services.episodes import archive_episode
-from cpersona.services.memories import store
-from cpersona.services.recall import recall
-from cpersona.services.retrievers import Query, exclusion, retrieve, search_backend
+from cpersona.services.records.episodes import archive_episode
+from cpersona.services.records.memories import store
+from cpersona.services.recall.service import recall
+from cpersona.services.recall.retrievers import Query, exclusion, retrieve, search_backend
 from cpersona.storage.models import Episode, Memory
 from cpersona.storage.scope import Scope
 from embed_server import REMOTE_ROUTES, EmbedServer

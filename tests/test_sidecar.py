@@ -11,15 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from cpersona.services import calibration_sidecar as sc
-from cpersona.services.calibration_sidecar import (
+from cpersona.services.calibration import sidecar as sc
+from cpersona.services.calibration.sidecar import (
     SCORING_VERSION,
     SidecarValues,
     read_sidecar,
     scoring_version,
     write_sidecar,
 )
-from cpersona.services.calibration_state import CalibrationState
+from cpersona.services.calibration.state import CalibrationState
 
 REFERENCE_FILE = {  # a sidecar as CPersona 2.6.14 writes it (spec SC-2 example)
     "embedding_dim": 64, "embedding_model": "text-embedding-3-small",

@@ -9,8 +9,8 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from sqlalchemy import select, text
 
-from cpersona.services import memories
-from cpersona.services.memories import store
+from cpersona.services.records import memories
+from cpersona.services.records.memories import store
 from cpersona.storage.models import Memory
 from conftest import make_app
 

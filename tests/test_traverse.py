@@ -15,11 +15,11 @@ from mcp import Client
 from sqlalchemy import text
 
 from cpersona.mcp.server import build_server
-from cpersona.services.associations import declare_associations
-from cpersona.services.episodes import archive_episode
-from cpersona.services.memories import store
-from cpersona.services import traverse as traverse_module
-from cpersona.services.traverse import traverse
+from cpersona.services.graph.associations import declare_associations
+from cpersona.services.records.episodes import archive_episode
+from cpersona.services.records.memories import store
+from cpersona.services.graph import traverse as traverse_module
+from cpersona.services.graph.traverse import traverse
 from cpersona.storage.engine import Database
 
 pytestmark = pytest.mark.both_backends  # storage/service behaviour: run on SQLite and PostgreSQL

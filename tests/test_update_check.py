@@ -25,8 +25,8 @@ import pytest
 
 from conftest import make_app
 from cpersona import __version__
-from cpersona.services.install import Installation, detect_install, run_steps
-from cpersona.services.update_check import (
+from cpersona.services.operations.install import Installation, detect_install, run_steps
+from cpersona.services.operations.update_check import (
     ACCEPT,
     UpdateChecker,
     check_update,
@@ -468,7 +468,7 @@ async def test_through_the_facade(db, index):  # spec C-3, §13.4
 
 
 def test_recall_carries_the_notice_once_per_session(db, index):  # spec UP-10
-    from cpersona.services.recall import recall
+    from cpersona.services.recall.service import recall
 
     index.documents = [index_doc([RUNNING, "2.7.0"])]
     app = checker_app(db, index)
@@ -490,7 +490,7 @@ def test_recall_carries_the_notice_once_per_session(db, index):  # spec UP-10
 
 
 def test_recall_has_no_notice_when_disabled(db, index):  # spec UP-1
-    from cpersona.services.recall import recall
+    from cpersona.services.recall.service import recall
 
     app = checker_app(db, index, UPDATE_CHECK="false")
     check_update(app, refresh=True)

@@ -21,10 +21,10 @@ from cpersona.config import load_settings
 from cpersona.embedding.client import build_embedder
 from cpersona.embedding.vectors import to_blob
 from cpersona.services.app import App
-from cpersona.services.episodes import archive_episode
-from cpersona.services.memories import store
-from cpersona.services.recall import recall
-from cpersona.services.retrievers import Query, nearest, search_backend
+from cpersona.services.records.episodes import archive_episode
+from cpersona.services.records.memories import store
+from cpersona.services.recall.service import recall
+from cpersona.services.recall.retrievers import Query, nearest, search_backend
 from cpersona.storage.models import Episode, Memory
 from cpersona.storage.scope import Scope
 from embed_server import WORD, EmbedServer, embed_text

@@ -17,7 +17,7 @@ configured. Wire shapes (observed on CPersona 2.6.14, which these must match):
 The namespace is ``cpersona:<agent_id>``: the index knows nothing of projects,
 channels, sources or deletions, so an answer is only a list of candidate ids
 that the caller must hydrate through its own scope (see
-``cpersona.services.remote_vectors``).
+``cpersona.services.records.remote_vectors``).
 
 Same discipline as the embedding client: synchronous, for worker threads,
 one attempt per call bounded by its timeout, the body read under a size cap,

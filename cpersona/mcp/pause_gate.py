@@ -36,12 +36,14 @@ from typing import Any
 import anyio.to_thread
 
 from cpersona.mcp.gates import CallNext, Response, ToolCall
-from cpersona.services import calibration, portability, precision
+from cpersona.services import portability
+from cpersona.services.calibration import service as calibration
+from cpersona.services.calibration import precision
 from cpersona.services.app import App
-from cpersona.services.memories import MISSING_AGENT, MIXED_FORMS
+from cpersona.services.records.memories import MISSING_AGENT, MIXED_FORMS
 from cpersona.services.operating_context import WRITE_TOOLS as OPERATING_CONTEXT_WRITES
 from cpersona.services.operating_context import ProjectRefusal, resolve_project
-from cpersona.services.persistence import PauseState, pause_state, skip_reason
+from cpersona.services.operations.persistence import PauseState, pause_state, skip_reason
 from cpersona.services.responses import ToolFailure
 
 log = logging.getLogger(__name__)

@@ -16,7 +16,7 @@ from cpersona.config import load_settings
 from cpersona.embedding.client import build_embedder
 from cpersona.services.app import App
 from cpersona.services.health.check_health import check_health
-from cpersona.services.tasks import task_queue
+from cpersona.services.operations.tasks import task_queue
 from embed_server import EmbedServer
 
 pytestmark = pytest.mark.both_backends  # storage/service behaviour: run on SQLite and PostgreSQL

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from cpersona.embedding.client import build_embedder
-from cpersona.services.calibration_sidecar import scoring_version
+from cpersona.services.calibration.sidecar import scoring_version
 from cpersona.services.health.check_health import check_health
 from cpersona.services.health.deep_check import deep_check
 from cpersona.storage.engine import open_sqlite

@@ -7,8 +7,8 @@ import hashlib
 import pytest
 from sqlalchemy import text as sql
 
-from cpersona.services.associations import declare_associations
-from cpersona.services.memories import store
+from cpersona.services.graph.associations import declare_associations
+from cpersona.services.records.memories import store
 from cpersona.services.reconstruct import reconstruct
 from conftest import make_app
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cpersona.services.memories import store
+from cpersona.services.records.memories import store
 from cpersona.services.reconstruct import reconstruct
 from cpersona.services.reconstruct.tokens import count_tokens
 from cpersona.services.reconstruct.shape import CAPS

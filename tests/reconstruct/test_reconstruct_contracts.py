@@ -13,9 +13,9 @@ import sqlite3
 import pytest
 from sqlalchemy import text
 
-from cpersona.services.associations import declare_associations
-from cpersona.services.episodes import archive_episode
-from cpersona.services.memories import store
+from cpersona.services.graph.associations import declare_associations
+from cpersona.services.records.episodes import archive_episode
+from cpersona.services.records.memories import store
 from cpersona.services.reconstruct import reconstruct
 from conftest import make_app
 

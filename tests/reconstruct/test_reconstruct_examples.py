@@ -20,12 +20,12 @@ import pytest
 from cpersona.config import load_settings
 from cpersona.embedding.client import build_embedder
 from cpersona.services.app import App
-from cpersona.services.associations import declare_associations
-from cpersona.services.contents import revision_of
-from cpersona.services.episodes import archive_episode
-from cpersona.services.memories import store
+from cpersona.services.graph.associations import declare_associations
+from cpersona.services.records.contents import revision_of
+from cpersona.services.records.episodes import archive_episode
+from cpersona.services.records.memories import store
 from cpersona.services.reconstruct import reconstruct
-from cpersona.services.tasks import task_queue
+from cpersona.services.operations.tasks import task_queue
 from conftest import db_settings_env, make_app
 from embed_server import EmbedServer, tokens_of
 

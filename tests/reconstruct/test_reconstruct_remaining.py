@@ -6,8 +6,8 @@ import pytest
 
 from cpersona.config import load_settings
 from cpersona.mcp.acl import CLASSIFICATION
-from cpersona.services.contents import get_contents
-from cpersona.services.memories import store
+from cpersona.services.records.contents import get_contents
+from cpersona.services.records.memories import store
 from cpersona.services.reconstruct import reconstruct
 from cpersona.services.reconstruct import service as service_module
 from cpersona.services.reconstruct.quote import rank_spans

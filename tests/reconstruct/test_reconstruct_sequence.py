@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from cpersona.services.contents import revision_of
-from cpersona.services.memories import store
+from cpersona.services.records.contents import revision_of
+from cpersona.services.records.memories import store
 from cpersona.services.reconstruct import reconstruct
 from cpersona.services.reconstruct.quote import divide
 from conftest import make_app

@@ -11,9 +11,9 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from cpersona.services.memories import store
+from cpersona.services.records.memories import store
 from cpersona.services.reconstruct import reconstruct
-from cpersona.services.cue_arm import lift
+from cpersona.services.recall.cue_arm import lift
 
 pytestmark = pytest.mark.both_backends
 

@@ -13,10 +13,10 @@ import pytest
 from cpersona.config import load_settings
 from cpersona.embedding.client import build_embedder
 from cpersona.services.app import App
-from cpersona.services.memories import store
+from cpersona.services.records.memories import store
 from cpersona.services.reconstruct import reconstruct
 from cpersona.services.reconstruct.audit import query_parts
-from cpersona.services.tasks import task_queue
+from cpersona.services.operations.tasks import task_queue
 from conftest import db_settings_env
 from embed_server import EmbedServer
 

@@ -39,7 +39,7 @@ def _one_row_tool(
             required=[id_field, *(more or {})],
         ),
         annotations=annotations,
-        service=f"cpersona.services.admin:{name}",
+        service=f"cpersona.services.records.admin:{name}",
     )
 
 
@@ -54,7 +54,7 @@ DELETE_AGENT_DATA = ToolSpec(
         "session_key": SESSION_KEY,
     }, required=["agent_id"]),
     annotations=_DESTRUCTIVE,
-    service="cpersona.services.admin:delete_agent_data",
+    service="cpersona.services.records.admin:delete_agent_data",
 )
 
 DELETE_MEMORY = _one_row_tool(

@@ -15,7 +15,7 @@ from typing import Any
 
 from cpersona.mcp.registry import READ_ONLY, Annotations, ToolSpec
 from cpersona.mcp.tools.common import AGENT_ID, SESSION_KEY, object_schema, prop
-from cpersona.services.associations import declare_refusal
+from cpersona.services.graph.associations import declare_refusal
 
 _AUTO = (
     " '@auto' asks for this agent's default project from the server's operating context and is echoed as "
@@ -149,7 +149,7 @@ DECLARE_ASSOCIATIONS = ToolSpec(
     }, required=["agent_id"]),
     # destructive: `retract` removes declarations.
     annotations=Annotations(read_only=False, destructive=True, idempotent=True),
-    service="cpersona.services.associations:declare_associations",
+    service="cpersona.services.graph.associations:declare_associations",
     refusal=_declare_refusal,
 )
 
@@ -187,7 +187,7 @@ TRAVERSE = ToolSpec(
         },
     }, required=["agent_id", "entity"]),
     annotations=READ_ONLY,
-    service="cpersona.services.traverse:traverse",
+    service="cpersona.services.graph.traverse:traverse",
 )
 
 TOOLS = [DECLARE_ASSOCIATIONS, TRAVERSE]

@@ -41,7 +41,7 @@ CALIBRATE_THRESHOLD = ToolSpec(
         "session_key": SESSION_KEY,
     }, required=["agent_id"]),  # fmt: skip
     annotations=_RECALIBRATES,
-    service="cpersona.services.calibration:calibrate_threshold",
+    service="cpersona.services.calibration.service:calibrate_threshold",
 )
 
 SET_RECALL_PRECISION = ToolSpec(
@@ -69,7 +69,7 @@ SET_RECALL_PRECISION = ToolSpec(
         "session_key": SESSION_KEY,
     }, required=["agent_id"]),  # fmt: skip
     annotations=_RECALIBRATES,
-    service="cpersona.services.precision:set_recall_precision",
+    service="cpersona.services.calibration.precision:set_recall_precision",
 )
 
 GET_RECALL_PRECISION = ToolSpec(
@@ -84,7 +84,7 @@ GET_RECALL_PRECISION = ToolSpec(
     input_schema=object_schema({"agent_id": {"type": "string", "description": "Agent whose precision is read."}},
                                required=["agent_id"]),
     annotations=READ_ONLY,
-    service="cpersona.services.precision:get_recall_precision",
+    service="cpersona.services.calibration.precision:get_recall_precision",
 )
 
 TOOLS = [CALIBRATE_THRESHOLD, SET_RECALL_PRECISION, GET_RECALL_PRECISION]

@@ -79,7 +79,7 @@ GET_CONTENTS = ToolSpec(
         },
     }, required=["agent_id", "refs"]),
     annotations=READ_ONLY,
-    service="cpersona.services.contents:get_contents",
+    service="cpersona.services.records.contents:get_contents",
 )
 
 TOOLS = [GET_CONTENTS]

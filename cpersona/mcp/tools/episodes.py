@@ -35,7 +35,7 @@ ARCHIVE_EPISODE = ToolSpec(
         "session_key": SESSION_KEY,
     }, required=["agent_id", "summary"]),
     annotations=Annotations(read_only=False, destructive=False, idempotent=False),
-    service="cpersona.services.episodes:archive_episode",
+    service="cpersona.services.records.episodes:archive_episode",
     refusal=episode_refusal,
     meta={"anthropic/alwaysLoad": True},
 )

@@ -28,7 +28,7 @@ LIST_MEMORIES = ToolSpec(
         "project_id": PROJECT_ID_FILTER,
     }, required=[]),
     annotations=READ_ONLY,
-    service="cpersona.services.listing:list_memories",
+    service="cpersona.services.records.listing:list_memories",
 )
 
 LIST_EPISODES = ToolSpec(
@@ -50,7 +50,7 @@ LIST_EPISODES = ToolSpec(
         "project_id": prop(PROJECT_ID_FILTER),
     }, required=[]),
     annotations=READ_ONLY,
-    service="cpersona.services.episodes:list_episodes",
+    service="cpersona.services.records.episodes:list_episodes",
 )
 
 TOOLS = [LIST_MEMORIES, LIST_EPISODES]

@@ -118,7 +118,7 @@ STORE = ToolSpec(
         },
     }),
     annotations=Annotations(read_only=False, destructive=False, idempotent=True),
-    service="cpersona.services.memories:store",
+    service="cpersona.services.records.memories:store",
     refusal=store_refusal,
     meta={"anthropic/alwaysLoad": True},
 )

@@ -37,7 +37,7 @@ GET_QUEUE_STATUS = ToolSpec(
     ),
     input_schema=object_schema({}),
     annotations=READ_ONLY,
-    service="cpersona.services.tasks:get_queue_status",
+    service="cpersona.services.operations.tasks:get_queue_status",
 )
 
 MIGRATE_CHANNEL_AXIS = ToolSpec(
@@ -70,7 +70,7 @@ MIGRATE_CHANNEL_AXIS = ToolSpec(
         "session_key": SESSION_KEY,
     }, required=[]),
     annotations=Annotations(read_only=False),
-    service="cpersona.services.channel_axis:migrate_channel_axis",
+    service="cpersona.services.operations.channel_axis:migrate_channel_axis",
 )
 
 CHECK_UPDATE = ToolSpec(
@@ -108,7 +108,7 @@ CHECK_UPDATE = ToolSpec(
         },
     }),
     annotations=Annotations(read_only=False),
-    service="cpersona.services.update_check:check_update",
+    service="cpersona.services.operations.update_check:check_update",
 )
 
 TOOLS = [GET_OPERATING_CONTEXT, GET_QUEUE_STATUS, MIGRATE_CHANNEL_AXIS, CHECK_UPDATE]

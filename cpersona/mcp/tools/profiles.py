@@ -10,7 +10,7 @@ GET_PROFILE = ToolSpec(
     description="Read an agent's current profile ('' when it has none).",
     input_schema=object_schema({"agent_id": AGENT_ID}, required=["agent_id"]),
     annotations=READ_ONLY,
-    service="cpersona.services.profiles:get_profile",
+    service="cpersona.services.records.profiles:get_profile",
 )
 
 UPDATE_PROFILE = ToolSpec(
@@ -33,7 +33,7 @@ UPDATE_PROFILE = ToolSpec(
         "session_key": SESSION_KEY,
     }, required=["agent_id", "profile"]),
     annotations=Annotations(read_only=False, destructive=False),
-    service="cpersona.services.profiles:update_profile",
+    service="cpersona.services.records.profiles:update_profile",
     refusal=profile_update_refusal,
 )
 

@@ -143,7 +143,7 @@ RECALL = ToolSpec(
         "time_cue": _TIME_CUE,
     }, required=["agent_id", "query"]),
     annotations=READ_ONLY,
-    service="cpersona.services.recall:recall",
+    service="cpersona.services.recall.service:recall",
     refusal=recall_refusal,
 )
 

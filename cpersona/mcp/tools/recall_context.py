@@ -97,7 +97,7 @@ RECALL_WITH_CONTEXT = ToolSpec(
             "It never filters stored data. Callers that omit it share one bucket.")),
     }, required=["agent_id", "query"]),
     annotations=READ_ONLY,
-    service="cpersona.services.recall_context:recall_with_context",
+    service="cpersona.services.recall.with_context:recall_with_context",
     refusal=recall_refusal,
 )
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from cpersona.services import remote_vectors
+from cpersona.services.records import remote_vectors
 from cpersona.services.app import App
 from cpersona.services.health import derived, embeddings
 from cpersona.services.health.registry import (
@@ -13,7 +13,7 @@ from cpersona.services.health.registry import (
     unknown_refusal, verdict,
 )
 from cpersona.services.health.stats import storage_stats
-from cpersona.services.update_check import update_notice
+from cpersona.services.operations.update_check import update_notice
 
 NULL_CHECKS = {"null_embedding": "memories", "null_episode_embedding": "episodes"}
 # Whole-database report-only scan run on a read connection before the locked run (H-5).

@@ -16,7 +16,7 @@ from pathlib import Path
 from cpersona.services.health import derived
 from cpersona.services.health.registry import Check, Ctx, Issue
 from cpersona.services.operating_context import SUMMARY_SIZE_HINT, read_state
-from cpersona.services.calibration_sidecar import glob_escape
+from cpersona.services.calibration.sidecar import glob_escape
 from cpersona.storage import dialect
 
 

@@ -11,9 +11,9 @@ from typing import Any
 import numpy as np
 from sqlalchemy import Connection, text
 
-from cpersona.services import remote_vectors
+from cpersona.services.records import remote_vectors
 from cpersona.services.app import App
-from cpersona.services.calibration_sidecar import read_sidecar, scoring_version
+from cpersona.services.calibration.sidecar import read_sidecar, scoring_version
 from cpersona.services.health.hygiene import sentinel_sql
 from cpersona.storage import dialect
 from cpersona.services.health.registry import dedupe, unknown_names, unknown_refusal

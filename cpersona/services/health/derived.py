@@ -1,12 +1,12 @@
 """Check 37, missing_nodes: records past the embedding window without current overflow nodes (spec R-49).
 
-"Past the window" is the backend's token report (services/nodes.py, OV-1), a
+"Past the window" is the backend's token report (services/records/nodes.py, OV-1), a
 network request, so :func:`measure` asks it in :func:`prepare` before any lock
 is taken (spec H-4); the check itself only re-reads the database. Currency is
 the node builder's own test (``nodes.current_nodes`` with the accepted model
 keys), so the check and the builder cannot disagree about what "current" means.
 
-The repair queues ``build_nodes`` tasks (services/tasks.py) inside the run's
+The repair queues ``build_nodes`` tasks (services/operations/tasks.py) inside the run's
 write transaction instead of building in place: building embeds every node,
 which must not happen under the write lock, and the queue lives in the
 database, so a build interrupted by a restart still runs.
@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 
 from sqlalchemy import text
 
-from cpersona.services import nodes
+from cpersona.services.records import nodes
 from cpersona.services.app import App
 from cpersona.services.health.registry import Check, Ctx, Issue, Prep
-from cpersona.services.tasks import enqueue
+from cpersona.services.operations.tasks import enqueue
 from cpersona.storage.scope import Scope, sql_fragment
 
 BUILD_CAP = 50  # records one fix run queues (R-49)

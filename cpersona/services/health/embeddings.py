@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 from sqlalchemy import inspect, text
 
-from cpersona.services.advisory import embedding_health
+from cpersona.services.recall.advisory import embedding_health
 from cpersona.services.app import App
 from cpersona.services.health.registry import Check, Ctx, Issue, Prep
 from cpersona.storage import dialect

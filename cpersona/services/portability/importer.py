@@ -26,7 +26,7 @@ from typing import Any
 from sqlalchemy import Connection
 from sqlalchemy.exc import SQLAlchemyError
 
-from cpersona.services import remote_vectors
+from cpersona.services.records import remote_vectors
 from cpersona.services.app import App
 from cpersona.services.portability import coerce, jsonl
 from cpersona.services.portability.coerce import LineRefused, VectorRejected

@@ -17,7 +17,7 @@ from typing import Any
 from sqlalchemy import Connection, delete, text
 from sqlalchemy.exc import SQLAlchemyError
 
-from cpersona.services import remote_vectors
+from cpersona.services.records import remote_vectors
 from cpersona.services.app import App
 from cpersona.services.portability.graph import CarryResult, GraphCarrier, GraphReader, RefMap
 from cpersona.services.portability.layout import Layout
@@ -256,7 +256,7 @@ def merge_memories(
         if emptied:
             # MG-7: an emptied source keeps no calibration behind (after commit,
             # so a rolled-back move never loses it).
-            from cpersona.services.calibration import forget_agent
+            from cpersona.services.calibration.service import forget_agent
 
             forget_agent(app, source_agent_id)
     return {
@@ -286,7 +286,7 @@ def _queue_node_builds(app: App, agent_id: str, inserted: list[tuple[str, int, s
     committed and outside any write lock; the builds are queued in one short
     transaction afterwards. A failure here never undoes the merge.
     """
-    from cpersona.services.nodes import queue_build, runs_past_window
+    from cpersona.services.records.nodes import queue_build, runs_past_window
 
     long_rows = [(kind, row_id, project) for kind, row_id, text, project in inserted
                  if runs_past_window(app, text)]

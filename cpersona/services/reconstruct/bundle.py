@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from cpersona.services.associations import RelationRow
+from cpersona.services.graph.associations import RelationRow
 from cpersona.services.reconstruct.pool import Candidate
 
 MSG_ID, EPISODE, ADJACENT, RELATION = "cluster:msg_id", "cluster:episode", "cluster:adjacent", "cluster:relation"

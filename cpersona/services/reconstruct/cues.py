@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from sqlalchemy import func, literal, select, union_all
 from sqlalchemy.orm import Session
 
-from cpersona.services.associations import entity_rows, normalize
+from cpersona.services.graph.associations import entity_rows, normalize
 from cpersona.storage.models_associations import Entity, EntityAlias
 from cpersona.storage.scope import Scope, predicates
 

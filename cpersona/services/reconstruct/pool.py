@@ -17,13 +17,13 @@ from typing import Any
 
 from sqlalchemy import select
 
-from cpersona.services.advisory import advisory
+from cpersona.services.recall.advisory import advisory
 from cpersona.services.app import App
-from cpersona.services.cue_arm import CueOutcome, lift, search_period, seat_records
-from cpersona.services.time_cue import TimeCue
-from cpersona.services.recall import RecallRequest, admit, depth_for, fuse, parse_instant, score_candidates
-from cpersona.services.retrievers import Retrieval, exclusion, retrieve, search_backend
-from cpersona.services.update_check import recall_update_notice
+from cpersona.services.recall.cue_arm import CueOutcome, lift, search_period, seat_records
+from cpersona.services.recall.time_cue import TimeCue
+from cpersona.services.recall.service import RecallRequest, admit, depth_for, fuse, parse_instant, score_candidates
+from cpersona.services.recall.retrievers import Retrieval, exclusion, retrieve, search_backend
+from cpersona.services.operations.update_check import recall_update_notice
 from cpersona.storage.models import Episode, Memory
 from cpersona.storage.search import Record
 

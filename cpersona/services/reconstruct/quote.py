@@ -16,8 +16,8 @@ from sqlalchemy.orm import Session
 
 from cpersona.embedding.vectors import VectorError, from_blob
 
-from cpersona.services.contents import revision_of
-from cpersona.services.nodes import current_nodes, node_rows
+from cpersona.services.records.contents import revision_of
+from cpersona.services.records.nodes import current_nodes, node_rows
 
 FORCE_CUT = 739  # longest read-time block (§7.4)
 GOVERNING_MAX = 1478  # longest governing range (§7.4)

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from cpersona.config import Settings
-from cpersona.services.time_cue import TimeCue, parse_time_cue
-from cpersona.services.recall import RecallRequest, parse_request
+from cpersona.services.recall.time_cue import TimeCue, parse_time_cue
+from cpersona.services.recall.service import RecallRequest, parse_request
 from cpersona.services.responses import ToolFailure
 
 MODES = ("lite", "pro")

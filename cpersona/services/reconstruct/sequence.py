@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from cpersona.services.contents import revision_of
+from cpersona.services.records.contents import revision_of
 from cpersona.services.reconstruct.quote import SEPARATOR, Quote, divide, governing, rank_spans
 
 PASSAGE_CHARS = 800

@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy import inspect
 
 from cpersona.services.app import App
-from cpersona.services.associations import record_relations
+from cpersona.services.graph.associations import record_relations
 from cpersona.services.operating_context import resolve_project
 from cpersona.services.reconstruct import bundle as bundling
 from cpersona.services.reconstruct import sequence
@@ -29,7 +29,7 @@ from cpersona.services.reconstruct.shape import CAPS, fit_to_cap, item_dict
 from cpersona.services.reconstruct.structure import Item, structure
 from cpersona.services.reconstruct.walk import ItemWalk, walk_items
 from cpersona.services.responses import ToolFailure
-from cpersona.services.retrievers import search_backend
+from cpersona.services.recall.retrievers import search_backend
 
 
 def reconstruct(app: App, **arguments: Any) -> dict[str, Any]:

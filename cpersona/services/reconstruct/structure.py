@@ -6,10 +6,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from cpersona.services.associations import RelationRow
+from cpersona.services.graph.associations import RelationRow
 from cpersona.services.reconstruct.bundle import Cluster, independence_reason
 from cpersona.services.reconstruct.walk import ItemWalk
-from cpersona.services.recall import parse_instant
+from cpersona.services.recall.service import parse_instant
 from cpersona.storage.search import Record
 
 ROLE_WORDS = frozenset({"supports", "supersedes", "corrects", "qualifies", "contradicts", "temporal_predecessor"})

@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from cpersona.services.associations import RelationRow
+from cpersona.services.graph.associations import RelationRow
 from cpersona.services.reconstruct.bundle import Cluster
-from cpersona.services.traverse import MAX_REACHED, _mentions, _recency_order, _walk
+from cpersona.services.graph.traverse import MAX_REACHED, _mentions, _recency_order, _walk
 from cpersona.storage.models_associations import Entity, EntityMention
 from cpersona.storage.scope import Scope, predicates
 

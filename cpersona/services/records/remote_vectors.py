@@ -27,9 +27,9 @@ from sqlalchemy import select
 
 from cpersona.embedding.client import EmbedOutcome
 from cpersona.embedding.remote import RemoteIndex, build_remote_index
-from cpersona.services.advisory import embedding_health
+from cpersona.services.recall.advisory import embedding_health
 from cpersona.services.app import App
-from cpersona.services.backfill import on_query_embedded
+from cpersona.services.records.backfill import on_query_embedded
 from cpersona.storage.models import Episode, Memory
 from cpersona.storage.search import MAX_QUERY_CHARS, Hit, SearchBackend
 from cpersona.storage.scope import Scope

@@ -15,7 +15,7 @@ import random
 import threading
 from typing import Any
 
-from cpersona.services.calibration_sidecar import (
+from cpersona.services.calibration.sidecar import (
     AGENT_SECTIONS,
     Entry,
     SidecarValues,

@@ -17,12 +17,12 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from cpersona.services import remote_vectors
-from cpersona.services.advisory import embedding_health
+from cpersona.services.records import remote_vectors
+from cpersona.services.recall.advisory import embedding_health
 from cpersona.services.app import App
-from cpersona.services.backfill import on_query_embedded
-from cpersona.services.calibration_state import vector_threshold as calibrated_threshold
-from cpersona.services.fusion import Ranked, RankedList
+from cpersona.services.records.backfill import on_query_embedded
+from cpersona.services.calibration.state import vector_threshold as calibrated_threshold
+from cpersona.services.recall.fusion import Ranked, RankedList
 from cpersona.storage.scope import Scope
 from cpersona.storage.search import MAX_QUERY_CHARS, Hit, Record, RowKey, SearchBackend, open_search
 

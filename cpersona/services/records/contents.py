@@ -28,8 +28,8 @@ from sqlalchemy import select
 
 from cpersona.services import refs as record_refs
 from cpersona.services.app import App
-from cpersona.services.nodes import current_nodes
-from cpersona.services.recall import parse_source
+from cpersona.services.records.nodes import current_nodes
+from cpersona.services.recall.service import parse_source
 from cpersona.services.responses import ToolFailure
 from cpersona.storage.models import Episode, Memory
 from cpersona.storage.scope import Scope, predicates

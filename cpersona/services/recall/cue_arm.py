@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from cpersona.services.gate import Candidate
-from cpersona.services.time_cue import (
+from cpersona.services.recall.gate import Candidate
+from cpersona.services.recall.time_cue import (
     CONFIDENCES,
     POLICY,
     TimeCue,

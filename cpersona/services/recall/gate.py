@@ -95,7 +95,7 @@ def heuristic_min_score(pool: int) -> float:
 def calibrated_gate_for(extras: dict[str, Any], agent_id: str, *, enabled: bool) -> CalibratedGate | None:
     """The calibrated fused gate that applies to ``agent_id``, if any (spec GATE-3).
 
-    Calibration (:mod:`cpersona.services.calibration_state`) keeps its live
+    Calibration (:mod:`cpersona.services.calibration.state`) keeps its live
     values on ``App.extras["calibration"]`` and answers ``fused_gate_for``.
     The older hand-published map ``App.extras["fused_gates"]`` (``{"signal",
     "global", "agents"}``) is still read when no calibration state exists.

@@ -10,12 +10,12 @@ The pipeline, top to bottom:
         ends the list) → messages → counters
       → advisory → preview tier / full-content budget
 
-Retrievers (:mod:`cpersona.services.retrievers`) are the vector channel (near
+Retrievers (:mod:`cpersona.services.recall.retrievers`) are the vector channel (near
 list and optional far list), FTS over episodes and FTS over memories with its
-LIKE fallback. Each produces a :class:`~cpersona.services.fusion.RankedList`; a
+LIKE fallback. Each produces a :class:`~cpersona.services.recall.fusion.RankedList`; a
 row the vector channel scored carries its cosine into the gate and
 ``match_reason`` through :class:`Candidate`. The degraded advisory lives in
-:mod:`cpersona.services.advisory`.
+:mod:`cpersona.services.recall.advisory`.
 
 :func:`run_recall` is the library entry (steps up to the response, no preview
 cut), reused by ``recall_with_context``; :func:`recall` is the tool.
@@ -33,9 +33,9 @@ from typing import Any
 
 from sqlalchemy import update
 
-from cpersona.services.advisory import advisory
+from cpersona.services.recall.advisory import advisory
 from cpersona.services.app import App
-from cpersona.services.confidence import (
+from cpersona.services.recall.confidence import (
     backfill_cosines,
     describe_confidence,
     gate_fallback,
@@ -43,9 +43,9 @@ from cpersona.services.confidence import (
     memory_time_span,
     order_by_confidence,
 )
-from cpersona.services.cue_arm import cued_answer, search_period
-from cpersona.services.fusion import cascade, rrf, rsf
-from cpersona.services.gate import (
+from cpersona.services.recall.cue_arm import cued_answer, search_period
+from cpersona.services.recall.fusion import cascade, rrf, rsf
+from cpersona.services.recall.gate import (
     POOL_SATURATION,
     PROFILE_KEY,
     Candidate,
@@ -54,16 +54,16 @@ from cpersona.services.gate import (
     calibrated_gate_for,
 )
 from cpersona.services.operating_context import resolve_project
-from cpersona.services.prior import apply_prior, prior_applies
-from cpersona.services.preview import (
+from cpersona.services.recall.prior import apply_prior, prior_applies
+from cpersona.services.recall.preview import (
     FULL_CONTENT_BUDGET,
     apply_full_content_budget,
     apply_preview_tier,
 )
 from cpersona.services.responses import ToolFailure
-from cpersona.services.time_cue import TimeCue, parse_time_cue
-from cpersona.services.update_check import recall_update_notice
-from cpersona.services.retrievers import Query, Retrieval, exclusion, retrieve, search_backend
+from cpersona.services.recall.time_cue import TimeCue, parse_time_cue
+from cpersona.services.operations.update_check import recall_update_notice
+from cpersona.services.recall.retrievers import Query, Retrieval, exclusion, retrieve, search_backend
 from cpersona.storage.models import Memory
 from cpersona.storage.scope import Scope
 from cpersona.storage.search import RowKey, SearchBackend, clean_query

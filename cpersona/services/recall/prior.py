@@ -13,8 +13,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from cpersona.services.confidence import HOUR, TimeSpan
-from cpersona.services.gate import Candidate
+from cpersona.services.recall.confidence import HOUR, TimeSpan
+from cpersona.services.recall.gate import Candidate
 from cpersona.services.timestamps import parse_iso
 
 

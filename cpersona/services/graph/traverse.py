@@ -30,7 +30,7 @@ from sqlalchemy import bindparam, text
 from sqlalchemy.orm import Session
 
 from cpersona.services.app import App
-from cpersona.services.associations import (
+from cpersona.services.graph.associations import (
     RelationRow,
     entity_rows,
     readable_entities,

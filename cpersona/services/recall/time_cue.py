@@ -2,7 +2,7 @@
 
 The cue is read before any retrieval so that an unreadable cue costs nothing
 (RX-2). The period is computed from the scope's oldest and newest memory and
-the clock; :mod:`cpersona.services.cue_arm` searches it for recall and reconstruct.
+the clock; :mod:`cpersona.services.recall.cue_arm` searches it for recall and reconstruct.
 """
 
 from __future__ import annotations

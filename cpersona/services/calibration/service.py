@@ -29,11 +29,11 @@ import numpy as np
 from sqlalchemy import func, select
 
 from cpersona.embedding.vectors import VectorError, from_blob
-from cpersona.services import calibration_math as cm
+from cpersona.services.calibration import statistics as cm
 from cpersona.services.app import App
-from cpersona.services.calibration_sidecar import Entry, read_sidecar, scoring_version
-from cpersona.services.calibration_state import CalibrationState, state_of, vector_threshold
-from cpersona.services.fused_gate import GateMeasurement, gate_signal, measure_gate
+from cpersona.services.calibration.sidecar import Entry, read_sidecar, scoring_version
+from cpersona.services.calibration.state import CalibrationState, state_of, vector_threshold
+from cpersona.services.recall.fused_gate import GateMeasurement, gate_signal, measure_gate
 from cpersona.services.responses import ToolFailure
 from cpersona.services.timestamps import parse_iso
 from cpersona.storage.models import Memory

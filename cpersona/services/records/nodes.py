@@ -10,7 +10,7 @@ never text, and never change which records a search returns (OV-12).
                  past the window, a ``build_nodes`` task joins the write's
                  transaction and the answer says nodes:{status:'queued'}
                  (OV-3, OV-4)
-    build        the task queue (services/tasks.py) runs :func:`build_nodes`:
+    build        the task queue (services/operations/tasks.py) runs :func:`build_nodes`:
                  divide (OV-9), embed every span, then — under the write lock
                  and only if the text is still byte-identical — replace the
                  record's nodes (OV-8). The queue lives in the database, so a
@@ -35,7 +35,7 @@ from sqlalchemy.orm import Session
 
 from cpersona.embedding.tokens import TokenInfo, TokenReporter, build_token_reporter
 from cpersona.services.app import App
-from cpersona.services.tasks import TaskFailed, Task, enqueue, register_handler
+from cpersona.services.operations.tasks import TaskFailed, Task, enqueue, register_handler
 from cpersona.storage.models import Episode, Memory
 from cpersona.storage.models_associations import RecordNode
 

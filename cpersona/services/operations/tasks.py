@@ -53,7 +53,7 @@ KEYLESS = ""
 
 # Modules that register handlers when imported; each is loaded (if it exists)
 # before the worker's first drain, so no queued type is mistaken for unknown.
-HANDLER_MODULES = ("cpersona.services.nodes",)
+HANDLER_MODULES = ("cpersona.services.records.nodes",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -362,7 +362,7 @@ class TaskQueue:
 
     def _paused(self, session_key: str) -> bool:
         try:
-            from cpersona.services.persistence import pause_state
+            from cpersona.services.operations.persistence import pause_state
         except ImportError:  # a build without the no-persist pause
             return False
         return pause_state(self.app, session_key).paused
@@ -373,7 +373,7 @@ class TaskQueue:
 
 def _legacy_update_profile(app: App, task: Task) -> dict[str, Any] | None:
     """The payload is the profile text, applied as ``update_profile`` would apply it."""
-    from cpersona.services.profiles import update_profile
+    from cpersona.services.records.profiles import update_profile
 
     if not isinstance(task.payload, str):
         raise TaskFailed("update_profile payload is not a text")

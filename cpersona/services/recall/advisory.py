@@ -10,7 +10,7 @@ Two ways recall can be degraded:
   fault. One failure alone changes nothing visible (a blip is not an outage),
   a cache hit observes nothing, and store-time failures are not observations
   (a store answers ``embedded:false`` itself, and the row is repaired later by
-  :mod:`cpersona.services.backfill`).
+  :mod:`cpersona.services.records.backfill`).
 
 The notice is relayed to the user, so it is delivered in full once per
 degradation episode and audience, then as a one-line reminder (ADV-6).

@@ -29,10 +29,11 @@ from sqlalchemy import ColumnElement, Connection, delete, inspect, select, text,
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from cpersona.services import calibration, remote_vectors
+from cpersona.services.calibration import service as calibration
+from cpersona.services.records import remote_vectors
 from cpersona.services.app import App
-from cpersona.services.memories import embed_text
-from cpersona.services.nodes import QUEUED, queue_build, runs_past_window
+from cpersona.services.records.memories import embed_text
+from cpersona.services.records.nodes import QUEUED, queue_build, runs_past_window
 from cpersona.services.responses import ToolFailure, failure
 from cpersona.services.sanitize import find_lone_surrogate, sanitize
 from cpersona.storage.models import Episode, Memory, PendingMemoryTask, Profile

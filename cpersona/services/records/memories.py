@@ -26,11 +26,11 @@ from sqlalchemy import update
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
-from cpersona.services import remote_vectors
+from cpersona.services.records import remote_vectors
 from cpersona.services.app import App
-from cpersona.services.associations import declare_for_record
-from cpersona.services.backfill import keeps_local_vectors
-from cpersona.services.nodes import QUEUED, queue_build, runs_past_window, token_reporter
+from cpersona.services.graph.associations import declare_for_record
+from cpersona.services.records.backfill import keeps_local_vectors
+from cpersona.services.records.nodes import QUEUED, queue_build, runs_past_window, token_reporter
 from cpersona.services.operating_context import ProjectRefusal, resolve_project
 from cpersona.services.responses import failure
 from cpersona.services.sanitize import (

@@ -36,8 +36,8 @@ import httpx
 
 from cpersona import __version__
 from cpersona.services.app import App
-from cpersona.services.install import Installation, detect_install, run_steps
-from cpersona.services.versions import Version, parse_version
+from cpersona.services.operations.install import Installation, detect_install, run_steps
+from cpersona.services.operations.versions import Version, parse_version
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ read as absent; ``CPERSONA_EXTERNAL_CONTEXT_MODE`` decides whether that is
 reported (``warn``), refused before any search (``reject``) or passed over in
 silence (``off``) (RWC-6).
 
-The recall itself is :func:`cpersona.services.recall.run_recall`; the preview
+The recall itself is :func:`cpersona.services.recall.service.run_recall`; the preview
 tier and the full-content budget are applied to the merged list, so the budget
 is spent from its chronological end (RWC-9).
 """
@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from cpersona.services.app import App
-from cpersona.services.preview import FULL_CONTENT_BUDGET, apply_full_content_budget, apply_preview_tier
-from cpersona.services.recall import parse_instant, parse_request, run_recall
+from cpersona.services.recall.preview import FULL_CONTENT_BUDGET, apply_full_content_budget, apply_preview_tier
+from cpersona.services.recall.service import parse_instant, parse_request, run_recall
 from cpersona.services.responses import ToolFailure
 from cpersona.services.sanitize import find_lone_surrogate
 

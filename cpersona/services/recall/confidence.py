@@ -12,7 +12,7 @@ A score in [0, 1] built from three things a fused rank does not know:
 
 Under the default ``fusion`` ordering the score only rides beside the returned
 rows; under ``legacy`` it orders and gates them (recall decides which, see
-:func:`cpersona.services.recall.run_recall`).
+:func:`cpersona.services.recall.service.run_recall`).
 
 The database reads here take the caller's session, so a recall can do all its
 reading in one snapshot.
@@ -31,7 +31,7 @@ from sqlalchemy import bindparam, text
 from sqlalchemy.orm import Session
 
 from cpersona.embedding.vectors import FLOAT32, VectorError, from_blob
-from cpersona.services.gate import Candidate
+from cpersona.services.recall.gate import Candidate
 from cpersona.services.timestamps import parse_iso
 from cpersona.storage.scope import Scope
 from cpersona.storage.search import Record, RowKey, SearchBackend

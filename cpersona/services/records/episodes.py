@@ -12,11 +12,11 @@ from typing import Any
 
 from sqlalchemy import select
 
-from cpersona.services import remote_vectors
+from cpersona.services.records import remote_vectors
 from cpersona.services.app import App
-from cpersona.services.listing import ListBounds, bounded_response, fetch_capped, listing_scope
-from cpersona.services.memories import embed_text
-from cpersona.services.nodes import QUEUED, queue_build, runs_past_window
+from cpersona.services.records.listing import ListBounds, bounded_response, fetch_capped, listing_scope
+from cpersona.services.records.memories import embed_text
+from cpersona.services.records.nodes import QUEUED, queue_build, runs_past_window
 from cpersona.services.operating_context import ProjectRefusal, resolve_project
 from cpersona.services.responses import ToolFailure
 from cpersona.services.sanitize import check_key_field, find_lone_surrogate, has_nul, sanitize

@@ -27,9 +27,9 @@ from typing import Any
 import numpy as np
 from sqlalchemy import func, select
 
-from cpersona.services import calibration_math as cm
+from cpersona.services.calibration import statistics as cm
 from cpersona.services.app import App
-from cpersona.services.gate import Candidate
+from cpersona.services.recall.gate import Candidate
 from cpersona.services.timestamps import parse_iso
 from cpersona.storage.models import Memory
 
@@ -200,7 +200,8 @@ def scored_candidates(app: App, agent_id: str, text: str) -> list[Candidate]:
     exactly the scores recall will judge (limit 20, no project, channel or
     source filter, no profile row).
     """
-    from cpersona.services import recall, retrievers
+    from cpersona.services.recall import service as recall
+    from cpersona.services.recall import retrievers
 
     req = recall.RecallRequest(agent_id=agent_id, query=text, limit=PSEUDO_QUERY_LIMIT)
     backend = retrievers.search_backend(app)

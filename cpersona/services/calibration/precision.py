@@ -17,9 +17,9 @@ from typing import Any
 
 from cpersona.config import GATE_BETA
 from cpersona.services.app import App
-from cpersona.services.calibration import apply, effective_beta, measure, parse_arguments
-from cpersona.services.calibration_sidecar import Entry
-from cpersona.services.calibration_state import state_of
+from cpersona.services.calibration.service import apply, effective_beta, measure, parse_arguments
+from cpersona.services.calibration.sidecar import Entry
+from cpersona.services.calibration.state import state_of
 from cpersona.services.responses import ToolFailure, failure
 
 

@@ -1,0 +1,1 @@
+"""Calibration: measured thresholds, their sidecar file, and recall precision."""

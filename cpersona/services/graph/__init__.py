@@ -1,0 +1,1 @@
+"""Declared associations: entities, aliases, mentions, relations, and walking them."""

@@ -1,0 +1,1 @@
+"""Recall: retrieval, fusion, the gates, confidence and the answer's messages."""

@@ -1,0 +1,1 @@
+"""Memory, episode and profile rows: storing, editing, listing, expanding, derived data."""
