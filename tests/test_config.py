@@ -415,7 +415,7 @@ def test_relative_db_path_resolves_against_working_directory(tmp_path: Path,
     assert s.db_file == tmp_path / "sub" / "mem.db"
     assert s.db_file.is_absolute()
     assert s.calibration_sidecar == tmp_path / "sub" / "mem.db.calibration.json"
-    assert s.update_check_cache == tmp_path / "sub" / "update-check.json"
+    assert s.update_check_cache == tmp_path / "sub" / "update-check.json"  # spec FS-3
     assert s.alias_ledger_path == tmp_path / "sub" / "alias_ledger.json"
     assert load_settings({}).db_file == tmp_path / "data" / "cpersona.db"
 

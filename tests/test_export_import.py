@@ -145,7 +145,7 @@ def test_round_trip_restores_every_row_and_column(app: App, db: Database, fresh:
 
 
 def test_export_file_format_header_order_and_framing(app: App, db: Database, tmp_path: Path) -> None:
-    # spec JL-1 framing, JL-2 order, JL-4 exact counts, EX-8 non-JSON columns.
+    # spec JL-1 framing, JL-2 order, JL-4 exact counts, EX-8 / JL-5 non-JSON columns.
     seed_mixed_corpus(db)
     out = tmp_path / "dump.jsonl"
     export_memories(app, agent_id="", output_path=str(out))
@@ -536,7 +536,7 @@ def test_tolerances_of_the_format(app: App, db: Database, tmp_path: Path) -> Non
         ' "channel": null, "timestamp": null, "locked": "yes", "recall_count": "12",'
         ' "metadata": {"x": NaN, "y": [Infinity]}, "source": null}',
         mem("c2", agent_id="a", recall_count=3.0, locked=0, source_text="raw <source>",
-            metadata_text="raw {metadata"),
+            metadata_text="raw {metadata"),  # spec JL-5: stored back verbatim
         {"_type": "episode", "agent_id": "a", "summary": "s", "keywords": ["a", "b"],
          "resolved": 1, "project_id": ""},
     )

@@ -294,7 +294,7 @@ def test_unscoped_legacy_trigger_would_have_rewritten_postings(db: Database) -> 
 
 
 def test_upgrade_is_idempotent_and_schema_version_stays_13(db: Database) -> None:
-    # spec README decision 8; DB-1 (rows never deleted, no new row for our revisions)
+    # spec README decision 8; DB-1 (rows never deleted, no new row for our revisions); IMPL-1, IMPL-7
     mid = insert_memory(db, "kept across restarts")
     upgrade(db)
     upgrade(db)
@@ -459,7 +459,8 @@ def _assert_adopted(db: Database) -> None:
 
 @pytest.mark.parametrize("fixture,version", [(V10_FIXTURE, 10), (V13_FIXTURE, 13)])
 def test_adopt_legacy_fixture_keeps_every_row(tmp_path: Path, fixture: str, version: int) -> None:
-    # spec MV-13, IMPL-2; the fixtures hold no duplicates, so the v12 collapse removes nothing
+    # spec MV-13, IMPL-2, MV-6 (existing tables not altered), MV-11 (stamp), IMPL-1 (schema_version
+    # beside alembic_version); the fixtures hold no duplicates, so the v12 collapse removes nothing
     path = legacy_fixture(fixture, tmp_path)
     before = raw_counts(path)
     conn = sqlite3.connect(path)
@@ -536,7 +537,7 @@ CREATE TRIGGER episodes_au AFTER UPDATE ON episodes BEGIN
 
 
 def test_v1_database_without_version_rows_adopts(tmp_path: Path) -> None:
-    # spec MV-3 (no schema_version rows = version 0), §5.1 steps v3 … v13 all run
+    # spec MV-3 (no schema_version rows = version 0), §5.1 steps v3 … v13 all run; MV-11 (stamped 13)
     path = tmp_path / "v1.db"
     conn = raw(path)
     conn.executescript(V1_DDL)
@@ -653,7 +654,7 @@ def test_v12_locked_duplicates_block_the_index_but_not_adoption(tmp_path: Path) 
 
 
 def test_adoption_that_fails_leaves_the_file_as_it_was(tmp_path: Path) -> None:
-    # A ladder step that raises rolls the whole boot back (MV-8: no stamp), and the
+    # spec MV-11: a ladder step that raises rolls the whole boot back (MV-8: no stamp), and the
     # caller gets a clear error rather than a half-adopted file.
     path = tmp_path / "broken.db"
     conn = raw(path)

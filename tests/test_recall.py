@@ -500,7 +500,7 @@ def test_make_excerpt_properties():  # spec §5.16
 # -- degraded advisory (spec RC-9, §5.17) -----------------------------------------------------
 
 
-def test_mode_none_advisory_full_once_per_session_then_short(db, app):
+def test_mode_none_advisory_full_once_per_session_then_short(db, app):  # spec ADV-1
     add_memories(db, {"content": "alpha"})
     first = recall(app, agent_id="a", query="alpha", session_key="s1")["advisory"]
     assert first["degraded"] is True and first["severity"] == "hint"

@@ -234,7 +234,7 @@ SCOPES = [  # spec §5.1 / SH-1
 
 
 @pytest.mark.parametrize("scope,memories,episodes", SCOPES)
-def test_every_arm_applies_the_isolation_axes(search, spread, scope, memories, episodes):  # spec ISO-2
+def test_every_arm_applies_the_isolation_axes(search, spread, scope, memories, episodes):  # spec ISO-2, GATE-1 (pool_count)
     ids = lambda hits: {hit.record.id for hit in hits}  # noqa: E731
     assert ids(search.keyword_memories(scope, "alpha", 50).hits) == memories  # FTS
     assert ids(search.keyword_memories(scope, "al", 50).hits) == memories  # LIKE

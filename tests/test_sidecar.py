@@ -55,7 +55,7 @@ def put(path: Path, obj) -> None:
 
 
 def test_path_is_the_database_path_with_the_suffix(make_settings_path) -> None:
-    # spec SC-1
+    # spec SC-1, FS-2
     settings, db_file = make_settings_path
     assert settings.calibration_sidecar == Path(f"{db_file}.calibration.json")
 
@@ -87,7 +87,7 @@ def test_written_file_has_every_key_in_order_on_one_line_0600(path: Path) -> Non
     stamp = datetime.fromisoformat(obj["calibrated_at"])
     assert stamp.tzinfo == timezone.utc and obj["calibrated_at"].endswith("+00:00") and "." in obj["calibrated_at"]
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
-    assert Path(f"{path}.lock").exists()
+    assert Path(f"{path}.lock").exists()  # spec FS-3
     assert not list(path.parent.glob("*.tmp.*"))  # the temporary file was renamed, not left behind
 
 
@@ -299,7 +299,7 @@ def test_an_unreadable_file_that_cannot_be_copied_is_never_overwritten(path: Pat
 
 
 def test_only_the_newest_five_backups_are_kept(path: Path) -> None:
-    # spec SC-7
+    # spec SC-7, FS-3 (at most 5 sidecar backups)
     for i in range(7):
         put(path, {**REFERENCE_FILE, "scoring_version": f"old-{i}"})
         live = ours(global_threshold=0.4)
