@@ -45,7 +45,6 @@ from cpersona.storage.search_sql import (
 )
 from cpersona.storage.search_sqlite import STATEMENT_DEADLINE_SECONDS
 from cpersona.storage.vectors_postgres import numpy_scan, pgvector_scan, pgvector_serves
-from cpersona.storage.vectors_sqlite import scan_parameters, usable_query
 
 log = logging.getLogger(__name__)
 
@@ -189,38 +188,17 @@ class PostgresSearch(SqlSearch):
 
     # -- vector arm (spec §5.6): pgvector, or numpy over the same window ---------------
 
-    def vector_candidates(
-        self,
-        kind: Kind,
-        scope: Scope,
-        query: bytes,
-        depth: int,
-        *,
-        threshold: float,
-        window: tuple[int, int],
-        source_id: str = "",
-    ) -> list[Hit]:
-        if depth <= 0 or window[1] <= window[0] or not usable_query(query):
-            return []
+    def _vector_scan(self, kind: Kind, where: str, params: dict[str, Any], query: bytes) -> list[tuple[float, int]]:
         if self._pgvector is None:
             self._pgvector = pgvector_serves(self.db)
-        alias = "m" if kind == "mem" else "e"
-        where, params = sql_fragment(scope, alias)
-        if kind == "mem":
-            by_source, source_params = source_filter(source_id)
-            where, params = f"{where} AND {by_source}", {**params, **source_params}
-        params.update(scan_parameters(query, window=window, threshold=threshold, depth=depth))
         scan = pgvector_scan if self._pgvector else numpy_scan
         try:
             with self.db.read() as session:
                 session.execute(text(f"SET LOCAL statement_timeout = {int(STATEMENT_DEADLINE_SECONDS * 1000)}"))
-                best = scan(session, kind, where, params, query)
+                return scan(session, kind, where, params, query)
         except DBAPIError as exc:
             log.warning("%s vector search failed, treated as no match: %s", kind, exc.orig)
             return []
-        # Hydrate through the same scope: a row deleted or moved since the scan is dropped.
-        records = self.fetch(scope, [(kind, row_id) for _, row_id in best])
-        return [Hit(records[(kind, i)], cos) for cos, i in best if (kind, i) in records]
 
     # -- listings and scope facts -----------------------------------------------
 

@@ -18,8 +18,9 @@ from sqlalchemy import bindparam
 
 from cpersona.storage.engine import Database
 from cpersona.storage.scope import Scope, sql_fragment
-from cpersona.storage.search import Hit, Record, RowKey, clean_query
+from cpersona.storage.search import Hit, Kind, Record, RowKey, clean_query
 from cpersona.storage.sql_text import text
+from cpersona.storage.vectors_sqlite import scan_parameters, usable_query
 
 # spec KW-2: substring patterns longer than this are not run at all.
 LIKE_MAX_PATTERN_BYTES = 50_000
@@ -85,6 +86,37 @@ class SqlSearch(ABC):
     @abstractmethod
     def _run(self, what: str, sql: Any, params: dict[str, Any]) -> list[Any] | None:
         """Rows of one search statement under the backend's deadline, or None when it failed."""
+
+    @abstractmethod
+    def _vector_scan(self, kind: Kind, where: str, params: dict[str, Any], query: bytes) -> list[tuple[float, int]]:
+        """(cosine, id) of the scan window's best rows, best first; [] when the scan failed."""
+
+    def vector_candidates(
+        self,
+        kind: Kind,
+        scope: Scope,
+        query: bytes,
+        depth: int,
+        *,
+        threshold: float,
+        window: tuple[int, int],
+        source_id: str = "",
+    ) -> list[Hit]:
+        """The vector arm (spec §5.6): scope and source inside the scan, the engine ranks the window."""
+        if depth <= 0 or window[1] <= window[0] or not usable_query(query):
+            return []
+        alias = "m" if kind == "mem" else "e"
+        where, params = sql_fragment(scope, alias)
+        if kind == "mem":
+            by_source, source_params = type(self).source_filter(source_id)
+            where, params = f"{where} AND {by_source}", {**params, **source_params}
+        params.update(scan_parameters(query, window=window, threshold=threshold, depth=depth))
+        best = self._vector_scan(kind, where, params, query)
+        if not best:
+            return []
+        # Hydrate through the same scope: a row deleted or moved since the scan is dropped.
+        records = self.fetch(scope, [(kind, row_id) for _, row_id in best])
+        return [Hit(records[(kind, i)], cosine) for cosine, i in best if (kind, i) in records]
 
     def _like_memories(self, scope: Scope, query: str, depth: int, source_id: str) -> list[Hit]:
         """Newest-first substring matches (spec KW-1), scope and source inside the WHERE.

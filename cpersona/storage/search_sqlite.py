@@ -48,7 +48,7 @@ from cpersona.storage.search_sql import (  # noqa: F401  (like_pattern is part o
     memory_record,
 )
 from cpersona.storage.sql_text import text
-from cpersona.storage.vectors_sqlite import scan_parameters, scan_statement, usable_query
+from cpersona.storage.vectors_sqlite import scan_statement
 
 log = logging.getLogger(__name__)
 
@@ -242,33 +242,11 @@ class SqliteSearch(SqlSearch):
         rows = self._ranked("episodes FTS", search, params, terms, depth, extra)
         return [Hit(episode_record(r), score) for r, score in (rows or [])]
 
-    # -- vector arm (spec §5.6) ----------------------------------------------------
+    # -- vector arm (spec §5.6): sqlite-vec ranks the window --------------------
 
-    def vector_candidates(
-        self,
-        kind: Kind,
-        scope: Scope,
-        query: bytes,
-        depth: int,
-        *,
-        threshold: float,
-        window: tuple[int, int],
-        source_id: str = "",
-    ) -> list[Hit]:
-        if depth <= 0 or window[1] <= window[0] or not usable_query(query):
-            return []
-        alias = "m" if kind == "mem" else "e"
-        where, params = sql_fragment(scope, alias)
-        if kind == "mem":
-            by_source, source_params = source_filter(source_id)
-            where, params = f"{where} AND {by_source}", {**params, **source_params}
-        params.update(scan_parameters(query, window=window, threshold=threshold, depth=depth))
+    def _vector_scan(self, kind: Kind, where: str, params: dict[str, Any], query: bytes) -> list[tuple[float, int]]:
         rows = self._run(f"{kind} vector", scan_statement(kind, where), params)
-        if not rows:
-            return []
-        # Hydrate through the same scope: a row deleted or moved since the scan is dropped.
-        records = self.fetch(scope, [(kind, r.id) for r in rows])
-        return [Hit(records[(kind, r.id)], float(r.cosine)) for r in rows if (kind, r.id) in records]
+        return [(float(r.cosine), r.id) for r in rows or []]
 
     # -- listings and scope facts -----------------------------------------------
 
