@@ -28,7 +28,7 @@ from __future__ import annotations
 import functools
 import logging
 import unicodedata
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -221,17 +221,22 @@ class _Declaration:
 
     # -- entities (A-13 … A-15)
 
-    def entities(self, items: Any, anchor: str) -> None:
+    def items(self, items: Any, label: str) -> Iterator[tuple[str, Any]]:
+        """``(where, item)`` of a declared list; a non-list and items past MAX_ITEMS are dropped."""
         if items is None:
             return
         if not isinstance(items, list):
-            self.report.drop("entities", NOT_A_LIST)
+            self.report.drop(label, NOT_A_LIST)
             return
         for index, item in enumerate(items):
-            where = f"entities[{index}]"
+            where = f"{label}[{index}]"
             if index >= MAX_ITEMS:
                 self.report.drop(where, BEYOND_ITEMS)
                 continue
+            yield where, item
+
+    def entities(self, items: Any, anchor: str) -> None:
+        for where, item in self.items(items, "entities"):
             self.entity(where, item, anchor)
 
     def entity(self, where: str, item: Any, anchor: str) -> None:
@@ -295,16 +300,8 @@ class _Declaration:
     # -- relations (A-16, A-17)
 
     def relations(self, items: Any, anchor: str) -> None:
-        if items is None:
-            return
-        if not isinstance(items, list):
-            self.report.drop("relations", NOT_A_LIST)
-            return
-        for index, item in enumerate(items):
-            where = f"relations[{index}]"
-            if index >= MAX_ITEMS:
-                self.report.drop(where, BEYOND_ITEMS)
-            elif not isinstance(item, dict):
+        for where, item in self.items(items, "relations"):
+            if not isinstance(item, dict):
                 self.report.drop(where, NOT_AN_OBJECT)
             else:
                 self.relation(where, item, anchor)
