@@ -70,12 +70,14 @@ def _codes() -> Any:
 
 
 def _settings() -> Any:
-    from cpersona.config import ConfigError, load_settings
+    from cpersona.config import ConfigError, load_settings, warn_unknown_variables
 
     try:
-        return load_settings()
+        settings = load_settings()
     except ConfigError as exc:
         raise _Exit(str(exc), _codes().EXIT_BAD_CONFIG) from None
+    warn_unknown_variables()
+    return settings
 
 
 @contextmanager
