@@ -415,10 +415,12 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _check(self) -> Settings:
         for name, info in type(self).model_fields.items():
-            if field_kind(info)[0] == "path" and getattr(self, name) is not None:
+            path = getattr(self, name)
+            if field_kind(info)[0] == "path" and path is not None and path != path.expanduser():
                 # MCP clients pass the environment as written, unexpanded: a
                 # `~/...` from a client config must not become a `./~/` folder.
-                setattr(self, name, Path(getattr(self, name)).expanduser())
+                # (Only a changed value is set: setting marks the field as given.)
+                setattr(self, name, path.expanduser())
             rule = field_rule(info)
             if rule.lo is not None or rule.hi is not None:
                 self._bound(name, info, rule)
