@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 import threading
 import time
@@ -70,24 +71,26 @@ def _codes() -> Any:
 
 
 def _settings() -> Any:
-    from cpersona.config import ConfigError, load_settings
+    from cpersona.config import ConfigError, load_settings, warn_unknown_variables
 
     try:
-        return load_settings()
+        settings = load_settings()
     except ConfigError as exc:
         raise _Exit(str(exc), _codes().EXIT_BAD_CONFIG) from None
+    warn_unknown_variables()
+    return settings
 
 
 @contextmanager
-def _app(*, must_exist: bool) -> Iterator[Any]:
-    """An App on the configured database, upgraded to head as ``serve`` would."""
+def _app(*, must_exist: bool, settings: Any = None) -> Iterator[Any]:
+    """An App on the configured database (``settings``, else read now), upgraded to head as ``serve`` would."""
     import logging
 
     from cpersona.services.app import App
     from cpersona.storage.migrate import MigrationError, TooNewDatabase, open_database_and_upgrade
 
     logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format="cpersona: %(levelname)s: %(message)s")
-    settings = _settings()
+    settings = settings or _settings()
     if must_exist and not settings.database_url and not settings.db_file.exists():
         raise _Exit(f"no database at {settings.db_file} (CPERSONA_DB_PATH)", _codes().EXIT_START_FAILED)
     try:
@@ -283,12 +286,38 @@ def _nothing() -> Iterator[None]:
 
 def _import_db(args: argparse.Namespace) -> dict[str, Any]:
     from cpersona.services.portability import import_db
+    from cpersona.services.portability.import_db import vet_source
+    from cpersona.services.responses import ToolFailure
+    from cpersona.storage.migrate import import_db_command
 
-    with _app(must_exist=False) as app:
-        answer = import_db(app, args.path)
+    settings = _settings()
+    target = settings.database_url and "the PostgreSQL database CPERSONA_DATABASE_URL names"
+    try:
+        # The source is vetted before the target is created: a mistyped path must
+        # not leave an empty database behind.
+        source = vet_source(args.path, None)
+    except ToolFailure as refused:
+        raise _Exit(str(refused), _codes().EXIT_START_FAILED) from None
+    if not target:
+        ours = settings.db_file
+        if ours.resolve() == source or (ours.exists() and os.path.samefile(ours, source)):
+            raise _Exit(f"CPERSONA_DB_PATH names {source}, the database being copied: import-db copies it into a "
+                        f"new file; run `{import_db_command(source)}`", _codes().EXIT_START_FAILED)
+        named = ("CPERSONA_DB_PATH" if "db_path" in settings.model_fields_set
+                 else "CPERSONA_DB_PATH is unset: the default, under the working directory")
+        target = f"{ours} ({named})"
+    print(f"import-db: copying {source} into {target}", file=sys.stderr)
+    with _app(must_exist=False, settings=settings) as app:
+        answer = import_db(app, source, progress=lambda line: print(f"import-db: {line}", file=sys.stderr,
+                                                                   flush=True))
+    if answer.get("ok"):
+        serve_with = ("the same CPERSONA_DATABASE_URL" if settings.database_url
+                      else f"CPERSONA_DB_PATH={shlex.quote(str(settings.db_file))}")
+        print(f"import-db: done; serve the copy with {serve_with}", file=sys.stderr)
     if answer.get("ok") and not args.json:
         mem, ep = answer["memories"], answer["episodes"]
-        print(f"copied from {answer['source']} (schema_version {answer.get('source_schema_version')}):")
+        print(f"copied from {answer['source']} (schema_version {answer.get('source_schema_version')}) "
+              f"into {target}:")
         print(f"  memories  {mem['copied']} copied, {mem['skipped']} already present")
         print(f"  episodes  {ep['copied']} copied, {ep['skipped']} already present")
         print(f"  profiles  {answer['profiles']['copied']} copied")

@@ -60,10 +60,11 @@ def serve(args: argparse.Namespace) -> int:
     # Imported here so --help and --version answer without loading the stack.
     import anyio
 
-    from cpersona.config import ConfigError, load_settings
+    from cpersona.config import ConfigError, check_startup, load_settings, warn_unknown_variables
 
     try:
         settings = load_settings()
+        check_startup(settings)
     except ConfigError as exc:
         return _fail(str(exc), EXIT_BAD_CONFIG)
     _log_to_stderr()
@@ -81,6 +82,7 @@ def serve(args: argparse.Namespace) -> int:
         auth = http_auth_mode(settings, policy, oauth) if http else None
     except (AclConfigError, StartupRefusal) as exc:
         return _fail(str(exc), EXIT_BAD_CONFIG)
+    warn_unknown_variables(policy.env_refs if policy is not None else ())
     from cpersona.embedding.client import build_embedder
     from cpersona.mcp.server import build_server
     from cpersona.mcp.stdio import serve_stdio

@@ -18,12 +18,13 @@ index), CPERSONA_FAR_SEATS_ENABLED (far seats). No tantivy variable exists.
 
 from __future__ import annotations
 
+import difflib
 import logging
 import math
 import os
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,8 +35,9 @@ from pydantic import Field, SecretStr, ValidationError, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-__all__ = ["ConfigError", "LEFT_OUT", "Rule", "Settings", "SECTIONS", "env_name", "field_kind", "field_rule",
-           "load_settings"]
+__all__ = ["ConfigError", "EMBEDDING_MODE_NEEDS", "LEFT_OUT", "Rule", "Settings", "SECTIONS", "check_startup",
+           "env_name", "field_kind", "field_rule", "load_settings", "unknown_variables",
+           "warn_unknown_variables"]
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +62,20 @@ GATE_BETA = {"strict": 2.0, "balanced": 1.0, "lenient": 0.5}
 # Variables of the reference that this server does not read (see module docstring).
 LEFT_OUT = ("CPERSONA_DECLARED_FOLDERS", "CPERSONA_FOLDER_MAX_DEPTH", "CPERSONA_BLOCK_INDEX",
             "CPERSONA_CUE_COARSE_ENABLED", "CPERSONA_FAR_SEATS_ENABLED")
+
+
+# CPERSONA_* variables read outside the Settings model (the test suite, the
+# benchmarks, CI): they are ours, so they never draw the unknown-variable warning.
+READ_ELSEWHERE = ("CPERSONA_TEST_PG_URL", "CPERSONA_TEST_REFERENCE_BIN", "CPERSONA_PG_BINDIR", "CPERSONA_CI_NO_PG",
+                  "CPERSONA_BENCH_PG_URL")
+READ_ELSEWHERE_PREFIXES = ("CPERSONA_BENCH_",)  # CPERSONA_BENCH_<SERVER>_PYTHON (bench/mcp_driver.py)
+
+# What each embedding mode cannot start without: the field to set and what it
+# holds. A mode without a row needs nothing (none).
+EMBEDDING_MODE_NEEDS: dict[str, tuple[tuple[str, str], ...]] = {
+    "http": (("embedding_url", "the embedding server's endpoint, e.g. http://127.0.0.1:8401/embed"),),
+    "api": (("embedding_api_key", "the service's API key (any value for a server that takes none)"),),
+}
 
 
 class ConfigError(ValueError):
@@ -399,6 +415,12 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _check(self) -> Settings:
         for name, info in type(self).model_fields.items():
+            path = getattr(self, name)
+            if field_kind(info)[0] == "path" and path is not None and path != path.expanduser():
+                # MCP clients pass the environment as written, unexpanded: a
+                # `~/...` from a client config must not become a `./~/` folder.
+                # (Only a changed value is set: setting marks the field as given.)
+                setattr(self, name, path.expanduser())
             rule = field_rule(info)
             if rule.lo is not None or rule.hi is not None:
                 self._bound(name, info, rule)
@@ -435,7 +457,6 @@ class Settings(BaseSettings):
             raise _bad("CPERSONA_CALIBRATE_PERCENTILE", pct, "a fraction in (0, 1] or a percent up to 100")
         self._derive_reconstruct()
         self._check_oauth()
-        self.operating_context_path = self.operating_context_path.expanduser()
 
     def _derive_reconstruct(self) -> None:
         # Spec §8.4 / T-7 step 1: these combinations are start-up errors.
@@ -541,6 +562,55 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         return Settings()
     finally:
         _ENVIRON.reset(token)
+
+
+def check_startup(settings: Settings) -> None:
+    """Refuse to serve a combination that cannot work, naming the variable to set.
+
+    Kept out of load_settings(): the library and the maintenance commands build
+    settings without an embedding client, so only serving needs these.
+    """
+    for name, what in EMBEDDING_MODE_NEEDS.get(settings.embedding_mode, ()):
+        value = getattr(settings, name)
+        if isinstance(value, SecretStr):
+            value = value.get_secret_value()
+        if not value:
+            alias = field_rule(Settings.model_fields[name]).alias
+            spelled = env_name(name) + (f" (or {alias})" if alias else "")
+            raise ConfigError(f"CPERSONA_EMBEDDING_MODE={settings.embedding_mode} needs {spelled}: "
+                              f"set it to {what}")
+
+
+def _known_variables() -> set[str]:
+    known = {env_name(name) for name in Settings.model_fields}
+    known.update(rule.alias for rule in map(field_rule, Settings.model_fields.values()) if rule.alias)
+    return known | set(LEFT_OUT) | set(READ_ELSEWHERE)
+
+
+def unknown_variables(environ: Mapping[str, str] | None = None, also_known: Iterable[str] = ()) -> list[str]:
+    """One warning per CPERSONA_* variable nothing reads, with the nearest known name.
+
+    A misspelt name is otherwise silently ignored and its default applies.
+    ``also_known``: names read elsewhere at run time (an ACL file's ``${NAME}`` tokens).
+    """
+    environ = os.environ if environ is None else environ
+    known = _known_variables() | set(also_known)
+    suffixes = {var[len(ENV_PREFIX):]: var for var in known if var.startswith(ENV_PREFIX)}
+    out = []
+    for var in sorted(environ):
+        if not var.startswith(ENV_PREFIX) or var in known or var.startswith(READ_ELSEWHERE_PREFIXES):
+            continue
+        # Matched on the part after the prefix, which every candidate shares.
+        near = difflib.get_close_matches(var[len(ENV_PREFIX):], suffixes, n=1, cutoff=0.75)
+        hint = f"did you mean {suffixes[near[0]]}?" if near else "see docs/configuration.md for the settings"
+        out.append(f"{var} is not a cpersona setting and is ignored; {hint}")
+    return out
+
+
+def warn_unknown_variables(also_known: Iterable[str] = ()) -> None:
+    """Log unknown_variables() of the process environment, once per start."""
+    for line in unknown_variables(also_known=also_known):
+        log.warning("%s", line)
 
 
 def main(argv: list[str] | None = None) -> int:

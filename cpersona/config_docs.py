@@ -34,6 +34,17 @@ How values are read:
   `EMBEDDING_HTTP_URL`, `EMBEDDING_MODEL`, `EMBEDDING_API_KEY`,
   `EMBEDDING_API_URL`). When both spellings are set the `CPERSONA_` one wins;
   an empty `CPERSONA_` value counts as unset.
+- A path setting (type `path`) may start with `~`, which is your home
+  directory, as in a shell; MCP clients pass values unexpanded, so
+  `"CPERSONA_DB_PATH": "~/.cpersona/memory.db"` in a client configuration
+  works. Other shell syntax (`$HOME`) is not expanded.
+- A `CPERSONA_` variable that is not a setting below is reported at start-up
+  on stderr, once, with the nearest setting's name
+  (`CPERSONA_EMBEDING_MODE is not a cpersona setting and is ignored; did you
+  mean CPERSONA_EMBEDDING_MODE?`); it is otherwise ignored.
+- `CPERSONA_EMBEDDING_MODE=http` without `CPERSONA_EMBEDDING_URL`, and `api`
+  without `CPERSONA_EMBEDDING_API_KEY`, stop start-up (exit 2) with one line
+  naming the variable to set.
 
 This page is generated from `cpersona/config.py`; edit the field descriptions
 there and regenerate with `python -m cpersona.config --markdown`.

@@ -25,7 +25,11 @@ from cpersona.storage.migrate import upgrade
 from embed_server import embed_server  # noqa: F401  (a real local embedding server, as a fixture)
 from pg_support import PgSessionDatabase
 
-LEGACY_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "legacy"
+# The shared legacy files sit beside the checkout (../shared) or beside its parent,
+# for a worktree one level deeper (../../shared): the nearest one is used.
+LEGACY_DIR = next((p / "shared" / "data" / "legacy" for p in Path(__file__).resolve().parents[1:]
+                   if (p / "shared" / "data" / "legacy").is_dir()),
+                  Path(__file__).resolve().parents[2] / "shared" / "data" / "legacy")
 
 BACKENDS = ("sqlite", "postgres")
 

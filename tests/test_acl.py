@@ -206,6 +206,49 @@ async def through_gate(app, tool: str, arguments: dict[str, Any], client: str | 
     return await gate(ToolCall(app, stub_spec(tool), arguments, context), service)
 
 
+# A tool whose writes depend on an argument is called in its writing form here.
+WRITING_FORM = {"check_health": {"fix": True}, "deep_check": {"fix": True}, "check_update": {"apply": True}}
+SCOPE_ARGUMENTS = ("agent_id", "source_agent_id", "target_agent_id")
+READER = {"client_id": "r", "token": "tok-r", "grants": {"alice": "read", "*": "read"}}
+WRITER = {"client_id": "w", "token": "tok-w", "grants": {"alice": "read-write", "*": "read-write"}}
+EVERY_TOOL = [spec.name for spec in default_registry()]
+
+
+def test_the_writing_forms_name_tools_that_write():
+    registry = default_registry()
+    assert len(EVERY_TOOL) >= 34
+    assert all(registry.get(name) is not None and not registry.get(name).annotations.read_only
+               for name in WRITING_FORM)
+
+
+@pytest.mark.parametrize("tool", EVERY_TOOL)
+async def test_a_tool_that_is_not_read_only_demands_a_read_write_grant(app, tool):  # spec ACL-10, §4.4
+    # Over the whole registry, through the real gate with the real declaration: a read grant
+    # (named and "*") never lets a writing tool through; a read-write grant does. A read-only
+    # tool is never refused to a reader.
+    spec = default_registry().get(tool)
+    arguments = {name: "alice" for name in SCOPE_ARGUMENTS if name in spec.properties}
+    arguments.update(WRITING_FORM.get(tool, {}))
+    gate = AclGate(policy(with_clients(READER, WRITER)), app.settings)
+    ran: list[str] = []
+
+    async def service(call: ToolCall) -> dict[str, Any]:
+        ran.append(call.spec.name)
+        return {"ok": True}
+
+    async def as_client(client: str) -> dict[str, Any]:
+        return await gate(ToolCall(app, spec, dict(arguments), {"principal": Principal(client)}), service)
+
+    as_reader = await as_client("r")
+    if spec.annotations.read_only:
+        assert as_reader == {"ok": True}, as_reader
+    else:
+        assert as_reader["error"] == "permission_denied" and as_reader["required"] == "read-write", as_reader
+        assert ran == []
+        assert await as_client("w") == {"ok": True}
+        assert ran == [tool]
+
+
 async def test_a_named_agent_denial_has_the_spec_shape(app):  # spec ACL-15
     denied = await through_gate(app, "store", {"agent_id": "bob", "content": "x"}, "writer")
     assert denied == {"ok": False, "error": "permission_denied", "tool": "store", "agent_id": "bob",

@@ -220,9 +220,81 @@ def test_import_db_copies_and_prints_the_counts(tmp_path):  # README decision 9
 
 def test_import_db_failures_exit_non_zero(filled, tmp_path):
     done = cli(filled.path, "import-db", str(filled.path))
-    assert done.returncode == 1 and "own database" in done.stderr
-    done = cli(filled.path, "import-db", str(tmp_path / "absent.db"))
+    assert done.returncode == 1 and "the database being copied" in done.stderr
+    done = cli(tmp_path / "new.db", "import-db", str(tmp_path / "absent.db"))
     assert done.returncode == 1 and "File not found" in done.stderr
+    assert not (tmp_path / "new.db").exists()  # a mistyped source leaves no empty target behind
+
+
+def _run_shell(command: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``command`` as a user would paste it, with this venv's cpersona first on PATH."""
+    env = env_for(Path("unused"))
+    del env["CPERSONA_DB_PATH"]
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    return subprocess.run(["bash", "-c", command], env=env, cwd=cwd, capture_output=True, text=True, timeout=120,
+                          stdin=subprocess.DEVNULL)
+
+
+def _quoted_command(message: str) -> str:
+    import re
+
+    [command] = re.findall(r"`(CPERSONA_DB_PATH=[^`]+ cpersona import-db [^`]+)`", message)
+    return command
+
+
+def test_import_db_names_the_target_and_reports_each_stage(tmp_path):  # issue 13 item 8
+    from test_import_db import make_26_database
+
+    source = make_26_database(tmp_path)
+    target = tmp_path / "ours" / "copy.db"
+    done = cli(target, "import-db", str(source))
+    assert done.returncode == 0, done.stderr
+    err = done.stderr.splitlines()
+    assert err[0] == f"import-db: copying {source.resolve()} into {target} (CPERSONA_DB_PATH)"
+    assert err[1].startswith(f"import-db: {source.resolve()} (schema_version 21): ") and " memories, " in err[1]
+    stages = [line.split()[1] for line in err[2:]]
+    assert stages[:4] == ["memories", "episodes", "profiles", "associations"], err
+    memories = int(err[1].split(": ")[-1].split()[0])
+    assert err[2] == f"import-db: memories  {memories} read: {memories} copied, 0 already present"
+    assert err[-1] == f"import-db: done; serve the copy with CPERSONA_DB_PATH={target}"
+    assert f"into {target} (CPERSONA_DB_PATH):" in done.stdout
+
+
+def test_import_db_without_the_variable_says_where_it_writes(tmp_path):
+    from test_import_db import make_26_database
+
+    source = make_26_database(tmp_path)
+    work = tmp_path / "work"
+    work.mkdir()
+    done = _run_shell(f"cpersona import-db {source}", work)
+    assert done.returncode == 0, done.stderr
+    default = work / "data" / "cpersona.db"
+    assert f"into {default} (CPERSONA_DB_PATH is unset: the default, under the working directory)" in done.stderr
+    assert default.is_file()
+
+
+def test_import_db_into_its_own_source_gives_the_command_that_works(tmp_path):
+    # The server's refusal names import-db; following it with CPERSONA_DB_PATH still on the 2.6
+    # file is refused with the exact next command, which then copies it, and the copy serves.
+    from test_import_db import make_26_database
+
+    source = make_26_database(tmp_path).resolve()
+    before = digest(source)
+    served = cli(source, "stats", "--json")  # (stats only reads: the same file is still fine)
+    assert served.returncode == 0
+    refused_serve = cli(source, "export", str(tmp_path / "x.jsonl"))
+    assert refused_serve.returncode == 3
+    command = _quoted_command(refused_serve.stderr)
+    again = cli(source, "import-db", str(source))
+    assert again.returncode == 1 and len(again.stderr.strip().splitlines()) == 1
+    assert _quoted_command(again.stderr) == command
+    assert digest(source) == before
+    copied = _run_shell(command, tmp_path)
+    assert copied.returncode == 0, copied.stderr
+    target = source.with_name(f"{source.stem}-cpersona.db")
+    assert f"serve the copy with CPERSONA_DB_PATH={target}" in copied.stderr
+    assert cli(target, "export", str(tmp_path / "y.jsonl")).returncode == 0
+    assert digest(source) == before
 
 
 # --- configuration and databases a command must not open ----------------------------------------------

@@ -163,3 +163,42 @@ async def test_crossings_are_logged_at_the_1st_10th_100th(caplog):  # spec BB-3
     assert ["Occurrence 1 " in occurrences[0], "Occurrence 10 " in occurrences[1],
             "Occurrence 100 " in occurrences[2]] == [True, True, True]
     assert budget.crossings == 120
+
+
+# --- the edge: a body of exactly the budget is within it; one byte more is not ----------------------------
+
+
+def body_of(size: int) -> bytes:
+    """A real store request of exactly ``size`` bytes (the content pads it)."""
+    bare = len(json.dumps(big_store(0)).encode())
+    body = json.dumps(big_store(size - bare)).encode()
+    assert len(body) == size
+    return body
+
+
+def test_a_body_exactly_at_the_budget_is_served_and_one_byte_over_is_not(reject_server):  # spec BB-1, BB-2
+    at = httpx.post(reject_server.url, headers={**MCP_HEADERS, **auth(TOKEN)}, content=body_of(2000))
+    assert at.status_code == 200
+    assert json.loads(sse_result(at)["result"]["content"][0]["text"])["result"] == "stored"
+    over = httpx.post(reject_server.url, headers={**MCP_HEADERS, **auth(TOKEN)}, content=body_of(2001))
+    assert over.status_code == 413 and over.json() == {"error": "payload_too_large", "max_bytes": 2000}
+    assert reject_server.log().count("exceeded CPERSONA_HTTP_MAX_BODY_BYTES") == 1
+
+
+@pytest.mark.parametrize("mode", ["reject", "warn"])
+@pytest.mark.parametrize("split", [1, 3, 1000])
+async def test_the_budget_edge_holds_however_the_body_is_split(mode, split, caplog):  # spec BB-1
+    for size, crosses in ((1000, False), (1001, True)):
+        app = Recorder()
+        budget = BodyBudget(app, 1000, mode)
+        step = -(-size // split)
+        chunks = [b"z" * (min(i + step, size) - i) for i in range(0, size, step)]
+        with caplog.at_level(logging.WARNING, logger="cpersona.mcp.http"):
+            caplog.clear()
+            sent, _ = await drive(budget, declared=size, chunks=chunks)
+        assert budget.crossings == int(crosses)
+        assert ("exceeded" in caplog.text) is crosses
+        if crosses and mode == "reject":
+            assert sent[0]["status"] == 413
+        else:
+            assert sent[0]["status"] == 200 and app.read == size

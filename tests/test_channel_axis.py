@@ -215,7 +215,7 @@ async def test_through_the_facade(seeded):  # spec C-3, §12
 
 @pytest.mark.anyio
 async def test_a_paused_real_run_is_a_dry_run(seeded):  # spec MC-6, P-11
-    pause_gate = pytest.importorskip("cpersona.mcp.pause_gate")
+    from cpersona.mcp import pause_gate
     from cpersona.mcp.dispatch import call_tool
     from cpersona.mcp.gates import GateChain
     from cpersona.mcp.tools import default_registry

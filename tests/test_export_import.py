@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from conftest import LEGACY_DIR
 from sqlalchemy import select, text
 
 from conftest import make_app, refuse_inserts
@@ -29,7 +31,7 @@ from cpersona.storage.models import Episode, Memory, Profile
 
 pytestmark = pytest.mark.both_backends  # storage/service behaviour: run on SQLite and PostgreSQL
 
-LEGACY = Path(__file__).resolve().parents[2] / "shared" / "data" / "legacy"
+LEGACY = LEGACY_DIR  # beside the checkout, or beside a worktree's parent (tests/conftest.py)
 ONE_AGENT = LEGACY / "export-2.6.14-dev.jsonl"
 ALL_AGENTS = LEGACY / "export-2.6.14-dev-all-agents.jsonl"
 

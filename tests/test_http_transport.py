@@ -259,8 +259,7 @@ async def test_concurrent_writers_from_eight_clients_lose_nothing(token_server):
 
 async def test_keyless_pause_is_process_wide_and_a_keyed_one_is_not(token_server):  # spec P-1, C-7
     tools = await _tool_names(token_server)
-    if "pause_persistence" not in tools:
-        pytest.skip("pause_persistence is not registered in this build yet")
+    assert "pause_persistence" in tools
     token = "s3cret-token"
     await mcp_call(token_server.url, token, "pause_persistence", {"session_key": "client-a"})
     other = await mcp_call(token_server.url, token, "store", {"agent_id": "x", "content": "from b",

@@ -394,8 +394,11 @@ def test_too_new_database_is_refused_and_left_untouched(tmp_path: Path, version:
         open_and_upgrade(path)
     message = str(caught.value)
     assert str(version) in message
-    assert "cpersona import-db" in message
-    assert "export_memories" in message and "import_memories" in message
+    # the exact next command, naming its target (issue 13 item 8; the command exists)
+    target = Path(path).with_name(f"{Path(path).stem}-cpersona.db")
+    assert f"`CPERSONA_DB_PATH={target} cpersona import-db {path}`" in message
+    assert f"then serve it with CPERSONA_DB_PATH={target}" in message
+    assert "until that command exists" not in message
     assert caught.value.version == version
     assert fingerprint(path) == before
     assert not Path(f"{path}-wal").exists() and not Path(f"{path}-shm").exists()

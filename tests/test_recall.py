@@ -245,6 +245,29 @@ def test_profile_ignores_project_channel_and_source_filters(db, app):  # spec RC
     assert response["messages"][0]["content"] == "[Profile] Agent-wide."
 
 
+def _profiles_in(response: dict) -> list[str]:
+    return [m["content"] for m in response["messages"] if m.get("source") == {"System": "profile"}]
+
+
+@pytest.mark.parametrize("mode", ["rrf", "rsf", "cascade"])
+def test_the_empty_agents_profile_never_reaches_another_agents_recall(db, mode):  # spec ISO-5, RC-8
+    # '' is an agent of its own, not a global pool: its profile rides along only with its own rows.
+    app = make_app(db, RECALL_MODE=mode)
+    for agent in ("", "a", "b"):
+        filler(db, 60, agent_id=agent)
+    set_profile(db, "", "Profile of the empty agent.")
+    set_profile(db, "b", "Profile of b.")
+    for query in ("", "filler note"):
+        assert _profiles_in(recall(app, agent_id="a", query=query)) == []
+        # with a query the gate may leave a profile out (rsf); it is never another agent's
+        allowed = ([["[Profile] Profile of b."]], [["[Profile] Profile of the empty agent."]])
+        if query:
+            allowed = tuple([*options, []] for options in allowed)
+        assert _profiles_in(recall(app, agent_id="b", query=query)) in allowed[0]
+        empty = _profiles_in(recall(app, agent_id="", query=query))
+        assert empty in allowed[1]
+
+
 # -- isolation (spec §5.1, RC-8) ---------------------------------------------------------------
 
 

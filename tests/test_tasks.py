@@ -236,7 +236,7 @@ def test_failed_derived_work_yields_to_waiting_legacy_work(fast_app, recorder): 
 
 
 def test_a_paused_sessions_task_is_deleted_but_derived_work_runs(fast_app, recorder):  # spec Q-5, P-13
-    persistence = pytest.importorskip("cpersona.services.operations.persistence")
+    from cpersona.services.operations import persistence
     register_handler("probe", recorder.handler())
     register_handler("build_nodes", recorder.handler(), derived=True)
     with fast_app.db.write() as session:

@@ -100,6 +100,7 @@ class AclPolicy:
     def __init__(self, clients: list[AclClient]) -> None:
         self.clients: dict[str, AclClient] = {c.client_id: c for c in clients}
         self._tokens = [(c.token.encode("utf-8"), c.client_id) for c in clients if c.token is not None]
+        self.env_refs: frozenset[str] = frozenset()  # variables the file's ${NAME} tokens read
 
     def client(self, client_id: str) -> AclClient | None:
         return self.clients.get(client_id)
@@ -180,6 +181,8 @@ def parse_acl(document: Any, environ: Mapping[str, str]) -> AclPolicy:
             seen_tokens[client.token] = client.client_id
         clients.append(client)
     policy = AclPolicy(clients)
+    policy.env_refs = frozenset(m.group(1) for e in entries if isinstance(e, dict)
+                                and isinstance(e.get("token"), str) and (m := _ENV_REF.fullmatch(e["token"])))
     if policy.has_per_subject:
         # ACL-20..23 need the alias ledger, which this build does not have; a
         # row whose boundary we cannot enforce must not be served (ACL-6).

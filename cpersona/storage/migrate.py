@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import importlib.resources
 import logging
+import shlex
 import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -51,11 +52,18 @@ V13_REVISION = "0001_v13"
 REFERENCE_VERSION = 13  # the schema_version our databases carry, forever (decision 8)
 FTS_REBUILD_PENDING = 1  # bit 0 of PRAGMA user_version (spec PG-3)
 
-_MIGRATION_HINT = (
-    "copy its data into a new database with `cpersona import-db {path}` "
-    "(until that command exists: export_memories from the build that wrote it, "
-    "then import_memories here)"
-)
+
+
+def copy_target_for(source: Path | str) -> Path:
+    """Where ``cpersona import-db`` should copy a database this build will not open in place."""
+    source = Path(source)
+    return source.with_name(f"{source.stem}-cpersona.db")
+
+
+def import_db_command(source: Path | str, target: Path | str | None = None) -> str:
+    """The exact shell command that copies ``source`` into a new database (``target`` or its default)."""
+    target = copy_target_for(source) if target is None else target
+    return f"CPERSONA_DB_PATH={shlex.quote(str(target))} cpersona import-db {shlex.quote(str(source))}"
 
 
 class MigrationError(RuntimeError):
@@ -78,10 +86,17 @@ class TooNewDatabase(MigrationError):
                 what += " (written by the CPersona 2.6 line)"
         else:
             what = f"was written by a newer cpersona (migration revision {version})"
+        if isinstance(version, int) and path and "://" not in str(path):  # a file, not a server label
+            target = copy_target_for(path)
+            hint = (f"copy its data into a new database with `{import_db_command(path, target)}`, "
+                    f"then serve it with CPERSONA_DB_PATH={shlex.quote(str(target))}")
+        elif isinstance(version, int):
+            hint = "copy its data into a new database with `CPERSONA_DB_PATH=NEW.db cpersona import-db PATH`"
+        else:
+            hint = "run the cpersona that wrote it, or export_memories there and import_memories here"
         super().__init__(
             f"{where}{what}, newer than the version {REFERENCE_VERSION} this server "
-            f"can open; it was not modified. To use it, "
-            + _MIGRATION_HINT.format(path=path or "PATH")
+            f"can open; it was not modified. To use it, {hint}"
         )
 
 

@@ -86,3 +86,29 @@ def test_duplicate_content_is_agent_scoped(app, h):
     h.run(app, "duplicate_content", agent_id="a", fix=True)
     assert len(h.query(app, "SELECT id FROM memories WHERE agent_id = 'b'")) == 2
     assert len(h.query(app, "SELECT id FROM memories WHERE agent_id = 'a'")) == 1
+
+
+# Rows of one (agent, project, content) group as (channel, locked), in id order, and which of them
+# survive the fix (spec R-16: a bucket's keeper is its lowest-id locked row, else its lowest-id row; a
+# named-channel row under a '' copy is covered; locked rows are never deleted).
+KEEPERS = [
+    ([("", 0), ("", 0), ("", 0)], {0}),              # the oldest of unlocked twins
+    ([("", 0), ("", 1), ("", 0)], {1}),              # the locked one, not the oldest
+    ([("", 0), ("", 1), ("", 1)], {1, 2}),           # the lowest-id locked keeps; the other locked stays
+    ([("c", 0), ("c", 0), ("", 0)], {2}),            # the '' copy covers the named channel, whatever its id
+    ([("c", 1), ("", 0), ("", 0)], {0, 1}),          # a covered locked row stays; the '' keeper is the oldest
+    ([("c", 0), ("c", 0), ("d", 0)], {0, 2}),        # siblings without a '' copy: one keeper per channel
+    ([("c", 0), ("d", 1), ("c", 1)], {1, 2}),        # per channel: c keeps its locked row, d its only row
+]
+
+
+@pytest.mark.parametrize("plan,survivors", KEEPERS)
+def test_duplicate_content_keeps_the_right_rows(app, h, plan, survivors):  # spec R-16
+    h.execute(app, "DROP INDEX idx_memories_dedup_content")  # to plant exact duplicates in one bucket
+    ids = [h.insert_memory(app, "same text", channel=channel, locked=locked) for channel, locked in plan]
+    h.insert_memory(app, "same text", agent="other")  # another agent's copy is not a duplicate
+    h.run(app, "duplicate_content", agent_id="a", fix=True)
+    left = {r.id for r in h.query(app, "SELECT id FROM memories WHERE agent_id = 'a'")}
+    assert left == {ids[i] for i in survivors}
+    assert len(h.query(app, "SELECT id FROM memories WHERE agent_id = 'other'")) == 1
+    assert all(i["repairable"] == 0 for i in h.run(app, "duplicate_content", agent_id="a"))  # only locked left

@@ -92,3 +92,98 @@ def test_report_run_writes_nothing_and_holds_no_lock(app, h):
     h.run(app, "fts_integrity")
     h.execute(app, "INSERT INTO memories (agent_id, content, timestamp) VALUES ('z', 'after', '')")
     assert h.query(app, "SELECT COUNT(*) AS n FROM memories")[0].n == before + 1
+
+
+# --- schema_objects on adopted legacy files (issue 13 item 8) ---------------------------------------------
+
+SAME_DEFINITION = [  # (stored spelling, ours): one definition, two spellings
+    ("CREATE INDEX idx_a\n    ON memories(agent_id, created_at DESC)",
+     "CREATE INDEX IF NOT EXISTS idx_a  ON memories (agent_id, created_at DESC)"),
+    ('create index "idx_a" on [memories] ( `agent_id` , created_at desc );',
+     "CREATE INDEX idx_a ON memories (agent_id, created_at DESC)"),
+    ("CREATE TRIGGER t AFTER INSERT ON m BEGIN\n    INSERT INTO f(rowid, c)\n    VALUES (new.id, new.c);\nEND;;",
+     "CREATE TRIGGER IF NOT EXISTS t AFTER INSERT ON m BEGIN\n  INSERT INTO f (rowid, c) VALUES (new.id, new.c);\nEND"),
+    ("CREATE INDEX i ON m (id) -- why\n WHERE msg_id <> ''", "CREATE INDEX i ON m (id) /* note */ WHERE msg_id != ''"),
+]
+DIFFERENT_DEFINITION = [  # a real drift must stay visible
+    ("CREATE INDEX idx_a ON memories (agent_id)", "CREATE INDEX idx_a ON memories (agent_id, created_at DESC)"),
+    ("CREATE INDEX idx_a ON memories (created_at, agent_id)", "CREATE INDEX idx_a ON memories (agent_id, created_at)"),
+    ("CREATE INDEX idx_a ON memories (agent_id)", "CREATE UNIQUE INDEX idx_a ON memories (agent_id)"),
+    ("CREATE INDEX i ON m (id) WHERE msg_id != 'X'", "CREATE INDEX i ON m (id) WHERE msg_id != 'x'"),
+    ("CREATE INDEX i ON m (id) WHERE msg_id != ''", "CREATE INDEX i ON m (id)"),
+    ("CREATE TRIGGER t AFTER UPDATE ON m BEGIN SELECT 1; END",
+     "CREATE TRIGGER t AFTER UPDATE OF c ON m BEGIN SELECT 1; END"),
+    ("CREATE INDEX i ON m (\"agent id\")", "CREATE INDEX i ON m (agent, id)"),
+]
+
+
+@pytest.mark.parametrize("stored,ours", SAME_DEFINITION)
+def test_canonical_form_ignores_spelling(stored, ours):  # spec R-26
+    from cpersona.services.health.integrity import canonical_form
+
+    assert canonical_form(stored) == canonical_form(ours)
+
+
+@pytest.mark.parametrize("stored,ours", DIFFERENT_DEFINITION)
+def test_canonical_form_keeps_meaning(stored, ours):  # spec R-26
+    from cpersona.services.health.integrity import canonical_form
+
+    assert canonical_form(stored) != canonical_form(ours)
+
+
+def _adopted(fixture: str, tmp_path):
+    import os
+
+    from conftest import legacy_fixture
+    from cpersona.config import load_settings
+    from cpersona.services.app import App
+    from cpersona.storage.migrate import open_database_and_upgrade
+
+    os.chmod(tmp_path, 0o700)  # file_permissions is not what this test is about
+    path = legacy_fixture(fixture, tmp_path)
+    os.chmod(path, 0o600)
+    settings = load_settings({"CPERSONA_DB_PATH": str(path)})
+    return App(db=open_database_and_upgrade(settings), settings=settings)
+
+
+LEGACY = ["cpersona-2.4.34-v10-dev.db", "cpersona-2.5.12-v13-dev.db"]
+
+
+@pytest.mark.sqlite_only  # the legacy files are SQLite
+@pytest.mark.parametrize("fixture", LEGACY)
+def test_adopted_legacy_database_has_no_schema_drift(tmp_path, fixture):
+    # spec R-26, MV-13: the 2.4/2.5 files spell their indexes and triggers with other
+    # whitespace; adoption keeps them and check_health must not call them drifted.
+    from cpersona.services.health.check_health import check_health
+
+    app = _adopted(fixture, tmp_path)
+    try:
+        result = check_health(app)
+        assert [i for i in result["issues"] if i["type"] == "schema_object_drift"] == []
+        assert result["status"] != "unhealthy", result["issues"]
+        if "v13" in fixture:
+            assert result["status"] == "healthy", result["issues"]
+        # (the v10 file's 24 lowercase "user" sources are a true R-39 finding: degraded, not drift)
+    finally:
+        app.db.close()
+
+
+@pytest.mark.sqlite_only
+@pytest.mark.parametrize("fixture", LEGACY)
+def test_adopted_legacy_database_still_reports_real_drift(tmp_path, h, fixture):
+    app = _adopted(fixture, tmp_path)
+    try:
+        h.execute(app, "DROP INDEX idx_memories_isolation")
+        h.execute(app, "CREATE INDEX idx_memories_isolation\n    ON memories(agent_id, created_at DESC)")
+        h.execute(app, "DROP TRIGGER memories_fts_ad")
+        h.execute(app, "CREATE TRIGGER memories_fts_ad AFTER DELETE ON memories BEGIN\n"
+                       "    INSERT INTO memories_fts(memories_fts, rowid, content)\n"
+                       "    VALUES ('DELETE', old.id, old.content);\nEND")
+        found = {i["object"]: i for i in h.run(app, "schema_objects")}
+        assert set(found) == {"idx_memories_isolation", "memories_fts_ad"}
+        assert found["memories_fts_ad"]["severity"] == "critical"
+        assert all(i["state"] == "definition_drift" for i in found.values())
+        h.run(app, "schema_objects", fix=True)
+        assert h.run(app, "schema_objects") == []
+    finally:
+        app.db.close()

@@ -99,3 +99,91 @@ def test_every_db_only_repair_is_covered():
     elsewhere = {"embedding_dimension", "null_embedding", "null_episode_embedding", "file_permissions",
                  "missing_nodes", "coarse_index", "block_index", "missing_blocks"}
     assert {c.name for c in registry() if c.fixable} == set(CASES) | elsewhere
+
+
+# --- locked rows (spec R-9): every repair that rewrites or deletes authored memory fields ----------------
+# name -> (extra env, plant(h, app) -> the ids of the locked rows planted). Each plant also holds an
+# unlocked twin with the same defect, so the repair does run (and is seen to) while the locked row waits.
+
+def _pair(**defect):
+    def plant(h, a):
+        h.insert_memory(a, **{"content": "twin", **defect})
+        return [h.insert_memory(a, **{"content": "locked", **defect}, locked=1)]
+    return plant
+
+
+def _content(text, twin):
+    def plant(h, a):
+        h.insert_memory(a, twin)
+        return [h.insert_memory(a, text, locked=1)]
+    return plant
+
+
+def _duplicates(h, a):
+    h.execute(a, "DROP INDEX idx_memories_dedup_content")  # to plant exact duplicates in one bucket
+    h.insert_memory(a, "same")                                        # unlocked, channel ''
+    first = h.insert_memory(a, "same", locked=1)                      # locked in the same bucket
+    named = h.insert_memory(a, "same", channel="c", locked=1)         # covered by the '' copies
+    h.insert_memory(a, "same", channel="c")                           # unlocked, covered
+    return [first, named]
+
+
+def _msg_ids(h, a):
+    h.execute(a, "DROP INDEX idx_memories_dedup_msg_id")
+    kept = h.insert_memory(a, "one", msg_id="m1", locked=1)
+    h.insert_memory(a, "two", msg_id="m1")
+    return [kept]
+
+
+LOCKED_CASES = {
+    "memory_annotation": ({}, _content("[Memory from bot] hi", "[Memory from bot] yo")),
+    "discord_mention": ({}, _content("<@123> hi", "<@45> yo")),
+    "oversized_content": ({"MAX_CONTENT_LENGTH": "10"}, _content("0123456789abcdef", "abcdefghijklmnop")),
+    "duplicate_content": ({}, _duplicates),
+    "dedup_msg_id_index": ({}, _msg_ids),
+    "invalid_json": ({}, _pair(source="garbage", metadata="{bad")),
+    "invalid_timestamp": ({}, _pair(timestamp="not a time")),
+    "future_timestamp": ({}, _pair(timestamp="2999-01-01T00:00:00+00:00")),
+    "timestamp_format_drift": ({}, _pair(timestamp="2024-01-01T09:00:00+09:00")),
+    "empty_content": ({}, _content(" \n ", "  ")),
+    "invalid_source_type": ({}, _pair(source='{"type": "assistant", "id": "x"}')),
+}
+# Repairs that write no authored memory field: derived data (vectors, indexes, nodes, blocks, the FTS
+# tables, schema objects), tables without a lock (episodes, profiles, the task queue), or files.
+NO_AUTHORED_MEMORY_FIELD = {
+    "nonfinite_embedding", "fts_integrity", "schema_objects", "missing_episode_start_time",
+    "episode_timestamp_format_drift", "future_episode_timestamp", "stale_pending_tasks", "oversized_profile",
+    "embedding_dimension", "null_embedding", "null_episode_embedding", "file_permissions", "missing_nodes",
+    "coarse_index", "block_index", "missing_blocks",
+}
+
+
+def test_every_repair_is_classified_for_locked_rows():
+    from cpersona.services.health.registry import registry
+
+    fixable = {c.name for c in registry() if c.fixable}
+    assert fixable == set(LOCKED_CASES) | NO_AUTHORED_MEMORY_FIELD
+    assert not set(LOCKED_CASES) & NO_AUTHORED_MEMORY_FIELD
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.sqlite_only) if n in SQLITE_ONLY_CASES else n
+                                  for n in sorted(LOCKED_CASES)])
+def test_a_repair_never_touches_a_locked_row(db, h, name):  # spec
+    env, plant = LOCKED_CASES[name]
+    app = h.make_app(db, **env)
+    locked = plant(h, app)
+    marks = ", ".join(str(i) for i in locked)
+
+    def rows():
+        return sorted(tuple(r) for r in h.query(app, f"SELECT * FROM memories WHERE id IN ({marks})"))
+
+    def others():
+        return sorted(tuple(r) for r in h.query(app, f"SELECT * FROM memories WHERE id NOT IN ({marks})"))
+
+    before, twins = rows(), others()
+    assert len(before) == len(locked)
+    found = h.run(app, name)
+    assert found and any(i.get("repairable") for i in found), found  # the unlocked twin is repairable
+    check_health(app, checks=[name], fix=True)
+    assert rows() == before  # every column of every locked row, as planted
+    assert others() != twins  # ... while the repair did act on the unlocked twin

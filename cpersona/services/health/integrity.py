@@ -191,12 +191,56 @@ def _canonical_statements() -> dict[str, Canonical]:
     return found
 
 
+# One SQL token: a comment or whitespace (dropped), a string or blob literal (kept
+# verbatim: 'delete' and 'DELETE' differ), a quoted identifier ("x", [x], `x`), a
+# word, a number, or an operator (longest first).
+_TOKEN = re.compile(r"""
+    (?P<skip>\s+|--[^\n]*|/\*.*?(?:\*/|\Z))
+  | (?P<string>[xX]?'(?:[^']|'')*')
+  | "(?P<dq>(?:[^"]|"")*)" | \[(?P<br>[^\]]*)\] | `(?P<bt>(?:[^`]|``)*)`
+  | (?P<word>[^\W\d]\w*|\d+(?:\.\d*)?(?:[eE][+-]?\d+)?|\.\d+(?:[eE][+-]?\d+)?)
+  | (?P<op><>|!=|<=|>=|==|<<|>>|\|\||.)
+""", re.VERBOSE | re.DOTALL)
+_SAME_OP = {"<>": "!=", "==": "="}  # SQLite spells these two operators two ways each
+
+
+def _tokens(sql: str) -> list[str]:
+    out: list[str] = []
+    for m in _TOKEN.finditer(sql):
+        kind = m.lastgroup
+        if kind == "skip":
+            continue
+        if kind == "string":
+            out.append(m.group(0))
+        elif kind == "op":
+            out.append(_SAME_OP.get(m.group(0), m.group(0)))
+        else:
+            # Keywords and identifiers are case-insensitive in SQLite; a quoted
+            # identifier is the same name as the bare one.
+            ident = m.group(kind)
+            for quote in ('"', "`"):
+                ident = ident.replace(quote * 2, quote)
+            out.append(ident.lower())
+    return out
+
+
 def canonical_form(sql: str | None) -> str:
-    """Whitespace collapsed, double quotes and IF NOT EXISTS removed, upper-cased (R-26)."""
+    """``sql`` as a token string that two spellings of one definition share (R-26).
+
+    Layout, comments, keyword and identifier case, identifier quoting,
+    ``IF NOT EXISTS`` and trailing semicolons are not part of a definition;
+    string literals, names, columns, order and conditions are.
+    """
     if not sql:
         return ""
-    flat = " ".join(sql.replace('"', "").split()).upper()
-    return flat.replace(" IF NOT EXISTS", "").replace("( ", "(").replace(" )", ")")
+    tokens = _tokens(sql)
+    while tokens and tokens[-1] == ";":
+        tokens.pop()
+    for i in range(len(tokens) - 2):
+        if tokens[i:i + 3] == ["if", "not", "exists"]:
+            del tokens[i:i + 3]
+            break
+    return " ".join(tokens)
 
 
 def expected_objects(ctx: Ctx) -> list[Canonical]:

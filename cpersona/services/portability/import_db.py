@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -76,7 +76,8 @@ def read_only_snapshot(path: Path) -> Iterator[Connection]:
         engine.dispose()
 
 
-def _vet_source(app: App, source_path: Any) -> Path:
+def vet_source(source_path: Any, ours: Path | None) -> Path:
+    """The resolved source file, or ToolFailure when it is missing, not a file, or ``ours``."""
     if not isinstance(source_path, (str, os.PathLike)) or not str(source_path):
         raise ToolFailure("a database path is required")
     path = Path(source_path).expanduser()
@@ -85,17 +86,23 @@ def _vet_source(app: App, source_path: Any) -> Path:
     if not path.is_file():
         raise ToolFailure(f"not a regular file: {path}")
     path = path.resolve()
-    ours = app.db.path
     if ours is not None and ours.exists() and os.path.samefile(path, ours):
         raise ToolFailure(f"{path} is this server's own database; name the database to copy from")
     return path
 
 
-def import_db(app: App, source_path: Any) -> dict[str, Any]:
-    """Copy every record of the database at ``source_path`` into ours; counts per table."""
+Progress = Callable[[str], None]
+
+
+def import_db(app: App, source_path: Any, progress: Progress | None = None) -> dict[str, Any]:
+    """Copy every record of the database at ``source_path`` into ours; counts per table.
+
+    ``progress`` is told one line per stage (what the source holds, each table
+    as it is copied, the commit), for an operator watching a long copy.
+    """
     try:
-        path = _vet_source(app, source_path)
-        return _copy(app, path)
+        path = vet_source(source_path, app.db.path)
+        return _copy(app, path, progress or (lambda line: None))
     except ToolFailure as refused:
         return refused.as_response()
     except SQLAlchemyError as exc:
@@ -104,7 +111,7 @@ def import_db(app: App, source_path: Any) -> dict[str, Any]:
         return failure(f"import-db aborted and rolled back: {reason}")
 
 
-def _copy(app: App, path: Path) -> dict[str, Any]:
+def _copy(app: App, path: Path, progress: Progress) -> dict[str, Any]:
     with read_only_snapshot(path) as source:
         try:
             layout = Layout.of(source)
@@ -122,6 +129,9 @@ def _copy(app: App, path: Path) -> dict[str, Any]:
         refs = RefMap()
         for record in graph.records() if graph else ():
             refs.want_from(record)
+        sizes = {table: source.execute(text(f"SELECT count(*) FROM {table}")).scalar_one()
+                 for table in ("memories", "episodes", "profiles")}
+        progress(f"{path} (schema_version {version}): " + ", ".join(f"{n} {t}" for t, n in sizes.items()))
 
         errors = ErrorLog()
         with app.db.write() as session:
@@ -129,21 +139,31 @@ def _copy(app: App, path: Path) -> dict[str, Any]:
                 app, session.connection(), target_agent_id="", dry_run=False,
                 refs=refs, export_headed=False, errors=errors,
             )
+            t = importer.tallies
             for row in reader.memories():
                 importer.feed(f"memories id {row.id}", jsonl.memory_record(row, True))
+            progress(f"memories  {sizes['memories']} read: {t.imported_memories} copied, "
+                     f"{t.skipped_memories} already present")
             for row in reader.episodes():
                 importer.feed(f"episodes id {row.id}", jsonl.episode_record(row, True))
+            progress(f"episodes  {sizes['episodes']} read: {t.imported_episodes} copied, "
+                     f"{t.skipped_episodes} already present")
             for row in reader.profiles():
                 importer.feed(f"profiles id {row.id}", jsonl.profile_record(row))
+            progress(f"profiles  {sizes['profiles']} read: {t.profiles_applied} copied")
+            graph_records = 0
             for record in graph.records() if graph else ():
                 importer.feed(f"{record['_type']} {record.get('id', '')}".rstrip(), record)
+                graph_records += 1
+            if graph:
+                progress(f"associations  {graph_records} records read")
             extra = importer.finish()
+            progress("committing")
         not_copied = {
             label: source.execute(text(f"SELECT count(*) FROM {table}")).scalar_one()
             for label, table in NOT_COPIED.items() if table in layout.tables
         }
 
-    t = importer.tallies
     answer: dict[str, Any] = {
         "ok": True,
         "source": str(path),
