@@ -112,18 +112,25 @@ def test_no_known_name_ever_warns() -> None:
     assert unknown_variables(known) == []
 
 
+def _tracked_files() -> list[Path]:
+    # Only what the repository holds: bench/.venvs carries the reference's own
+    # package, whose variables are not ours to know.
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=False)
+    if listed.returncode == 0 and listed.stdout:
+        return [REPO / name for name in listed.stdout.decode().split("\0") if name]
+    return [p for top in ("cpersona", "tests", "bench", ".ci", "docs") for p in (REPO / top).rglob("*")
+            if p.is_file() and ".venv" not in p.parts] + [REPO / "README.md"]
+
+
 def _names_in_repository() -> set[str]:
     names: set[str] = set()
-    for top in ("cpersona", "tests", "bench", ".ci", "docs", "README.md"):
-        root = REPO / top
-        files = [root] if root.is_file() else [p for p in root.rglob("*") if p.is_file()] if root.is_dir() else []
-        for path in files:
-            if path.suffix not in {".py", ".sh", ".md", ".toml", ""} or path.name == Path(__file__).name:
-                continue
-            try:
-                names.update(re.findall(r"\bCPERSONA_[A-Z0-9_]*[A-Z0-9]\b", path.read_text(encoding="utf-8")))
-            except UnicodeDecodeError:
-                continue
+    for path in _tracked_files():
+        if not path.is_file() or path.suffix not in {".py", ".sh", ".md", ".toml", ""} or path.name == Path(__file__).name:
+            continue
+        try:
+            names.update(re.findall(r"\bCPERSONA_[A-Z0-9_]*[A-Z0-9]\b", path.read_text(encoding="utf-8")))
+        except UnicodeDecodeError:
+            continue
     return names
 
 
