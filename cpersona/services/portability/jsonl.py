@@ -42,6 +42,13 @@ COUNT_KEYS = {
 }
 
 
+def is_export_header(record: dict[str, Any] | None) -> bool:
+    """Whether ``record`` (a file's first line) is the header of a cpersona export."""
+    version = record.get("version") if record else None
+    return bool(record) and record.get("_type") == "header" and isinstance(version, str) and (
+        version.startswith(EXPORT_PREFIX))
+
+
 def dump_line(record: dict[str, Any]) -> str:
     """One line of the file: default separators, non-ASCII unescaped, ``\\n``-terminated (JL-1)."""
     return json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n"
@@ -205,8 +212,7 @@ class FileScan:
 
     @property
     def export_headed(self) -> bool:
-        version = (self.header or {}).get("version")
-        return isinstance(version, str) and version.startswith(EXPORT_PREFIX)
+        return is_export_header(self.header)
 
     @property
     def has_graph(self) -> bool:
