@@ -17,6 +17,7 @@ import stat
 import sys
 import threading
 from collections.abc import Callable
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -301,6 +302,26 @@ def test_import_refuses_what_would_hang_or_never_end(served, tmp_path: Path, mak
               "symlink to a FIFO": lambda: _symlink(tmp_path / "l.jsonl", _fifo(tmp_path / "p2"))}[make]()
     answer = run_bounded(lambda: import_memories(app, input_path=str(target)))
     assert answer == {"ok": False, "error": f"input_path is not a regular file: {target}"}
+
+
+def test_a_fifo_swapped_in_after_vetting_does_not_hang_the_reader(tmp_path: Path) -> None:
+    # The reader judges what it actually opened, without blocking on it (IM-1 checked once more).
+    from cpersona.services.portability import jsonl
+
+    pipe = _fifo(tmp_path / "swapped.jsonl")
+
+    def read() -> dict[str, Any]:
+        try:
+            list(jsonl.read_lines(pipe, 1000))
+        except ToolFailure as refused:
+            return refused.as_response()
+        return {"ok": True}
+
+    try:
+        assert run_bounded(read, timeout=10) == {"ok": False, "error": f"input_path is not a regular file: {pipe}"}
+    finally:
+        with suppress(OSError):  # a reader stuck in open() (the old code) is let go
+            os.close(os.open(pipe, os.O_WRONLY | os.O_NONBLOCK))
 
 
 def test_import_of_a_hard_link_of_the_database_is_refused(served, tmp_path: Path) -> None:

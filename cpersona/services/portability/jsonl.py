@@ -18,10 +18,10 @@ from typing import Any
 
 from cpersona.services.portability.coerce import encode_vector, parse_json_column
 from cpersona.services.portability.graph import RefMap
+from cpersona.services.portability.paths import is_export_header, open_regular
 from cpersona.services.responses import ToolFailure
 
 VERSION = "cpersona-export/1.1"
-EXPORT_PREFIX = "cpersona-export/"
 
 # Record types this server restores, and those it reads only to count them.
 RECORD_TYPES = ("memory", "episode", "profile")
@@ -40,13 +40,6 @@ COUNT_KEYS = {
     "folder": "folder_count",
     "folder_member": "folder_member_count",
 }
-
-
-def is_export_header(record: dict[str, Any] | None) -> bool:
-    """Whether ``record`` (a file's first line) is the header of a cpersona export."""
-    version = record.get("version") if record else None
-    return bool(record) and record.get("_type") == "header" and isinstance(version, str) and (
-        version.startswith(EXPORT_PREFIX))
 
 
 def dump_line(record: dict[str, Any]) -> str:
@@ -158,7 +151,11 @@ def read_lines(path: Path, max_bytes: int) -> Iterator[Line]:
     """
     consumed = 0
     try:
-        with path.open("rb") as handle:
+        # Opened without blocking and checked again: a FIFO swapped in after vetting must not hang us.
+        handle = open_regular(path)
+        if handle is None:
+            raise ToolFailure(f"input_path is not a regular file: {path}")
+        with handle:
             for number, raw in enumerate(handle, start=1):
                 consumed += len(raw)
                 if consumed > max_bytes:

@@ -36,7 +36,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from cpersona.services.portability.jsonl import is_export_header
 from cpersona.services.responses import ToolFailure
 
 # Both separators count: a `..` hidden behind a backslash is still a climb on
@@ -44,6 +43,7 @@ from cpersona.services.responses import ToolFailure
 _SEGMENTS = re.compile(r"[\\/]")
 # The default root over streamable HTTP, under the database's directory.
 EXPORTS_DIR_NAME = "exports"
+EXPORT_PREFIX = "cpersona-export/"  # every export header's `version` starts so (storage.md §8)
 _FIRST_LINE_LIMIT = 1 << 20  # a header is a few hundred bytes; more is not an export
 
 
@@ -212,21 +212,39 @@ def _never_written(argument: str, path: Path, what: str) -> ToolFailure:
     return ToolFailure(f"{argument} refused: {path} is {what}, which is never written over; choose another file")
 
 
-def first_record(path: str | Path, *, dir_fd: int | None = None) -> dict[str, Any] | None:
-    """The first line of a regular file as a JSON object, or None (never blocks on a FIFO)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
-    except OSError:
+def open_regular(path: str | Path, *, dir_fd: int | None = None) -> IO[bytes] | None:
+    """``path`` opened for reading when it is a regular file, else None.
+
+    Opened without blocking, then judged by the descriptor: opening a FIFO
+    would otherwise wait for a writer forever, and a file swapped after a
+    check is judged as what was actually opened. OSError propagates.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
         return None
-    with os.fdopen(fd, "rb") as handle:
-        try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                return None
-            line = handle.readline(_FIRST_LINE_LIMIT)
-            value = json.loads(line.decode("utf-8").removeprefix("\ufeff"))
-        except (OSError, ValueError, RecursionError):
+    return os.fdopen(fd, "rb")
+
+
+def first_record(path: str | Path, *, dir_fd: int | None = None) -> dict[str, Any] | None:
+    """The first line of a regular file as a JSON object, or None."""
+    try:
+        handle = open_regular(path, dir_fd=dir_fd)
+        if handle is None:
             return None
+        with handle:
+            line = handle.readline(_FIRST_LINE_LIMIT)
+        value = json.loads(line.decode("utf-8").removeprefix("\ufeff"))
+    except (OSError, ValueError, RecursionError):
+        return None
     return value if isinstance(value, dict) else None
+
+
+def is_export_header(record: dict[str, Any] | None) -> bool:
+    """Whether ``record`` (a file's first line) is the header of a cpersona export."""
+    version = record.get("version") if record else None
+    return bool(record) and record.get("_type") == "header" and isinstance(version, str) and (
+        version.startswith(EXPORT_PREFIX))
 
 
 # --- export: the destination and the write --------------------------------------------
