@@ -125,11 +125,15 @@ def _run(body: Callable[[argparse.Namespace], dict[str, Any] | None], args: argp
 
 
 def _backup(args: argparse.Namespace) -> dict[str, Any]:
+    from cpersona.services.portability.paths import new_file_target
+    from cpersona.services.responses import ToolFailure
     from cpersona.storage.backup import BackupError, backup_to
 
     with _app(must_exist=True) as app:
         try:
-            path = backup_to(app.db, Path(args.path))
+            path = backup_to(app.db, new_file_target(app, Path(args.path), "backup path"))
+        except ToolFailure as refused:
+            return refused.as_response()
         except (BackupError, OSError) as exc:
             return {"ok": False, "error": str(exc)}
     print(f"backed up {app.settings.db_file} to {path}")

@@ -112,7 +112,7 @@ def serve(args: argparse.Namespace) -> int:
     # The ACL gate comes first: a call it denies never reaches a later gate. The
     # pause gate follows: a paused write is answered only once it is allowed at all.
     gates = GateChain([*acl_gates(policy, settings, settings.transport), PauseGate()])
-    app = App(db=db, settings=settings, embedder=embedder)
+    app = App(db=db, settings=settings, embedder=embedder, remote_callers=http)
     # Restores the calibration sidecar, or recalibrates, off the serving path (spec §5.18.5).
     calibration = start_calibration(app)
     # Rows an earlier run stored without a vector get one, in the background (never under the lock).

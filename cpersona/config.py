@@ -264,7 +264,7 @@ class Settings(BaseSettings):
     task_queue_enabled: bool = _f(True, CORE, "Run the database-backed background task queue (survives restarts).")
     task_max_retries: int = _f(3, CORE, "Attempts a failing queued task gets before it is dropped.", lo=1)
     task_retry_delay: int = _f(30, CORE, "Seconds to wait before a failed task is tried again.", lo=0, out_of_range="error")
-    export_dir: Path | None = _f(None, CORE, "Directory that export and import paths must stay inside; unset allows any path without `..` segments.")
+    export_dir: Path | None = _f(None, CORE, "Directory that export and import paths must stay inside. Unset: over stdio any path without `..` segments; over streamable HTTP `<database directory>/exports/`. Either way the server's own files, non-regular files, symlinks and files that are not exports are never written over.")
     max_import_bytes: int = _f(104857600, CORE, "Largest file an import will read, in bytes.", lo=1, out_of_range="error")
     future_timestamp_skew_seconds: int = _f(300, CORE, "How far past the server clock a caller-supplied timestamp may point before it counts as wrong.", lo=0, out_of_range="error")
     future_timestamp_mode: Literal["warn", "reject", "off"] = _f("warn", CORE, "Timestamps beyond that allowance: `warn` stores and reports them, `reject` refuses the write, `off` stores silently. Imports always store.")

@@ -424,23 +424,15 @@ def _existing_export_owner(raw: Any, export_dir: Path) -> Demand | None:
     path = _confined(raw, export_dir)
     if path is None or not path.exists():
         return None
-    header = _first_record(path)
+    from cpersona.services.portability.paths import first_record
+
+    header = first_record(path)
     agent = header.get("agent_id") if header and header.get("_type") == "header" else None
     if isinstance(agent, str) and agent and agent != ALL:
         return Demand(agent, READ_WRITE, "output_path")
     cause = ("the destination already holds " + ("an all-agents export" if header and header.get("_type") ==
              "header" else "a file that is not a single-agent export") + ", which this call would overwrite")
     return sweep(READ_WRITE, cause)
-
-
-def _first_record(path: Path) -> dict[str, Any] | None:
-    try:
-        with path.open("rb") as handle:
-            line = handle.readline(1 << 20)
-        value = json.loads(line.decode("utf-8").removeprefix("\ufeff"))
-    except (OSError, ValueError, RecursionError):
-        return None
-    return value if isinstance(value, dict) else None
 
 
 def _import_sources(raw: Any, settings: Any) -> list[Demand]:

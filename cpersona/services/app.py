@@ -37,6 +37,11 @@ class App:
     # paused (set by cpersona.mcp.pause_gate): a read must then skip its
     # incidental writes, such as recall counters (spec P-12).
     writes_paused: bool = False
+    # True when callers reach this App over streamable HTTP: they are not the
+    # machine's user, so export/import paths are confined to the database's
+    # exports/ directory unless CPERSONA_EXPORT_DIR names one (spec decision 12).
+    # Set once, where the server is built for that transport (cli.serve).
+    remote_callers: bool = False
 
     def now_iso(self) -> str:
         """Server default stamp: ISO-8601 UTC with microseconds (spec VF-2)."""

@@ -10,7 +10,9 @@ EXPORT_MEMORIES = ToolSpec(
     description=(
         "Write an agent's memories, episodes, profile and declared associations (entities with their "
         "aliases, mentions and relations) to a JSONL file on the server, as a backup or to carry them to "
-        "another server. The file is replaced only once it has been written completely."
+        "another server. The file is replaced only once it has been written completely, and only when it is "
+        "itself an earlier export: the server's own files, anything that is not a regular file, a symlink "
+        "and other existing files are refused. Over HTTP, paths stay inside the server's export directory."
     ),
     input_schema=object_schema({
         "agent_id": {"type": "string", "description": "The agent to export; '' exports every agent."},

@@ -351,8 +351,7 @@ class RecordImporter:
 
 def vet_import(app: App, input_path: Any) -> None:
     """IM-1 alone, for the MCP facade to run before its pause gate (IM-2)."""
-    s = app.settings
-    vet_input_file(input_path, s.export_dir, s.max_import_bytes)
+    vet_input_file(app, input_path)
 
 
 class _Abort(Exception):
@@ -376,7 +375,7 @@ def import_memories(
     target = target_agent_id if isinstance(target_agent_id, str) else ""
     dry_run = dry_run is True
     try:
-        path = vet_input_file(input_path, settings.export_dir, settings.max_import_bytes)
+        path = vet_input_file(app, input_path)
         if target:
             target.encode("utf-8")
         found = jsonl.scan(path, settings.max_import_bytes)

@@ -18,10 +18,10 @@ from typing import Any
 
 from cpersona.services.portability.coerce import encode_vector, parse_json_column
 from cpersona.services.portability.graph import RefMap
+from cpersona.services.portability.paths import is_export_header, open_regular
 from cpersona.services.responses import ToolFailure
 
 VERSION = "cpersona-export/1.1"
-EXPORT_PREFIX = "cpersona-export/"
 
 # Record types this server restores, and those it reads only to count them.
 RECORD_TYPES = ("memory", "episode", "profile")
@@ -151,7 +151,11 @@ def read_lines(path: Path, max_bytes: int) -> Iterator[Line]:
     """
     consumed = 0
     try:
-        with path.open("rb") as handle:
+        # Opened without blocking and checked again: a FIFO swapped in after vetting must not hang us.
+        handle = open_regular(path)
+        if handle is None:
+            raise ToolFailure(f"input_path is not a regular file: {path}")
+        with handle:
             for number, raw in enumerate(handle, start=1):
                 consumed += len(raw)
                 if consumed > max_bytes:
@@ -205,8 +209,7 @@ class FileScan:
 
     @property
     def export_headed(self) -> bool:
-        version = (self.header or {}).get("version")
-        return isinstance(version, str) and version.startswith(EXPORT_PREFIX)
+        return is_export_header(self.header)
 
     @property
     def has_graph(self) -> bool:
