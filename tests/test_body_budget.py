@@ -148,8 +148,8 @@ async def test_a_lying_content_length_is_never_trusted():  # spec BB-1
     assert pulled == 2  # reading stopped at the chunk that crossed the budget
     assert len(sent) == 2  # the application's own answer went nowhere
     honest = Recorder()
-    sent, _ = await drive(BodyBudget(honest, 1000, "reject"), declared=10**9, chunks=[b"x" * 300] * 3)
-    assert sent[0]["status"] == 200 and honest.read == 900  # a huge header alone refuses nothing
+    sent, _ = await drive(BodyBudget(honest, 1000, "reject"), declared=10**6, chunks=[b"x" * 300] * 3)
+    assert sent[0]["status"] == 200 and honest.read == 900  # a header over the budget alone refuses nothing
 
 
 async def test_crossings_are_logged_at_the_1st_10th_100th(caplog):  # spec BB-3
