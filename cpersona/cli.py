@@ -72,6 +72,7 @@ def serve(args: argparse.Namespace) -> int:
     from cpersona.mcp.gates import GateChain
     from cpersona.mcp.pause_gate import PauseGate
     from cpersona.mcp.http import StartupRefusal, build_http_app, http_auth_mode, serve_http
+    from cpersona.mcp.http_guard import connection_limits
     from cpersona.mcp.oauth import oauth_config
 
     # Spec T-7 steps 3-4, before anything expensive: the ACL file, then HTTP credentials.
@@ -125,8 +126,9 @@ def serve(args: argparse.Namespace) -> int:
         if http:
             serve_http(build_http_app(server, host=settings.http_host, auth=auth, oauth=oauth,
                                       max_body_bytes=settings.http_max_body_bytes,
-                                      body_limit_mode=settings.http_body_limit_mode),
-                       settings.http_host, settings.http_port)
+                                      body_limit_mode=settings.http_body_limit_mode,
+                                      stream_max_seconds=settings.http_stream_max_secs),
+                       settings.http_host, settings.http_port, connection_limits(settings))
         else:
             anyio.run(serve_stdio, server)
     except KeyboardInterrupt:

@@ -383,7 +383,13 @@ class Settings(BaseSettings):
     oauth_scopes: tuple[str, ...] = _f((), NET, "Scopes advertised in 401 challenges and metadata; list only scopes your issuer defines.")
     oauth_jwks_uri: str | None = _f(None, NET, "Signing-key URL for an issuer whose metadata cannot be read; honoured only with exactly one authorization server.")
     http_max_body_bytes: int = _f(4194304, NET, "Per-request body budget in bytes, counted as the body arrives.", lo=1, out_of_range="error")
-    http_body_limit_mode: Literal["warn", "reject", "off"] = _f("warn", NET, "Over-budget bodies: `warn` serves and logs, `reject` answers 413, `off` does not count.")
+    http_body_limit_mode: Literal["warn", "reject", "off"] = _f("warn", NET, "Over-budget bodies: `warn` serves and logs, `reject` answers 413, `off` does not count. In every mode a body larger than the largest request any tool can accept (about 51 MiB) is answered 413 without being read in full.")
+    # How long and how many HTTP connections may stay open (cpersona/mcp/http_guard.py).
+    http_header_timeout_secs: float = _f(10.0, NET, "Seconds a connection has to send a complete request head, counted from when it opened or its previous response ended; slow bytes do not extend it.", lo=0.1, out_of_range="error")
+    http_keep_alive_timeout_secs: float = _f(5.0, NET, "Seconds an idle keep-alive connection stays open after a response.", lo=0.1, out_of_range="error")
+    http_body_timeout_secs: float = _f(30.0, NET, "Longest silence, in seconds, while a request body is arriving; then the connection is closed.", lo=0.1, out_of_range="error")
+    http_stream_max_secs: float = _f(300.0, NET, "Seconds after which a GET event stream is ended (the stateless server never sends on one; clients reconnect).", lo=0.1, out_of_range="error")
+    http_max_connections: int = _f(0, NET, "Most HTTP connections open at once; 0 derives it from the file limit (RLIMIT_NOFILE: three quarters of what is left after 128 descriptors of reserve, at most 4096). A larger value is lowered to that bound.", lo=0, out_of_range="error", shown="from the file limit")
     remote_url: str = _f("http://localhost:8402/mcp", NET, "Server the stdio proxy forwards to.")
     proxy_max_inflight: int = _f(8, NET, "Unanswered messages the stdio proxy keeps in flight.", lo=1)
 

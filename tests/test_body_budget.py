@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
 from cpersona.mcp.http import BodyBudget
+from cpersona.mcp.validation import (ENVELOPE_BYTES, JSON_BYTES_PER_CHAR, JSON_BYTES_PER_VALUE, MAX_REQUEST_BYTES,
+                                     MAX_TEXT_CHARS, MAX_VALUES)
 from test_http_transport import MCP_HEADERS, HttpServer, auth, raw_post, sse_result, tool_request
 
 pytestmark = pytest.mark.anyio
@@ -148,8 +152,8 @@ async def test_a_lying_content_length_is_never_trusted():  # spec BB-1
     assert pulled == 2  # reading stopped at the chunk that crossed the budget
     assert len(sent) == 2  # the application's own answer went nowhere
     honest = Recorder()
-    sent, _ = await drive(BodyBudget(honest, 1000, "reject"), declared=10**9, chunks=[b"x" * 300] * 3)
-    assert sent[0]["status"] == 200 and honest.read == 900  # a huge header alone refuses nothing
+    sent, _ = await drive(BodyBudget(honest, 1000, "reject"), declared=10**6, chunks=[b"x" * 300] * 3)
+    assert sent[0]["status"] == 200 and honest.read == 900  # a header over the budget alone refuses nothing
 
 
 async def test_crossings_are_logged_at_the_1st_10th_100th(caplog):  # spec BB-3
@@ -202,3 +206,104 @@ async def test_the_budget_edge_holds_however_the_body_is_split(mode, split, capl
             assert sent[0]["status"] == 413
         else:
             assert sent[0]["status"] == 200 and app.read == size
+
+
+# --- the hard cap: larger than any tool can accept (issue 13 item 4) ------------------
+
+
+def peak_rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmHWM")
+
+
+def huge_request(server: HttpServer, framing: str) -> bytes:
+    return (f"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\nAuthorization: Bearer {TOKEN}\r\n"
+            f"Accept: application/json, text/event-stream\r\nContent-Type: application/json\r\n{framing}\r\n\r\n"
+            ).encode()
+
+
+def answer_status(sock: socket.socket, timeout: float = 60, whole: bool = False) -> bytes:
+    """The answer's head, or (``whole``) everything until the server closes the connection."""
+    sock.settimeout(timeout)
+    received = b""
+    while whole or b"\r\n\r\n" not in received:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        received += chunk
+    return received
+
+
+@pytest.fixture
+def warn_server(tmp_path) -> Iterator[HttpServer]:
+    server = HttpServer(tmp_path, CPERSONA_AUTH_TOKEN=TOKEN)  # the default mode: warn
+    yield server
+    server.stop()
+
+
+def test_a_declared_200_mb_body_is_refused_in_warn_mode_before_any_of_it_is_read(warn_server):
+    raw_post(warn_server.url, auth(TOKEN), tool_request("list_memories", {"agent_id": "a"}))  # warm up
+    before = peak_rss_kib(warn_server.proc.pid)
+    with socket.create_connection(("127.0.0.1", warn_server.port), timeout=10) as sock:
+        sock.sendall(huge_request(warn_server, "Content-Length: 200000000"))
+        answer = answer_status(sock, whole=True)  # no body byte was sent: only the header can have refused it
+    assert answer.startswith(b"HTTP/1.1 413")
+    assert json.loads(answer.split(b"\r\n\r\n", 1)[1]) == {"error": "payload_too_large", "max_bytes": MAX_REQUEST_BYTES}
+    assert peak_rss_kib(warn_server.proc.pid) - before < 20_000
+    assert "longer than the largest request any tool can accept" in warn_server.log()
+
+
+def test_a_chunked_200_mb_body_is_refused_once_past_the_cap_without_holding_it(warn_server):
+    raw_post(warn_server.url, auth(TOKEN), tool_request("list_memories", {"agent_id": "a"}))
+    before = peak_rss_kib(warn_server.proc.pid)
+    chunk = b"%x\r\n%s\r\n" % (1 << 20, b"x" * (1 << 20))
+    sent = 0
+    with socket.create_connection(("127.0.0.1", warn_server.port), timeout=10) as sock:
+        sock.sendall(huge_request(warn_server, "Transfer-Encoding: chunked"))
+        try:
+            while sent < 200 << 20:
+                sock.sendall(chunk)
+                sent += 1 << 20
+        except (BrokenPipeError, ConnectionResetError, TimeoutError, socket.timeout):
+            pass  # the server stopped reading: what we want
+        try:
+            head = answer_status(sock, timeout=10)
+        except (ConnectionResetError, TimeoutError, socket.timeout):
+            head = b""
+    assert sent < 200 << 20  # the server did not take the whole body
+    assert head == b"" or head.startswith(b"HTTP/1.1 413")
+    # About one copy of the ~51 MiB cap at most was held (the old code grew by ~600 MB here).
+    grown = peak_rss_kib(warn_server.proc.pid) - before
+    print(f"peak RSS grew by {grown} KiB after {sent} bytes sent")
+    assert grown < 200_000
+    assert "longer than the largest request any tool can accept" in warn_server.log()
+    assert raw_post(warn_server.url, auth(TOKEN), tool_request("list_memories", {"agent_id": "a"})).status_code == 200
+
+
+async def test_the_hard_cap_binds_in_every_mode_and_the_budget_below_it_keeps_its_meaning():
+    for mode in ("warn", "off", "reject"):
+        at_cap = Recorder()
+        sent, _ = await drive(BodyBudget(at_cap, 10_000, mode, hard_max_bytes=1000), declared=0,
+                              chunks=[b"x" * 500] * 2)
+        assert sent[0]["status"] == 200 and at_cap.read == 1000  # exactly at the cap: served
+        over = Recorder()
+        sent, pulled = await drive(BodyBudget(over, 10_000, mode, hard_max_bytes=1000), declared=0,
+                                   chunks=[b"x" * 600] * 5)
+        assert sent[0]["status"] == 413 and json.loads(sent[1]["body"]) == {"error": "payload_too_large",
+                                                                            "max_bytes": 1000}
+        assert pulled == 2  # refused at the chunk that crossed it
+        declared = Recorder()
+        sent, pulled = await drive(BodyBudget(declared, 10_000, mode, hard_max_bytes=1000), declared=1001,
+                                   chunks=[b"x"])
+        assert sent[0]["status"] == 413 and pulled == 0  # the Content-Length fast path reads nothing
+
+
+def test_the_hard_cap_is_the_largest_request_the_argument_walk_accepts():
+    # One place: the walk's own bounds at their worst JSON spelling, plus the envelope.
+    assert MAX_REQUEST_BYTES == (MAX_TEXT_CHARS * JSON_BYTES_PER_CHAR + MAX_VALUES * JSON_BYTES_PER_VALUE
+                                 + ENVELOPE_BYTES)
+    longest = json.dumps(tool_request("recall_with_context", {"agent_id": "a", "query": "q", "external_context": [
+        {"role": "user", "content": "\u00e9" * (MAX_TEXT_CHARS - 100)}]})).encode()  # ensure_ascii: 6 bytes a char
+    assert len(longest) <= MAX_REQUEST_BYTES

@@ -24,7 +24,7 @@ from cpersona.mcp.registry import READ_ONLY, Annotations, Registry, ToolSpec
 from cpersona.mcp.server import SERVER_NAME, build_server, declaration, instructions
 from cpersona.mcp.stdio import reparse, top_level_member
 from cpersona.mcp.tools import default_registry
-from cpersona.mcp.validation import MAX_DEPTH, conform, inspect_arguments, schema_violation
+from cpersona.mcp.validation import MAX_DEPTH, MAX_TEXT_CHARS, conform, inspect_arguments, schema_violation
 from cpersona.services.responses import ToolFailure
 
 pytestmark = pytest.mark.anyio
@@ -339,7 +339,8 @@ def test_walk_is_iterative_so_ten_thousand_levels_cost_nothing():
 
 def test_other_bounds():
     assert "more than 100000 values" in inspect_arguments({"a": list(range(100_001))}).bound_crossed
-    assert "characters of text" in inspect_arguments({"a": "x" * (16 * 1024 * 1024 + 1)}).bound_crossed
+    assert inspect_arguments({"a": "x" * (MAX_TEXT_CHARS - 1)}).bound_crossed is None  # the key counts too
+    assert "characters of text" in inspect_arguments({"a": "x" * (MAX_TEXT_CHARS + 1)}).bound_crossed
     assert "wider than 64 bits" in inspect_arguments({"limit": 2**63}).bound_crossed
     assert inspect_arguments({"limit": 2**63 - 1, "low": -(2**63)}).bound_crossed is None
     assert "which JSON cannot carry" in inspect_arguments({"a": object()}).bound_crossed

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import socket
 import sqlite3
 import subprocess
@@ -41,7 +42,7 @@ def free_port() -> int:
 class HttpServer:
     """``python -m cpersona`` serving streamable HTTP on a free loopback port."""
 
-    def __init__(self, tmp_path: Path, **env: str) -> None:
+    def __init__(self, tmp_path: Path, nofile: int | None = None, **env: str) -> None:
         self.port = free_port()
         self.db_path = tmp_path / "http.db"
         self.log_path = tmp_path / f"server-{self.port}.log"
@@ -50,8 +51,10 @@ class HttpServer:
                      "CPERSONA_TRANSPORT": "streamable-http", "CPERSONA_HTTP_PORT": str(self.port)})
         base.update(env)
         self._log = self.log_path.open("wb")
+        # nofile lowers the server's RLIMIT_NOFILE before it starts (the file-limit tests).
+        limit = None if nofile is None else (lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile)))
         self.proc = subprocess.Popen([sys.executable, "-m", "cpersona"], env=base, stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.DEVNULL, stderr=self._log)
+                                     stdout=subprocess.DEVNULL, stderr=self._log, preexec_fn=limit)
         self._wait_ready()
 
     @property

@@ -10,10 +10,12 @@ from __future__ import annotations
 import asyncio
 import io
 import os
+import time
 
 import pytest
 
-from cpersona.mcp.stdio_pipes import PipeReader, PipeWriter, _LineReader, _WriteFlow, watchable
+from cpersona.mcp.stdio_pipes import (OVERLONG_HEAD_CHARS, OverlongLine, PipeReader, PipeWriter, _LineReader,
+                                      _WriteFlow, watchable)
 
 pytestmark = pytest.mark.anyio
 
@@ -105,3 +107,48 @@ def test_only_pipes_and_sockets_are_watched(tmp_path) -> None:
         assert not watchable(regular.fileno())  # a regular file: the SDK's own wrapping serves it
     os.close(read_fd)
     os.close(write_fd)
+
+
+# --- long lines (issue 13 item 6) ---------------------------------------------------
+
+
+def test_a_fifty_megabyte_line_in_small_reads_is_read_in_linear_time() -> None:
+    # Re-joining everything received on every read took 64 s for this; linear reading takes well under
+    # a second. The bound is a liveness guard, not a benchmark.
+    reader = _LineReader()
+    chunk = b"x" * (64 * 1024)
+    deadline = time.monotonic() + 30
+    for _ in range(800):  # 50 MiB, below the request limit
+        reader.data_received(chunk)
+        assert time.monotonic() < deadline, "reading one long line is not linear in its length"
+    reader.data_received(b"\n{}\n")
+    assert [len(line) for line in reader._lines] == [800 * len(chunk) + 1, 3]
+
+
+async def test_an_overlong_line_is_dropped_as_it_arrives_and_reading_goes_on() -> None:
+    read_fd, write_fd = os.pipe()
+    loop = asyncio.get_running_loop()
+    protocol = _LineReader(max_line_chars=1000)
+    transport, _ = await loop.connect_read_pipe(lambda: protocol, os.fdopen(read_fd, "rb", buffering=0))
+    overlong: list[OverlongLine] = []
+
+    async def collect(line: OverlongLine) -> None:
+        overlong.append(line)
+
+    reader = PipeReader(protocol)
+    reader.on_overlong = collect
+    try:
+        head = b'{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"x":"'
+        os.write(write_fd, b'{"n":1}\n' + head)
+        for _ in range(40):
+            os.write(write_fd, b"y" * 10_000)
+            await asyncio.sleep(0.005)
+            assert sum(map(len, protocol._parts)) <= 1000  # nothing past the limit is kept
+        os.write(write_fd, b'"}}\n{"n":2}\n' + b"z" * 1001)
+        os.close(write_fd)
+        lines = [line async for line in reader]
+    finally:
+        transport.close()
+    assert lines == ['{"n":1}\n', '{"n":2}\n']
+    assert [line.length for line in overlong] == [len(head) + 400_000 + 3, 1001]
+    assert overlong[0].head.startswith(head.decode()) and len(overlong[0].head) <= OVERLONG_HEAD_CHARS

@@ -3,10 +3,15 @@
 The ASGI stack, outermost first (T-4):
 
     CORS               claude.ai origins; preflights answered here, unauthenticated (T-5)
-    BodyBudget         counts request-body bytes as they arrive (BB-1..BB-4)
+    BodyBudget         counts request-body bytes as they arrive (BB-1..BB-4); refuses any body
+                       larger than the largest request a tool can accept, whatever the mode
     Authentication     bearer token, ACL token table, OAuth verifier (AUTH-1..AUTH-5, ACL-8)
+    StreamLifetime     ends a GET event stream after CPERSONA_HTTP_STREAM_MAX_SECS
     routes             RFC 9728 metadata (when discovery is on), then the MCP endpoint
                        mounted at /mcp and / (the SDK's stateless session manager)
+
+Below the ASGI stack, :mod:`cpersona.mcp.http_guard` bounds the connections
+themselves (header deadline, body silence, keep-alive, how many are open).
 
 Authentication never reads the body, so a request without credentials is
 refused before any of its body is consumed, and the budget (which counts only
@@ -15,6 +20,7 @@ what the application reads) never sees it.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hmac
 import ipaddress
@@ -36,7 +42,10 @@ from starlette.routing import Mount, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from cpersona.mcp.acl import AclPolicy, Principal, current_principal
+from cpersona.mcp.http_guard import (ConnectionGuard, ConnectionLimits, StreamLifetime,
+                                     install_accept_error_limit, protocol_class)
 from cpersona.mcp.oauth import OAuthConfig, TokenVerifier
+from cpersona.mcp.validation import MAX_REQUEST_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -192,18 +201,42 @@ def _is_loopback_peer(peer: str | None) -> bool:
 
 
 class BodyBudget:
-    """BB-1..BB-4: count body bytes as they are read; warn, reject (413) or do nothing."""
+    """BB-1..BB-4: count body bytes as they are read; warn, reject (413) or do nothing.
 
-    def __init__(self, app: ASGIApp, max_bytes: int, mode: str) -> None:
+    Whatever the mode, a body longer than the largest request any tool can
+    accept (``hard_max_bytes``, :data:`cpersona.mcp.validation.MAX_REQUEST_BYTES`)
+    is answered 413 the moment it is seen to be longer, so `warn` keeps its
+    meaning for bodies a tool could take and nothing else is read in full. A
+    ``Content-Length`` that already declares more is refused before any byte is
+    read; below that the header is not trusted (the budget counts what
+    arrives). The chunks pass straight through: counting holds no copy.
+    """
+
+    def __init__(self, app: ASGIApp, max_bytes: int, mode: str, hard_max_bytes: int = MAX_REQUEST_BYTES) -> None:
         self.app = app
         self.max_bytes = max_bytes
         self.mode = mode
+        self.hard_max_bytes = hard_max_bytes
         self.crossings = 0
+        self.refusals = 0
+
+    @property
+    def refuse_above(self) -> int:
+        """The size past which a body is answered 413 in this mode."""
+        return min(self.max_bytes, self.hard_max_bytes) if self.mode == "reject" else self.hard_max_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or self.mode == "off":
+        if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        # Only the hard cap trusts the header (a client that declares more than
+        # any tool accepts means it); the budget counts what arrives (BB-1).
+        declared = _declared_length(scope)
+        if declared is not None and declared > self.hard_max_bytes:
+            self._refused(scope, declared, declared=True)
+            await _payload_too_large(self._answered_limit(declared), send)
+            return
+        counting = self.mode != "off"
         seen = 0
         crossed = False
         answered = False
@@ -216,16 +249,15 @@ class BodyBudget:
             if message["type"] != "http.request":
                 return message
             seen += len(message.get("body", b""))
-            if seen <= self.max_bytes or crossed:
-                return message
-            crossed = True
-            self.crossings += 1
-            if self.mode == "reject":
+            if seen > self.refuse_above:
                 answered = True
-                self._log(scope, seen, "The request was answered 413 and the rest of the body was not read.")
-                await _payload_too_large(self.max_bytes, send)
+                self._refused(scope, seen, declared=False)
+                await _payload_too_large(self._answered_limit(seen), send)
                 return {"type": "http.disconnect"}
-            self._log(scope, seen, "The request was served in full.")
+            if counting and seen > self.max_bytes and not crossed:
+                crossed = True
+                self.crossings += 1
+                self._log(scope, seen, "The request was served in full.")
             return message
 
         async def guarded_send(message: Message) -> None:
@@ -234,6 +266,24 @@ class BodyBudget:
 
         await self.app(scope, counting_receive, guarded_send)
 
+    def _answered_limit(self, size: int) -> int:
+        return min(self.max_bytes, self.hard_max_bytes) if self.mode == "reject" else self.hard_max_bytes
+
+    def _refused(self, scope: Scope, size: int, *, declared: bool) -> None:
+        if self.mode == "reject" and size > self.max_bytes and not declared:
+            self.crossings += 1
+            self._log(scope, size, "The request was answered 413 and the rest of the body was not read.")
+            return
+        what = (f"declares {size} bytes in Content-Length, so none of it was read"
+                if declared else f"reached at least {size} bytes, so the rest of it was not read")
+        self.refusals += 1
+        n = self.refusals
+        if 10 ** (len(str(n)) - 1) == n:  # 1st, 10th, 100th, ...
+            log.warning("HTTP request body on %s %s is longer than the largest request any tool can accept "
+                        "(%d bytes): its body %s. It was answered 413 whatever CPERSONA_HTTP_BODY_LIMIT_MODE "
+                        "says (mode=%s). Occurrence %d this process.", scope["method"], scope["path"],
+                        self.hard_max_bytes, what, self.mode, n)
+
     def _log(self, scope: Scope, seen: int, outcome: str) -> None:
         n = self.crossings
         if n < 1 or 10 ** (len(str(n)) - 1) != n:  # 1st, 10th, 100th, ...
@@ -241,6 +291,13 @@ class BodyBudget:
         log.warning("HTTP request body exceeded CPERSONA_HTTP_MAX_BODY_BYTES on %s %s: at least %d bytes against "
                     "a budget of %d (mode=%s). Occurrence %d this process. %s", scope["method"], scope["path"],
                     seen, self.max_bytes, self.mode, n, outcome)
+
+
+def _declared_length(scope: Scope) -> int | None:
+    for name, value in scope.get("headers", ()):
+        if name == b"content-length":
+            return int(value) if value.isdigit() else None
+    return None
 
 
 async def _payload_too_large(max_bytes: int, send: Send) -> None:
@@ -271,7 +328,7 @@ def transport_security(host: str) -> TransportSecuritySettings:
 
 
 def build_http_app(server: Server[Any], *, host: str, auth: AuthMode, max_body_bytes: int, body_limit_mode: str,
-                   oauth: OAuthConfig | None = None) -> Starlette:
+                   oauth: OAuthConfig | None = None, stream_max_seconds: float = 300.0) -> Starlette:
     manager = StreamableHTTPSessionManager(
         app=server, stateless=True, security_settings=transport_security(host),
         max_request_body_size=SDK_BODY_CEILING)
@@ -299,14 +356,25 @@ def build_http_app(server: Server[Any], *, host: str, auth: AuthMode, max_body_b
                    allow_headers=list(CORS_HEADERS), expose_headers=["Mcp-Session-Id"]),
         Middleware(BodyBudget, max_bytes=max_body_bytes, mode=body_limit_mode),
         Middleware(Authentication, mode=auth, oauth=oauth),
+        Middleware(StreamLifetime, max_seconds=stream_max_seconds),
     ]
     return Starlette(routes=routes, middleware=middleware, lifespan=lifespan)
 
 
-def serve_http(app: ASGIApp, host: str, port: int) -> None:
-    """Run ``app`` under uvicorn until interrupted."""
+def serve_http(app: ASGIApp, host: str, port: int, limits: ConnectionLimits) -> None:
+    """Run ``app`` under uvicorn until interrupted, with the connection bounds of :mod:`cpersona.mcp.http_guard`."""
     import uvicorn
 
+    log.info("HTTP connections: at most %d open (RLIMIT_NOFILE %s), request head within %g s, body silence up to "
+             "%g s, keep-alive %g s, GET streams end after %g s", limits.max_connections, limits.file_limit,
+             limits.header_timeout, limits.body_timeout, limits.keep_alive_timeout, limits.stream_max_seconds)
     config = uvicorn.Config(app, host=host, port=port, log_level="info", lifespan="on", access_log=False,
-                            ws="none")
-    uvicorn.Server(config).run()
+                            ws="none", http=protocol_class(ConnectionGuard(limits)), loop="asyncio",
+                            timeout_keep_alive=limits.keep_alive_timeout, backlog=limits.backlog)
+    server = uvicorn.Server(config)
+
+    async def serve() -> None:
+        install_accept_error_limit(asyncio.get_running_loop())
+        await server.serve()
+
+    asyncio.run(serve())

@@ -13,6 +13,11 @@ answered, so such lines get a second chance here:
 - still unreadable (say, 10,000 levels deep): if the request's ``id`` can be
   found, it is answered directly — a tool error for ``tools/call``, a JSON-RPC
   parse error otherwise — and the server reads the next line.
+
+A line longer than the largest request any tool can accept never reaches the
+SDK (the pipe reader drops it as it arrives, keeping only its head): it is
+answered the same way from the id found in that head, or with a JSON-RPC parse
+error whose id is null when none is there.
 """
 
 from __future__ import annotations
@@ -33,7 +38,8 @@ from mcp.shared.message import SessionMessage
 
 from cpersona.mcp.dispatch import input_error
 from cpersona.mcp.results import replace_lone_surrogates, to_result
-from cpersona.mcp.stdio_pipes import pipe_stdio
+from cpersona.mcp.stdio_pipes import OverlongLine, pipe_stdio
+from cpersona.mcp.validation import MAX_REQUEST_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +52,10 @@ async def serve_stdio(server: Server[Any]) -> None:
     async with pipe_stdio() as pipes:
         stdin, stdout = pipes if pipes is not None else (None, None)
         async with stdio_server(stdin, stdout) as (read_stream, write_stream):  # type: ignore[arg-type]
-            await server.run(SecondChanceReader(read_stream, write_stream), write_stream,
-                             server.create_initialization_options())
+            reader = SecondChanceReader(read_stream, write_stream)
+            if stdin is not None:
+                stdin.on_overlong = reader.answer_overlong
+            await server.run(reader, write_stream, server.create_initialization_options())
 
 
 class SecondChanceReader:
@@ -76,12 +84,21 @@ class SecondChanceReader:
             await self._answer_unreadable(line, item)
 
     async def _answer_unreadable(self, line: str, exc: Exception) -> None:
+        await self._answer(line, _reason(exc))
+
+    async def answer_overlong(self, line: OverlongLine) -> None:
+        """Answer a line the pipe reader refused for its length (only its head was kept)."""
+        await self._answer(line.head, f"it is at least {line.length} bytes long, more than the largest request any "
+                                      f"tool can accept ({MAX_REQUEST_BYTES} bytes), so it was not read", null_id=True)
+
+    async def _answer(self, line: str, reason: str, null_id: bool = False) -> None:
         request_id = top_level_member(line, "id")
-        if not isinstance(request_id, (int, str)) or isinstance(request_id, bool):
-            log.warning("dropped an unreadable line without a request id (%d characters)", len(line))
-            return
         method = top_level_member(line, "method")
-        reason = _reason(exc)
+        if not isinstance(request_id, (int, str)) or isinstance(request_id, bool):
+            if not null_id:
+                log.warning("dropped an unreadable line without a request id (%d characters)", len(line))
+                return
+            request_id, method = None, None  # JSON-RPC: a parse error whose id could not be found has id null
         log.warning("answered unreadable request %r (%s): %s", request_id, method, reason)
         if method == "tools/call":
             result = to_result(input_error(f"the request could not be read: {reason}"))

@@ -14,6 +14,13 @@ Lines read exactly as the SDK's text wrapper reads them: UTF-8 with
 undecodable bytes replaced, universal newlines (``\\r\\n`` and ``\\r`` end a
 line too and read as ``\\n``), the last line kept even without a newline.
 
+Reading costs time in proportion to what arrives: a line is kept as the list of
+pieces it came in and joined once, when its newline arrives. A line longer than
+the largest request any tool can accept is not kept at all: its first
+``OVERLONG_HEAD_CHARS`` stay (enough to find the request id), the rest is
+counted and dropped as it arrives, and the reader hands out an
+:class:`OverlongLine` in its place, for the server to answer.
+
 Like the SDK, the wire is claimed while serving: fd 0 reads the null device
 and fd 1 writes to stderr, so a stray ``print`` or a child process cannot
 corrupt the protocol stream; both are restored on exit.
@@ -28,14 +35,27 @@ import os
 import stat
 import sys
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager, suppress
+from dataclasses import dataclass
 from typing import Any
+
+from cpersona.mcp.validation import MAX_REQUEST_BYTES
 
 # Lines read ahead of the server before reading pauses (back-pressure).
 MAX_PENDING_LINES = 16
 # How long exit waits for a client that stopped reading to take the last answer.
 CLOSE_DRAIN_SECONDS = 5.0
+# What is kept of an over-long line: the JSON-RPC envelope (and its id) comes first.
+OVERLONG_HEAD_CHARS = 64 * 1024
+
+
+@dataclass(frozen=True)
+class OverlongLine:
+    """Stands for a line longer than the limit: its head and how long it was (characters, newline excluded)."""
+
+    head: str
+    length: int
 
 
 def watchable(fd: int) -> bool:
@@ -52,10 +72,15 @@ def watchable(fd: int) -> bool:
 class _LineReader(asyncio.Protocol):
     """Decodes what arrives into lines and hands them out in order."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_line_chars: int = MAX_REQUEST_BYTES) -> None:
         self._decoder = io.IncrementalNewlineDecoder(codecs.getincrementaldecoder("utf-8")("replace"), translate=True)
-        self._partial = ""
-        self._lines: deque[str] = deque()
+        # A UTF-8 byte decodes to at most one character, so counting characters
+        # never refuses a line whose bytes are within the limit.
+        self._max_line_chars = max_line_chars
+        self._parts: list[str] = []  # the line so far, in the pieces it arrived in
+        self._length = 0  # characters of the line so far
+        self._overlong_head: str | None = None  # set once the line is known to be too long
+        self._lines: deque[str | OverlongLine] = deque()
         self._eof = False
         self._error: BaseException | None = None
         self._waiter: asyncio.Future[None] | None = None
@@ -79,29 +104,56 @@ class _LineReader(asyncio.Protocol):
         if self._eof:
             return
         self._add(self._decoder.decode(b"", final=True))
-        if self._partial:
-            self._lines.append(self._partial)
-            self._partial = ""
+        if self._length or self._overlong_head is not None:
+            self._end_line("")
         self._eof, self._error = True, exc
         self._wake()
 
     def _add(self, text: str) -> None:
-        if not text:
-            return
-        pieces = (self._partial + text).split("\n")
-        self._partial = pieces.pop()
-        if pieces:
-            self._lines.extend(piece + "\n" for piece in pieces)
+        # Each character is looked at by one find and copied by one join.
+        start = 0
+        while (newline := text.find("\n", start)) >= 0:
+            self._extend(text, start, newline)
+            self._end_line("\n")
+            start = newline + 1
+        if start < len(text):
+            self._extend(text, start, len(text))
+        if self._lines:
             self._wake()
             if len(self._lines) >= MAX_PENDING_LINES and self._transport is not None and not self._paused:
                 self._transport.pause_reading()
                 self._paused = True
 
+    def _extend(self, text: str, start: int, end: int) -> None:
+        if start == end:
+            return
+        self._length += end - start
+        if self._overlong_head is not None:
+            return  # counted, not kept
+        self._parts.append(text[start:end] if start or end < len(text) else text)
+        if self._length > self._max_line_chars:
+            head: list[str] = []
+            kept = 0
+            for part in self._parts:
+                head.append(part[:OVERLONG_HEAD_CHARS - kept])
+                kept += len(head[-1])
+                if kept >= OVERLONG_HEAD_CHARS:
+                    break
+            self._overlong_head = "".join(head)
+            self._parts = []
+
+    def _end_line(self, newline: str) -> None:
+        if self._overlong_head is not None:
+            self._lines.append(OverlongLine(self._overlong_head, self._length))
+        else:
+            self._lines.append("".join(self._parts) + newline)
+        self._parts, self._length, self._overlong_head = [], 0, None
+
     def _wake(self) -> None:
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
 
-    async def next_line(self) -> str | None:
+    async def next_line(self) -> str | OverlongLine | None:
         """The next line, or None at the end of input."""
         while not self._lines:
             if self._eof:
@@ -121,19 +173,28 @@ class _LineReader(asyncio.Protocol):
 
 
 class PipeReader:
-    """The ``async for line in stdin`` side of the SDK's stdio transport."""
+    """The ``async for line in stdin`` side of the SDK's stdio transport.
+
+    An over-long line never reaches the SDK: it goes to ``on_overlong`` (set by
+    whoever can answer it) and reading goes on with the next line.
+    """
 
     def __init__(self, protocol: _LineReader) -> None:
         self._protocol = protocol
+        self.on_overlong: Callable[[OverlongLine], Awaitable[None]] | None = None
 
     def __aiter__(self) -> PipeReader:
         return self
 
     async def __anext__(self) -> str:
-        line = await self._protocol.next_line()
-        if line is None:
-            raise StopAsyncIteration
-        return line
+        while True:
+            line = await self._protocol.next_line()
+            if line is None:
+                raise StopAsyncIteration
+            if isinstance(line, str):
+                return line
+            if self.on_overlong is not None:
+                await self.on_overlong(line)
 
 
 class _WriteFlow(asyncio.Protocol):

@@ -32,8 +32,21 @@ from cpersona.services.sanitize import has_lone_surrogate
 # what would make a request expensive to walk, validate or store.
 MAX_DEPTH = 32
 MAX_VALUES = 100_000
-MAX_TEXT_CHARS = 16 * 1024 * 1024
+MAX_TEXT_CHARS = 8 * 1024 * 1024
 MAX_INT = 2**63 - 1  # what SQLite can store; anything wider is never a real id or count
+
+# The largest request any tool can accept, in bytes on the wire, derived from the
+# bounds above (the content caps, CPERSONA_MAX_CONTENT_LENGTH and friends, sit far
+# below MAX_TEXT_CHARS, so the walk is what binds): JSON spells a character in at
+# most 6 bytes (``\uXXXX``; only an astral character escaped as a surrogate pair
+# takes 12), a value's syntax (a 20-digit number, separators, a pretty-printer's
+# indentation) costs at most 32 bytes beyond its text, and the JSON-RPC envelope
+# fits in 64 KiB. A longer HTTP body or stdio line is refused as soon as it is
+# seen to be longer, before it is held whole: its arguments could only be refused.
+JSON_BYTES_PER_CHAR = 6
+JSON_BYTES_PER_VALUE = 32
+ENVELOPE_BYTES = 64 * 1024
+MAX_REQUEST_BYTES = MAX_TEXT_CHARS * JSON_BYTES_PER_CHAR + MAX_VALUES * JSON_BYTES_PER_VALUE + ENVELOPE_BYTES
 
 
 @dataclass(frozen=True)

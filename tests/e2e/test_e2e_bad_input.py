@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+from cpersona.mcp.validation import MAX_REQUEST_BYTES
 from stdio_harness import RawSession, e2e_db_path, raw_session  # noqa: F401 (fixtures)
 
 
@@ -91,4 +92,29 @@ def test_huge_content_and_nul_bytes_are_stored_and_the_process_keeps_serving(raw
     contents = {m["content"] for m in listed["memories"]}
     assert "beforeafter" in contents  # NUL is dropped from stored text (cpersona/services/sanitize.py)
     assert max(len(c) for c in contents) <= 16_000
+    still_serving(raw_session)
+
+
+def _peak_rss_kib(pid: int) -> int:
+    status = open(f"/proc/{pid}/status").read()
+    return int(status.split("VmHWM:")[1].split()[0])
+
+
+def test_a_line_longer_than_any_request_is_refused_unread_and_the_next_is_answered(raw_session):  # issue 13 item 6
+    before = _peak_rss_kib(raw_session.proc.pid)
+    filler = "x" * (3 * MAX_REQUEST_BYTES)
+    raw_session.send_line('{"jsonrpc":"2.0","id":77,"method":"tools/call","params":{"name":"store",'
+                          '"arguments":{"agent_id":"a","content":"%s"}}}' % filler)
+    body, is_error = tool_answer(raw_session.reply(77, timeout=120))
+    assert is_error is True and body["ok"] is False
+    assert "more than the largest request any tool can accept" in body["error"]
+    # Up to the limit a line must be kept (it may be a request); past it nothing more is held, so the
+    # peak grew by less than the line's size (the old reader held it whole, and joined it again).
+    grown = (_peak_rss_kib(raw_session.proc.pid) - before) * 1024
+    assert grown < 2 * MAX_REQUEST_BYTES < len(filler)
+    raw_session.send_line('{"no_id_here":"%s"}' % filler[:MAX_REQUEST_BYTES + 1])  # no id: parse error, id null
+    error = raw_session.reply(None, timeout=120)
+    assert error["error"]["code"] == -32700 and "largest request" in error["error"]["message"]
+    listed, _ = tool_answer(raw_session.call("list_memories", '{"agent_id":"a"}'))
+    assert listed["memories"] == []  # nothing of the refused store was kept
     still_serving(raw_session)
