@@ -109,6 +109,11 @@ DEFAULT_LOCK_WAIT_SECONDS = 30.0
 # Rows a bulk write (import, merge) commits at a time: small enough that another
 # writer waits well under a second, large enough that commits stay cheap.
 BATCH_ROWS = 250
+# The pause after each batch's commit: long enough for a waiting writer (a
+# thread of this process, or another process polling every BUSY_SLICE) to take
+# the lock; 32 batches of an 8,000-row import add about one second.
+BATCH_PAUSE_SECONDS = 0.03
+BUSY_SLICE_SECONDS = 0.05
 
 
 class DatabaseBusy(Exception):
@@ -251,10 +256,7 @@ class Database:
         if not (self._write_lock.acquire(timeout=wait) if wait > 0 else self._write_lock.acquire(blocking=False)):
             raise DatabaseBusy(wait)
         try:
-            if self.is_sqlite:
-                left_ms = max(0, int((deadline - time.monotonic()) * 1000))
-                conn = conn.execution_options(sqlite_busy_ms=left_ms)
-            trans = conn.begin()
+            trans = self._begin_waiting(conn, deadline) if self.is_sqlite else conn.begin()
             try:
                 self._lock_writers(conn, deadline)
             except BaseException:
@@ -269,6 +271,24 @@ class Database:
             self._write_lock.release()
             raise
         return trans
+
+    @staticmethod
+    def _begin_waiting(conn: Connection, deadline: float) -> RootTransaction:
+        """BEGIN IMMEDIATE, retried until ``deadline``.
+
+        SQLite's busy handler backs off to 100 ms between looks at the lock, so
+        a writer that has waited a while would miss the short gap a bulk write
+        leaves between its batches. Short attempts restart that schedule (1, 2,
+        5, 10 ms ...) and keep the look frequent.
+        """
+        while True:
+            left = deadline - time.monotonic()
+            conn.execution_options(sqlite_busy_ms=max(0, int(min(left, BUSY_SLICE_SECONDS) * 1000)))
+            try:
+                return conn.begin()
+            except OperationalError as exc:
+                if not _is_lock_conflict(exc) or time.monotonic() >= deadline:
+                    raise
 
     @contextmanager
     def _transaction(self, wait: float | None = None) -> Iterator[Connection]:
@@ -359,6 +379,7 @@ class WriteBatches:
         if self._pending < self.rows:
             return False
         self.commit()
+        time.sleep(BATCH_PAUSE_SECONDS)
         self._trans = self.db._acquire(self.connection)
         return True
 
