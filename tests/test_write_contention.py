@@ -265,6 +265,96 @@ def test_kill_9_mid_move_keeps_a_consistent_prefix_and_a_rerun_completes_it(tmp_
     assert refs == {f"mem:{first}", f"mem:{last}"}
 
 
+# -- over HTTP: the lock wait and the threads -------------------------------------------------
+
+TOKEN = "contention-token"
+
+
+def _holder(db: Path, release: Path, max_seconds: float) -> subprocess.Popen[str]:
+    proc = subprocess.Popen([sys.executable, __file__, "hold", str(db), str(release), str(max_seconds)],
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+    return proc
+
+
+@pytest.mark.anyio
+async def test_a_writer_waits_past_the_busy_handler_then_answers_one_sentence(tmp_path: Path) -> None:
+    from test_http_transport import HttpServer, mcp_call
+
+    patient = HttpServer(tmp_path, CPERSONA_AUTH_TOKEN=TOKEN)
+    hasty = HttpServer(tmp_path, CPERSONA_AUTH_TOKEN=TOKEN, CPERSONA_WRITE_LOCK_WAIT_SECONDS="2")
+    try:
+        holder = _holder(patient.db_path, tmp_path / "never", 8)
+        try:
+            refused = await mcp_call(hasty.url, TOKEN, "store", {"agent_id": "a", "content": "refused while busy"})
+            # 8 s of a held lock: past SQLite's 5 s busy handler, inside the default 30 s wait.
+            waited = await mcp_call(patient.url, TOKEN, "store", {"agent_id": "a", "content": "stored after waiting"})
+        finally:
+            holder.wait(timeout=60)
+    finally:
+        patient.stop()
+        hasty.stop()
+    assert refused == {"ok": False, "error": "the database is busy: another writer has held the database "
+                                              "for more than 2 s; nothing was written, retry in a moment"}
+    assert waited["ok"] is True, waited
+    assert [r[0] for r in _query(patient.db_path, "SELECT content FROM memories")] == ["stored after waiting"]
+
+
+@pytest.mark.anyio
+async def test_a_recall_answers_while_many_stores_wait_for_the_lock(tmp_path: Path) -> None:
+    """45 stores queue behind another process's write lock; a recall from another client still answers.
+
+    Ordering, not timing: the recall answers while the lock is still held and
+    before any store has answered (on the old code the stores held every worker
+    thread, and the recall's counter update waited for the lock too).
+    """
+    import anyio
+
+    from test_http_transport import HttpServer, mcp_call
+
+    # Confidence on: a counted recall also writes its counters (spec §5.9.5).
+    server = HttpServer(tmp_path, CPERSONA_AUTH_TOKEN=TOKEN, CPERSONA_WRITE_LOCK_WAIT_SECONDS="120",
+                        CPERSONA_CONFIDENCE_ENABLED="true")
+    release = tmp_path / "release"
+    events: list[str] = []
+    answers: list[dict[str, Any]] = []
+    try:
+        seeded = await mcp_call(server.url, TOKEN, "store",
+                                {"agent_id": "reader", "content": "the lighthouse keeper polished the brass lamp"})
+        assert seeded["ok"]
+        holder = _holder(server.db_path, release, 150)
+        try:
+            async def one_store(i: int) -> None:
+                answer = await mcp_call(server.url, TOKEN, "store", {"agent_id": "w", "content": f"queued store {i}"})
+                events.append("store")
+                answers.append(answer)
+
+            async with anyio.create_task_group() as tg:
+                for i in range(45):
+                    tg.start_soon(one_store, i)
+                await anyio.sleep(3)  # every store has reached the server and waits for the lock
+                with anyio.fail_after(60):  # liveness bound, far above 0.2 s; the ordering is the check
+                    recalled = await mcp_call(server.url, TOKEN, "recall",
+                                              {"agent_id": "reader", "query": "lighthouse brass lamp"})
+                events.append("recall")
+                still_held = holder.poll() is None
+                release.touch()
+        finally:
+            release.touch()
+            holder.wait(timeout=60)
+        deadline = time.monotonic() + 60  # the deferred counter lands once the lock frees
+        while (counted := _query(server.db_path, "SELECT recall_count FROM memories WHERE agent_id = 'reader'")) \
+                != [(1,)] and time.monotonic() < deadline:
+            await anyio.sleep(0.1)
+    finally:
+        server.stop()
+    assert "lighthouse keeper" in json.dumps(recalled), recalled
+    assert still_held and events[0] == "recall", events[:5]
+    assert len(answers) == 45 and all(a["ok"] for a in answers), [a for a in answers if not a["ok"]][:2]
+    # The recall's counter update waited in the background and was not lost.
+    assert counted == [(1,)]
+
+
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     if sys.argv[1] == "hold":

@@ -4,16 +4,19 @@ A recall is a read; its counter update is the only write it makes. Waiting for
 the write lock there would put every recall behind a long import or a queue of
 stores (issue 13 item 5). So a recall takes the lock only if it is free right
 now; otherwise its increments join a per-process backlog that one background
-thread applies as soon as the lock frees. The thread is not a daemon, so a
-process that exits normally still writes its backlog; every later counted
-recall writes whatever is waiting too. Counts are exact either way — only when
-they land is deferred.
+thread applies as soon as the lock frees, and every later counted recall
+writes whatever is waiting too. Counts are exact — only when they land is
+deferred. A process that exits normally writes its backlog on the way out,
+waiting at most EXIT_WAIT_SECONDS for the lock (the thread itself never holds
+an exit up).
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
+import weakref
 from collections import Counter
 from collections.abc import Sequence
 from datetime import timezone
@@ -27,6 +30,7 @@ from cpersona.storage.models import Memory
 log = logging.getLogger(__name__)
 
 _EXTRAS_KEY = "recall_counter_backlog"
+EXIT_WAIT_SECONDS = 5.0
 _CREATE = threading.Lock()
 
 
@@ -57,6 +61,7 @@ def _backlog(app: App) -> _Backlog:
         backlog = app.extras.get(_EXTRAS_KEY)
         if backlog is None:
             backlog = app.extras[_EXTRAS_KEY] = _Backlog()
+            atexit.register(_flush_at_exit, weakref.ref(app))
         return backlog
 
 
@@ -94,11 +99,18 @@ def _write(app: App, backlog: _Backlog, *, wait: float | None) -> bool:
     return True
 
 
+def _flush_at_exit(ref: weakref.ref[App]) -> None:
+    app = ref()
+    if app is not None and app.extras.get(_EXTRAS_KEY) is not None:
+        _write(app, app.extras[_EXTRAS_KEY], wait=EXIT_WAIT_SECONDS)
+
+
 def _start_flusher(app: App, backlog: _Backlog) -> None:
     with backlog.lock:
         if backlog.flusher is not None and backlog.flusher.is_alive():
             return
-        backlog.flusher = threading.Thread(target=_flush, args=(app, backlog), name="recall-counters")
+        backlog.flusher = threading.Thread(target=_flush, args=(app, backlog), name="recall-counters",
+                                           daemon=True)
         backlog.flusher.start()
 
 

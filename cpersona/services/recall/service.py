@@ -31,7 +31,6 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any
 
-
 from cpersona.services.recall.advisory import advisory
 from cpersona.services.recall.counters import bump_recall_counters
 from cpersona.services.app import App
