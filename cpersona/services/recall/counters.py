@@ -101,8 +101,13 @@ def _write(app: App, backlog: _Backlog, *, wait: float | None) -> bool:
 
 def _flush_at_exit(ref: weakref.ref[App]) -> None:
     app = ref()
-    if app is not None and app.extras.get(_EXTRAS_KEY) is not None:
-        _write(app, app.extras[_EXTRAS_KEY], wait=EXIT_WAIT_SECONDS)
+    backlog = app.extras.get(_EXTRAS_KEY) if app is not None else None
+    if backlog is None:
+        return
+    flusher = backlog.flusher
+    if flusher is not None:
+        flusher.join(EXIT_WAIT_SECONDS)  # it may hold counts it took: let it finish writing them
+    _write(app, backlog, wait=EXIT_WAIT_SECONDS)
 
 
 def _start_flusher(app: App, backlog: _Backlog) -> None:
