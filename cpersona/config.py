@@ -257,6 +257,7 @@ class Settings(BaseSettings):
     # --- §8.1 core and storage ---
     db_path: Path = _f(Path("data/cpersona.db"), CORE, "SQLite database file. A relative path is taken from the server's working directory; give an absolute path so every session finds the same memories. Calibration sidecar, update-check cache and alias ledger sit beside it.")
     database_url: str | None = _f(None, CORE, "SQLAlchemy URL of a PostgreSQL database to use instead of the SQLite file (unset: SQLite at CPERSONA_DB_PATH).")
+    write_lock_wait_seconds: float = _f(30.0, CORE, "How long a write waits while another writer holds the write lock (another process, or one batch of an import or merge) before it answers \"the database is busy\" and writes nothing.", lo=1, hi=3600, out_of_range="error")
     max_content_length: int = _f(16000, CORE, "Longest memory or episode summary kept, in characters; longer text is cut. A health fix also cuts stored rows to this length.", lo=1, out_of_range="error")
     max_profile_length: int = _f(2000, CORE, "Longest profile row kept, in characters (profiles are never shortened for previews).", lo=1, out_of_range="error")
     max_metadata_length: int = _f(8000, CORE, "Longest serialized `source` or `metadata` a write may carry; a longer one refuses the write.", lo=1, out_of_range="error")

@@ -4,6 +4,7 @@ across processes (spec PG-4: writes are serialised, reads see committed data).""
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 from sqlalchemy import text
@@ -77,3 +78,63 @@ def test_a_read_session_sees_one_snapshot(pg_url):
     with db.read() as session:
         assert session.execute(text("SELECT count(*) FROM t")).scalar_one() == 2
     db.close()
+
+
+def test_a_writer_waits_for_the_cluster_lock_then_answers_busy(pg_url):
+    # Issue 13 item 3 on PostgreSQL: the advisory lock waits lock_wait_seconds
+    # (lock_timeout), then the same DatabaseBusy sentence as on SQLite.
+    from cpersona.storage.engine import PG_WRITER_LOCK_KEY, DatabaseBusy
+
+    holder, waiter = open_postgres(pg_url), open_postgres(pg_url)
+    waiter.lock_wait_seconds = 1
+    try:
+        with holder.write_connection() as held:
+            held.exec_driver_sql("CREATE TABLE t (n INTEGER)")
+            with pytest.raises(DatabaseBusy, match="the database is busy: another writer has held the database "
+                                                   "for more than 1 s; nothing was written"):
+                with waiter.write() as session:
+                    session.execute(text("INSERT INTO t VALUES (1)"))
+        with waiter.write() as session:  # the lock freed: the same writer now writes
+            session.execute(text("INSERT INTO t VALUES (2)"))
+            # lock_timeout was only for the wait: later statements keep the server's default.
+            assert session.execute(text("SHOW lock_timeout")).scalar_one() == "0"
+        with waiter.read() as session:
+            assert session.execute(text("SELECT n FROM t")).scalars().all() == [2]
+            assert session.execute(text("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
+                                        f"AND objid = {PG_WRITER_LOCK_KEY & 0xFFFFFFFF}")).scalar_one() == 0
+    finally:
+        holder.close()
+        waiter.close()
+
+
+def test_write_batches_release_the_cluster_lock_between_batches(pg_url):
+    # A bulk write on PostgreSQL commits in batches too: another Database (another
+    # process) that starts waiting after the first batch writes before the last one.
+    first, second = open_postgres(pg_url), open_postgres(pg_url)
+    with first.write_connection() as conn:
+        conn.exec_driver_sql("CREATE TABLE log (id SERIAL PRIMARY KEY, who TEXT NOT NULL)")
+    first_batch = threading.Event()
+
+    def other_writer():
+        first_batch.wait(60)
+        with second.write() as session:
+            session.execute(text("INSERT INTO log (who) VALUES ('other')"))
+
+    other = threading.Thread(target=other_writer)
+    other.start()
+    try:
+        with first.write_batches(rows=10) as batches:
+            batches.after_commit = first_batch.set
+            for _ in range(60):
+                batches.connection.exec_driver_sql("INSERT INTO log (who) VALUES ('bulk')")
+                batches.tick()
+                if first_batch.is_set():
+                    time.sleep(0.01)  # the other writer is queued on the lock by now
+        other.join(60)
+        with first.read() as session:
+            order = session.execute(text("SELECT who FROM log ORDER BY id")).scalars().all()
+        assert order.count("bulk") == 60 and order.count("other") == 1
+        assert 10 <= order.index("other") < 60  # between batches, not after the whole run
+    finally:
+        first.close()
+        second.close()

@@ -33,7 +33,7 @@ WORKER_TIMEOUT = 180  # seconds; a hung writer lock would show up as a timeout, 
 def _work(op: str, app: Any, ids: list[int]) -> list[Any]:
     from cpersona.services.records.admin import delete_memory, lock_memory, update_memory
     from cpersona.services.records.memories import store
-    from cpersona.services.recall.service import bump_recall_counters
+    from cpersona.services.recall.counters import bump_recall_counters
 
     if op == "store_same":  # every process stores the same texts, and the same caller ids
         return [store(app, agent_id="race", content=f"shared text {i}")["result"] for i in range(ROUNDS)] + [

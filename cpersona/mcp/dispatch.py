@@ -10,6 +10,7 @@
     gate chain                  a gate may answer instead of the service
     run the service off the event loop
                                 ToolFailure        → its response (not an MCP error)
+                                DatabaseBusy       → "the database is busy …" (ok:false)
                                 any other crash    → logged, error (G-4)
 
 Nothing here knows the MCP SDK: the result is an :class:`Outcome`, which
@@ -24,13 +25,13 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-import anyio.to_thread
 
 from cpersona.mcp.gates import GateChain, Response, ToolCall
 from cpersona.mcp.registry import Registry, ToolSpec
 from cpersona.mcp.validation import conform, inspect_arguments, schema_violation
 from cpersona.services.app import App
 from cpersona.services.responses import ToolFailure, failure
+from cpersona.storage.engine import DatabaseBusy
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +83,8 @@ async def call_tool(app: App, registry: Registry, gates: GateChain, name: str,
             raise TypeError(f"service for {spec.name} returned {type(payload).__name__}, not a dict")
     except ToolFailure as refusal:
         return Outcome(refusal.as_response())
+    except DatabaseBusy as busy:  # another writer kept the lock past the wait: retry later
+        return Outcome(failure(str(busy)))
     except Exception as exc:  # noqa: BLE001 — G-4: one bad call must never stop the server
         log.exception("tool %s failed", name)
         return Outcome(failure(f"{type(exc).__name__}: {exc}"), is_error=True)
@@ -112,5 +115,7 @@ def _fit_to_service(spec: ToolSpec, arguments: dict[str, Any]) -> dict[str, Any]
 
 async def _run_service(call: ToolCall) -> Response:
     # Services are blocking (SQLite, HTTP embeddings); the event loop keeps
-    # serving other requests while one runs in a worker thread.
-    return await anyio.to_thread.run_sync(partial(call.spec.service_function(), call.app, **call.arguments))
+    # serving other requests while one runs in a worker thread. Read-only tools
+    # and writers draw on separate threads, so queued writers never stall a read.
+    return await call.app.db.run(partial(call.spec.service_function(), call.app, **call.arguments),
+                                 writes=call.spec.annotations.read_only is not True)

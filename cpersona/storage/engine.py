@@ -19,6 +19,14 @@ serialises them on SQLite. Because READ COMMITTED takes a fresh snapshot per
 statement, every statement after the lock sees all earlier commits: a
 read-modify-write inside ``write()`` cannot lose an update, whichever process
 raced it. Unique indexes still enforce dedup underneath.
+
+Waiting for the lock (issue 13 item 3): a writer waits up to
+``lock_wait_seconds`` (CPERSONA_WRITE_LOCK_WAIT_SECONDS, 30 s) for the process
+lock and the database's own lock together (SQLite's busy handler is stretched
+for the BEGIN; PostgreSQL's lock_timeout bounds the advisory lock), then raises
+:class:`DatabaseBusy`. Long bulk writes (import, merge) use
+:meth:`Database.write_batches` so they hold the lock for one batch at a time
+and other writers take turns between batches.
 """
 
 from __future__ import annotations
@@ -26,22 +34,27 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
 import anyio.to_thread
-from sqlalchemy import Connection, Engine, create_engine, event
+from anyio import CapacityLimiter
+from anyio.lowlevel import RunVar
+from sqlalchemy import Connection, Engine, RootTransaction, create_engine, event
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+BUSY_TIMEOUT_MS = 5000
 PRAGMAS = (
     "journal_mode=WAL",
-    "busy_timeout=5000",
+    f"busy_timeout={BUSY_TIMEOUT_MS}",
     "synchronous=NORMAL",
     "cache_size=-65536",  # 64 MiB page cache
     "foreign_keys=ON",
@@ -91,6 +104,57 @@ def prepare_db_file(path: Path) -> None:
         log.warning("database %s is readable by group or others", path)
 
 
+# How long a writer waits for the write lock before it gives up (the setting's default).
+DEFAULT_LOCK_WAIT_SECONDS = 30.0
+# Rows a bulk write (import, merge) commits at a time: small enough that another
+# writer waits well under a second, large enough that commits stay cheap.
+BATCH_ROWS = 250
+# The pause after each batch's commit: long enough for a waiting writer (a
+# thread of this process, or another process polling every BUSY_SLICE) to take
+# the lock; 32 batches of an 8,000-row import add about one second.
+BATCH_PAUSE_SECONDS = 0.03
+BUSY_SLICE_SECONDS = 0.05
+
+
+class DatabaseBusy(Exception):
+    """Another writer held the write lock for longer than this writer may wait.
+
+    Its text is the sentence a client sees: nothing of this write was done.
+    """
+
+    def __init__(self, waited: float) -> None:
+        self.reason = f"another writer has held the database for more than {waited:g} s"
+        super().__init__(f"the database is busy: {self.reason}; nothing was written, retry in a moment")
+        self.waited = waited
+
+
+def _is_lock_conflict(exc: OperationalError) -> bool:
+    """SQLite's SQLITE_BUSY / locked, or PostgreSQL's lock_not_available (55P03)."""
+    orig = exc.orig
+    if getattr(orig, "sqlite_errorcode", None) in (5, 6) or getattr(orig, "sqlstate", None) == "55P03":
+        return True
+    return "database is locked" in str(orig) or "database table is locked" in str(orig)
+
+
+# Worker threads per event loop: reads run concurrently (WAL snapshots); writes
+# queue on one lock anyway, so a few threads keep it busy and the rest of the
+# queued writers wait without a thread. anyio's shared default (40) stays for
+# everything else.
+READ_THREADS = 24
+WRITE_THREADS = 8
+_READ_THREADS: RunVar[CapacityLimiter] = RunVar("cpersona_read_threads")
+_WRITE_THREADS: RunVar[CapacityLimiter] = RunVar("cpersona_write_threads")
+
+
+def _threads(var: RunVar[CapacityLimiter], total: int) -> CapacityLimiter:
+    try:
+        return var.get()
+    except LookupError:
+        limiter = CapacityLimiter(total)
+        var.set(limiter)
+        return limiter
+
+
 # The key of the cluster-wide writer lock (pg_advisory_xact_lock); any constant
 # works as long as every cpersona process uses the same one ("cpersona" in ASCII).
 PG_WRITER_LOCK_KEY = 0x63706572736F6E61
@@ -103,6 +167,7 @@ class Database:
         self.engine = engine
         self.path = path
         self._write_lock = threading.RLock()
+        self.lock_wait_seconds = DEFAULT_LOCK_WAIT_SECONDS
         # The session of the snapshot() this thread is inside, if any.
         self._shared = threading.local()
 
@@ -170,40 +235,180 @@ class Database:
             return conn.execution_options(sqlite_begin="IMMEDIATE")
         return conn.execution_options(isolation_level="READ COMMITTED")
 
-    def _lock_writers(self, conn: Connection) -> None:
+    def _lock_writers(self, conn: Connection, deadline: float) -> None:
         # First statement of the transaction, so every later statement's
         # snapshot is taken after the previous writer committed.
         if not self.is_sqlite:
+            wait_ms = max(1, int((deadline - time.monotonic()) * 1000))
+            conn.exec_driver_sql(f"SET LOCAL lock_timeout = {wait_ms}")
             conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({PG_WRITER_LOCK_KEY})")
+            conn.exec_driver_sql("SET LOCAL lock_timeout = DEFAULT")
+
+    def _acquire(self, conn: Connection, wait: float | None = None) -> RootTransaction:
+        """Take the process lock, then the database's, within ``wait`` (default lock_wait_seconds).
+
+        On SQLite the BEGIN IMMEDIATE itself waits: its busy handler is given
+        whatever is left of the wait instead of the usual 5 s. ``wait=0`` only
+        tries.
+        """
+        wait = self.lock_wait_seconds if wait is None else wait
+        deadline = time.monotonic() + wait
+        if not (self._write_lock.acquire(timeout=wait) if wait > 0 else self._write_lock.acquire(blocking=False)):
+            raise DatabaseBusy(wait)
+        try:
+            trans = self._begin_waiting(conn, deadline) if self.is_sqlite else conn.begin()
+            try:
+                self._lock_writers(conn, deadline)
+            except BaseException:
+                trans.rollback()
+                raise
+        except OperationalError as exc:
+            self._write_lock.release()
+            if _is_lock_conflict(exc):
+                raise DatabaseBusy(wait) from exc
+            raise
+        except BaseException:
+            self._write_lock.release()
+            raise
+        return trans
+
+    @staticmethod
+    def _begin_waiting(conn: Connection, deadline: float) -> RootTransaction:
+        """BEGIN IMMEDIATE, retried until ``deadline``.
+
+        SQLite's busy handler backs off to 100 ms between looks at the lock, so
+        a writer that has waited a while would miss the short gap a bulk write
+        leaves between its batches. Short attempts restart that schedule (1, 2,
+        5, 10 ms ...) and keep the look frequent.
+        """
+        while True:
+            left = deadline - time.monotonic()
+            conn.execution_options(sqlite_busy_ms=max(0, int(min(left, BUSY_SLICE_SECONDS) * 1000)))
+            try:
+                return conn.begin()
+            except OperationalError as exc:
+                if not _is_lock_conflict(exc) or time.monotonic() >= deadline:
+                    raise
 
     @contextmanager
-    def write(self) -> Iterator[Session]:
-        """A session holding the write lock; commits on success, rolls back on error."""
-        with self._write_lock:
-            with self.engine.connect() as conn:
-                conn = self._begin_write(conn)
-                with conn.begin():
-                    self._lock_writers(conn)
-                    with Session(bind=conn, autoflush=False, expire_on_commit=False) as session:
-                        yield session
-                        session.flush()
+    def _transaction(self, wait: float | None = None) -> Iterator[Connection]:
+        with self.engine.connect() as conn:
+            conn = self._begin_write(conn)
+            trans = self._acquire(conn, wait)
+            try:
+                yield conn
+                trans.commit()
+            except BaseException:
+                if trans.is_active:
+                    trans.rollback()
+                raise
+            finally:
+                self._write_lock.release()
+
+    @contextmanager
+    def write(self, wait: float | None = None) -> Iterator[Session]:
+        """A session holding the write lock; commits on success, rolls back on error.
+
+        Raises :class:`DatabaseBusy` when the lock stays taken past ``wait``
+        seconds (default lock_wait_seconds; 0: only if it is free right now).
+        """
+        with self._transaction(wait) as conn:
+            with Session(bind=conn, autoflush=False, expire_on_commit=False) as session:
+                yield session
+                session.flush()
 
     @contextmanager
     def write_connection(self) -> Iterator[Connection]:
         """Like write(), for raw SQL (migrations, bulk maintenance)."""
-        with self._write_lock:
-            with self.engine.connect() as conn:
-                conn = self._begin_write(conn)
-                with conn.begin():
-                    self._lock_writers(conn)
-                    yield conn
+        with self._transaction() as conn:
+            yield conn
 
-    async def run(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run blocking database work off the event loop."""
-        return await anyio.to_thread.run_sync(fn, *args)
+    @contextmanager
+    def write_batches(self, rows: int = BATCH_ROWS) -> Iterator[WriteBatches]:
+        """A connection for a long bulk write that commits every ``rows`` rows.
+
+        Between batches the lock is released, so other writers (this process's
+        and other processes') take turns. What was committed stays committed
+        when a later batch fails: callers must write so that any committed
+        prefix is consistent and a re-run completes it.
+        """
+        with self.engine.connect() as conn:
+            batches = WriteBatches(self, self._begin_write(conn), rows)
+            try:
+                yield batches
+                batches.commit()
+            finally:
+                batches.close()
+
+    async def run(self, fn: Callable[..., T], *args: Any, writes: bool = True) -> T:
+        """Run blocking database work off the event loop, on the readers' or the writers' threads.
+
+        Writers waiting for the write lock must not take the threads readers
+        need (issue 13 item 5): each side has its own limiter, and a writer past
+        the writers' limit waits for a thread in the event loop, holding none.
+        """
+        limiter = _threads(_WRITE_THREADS, WRITE_THREADS) if writes else _threads(_READ_THREADS, READ_THREADS)
+        return await anyio.to_thread.run_sync(fn, *args, limiter=limiter)
 
     def close(self) -> None:
         self.engine.dispose()
+
+
+class WriteBatches:
+    """The open batch of :meth:`Database.write_batches`: one connection, one transaction at a time."""
+
+    def __init__(self, db: Database, conn: Connection, rows: int) -> None:
+        self.db = db
+        self.connection = conn
+        self.rows = rows
+        self.commits = 0
+        # Run inside the open batch just before it commits, and after each
+        # commit outside the lock (network calls, bookkeeping of what is durable).
+        self.before_commit: Callable[[], None] | None = None
+        self.after_commit: Callable[[], None] | None = None
+        self._pending = 0
+        self._trans: RootTransaction | None = db._acquire(conn)
+
+    def tick(self, n: int = 1) -> bool:
+        """Count ``n`` records written; commit and start a new batch when the batch is full.
+
+        True when this call committed. Call it only where the records written so
+        far form a consistent whole (a record with all its derived rows).
+        """
+        self._pending += n
+        if self._pending < self.rows:
+            return False
+        self.commit()
+        time.sleep(BATCH_PAUSE_SECONDS)
+        self._trans = self.db._acquire(self.connection)
+        return True
+
+    def commit(self) -> None:
+        """Commit the open batch and release the lock (the last call of a run)."""
+        if self._trans is None:
+            return
+        if self.before_commit is not None:
+            self.before_commit()
+        trans, self._trans = self._trans, None
+        try:
+            trans.commit()
+            self.commits += 1
+            self._pending = 0
+        finally:
+            self.db._write_lock.release()
+        if self.after_commit is not None:
+            self.after_commit()
+
+    def close(self) -> None:
+        """Roll back whatever is still open (an error ended the run)."""
+        if self._trans is None:
+            return
+        trans, self._trans = self._trans, None
+        try:
+            if trans.is_active:
+                trans.rollback()
+        finally:
+            self.db._write_lock.release()
 
 
 def sqlite_engine(path: Path | str, *, foreign_keys: bool = True) -> Engine:
@@ -224,8 +429,19 @@ def sqlite_engine(path: Path | str, *, foreign_keys: bool = True) -> Engine:
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Connection) -> None:
-        mode = conn.get_execution_options().get("sqlite_begin", "DEFERRED")
-        conn.exec_driver_sql(f"BEGIN {mode}")
+        options = conn.get_execution_options()
+        mode = options.get("sqlite_begin", "DEFERRED")
+        wait_ms = options.get("sqlite_busy_ms")
+        if wait_ms is None:
+            conn.exec_driver_sql(f"BEGIN {mode}")
+            return
+        # A writer waits for the lock longer than a statement waits for a page.
+        dbapi_conn = conn.connection.dbapi_connection
+        dbapi_conn.execute(f"PRAGMA busy_timeout={int(wait_ms)}")
+        try:
+            conn.exec_driver_sql(f"BEGIN {mode}")
+        finally:
+            dbapi_conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
 
     return engine
 

@@ -282,13 +282,15 @@ def upgrade(db: Database, *, fts_enabled: bool = True) -> None:
 def open_database_and_upgrade(settings) -> Database:
     """The database the settings name (PostgreSQL URL or SQLite file), at head."""
     if not getattr(settings, "database_url", None):
-        return open_and_upgrade(settings.db_file, fts_enabled=settings.fts_enabled)
-    db = open_database(settings)
-    try:
-        upgrade(db, fts_enabled=settings.fts_enabled)
-    except BaseException:
-        db.close()
-        raise
+        db = open_and_upgrade(settings.db_file, fts_enabled=settings.fts_enabled)
+    else:
+        db = open_database(settings)
+        try:
+            upgrade(db, fts_enabled=settings.fts_enabled)
+        except BaseException:
+            db.close()
+            raise
+    db.lock_wait_seconds = settings.write_lock_wait_seconds
     return db
 
 

@@ -57,8 +57,9 @@ IMPORT_MEMORIES = ToolSpec(
 MERGE_MEMORIES = ToolSpec(
     name="merge_memories",
     description=(
-        "Copy one agent's memories, episodes, profile and declared associations into another agent, all in "
-        "one transaction: the same result as an export followed by an import, without a file. With strategy "
+        "Copy one agent's memories, episodes, profile and declared associations into another agent: the same "
+        "result as an export followed by an import, without a file. It commits in batches, so other clients "
+        "keep writing meanwhile; if it stops part-way, running it again completes it. With strategy "
         "'skip' a memory whose msg_id the target already has, or an episode whose summary it already has, is "
         "left out."
     ),

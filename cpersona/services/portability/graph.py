@@ -18,7 +18,7 @@ the counts are those a real run reports.
 from __future__ import annotations
 
 import unicodedata
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -319,15 +319,84 @@ class GraphCarrier:
             aliases=aliases,
         )
 
-    def apply(self, refs: RefMap) -> CarryResult:
+    def apply(self, refs: RefMap, tick: Callable[[], Any] | None = None) -> CarryResult:
+        """Carry everything still collected; an item naming a record not restored is dropped.
+
+        ``tick`` runs after each item: a batched run may commit there, since
+        every item is written whole and carrying again writes it once.
+        """
         if self.supported:
-            for entity in self._entities:
-                self._carry_entity(entity)
-            for mention in self._mentions:
+            self._carry_entities(tick)
+            mentions, self._mentions = self._mentions, []
+            relations, self._relations = self._relations, []
+            for mention in mentions:
                 self._carry_mention(mention, refs)
-            for relation in self._relations:
+                if tick is not None:
+                    tick()
+            for relation in relations:
                 self._carry_relation(relation, refs)
+                if tick is not None:
+                    tick()
         return self.result
+
+    def carry_ready(self, refs: RefMap) -> None:
+        """Carry the entities, and every mention and relation whose records are all restored by now.
+
+        A batched move calls this before each commit, so the declarations on the
+        rows it is about to delete at the source are already at the target.
+        The rest waits for a later batch or :meth:`apply`.
+        """
+        if not self.supported:
+            return
+        self._carry_entities(None)
+        mentions, self._mentions = self._mentions, []
+        for mention in mentions:
+            if self._waits(refs, mention.get("ref")):
+                self._mentions.append(mention)
+            else:
+                self._carry_mention(mention, refs)
+        relations, self._relations = self._relations, []
+        for relation in relations:
+            if self._relation_waits(relation, refs):
+                self._relations.append(relation)
+            else:
+                self._carry_relation(relation, refs)
+
+    def waiting_on(self) -> set[tuple[str, int]]:
+        """(kind, source id) of every record a mention or relation still waiting names."""
+        named: set[tuple[str, int]] = set()
+        for mention in self._mentions:
+            if (parsed := parse_ref(mention.get("ref"))) is not None:
+                named.add((parsed.kind, parsed.id))
+        for relation in self._relations:
+            if (parsed := parse_ref(relation.get("anchor_ref"))) is not None:
+                named.add((parsed.kind, parsed.id))
+            for side in ("subject", "object"):
+                kind, ident = relation.get(f"{side}_kind"), relation.get(f"{side}_id")
+                if kind in ("mem", "ep") and type(ident) is int:
+                    named.add((kind, ident))
+        return named
+
+    @staticmethod
+    def _waits(refs: RefMap, ref: Any) -> bool:
+        parsed = parse_ref(ref)
+        return parsed is not None and refs.lookup(parsed.kind, parsed.id) is None
+
+    def _relation_waits(self, record: dict[str, Any], refs: RefMap) -> bool:
+        if record.get("anchor_ref") and self._waits(refs, record.get("anchor_ref")):
+            return True
+        return any(
+            record.get(f"{side}_kind") in ("mem", "ep")
+            and refs.lookup(record[f"{side}_kind"], record.get(f"{side}_id")) is None
+            for side in ("subject", "object")
+        )
+
+    def _carry_entities(self, tick: Callable[[], Any] | None) -> None:
+        entities, self._entities = self._entities, []
+        for entity in entities:
+            self._carry_entity(entity)
+            if tick is not None:
+                tick()
 
     # -- entities and aliases
 

@@ -6,20 +6,22 @@ The data path, top to bottom:
 2. first pass over the file (:func:`jsonl.scan`): header, per-type counts, parse
    errors, the record ids graph records point at. A header whose counts do not
    match the file means a truncated file, and nothing is written (IM-10);
-3. second pass inside ONE write transaction (a read snapshot for a dry run):
-   every line goes through :class:`RecordImporter`, which refuses a bad line
-   with its line number and carries on (IM-3..IM-8);
+3. second pass in write batches of a few hundred lines (a read snapshot for a
+   dry run): every line goes through :class:`RecordImporter`, which refuses a
+   bad line with its line number and carries on (IM-3..IM-8);
 4. graph records are written last, through the id map (IM-9);
 5. the answer (§7.3).
 
-Any failure after the first write rolls everything back: an import is applied
-whole or not at all (IM-13).
+A failure rolls back the open batch only; batches already committed stay, the
+answer says so with their counts, and the same import run again skips them
+and completes the rest (issue 13 item 3; see batches.py).
 """
 
 from __future__ import annotations
 
 import logging
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +31,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from cpersona.services.records import remote_vectors
 from cpersona.services.app import App
 from cpersona.services.portability import coerce, jsonl
+from cpersona.services.portability.batches import Run, restore_run, stopped_message
 from cpersona.services.portability.coerce import LineRefused, VectorRejected
 from cpersona.services.portability.graph import GraphCarrier, RefMap
 from cpersona.services.portability.layout import Layout
@@ -39,6 +42,7 @@ from cpersona.services.responses import ToolFailure, failure
 from cpersona.services.sanitize import sanitize
 from cpersona.services.timestamps import ahead_of_clock, sql_stamp
 from cpersona.storage import dialect
+from cpersona.storage.engine import DatabaseBusy
 
 log = logging.getLogger(__name__)
 
@@ -319,9 +323,9 @@ class RecordImporter:
 
     # -- after the last record
 
-    def finish(self) -> dict[str, Any]:
-        """Write the graph (IM-9), add the summary lines, return the optional answer keys."""
-        carried = self.graph.apply(self.refs)
+    def finish(self, tick: Callable[[], bool] | None = None) -> dict[str, Any]:
+        """Write the graph (IM-9; ``tick`` after each item), add the summary lines, return the optional answer keys."""
+        carried = self.graph.apply(self.refs, tick)
         if (line := carried.summary_line()) is not None:
             self.errors.add(line)
         t = self.tallies
@@ -392,39 +396,53 @@ def import_memories(
         return failure(f"{aborted}: {problem}", **extra)
 
     errors = ErrorLog()
-    importer: RecordImporter | None = None
+    run: Run[Tallies] | None = None
     try:
-        with (app.db.read() if dry_run else app.db.write()) as session:
+        with restore_run(app, dry_run=dry_run) as run:
             importer = RecordImporter(
                 app,
-                session.connection(),
+                run.connection,
                 target_agent_id=target,
                 dry_run=dry_run,
                 refs=found.refs,
                 export_headed=found.export_headed,
                 errors=errors,
             )
+            run.track(lambda: importer.tallies)
             if not dry_run and remote_vectors.remote_index(app) is not None:
                 importer.remote_items = {}  # IM-14: a dry run writes nowhere, the remote index included
-            seen = _restore_lines(importer, path, settings.max_import_bytes, errors)
+                run.on_commit.append(lambda: _push_remote(app, importer))
+            seen = _restore_lines(importer, path, settings.max_import_bytes, errors, run.tick)
             if seen != found.counts:
                 raise _Abort("the file changed while it was being imported")
-            extra = importer.finish()
-    except (_Abort, ToolFailure) as stop:
-        reason = stop.message if isinstance(stop, ToolFailure) else str(stop)
-        return failure(f"{aborted}: {reason}", dry_run=dry_run, **_zero_counts(), **_errors(errors))
+            extra = importer.finish(run.tick)
+    except (_Abort, ToolFailure, DatabaseBusy) as stop:
+        reason = stop.message if isinstance(stop, ToolFailure) else getattr(stop, "reason", str(stop))
+        return _stopped(run, aborted, reason, dry_run, errors)
     except SQLAlchemyError as exc:
         log.exception("import of %s failed", path)
-        return failure(f"{aborted}: database error: {dialect.error_message(exc)}", dry_run=dry_run,
-                       **_zero_counts(), **_errors(errors))
-
-    for agent, items in (importer.remote_items or {}).items():
-        remote_vectors.push(app, agent, items)  # IM-13: after commit; a failure is logged only
+        return _stopped(run, aborted, f"database error: {dialect.error_message(exc)}", dry_run, errors)
     return {"ok": True, "dry_run": dry_run, **importer.tallies.counts(), **extra, **_errors(errors)}
 
 
-def _restore_lines(importer: RecordImporter, path: Any, max_bytes: int, errors: ErrorLog) -> Counter[str]:
-    """Second pass: every line into the importer; returns the per-type counts it saw."""
+def _push_remote(app: App, importer: RecordImporter) -> None:
+    """IM-13: after each commit, outside the lock; a failure is logged only."""
+    items, importer.remote_items = importer.remote_items or {}, {}
+    for agent, pairs in items.items():
+        remote_vectors.push(app, agent, pairs)
+
+
+def _stopped(run: Run[Tallies] | None, aborted: str, reason: str, dry_run: bool, errors: ErrorLog) -> dict[str, Any]:
+    """The failure answer: all rolled back (zero counts), or a kept prefix and its counts."""
+    if run is not None and run.wrote and run.committed is not None:
+        return failure(stopped_message(reason, "import"), dry_run=dry_run, **run.committed.counts(),
+                       **_errors(errors))
+    return failure(f"{aborted}: {reason}", dry_run=dry_run, **_zero_counts(), **_errors(errors))
+
+
+def _restore_lines(importer: RecordImporter, path: Any, max_bytes: int, errors: ErrorLog,
+                   tick: Callable[[], bool]) -> Counter[str]:
+    """Second pass: every line into the importer, a batch boundary after each; the per-type counts seen."""
     seen: Counter[str] = Counter()
     for line in jsonl.read_lines(path, max_bytes):
         if line.record is None:
@@ -434,6 +452,7 @@ def _restore_lines(importer: RecordImporter, path: Any, max_bytes: int, errors: 
         if kind in jsonl.KNOWN_TYPES and kind != "header":
             seen[kind] += 1
         importer.feed(f"Line {line.number}", line.record)
+        tick()
     return seen
 
 

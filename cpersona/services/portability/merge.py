@@ -1,11 +1,19 @@
 """``merge_memories``: copy or move one agent's records into another (spec §8).
 
-One transaction (a read snapshot for a dry run): read the source agent in id
-order, in pages; write each record under the target unless the target already
-holds an equal one (the dedup keys of :mod:`writer`); carry the declared graph
-through the id map; for a move, delete exactly the source rows that were copied.
-Content is copied verbatim — it was sanitised when it was first stored (MG-3).
-Any failure rolls the whole merge back (MG-9).
+Write batches of a few hundred records (a read snapshot for a dry run; see
+batches.py): read the source agent in id order, in pages; write each record
+under the target unless the target already holds an equal one (the dedup keys
+of :mod:`writer`); carry the declared graph through the id map; for a move,
+delete exactly the source rows that were copied. Content is copied verbatim —
+it was sanitised when it was first stored (MG-3).
+
+Every committed batch is a merge of a prefix of the source, so a failure (or a
+kill) keeps a consistent prefix that a re-run completes (issue 13 item 3). For
+a move that means each batch deletes the source rows it copied before it
+commits, after carrying the declarations on them (the source's triggers drop
+those with the rows); a row that a declaration still waiting for a later row
+names stays at the source until that declaration is carried. A failure rolls
+back the open batch only (MG-9 when nothing was committed yet).
 """
 
 from __future__ import annotations
@@ -19,12 +27,14 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from cpersona.services.records import remote_vectors
 from cpersona.services.app import App
+from cpersona.services.portability.batches import Run, restore_run, stopped_message
 from cpersona.services.portability.graph import CarryResult, GraphCarrier, GraphReader, RefMap
 from cpersona.services.portability.layout import Layout
 from cpersona.services.portability.reader import SnapshotReader
 from cpersona.services.portability.writer import EpisodeRow, MemoryRow, ProfileRow, RecordWriter
 from cpersona.services.responses import ToolFailure, failure
 from cpersona.storage import dialect
+from cpersona.storage.engine import DatabaseBusy
 from cpersona.storage.models import Episode, Memory, PendingMemoryTask, Profile
 
 log = logging.getLogger(__name__)
@@ -66,8 +76,12 @@ class MergeTallies:
 
 
 class _Merge:
-    def __init__(self, app: App, conn: Connection, source: str, target: str, *, dry_run: bool) -> None:
+    def __init__(self, app: App, run: Run[MergeTallies], source: str, target: str, *, move: bool) -> None:
+        conn: Connection = run.connection
+        dry_run = run.dry_run
         self.app = app
+        self.run_ = run
+        self.move = move
         self.conn = conn
         self.source = source
         self.target = target
@@ -77,27 +91,67 @@ class _Merge:
         self.writer = RecordWriter(conn, self.layout, dry_run=dry_run)
         self.refs = RefMap()
         self.tallies = MergeTallies()
-        self.copied: dict[str, list[int]] = {"memories": [], "episodes": [], "profiles": []}
         # (kind, new id, text, project) of rows this merge wrote, for MG-8.
         self.inserted: list[tuple[str, int, str, str]] = []
         # (ref, text) of every row written, pushed to the remote index after commit (MG-8).
         remote = not dry_run and remote_vectors.remote_index(app) is not None
         self.remote_items: list[tuple[str, str]] | None = [] if remote else None
+        # What committed batches wrote: the follow-ups after the last commit act on these.
+        self.durable_inserted: list[tuple[str, int, str, str]] = []
+        # A move deletes copied source rows batch by batch (MG-7): copied and not yet
+        # deleted, deleted in the open batch, deleted by committed batches.
+        self._to_delete: dict[str, list[int]] = {"memories": [], "episodes": [], "profiles": []}
+        self._deleting: dict[str, list[int]] = {"memories": [], "episodes": [], "profiles": []}
+        self.durable_deleted: dict[str, list[int]] = {"memories": [], "episodes": [], "profiles": []}
+        self.deleted = {"memories": 0, "episodes": 0, "profiles": 0}
+        self.carrier: GraphCarrier | None = None
+        run.track(lambda: self.tallies)
+        run.before_commit.append(self._settle)
+        run.on_commit.append(self._committed)
 
-    def run(self, *, move: bool) -> dict[str, Any]:
-        carrier = self._collect_graph()
+    def run(self) -> dict[str, Any]:
+        self.carrier = carrier = self._collect_graph()
         self._memories()
         self._episodes()
         self._profiles()
-        carried = carrier.apply(self.refs) if carrier else CarryResult()
+        carried = carrier.apply(self.refs, self.run_.tick) if carrier else CarryResult()
         extra: dict[str, Any] = {}
         if carried.carried.total() or carried.not_carried:
             extra["associations"] = carried.carried.as_dict()
             if carried.not_carried:
                 extra["associations"]["not_carried"] = carried.not_carried
-        if move and not self.dry_run:
+        if self.move and not self.dry_run:
             extra.update(self._delete_source(graph_complete=carrier is not None and not carried.not_carried))
         return extra
+
+    def _settle(self) -> None:
+        """Before each commit: for a move, carry what the batch's rows resolved, then delete them."""
+        if not self.move or self.dry_run:
+            return
+        waiting: set[tuple[str, int]] = set()
+        if self.carrier is not None:
+            self.carrier.carry_ready(self.refs)
+            waiting = self.carrier.waiting_on()
+        for name, kind in (("memories", "mem"), ("episodes", "ep"), ("profiles", "")):
+            ready = [i for i in self._to_delete[name] if (kind, i) not in waiting]
+            self._to_delete[name] = [i for i in self._to_delete[name] if (kind, i) in waiting]
+            self._delete_copied(name, ready)
+
+    def _delete_copied(self, name: str, ids: list[int]) -> None:
+        model = {"memories": Memory, "episodes": Episode, "profiles": Profile}[name]
+        self.deleted[name] += self._delete_ids(model, ids)
+        self._deleting[name] += ids
+
+    def _committed(self) -> None:
+        """After each commit, outside the lock: push this batch's rows to the remote index (MG-8)."""
+        if self.remote_items:
+            remote_vectors.push(self.app, self.target, self.remote_items)
+            self.remote_items = []
+        self.durable_inserted += self.inserted
+        self.inserted = []
+        for name, ids in self._deleting.items():
+            self.durable_deleted[name] += ids
+            ids.clear()
 
     def _collect_graph(self) -> GraphCarrier | None:
         """Read the source's declarations first: they say which record ids to remember."""
@@ -124,6 +178,7 @@ class _Merge:
                 self.tallies.merged_memories += 1
             else:
                 self.tallies.skipped_memories += 1
+            self.run_.tick()
 
     def _episodes(self) -> None:
         for row in self.reader.episodes():
@@ -137,6 +192,7 @@ class _Merge:
                 self.tallies.merged_episodes += 1
             else:
                 self.tallies.skipped_episodes += 1
+            self.run_.tick()
 
     def _copy(self, source_id: int, row: MemoryRow | EpisodeRow) -> bool:
         """Write one source record under the target unless it holds an equal one; True when written.
@@ -150,14 +206,15 @@ class _Merge:
             kind, copied, text, (inserted, new_id) = "ep", "episodes", row.summary, self.writer.put_episode(row)
         self.refs.record(kind, source_id, new_id)
         if inserted:
-            self.copied[copied].append(source_id)
+            self._to_delete[copied].append(source_id)
             self._note_inserted(kind, new_id, text, row.project_id)
         return inserted
 
     def _note_inserted(self, kind: str, new_id: int | None, text: str, project_id: str) -> None:
         if new_id is not None and self.remote_items is not None:
             self.remote_items.append((f"{kind}:{new_id}", text))
-        if new_id is not None and not self.dry_run and len(self.inserted) < NODE_FOLLOWUP_LIMIT:
+        if (new_id is not None and not self.dry_run
+                and len(self.inserted) + len(self.durable_inserted) < NODE_FOLLOWUP_LIMIT):
             self.inserted.append((kind, new_id, text, project_id))
 
     def _profiles(self) -> None:
@@ -170,14 +227,20 @@ class _Merge:
                 ProfileRow(self.target, row.user_id, row.project_id, row.content, row.updated_at)
             )
             self.tallies.profile_copied = True
-            self.copied["profiles"].append(row.id)
+            self._to_delete["profiles"].append(row.id)
+            self.run_.tick()
 
     def _delete_source(self, *, graph_complete: bool) -> dict[str, Any]:
-        """MG-7: remove exactly the copied source rows; clean up only an emptied source."""
-        deleted = {
-            name: self._delete_ids(model, self.copied[name])
-            for name, model in (("memories", Memory), ("episodes", Episode), ("profiles", Profile))
-        }
+        """MG-7: remove exactly the copied source rows; clean up only an emptied source.
+
+        Runs in the last batch: earlier batches deleted what they copied (:meth:`_settle`).
+        """
+        if self.carrier is not None:
+            self.carrier.carry_ready(self.refs)  # every declaration still waiting is settled by apply()
+        for name, ids in self._to_delete.items():
+            self._delete_copied(name, ids)
+            self._to_delete[name] = []
+        deleted = self.deleted
         left = self.reader.counts()
         left_at_source = {"memories": left["memory"], "episodes": left["episode"], "profiles": left["profile"]}
         deleted_tasks = 0
@@ -235,30 +298,32 @@ def merge_memories(
         return refused.as_response()
     dry_run = dry_run is True
     merge: _Merge | None = None
+    run: Run[MergeTallies] | None = None
     try:
-        with (app.db.read() if dry_run else app.db.write()) as session:
-            merge = _Merge(app, session.connection(), source_agent_id, target_agent_id, dry_run=dry_run)
-            extra = merge.run(move=mode == "move")
-    except SQLAlchemyError as exc:
-        log.exception("merge %s -> %s failed", source_agent_id, target_agent_id)
+        with restore_run(app, dry_run=dry_run) as run:
+            merge = _Merge(app, run, source_agent_id, target_agent_id, move=mode == "move")
+            extra = merge.run()
+    except (SQLAlchemyError, DatabaseBusy) as exc:
+        if isinstance(exc, SQLAlchemyError):
+            log.exception("merge %s -> %s failed", source_agent_id, target_agent_id)
+        reason = exc.reason if isinstance(exc, DatabaseBusy) else dialect.error_message(exc)
+        if merge is not None and run is not None and run.wrote and run.committed is not None:
+            _follow_up(app, merge, emptied=False, moved=mode == "move")
+            return failure(
+                stopped_message(reason, "merge"), dry_run=dry_run, source_agent_id=source_agent_id,
+                target_agent_id=target_agent_id, **run.committed.counts(),
+            )
         seen = merge.tallies if merge else MergeTallies()
         return failure(
-            f"merge aborted and rolled back: {dialect.error_message(exc)}",
+            f"merge aborted and rolled back: {reason}",
             dry_run=dry_run, source_agent_id=source_agent_id, target_agent_id=target_agent_id,
             merged_memories=0, skipped_memories=seen.skipped_memories, merged_episodes=0,
             skipped_episodes=seen.skipped_episodes, profile_copied=False,
             skipped_profile=seen.skipped_profile,
         )
     if not dry_run:
-        _queue_node_builds(app, target_agent_id, merge.inserted)
         emptied = mode == "move" and not any(extra.get("left_at_source", {}).values())
-        _sync_remote_index(app, merge, emptied=emptied, moved=mode == "move")
-        if emptied:
-            # MG-7: an emptied source keeps no calibration behind (after commit,
-            # so a rolled-back move never loses it).
-            from cpersona.services.calibration.service import forget_agent
-
-            forget_agent(app, source_agent_id)
+        _follow_up(app, merge, emptied=emptied, moved=mode == "move")
     return {
         "ok": True, "dry_run": dry_run, "source_agent_id": source_agent_id,
         "target_agent_id": target_agent_id, "strategy": strategy, "mode": mode,
@@ -266,16 +331,29 @@ def merge_memories(
     }
 
 
+def _follow_up(app: App, merge: _Merge, *, emptied: bool, moved: bool) -> None:
+    """MG-7, MG-8 after the last commit, for what the committed batches wrote."""
+    _queue_node_builds(app, merge.target, merge.durable_inserted)
+    _sync_remote_index(app, merge, emptied=emptied, moved=moved)
+    if emptied:
+        # MG-7: an emptied source keeps no calibration behind (after commit,
+        # so a rolled-back move never loses it).
+        from cpersona.services.calibration.service import forget_agent
+
+        forget_agent(app, merge.source)
+
+
 def _sync_remote_index(app: App, merge: _Merge, *, emptied: bool, moved: bool) -> None:
-    """After commit, in remote vector mode: push the merged rows (MG-8); after a move,
-    purge an emptied source's namespace or remove the moved rows from it (MG-7)."""
+    """After commit, in remote vector mode (the merged rows were pushed after each
+    commit, MG-8): after a move, purge an emptied source's namespace or remove
+    the moved rows from it (MG-7)."""
     if merge.remote_items is None:
         return
-    remote_vectors.push(app, merge.target, merge.remote_items)
     if emptied:
         remote_vectors.purge(app, merge.source)
     elif moved:
-        refs = [f"mem:{i}" for i in merge.copied["memories"]] + [f"ep:{i}" for i in merge.copied["episodes"]]
+        gone = merge.durable_deleted
+        refs = [f"mem:{i}" for i in gone["memories"]] + [f"ep:{i}" for i in gone["episodes"]]
         remote_vectors.forget(app, merge.source, refs)
 
 

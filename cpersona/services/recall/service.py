@@ -31,9 +31,8 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import update
-
 from cpersona.services.recall.advisory import advisory
+from cpersona.services.recall.counters import bump_recall_counters
 from cpersona.services.app import App
 from cpersona.services.recall.confidence import (
     backfill_cosines,
@@ -64,7 +63,6 @@ from cpersona.services.responses import ToolFailure
 from cpersona.services.recall.time_cue import TimeCue, parse_time_cue
 from cpersona.services.operations.update_check import recall_update_notice
 from cpersona.services.recall.retrievers import Query, Retrieval, exclusion, retrieve, search_backend
-from cpersona.storage.models import Memory
 from cpersona.storage.scope import Scope
 from cpersona.storage.search import RowKey, SearchBackend, clean_query
 
@@ -338,22 +336,6 @@ def message(row: Candidate) -> dict[str, Any]:
     if (reason := match_reason(row)) is not None:
         out["match_reason"] = reason
     return out
-
-
-def bump_recall_counters(app: App, memory_ids: Sequence[int]) -> None:
-    """Count a recall of each returned memory (spec §5.9.5); failure is not the caller's."""
-    if not memory_ids or app.writes_paused:  # a no-persist pause silences counters too (P-12)
-        return
-    stamp = app.clock().astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
-    try:
-        with app.db.write() as session:
-            session.execute(
-                update(Memory)
-                .where(Memory.id.in_(memory_ids))
-                .values(recall_count=Memory.recall_count + 1, last_recalled_at=stamp)
-            )
-    except Exception:  # noqa: BLE001 - a lost counter must not fail the read
-        log.warning("could not update recall counters", exc_info=True)
 
 
 # -- the pipeline --------------------------------------------------------------------
