@@ -3,6 +3,7 @@
     look up the tool            unknown name       → error
     walk the arguments          bound crossed      → input validation error
                                 lone surrogate     → the tool's own refusal (G-6)
+                                NUL character      → the tool's own refusal (decision 11)
     validate against schema     violation          → input validation error (G-3)
     keep declared keys                              (G-5)
     fit to the service          declared argument the service cannot honour yet
@@ -68,6 +69,8 @@ async def call_tool(app: App, registry: Registry, gates: GateChain, name: str,
         return Outcome(spec.refusal(
             f"{report.lone_surrogate_at} contains a lone UTF-16 surrogate, which is not valid text; nothing was done",
             arguments))
+    if report.nul:
+        return Outcome(spec.refusal(f"{report.nul}, which text cannot hold; nothing was done", arguments))
     violation = schema_violation(spec.input_schema, arguments)
     if violation:
         return input_error(violation)

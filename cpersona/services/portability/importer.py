@@ -36,7 +36,7 @@ from cpersona.services.portability.paths import vet_input_file
 from cpersona.services.portability.writer import EpisodeRow, MemoryRow, ProfileRow, RecordWriter
 from cpersona.services.refs import canonical_ref
 from cpersona.services.responses import ToolFailure, failure
-from cpersona.services.sanitize import sanitize
+from cpersona.services.sanitize import nul_refusal, sanitize
 from cpersona.services.timestamps import ahead_of_clock, sql_stamp
 from cpersona.storage import dialect
 
@@ -158,6 +158,10 @@ class RecordImporter:
         if agent is None:
             return
         try:
+            # Decision 11: a NUL anywhere in the record refuses the record, named
+            # by field and position, before any of its text is cleaned or stored.
+            if problem := nul_refusal(**{k: v for k, v in record.items() if isinstance(k, str)}):
+                raise LineRefused(problem)
             handler(where, record, agent)
         except LineRefused as refused:
             self.errors.add(f"{where}: {kind} {refused.reason}; it was not imported")
