@@ -107,16 +107,23 @@ def serve(args: argparse.Namespace) -> int:
 
     log.info("cpersona %s serving %s, database %s, embeddings %s", __version__, settings.transport,
              settings.db_file, settings.embedding_mode)
+    if db.read_only is not None:
+        # Said once, here; each refused write then answers the same sentence.
+        log.warning("the database is read-only: %s cannot be written (%s); reads are served, every write "
+                    "is refused", db.label, db.read_only)
     # The ACL gate comes first: a call it denies never reaches a later gate. The
     # pause gate follows: a paused write is answered only once it is allowed at all.
     gates = GateChain([*acl_gates(policy, settings, settings.transport), PauseGate()])
     app = App(db=db, settings=settings, embedder=embedder)
     # Restores the calibration sidecar, or recalibrates, off the serving path (spec §5.18.5).
     calibration = start_calibration(app)
-    # Rows an earlier run stored without a vector get one, in the background (never under the lock).
-    start_backfill(app)
-    # The DB task queue drains what earlier runs left (spec Q-2); the update check runs once, unwaited (UP-2).
-    queue = start_task_queue(app)
+    # Rows an earlier run stored without a vector get one, in the background (never under the lock),
+    # and the DB task queue drains what earlier runs left (spec Q-2): both only write, so not on a
+    # read-only database. The update check runs once, unwaited (UP-2).
+    queue = None
+    if db.read_only is None:
+        start_backfill(app)
+        queue = start_task_queue(app)
     start_update_check(app)
     server = build_server(app, gates=gates)
     try:

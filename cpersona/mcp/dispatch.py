@@ -11,6 +11,8 @@
     gate chain                  a gate may answer instead of the service
     run the service off the event loop
                                 ToolFailure        → its response (not an MCP error)
+                                storage failure    → one sentence, the tool's own refusal
+                                                     (cpersona.storage.errors)
                                 any other crash    → logged, error (G-4)
 
 Nothing here knows the MCP SDK: the result is an :class:`Outcome`, which
@@ -32,6 +34,7 @@ from cpersona.mcp.registry import Registry, ToolSpec
 from cpersona.mcp.validation import conform, inspect_arguments, schema_violation
 from cpersona.services.app import App
 from cpersona.services.responses import ToolFailure, failure
+from cpersona.storage import errors as storage_errors
 
 log = logging.getLogger(__name__)
 
@@ -86,9 +89,29 @@ async def call_tool(app: App, registry: Registry, gates: GateChain, name: str,
     except ToolFailure as refusal:
         return Outcome(refusal.as_response())
     except Exception as exc:  # noqa: BLE001 — G-4: one bad call must never stop the server
-        log.exception("tool %s failed", name)
-        return Outcome(failure(f"{type(exc).__name__}: {exc}"), is_error=True)
+        return _crashed(app, spec, name, declared, exc)
     return Outcome(payload)
+
+
+def _crashed(app: App, spec: ToolSpec, name: str, arguments: Mapping[str, Any], exc: Exception) -> Outcome:
+    """The answer to a service that raised; a storage failure is one sentence in the tool's own shape.
+
+    SQLAlchemy's text carries the statement and its parameters (the caller's
+    content): neither reaches the answer, nor stderr at the default log level.
+    """
+    if storage_errors.is_storage_failure(exc):
+        label = app.db.label
+        storage_errors.log_details(log, f"tool {name}", exc)
+        known = storage_errors.sentence(exc, label)
+        if known is not None:
+            if not isinstance(exc, storage_errors.ReadOnlyDatabase):  # that one was announced at start-up
+                log.warning("tool %s: %s", name, known)
+            return Outcome(spec.refusal(known, arguments))
+        message = storage_errors.reason(exc, label)
+        log.error("tool %s failed: %s: %s", name, type(exc).__name__, message)
+        return Outcome(failure(f"{type(exc).__name__}: {message}"), is_error=True)
+    log.exception("tool %s failed", name)
+    return Outcome(failure(f"{type(exc).__name__}: {exc}"), is_error=True)
 
 
 def _fit_to_service(spec: ToolSpec, arguments: dict[str, Any]) -> dict[str, Any] | Outcome:

@@ -250,6 +250,9 @@ def open_and_upgrade(path: Path | str, *, fts_enabled: bool = True) -> Database:
 
 def upgrade(db: Database, *, fts_enabled: bool = True) -> None:
     """Bring ``db`` to our head revision in one transaction (see module docstring)."""
+    if db.read_only is not None:
+        _check_read_only_at_head(db)
+        return
     try:
         with db.write_connection() as conn:
             if db.is_sqlite:
@@ -262,6 +265,23 @@ def upgrade(db: Database, *, fts_enabled: bool = True) -> None:
         raise MigrationError(
             f"could not upgrade {db.path or db.label}: {exc.orig}; nothing was changed"
         ) from exc
+
+
+def _check_read_only_at_head(db: Database) -> None:
+    """A database this process cannot write is served as it is, if it is already at head.
+
+    The boot repairs (MV-12) are writes and are skipped; anything older than
+    head would need a migration, which a read-only file cannot take.
+    """
+    with db.read() as session:
+        conn = session.connection()
+        found = _probe_rows(lambda sql: [tuple(r) for r in conn.exec_driver_sql(sql).fetchall()])
+    _refuse_if_too_new(found, db.path)
+    if not (found.is_ours and found.alembic_revision == head_revision()):
+        raise MigrationError(
+            f"the database {db.label} is read-only ({db.read_only}) and must be upgraded before it can be "
+            "served; make it writable for one start, then it can be served read-only"
+        )
 
 
 def open_database_and_upgrade(settings) -> Database:

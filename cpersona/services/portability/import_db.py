@@ -36,6 +36,7 @@ from cpersona.services.portability.layout import Layout
 from cpersona.services.portability.reader import SnapshotReader
 from cpersona.services.responses import ToolFailure, failure
 from cpersona.storage.engine import sqlite_module
+from cpersona.storage import errors as storage_errors
 
 log = logging.getLogger(__name__)
 
@@ -99,9 +100,8 @@ def import_db(app: App, source_path: Any) -> dict[str, Any]:
     except ToolFailure as refused:
         return refused.as_response()
     except SQLAlchemyError as exc:
-        log.exception("import-db from %s failed", source_path)
-        reason = getattr(exc, "orig", None) or exc
-        return failure(f"import-db aborted and rolled back: {reason}")
+        storage_errors.log_details(log, f"import-db from {source_path}", exc)
+        return failure(f"import-db aborted and rolled back: {storage_errors.reason(exc, app.db.label)}")
 
 
 def _copy(app: App, path: Path) -> dict[str, Any]:
@@ -110,7 +110,7 @@ def _copy(app: App, path: Path) -> dict[str, Any]:
             layout = Layout.of(source)
         except SQLAlchemyError as exc:
             # Nothing of ours was touched yet: a file SQLite cannot read.
-            raise ToolFailure(f"could not read {path}: {getattr(exc, 'orig', None) or exc}") from None
+            raise ToolFailure(f"could not read {path}: {storage_errors.reason(exc, str(path))}") from None
         if not {"memories", "episodes", "profiles"} <= layout.tables:
             raise ToolFailure(f"{path} is not a CPersona database (no memories/episodes/profiles tables)")
         version = (

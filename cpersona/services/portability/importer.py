@@ -39,6 +39,7 @@ from cpersona.services.responses import ToolFailure, failure
 from cpersona.services.sanitize import nul_refusal, sanitize
 from cpersona.services.timestamps import ahead_of_clock, sql_stamp
 from cpersona.storage import dialect
+from cpersona.storage import errors as storage_errors
 
 log = logging.getLogger(__name__)
 
@@ -419,7 +420,7 @@ def import_memories(
         reason = stop.message if isinstance(stop, ToolFailure) else str(stop)
         return failure(f"{aborted}: {reason}", dry_run=dry_run, **_zero_counts(), **_errors(errors))
     except SQLAlchemyError as exc:
-        log.exception("import of %s failed", path)
+        storage_errors.log_details(log, f"import of {path}", exc)
         return failure(f"{aborted}: database error: {dialect.error_message(exc)}", dry_run=dry_run,
                        **_zero_counts(), **_errors(errors))
 

@@ -25,6 +25,7 @@ from cpersona.services.portability.reader import SnapshotReader
 from cpersona.services.portability.writer import EpisodeRow, MemoryRow, ProfileRow, RecordWriter
 from cpersona.services.responses import ToolFailure, failure
 from cpersona.storage import dialect
+from cpersona.storage import errors as storage_errors
 from cpersona.storage.models import Episode, Memory, PendingMemoryTask, Profile
 
 log = logging.getLogger(__name__)
@@ -240,7 +241,7 @@ def merge_memories(
             merge = _Merge(app, session.connection(), source_agent_id, target_agent_id, dry_run=dry_run)
             extra = merge.run(move=mode == "move")
     except SQLAlchemyError as exc:
-        log.exception("merge %s -> %s failed", source_agent_id, target_agent_id)
+        storage_errors.log_details(log, f"merge {source_agent_id!r} -> {target_agent_id!r}", exc)
         seen = merge.tallies if merge else MergeTallies()
         return failure(
             f"merge aborted and rolled back: {dialect.error_message(exc)}",

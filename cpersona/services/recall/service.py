@@ -342,7 +342,8 @@ def message(row: Candidate) -> dict[str, Any]:
 
 def bump_recall_counters(app: App, memory_ids: Sequence[int]) -> None:
     """Count a recall of each returned memory (spec §5.9.5); failure is not the caller's."""
-    if not memory_ids or app.writes_paused:  # a no-persist pause silences counters too (P-12)
+    # A no-persist pause silences counters too (P-12); a read-only database cannot keep them.
+    if not memory_ids or app.writes_paused or app.db.read_only is not None:
         return
     stamp = app.clock().astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
     try:
