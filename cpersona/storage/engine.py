@@ -268,8 +268,10 @@ def read_only_uri(path: Path) -> str:
 def sqlite_engine(path: Path | str, *, foreign_keys: bool = True, read_only: bool = False) -> Engine:
     """An engine on a SQLite file with sqlite-vec loaded on every connection.
 
-    ``read_only`` opens every connection ``mode=ro`` with ``query_only`` and
-    leaves the journal mode alone (switching it is a write).
+    ``read_only`` opens every connection ``mode=ro`` and leaves the journal
+    mode alone (switching it is a write). ``mode=ro`` refuses every write to the
+    file; ``query_only`` is not set because it also refuses ``VACUUM INTO``,
+    which writes only the copy (``cpersona backup`` of a read-only database).
     """
     module = sqlite_module()
     # hide_parameters: a failed statement's text then never carries what was being stored.
@@ -279,7 +281,7 @@ def sqlite_engine(path: Path | str, *, foreign_keys: bool = True, read_only: boo
         # A creator with no file in the URL would get SQLite's one-connection pool; readers want the usual one.
         engine = create_engine("sqlite+pysqlite://", creator=lambda: module.connect(
             uri, uri=True, check_same_thread=False), poolclass=QueuePool, **options)
-        pragmas = tuple(p for p in PRAGMAS if not p.startswith("journal_mode")) + ("query_only=ON",)
+        pragmas = tuple(p for p in PRAGMAS if not p.startswith("journal_mode"))
     else:
         url = "sqlite+pysqlite:///" + (str(path) if str(path) == ":memory:" else str(Path(path)))
         engine = create_engine(url, **options)

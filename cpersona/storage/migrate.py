@@ -44,6 +44,7 @@ from sqlalchemy.exc import DBAPIError
 
 from cpersona.storage.engine import Database, open_database, open_sqlite
 from cpersona.storage.vectors_postgres import VECTOR_COLUMN, ensure_vector_columns
+from cpersona.storage import errors as storage_errors
 
 log = logging.getLogger(__name__)
 
@@ -193,6 +194,8 @@ def probe(path: Path | str) -> Probe | None:
     inside its write transaction, so a writer racing this probe is still caught.
     """
     path = Path(path).expanduser()
+    if path.is_dir():
+        raise MigrationError(f"{path} is a folder, not a database file")
     if not path.exists() or path.stat().st_size == 0:
         return None
     resolved = path.resolve()
@@ -201,11 +204,12 @@ def probe(path: Path | str) -> Probe | None:
     try:
         conn = sqlite3.connect(uri, uri=True)
     except sqlite3.Error as exc:
-        raise MigrationError(f"cannot open {path} read-only to check its version: {exc}") from exc
+        raise MigrationError(f"cannot open {path} read-only to check its version: "
+                             f"{storage_errors.reason(exc, str(path))}") from exc
     try:
         return _probe_rows(lambda sql: conn.execute(sql).fetchall())
     except sqlite3.DatabaseError as exc:
-        raise MigrationError(f"{path} is not a readable SQLite database: {exc}") from exc
+        raise MigrationError(storage_errors.reason(exc, str(path))) from exc
     finally:
         conn.close()
 

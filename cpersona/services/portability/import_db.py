@@ -22,7 +22,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 from sqlalchemy import Connection, create_engine, event, text
 from sqlalchemy.exc import SQLAlchemyError
@@ -35,7 +34,7 @@ from cpersona.services.portability.importer import ErrorLog, RecordImporter
 from cpersona.services.portability.layout import Layout
 from cpersona.services.portability.reader import SnapshotReader
 from cpersona.services.responses import ToolFailure, failure
-from cpersona.storage.engine import sqlite_module
+from cpersona.storage.engine import read_only_uri, sqlite_module
 from cpersona.storage import errors as storage_errors
 
 log = logging.getLogger(__name__)
@@ -51,7 +50,7 @@ NOT_COPIED = {
 @contextmanager
 def read_only_snapshot(path: Path) -> Iterator[Connection]:
     """A connection that cannot write to ``path``, inside one read transaction."""
-    uri = f"file:{quote(str(path))}?mode=ro"
+    uri = read_only_uri(path)  # immutable where SQLite could not read the file otherwise
     engine = create_engine(
         "sqlite+pysqlite://",
         module=sqlite_module(),
