@@ -109,11 +109,13 @@ def report_database(path: Path) -> Any:
                     read_only="a checkup report never writes")
 
 
-def vet_database(path: Path) -> str | None:
-    """Why ``path`` cannot be checked at all (a folder, an empty or foreign file), or None.
+def vet_database(path: Path, *, fix: bool) -> str | None:
+    """Why ``path`` cannot be checked at all (a folder, a file that is not a database), or None.
 
     Asked before any check runs: on a file that is not a database every check
-    would crash on its own, and one sentence says it better than thirty.
+    would crash on its own, and one sentence says it better than thirty. A
+    ``--fix`` run migrates first, so an empty or table-less SQLite file is its to
+    set up; a report has nothing to read in one.
     """
     from cpersona.storage.migrate import MigrationError, probe
 
@@ -125,6 +127,8 @@ def vet_database(path: Path) -> str | None:
         found = probe(path)
     except MigrationError as exc:
         return str(exc)
+    if fix:
+        return None
     if found is None:
         return f"{path} is an empty file, not a database"
     if "memories" not in found.tables:
@@ -137,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
     from cpersona.embedding.client import build_embedder
 
     path = resolve_db(args.db)
-    if problem := vet_database(path):
+    if problem := vet_database(path, fix=args.fix):
         return _err(f"checkup failed: {problem}")
     if not path.is_file():
         return _err(f"database not found: {path}")
