@@ -124,7 +124,9 @@ def message_of(payload: dict[str, Any]) -> str:
 
 
 @pytest.mark.parametrize(("tool", "path", "argument"), CASES, ids=[f"{t}:{p}" for t, p, _ in CASES])
-async def test_every_string_field_of_every_tool_refuses_nul(app, db, tool, path, argument):  # decision 11
+async def test_every_string_field_of_every_tool_refuses_nul(app, db, tool, path, argument, tmp_path, monkeypatch):
+    # decision 11; in tmp_path, so a build that lets the call through writes its "a" file there
+    monkeypatch.chdir(tmp_path)
     spec = REGISTRY.get(tool)
     arguments = {**required_values(spec), **argument}
     before = _row_counts(db)
