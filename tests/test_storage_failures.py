@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import selectors
 import shutil
 import subprocess
 import sys
@@ -24,6 +23,7 @@ import pytest
 from sqlalchemy import create_engine, event, text
 
 from conftest import make_app
+from e2e.stdio_harness import RawSession, server_env
 from cpersona.mcp.dispatch import call_tool
 from cpersona.mcp.gates import GateChain
 from cpersona.mcp.tools import default_registry
@@ -228,53 +228,8 @@ def read_only_folder(base: Path) -> Path:
 LOCATIONS = {"chmod-0444 file": read_only_file, "read-only folder": read_only_folder}
 
 
-class ServerProcess:
-    def __init__(self, db_path: Path, home: Path) -> None:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("CPERSONA_", "EMBEDDING_"))}
-        env.update({"CPERSONA_DB_PATH": str(db_path), "CPERSONA_UPDATE_CHECK": "false", "HOME": str(home)})
-        self.stderr_path = home / "stderr.txt"
-        self.proc = subprocess.Popen(as_other_user([sys.executable, "-m", "cpersona"]), env=env,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=self.stderr_path.open("w"))
-        self.selector = selectors.DefaultSelector()
-        self.selector.register(self.proc.stdout, selectors.EVENT_READ)
-        self.buffer = b""
-        self.next_id = 0
-
-    def request(self, method: str, params: dict) -> dict:
-        self.next_id += 1
-        line = json.dumps({"jsonrpc": "2.0", "id": self.next_id, "method": method, "params": params})
-        self.proc.stdin.write(line.encode() + b"\n")
-        self.proc.stdin.flush()
-        while True:
-            while b"\n" in self.buffer:
-                raw, self.buffer = self.buffer.split(b"\n", 1)
-                message = json.loads(raw)
-                if message.get("id") == self.next_id:
-                    return message
-            if not self.selector.select(60):
-                raise TimeoutError(method)
-            chunk = os.read(self.proc.stdout.fileno(), 1 << 20)
-            if not chunk:
-                raise EOFError(self.stderr_path.read_text())
-            self.buffer += chunk
-
-    def start(self) -> None:
-        self.request("initialize", {"protocolVersion": "2025-11-25", "capabilities": {},
-                                    "clientInfo": {"name": "ro-test", "version": "0"}})
-        self.proc.stdin.write(b'{"jsonrpc":"2.0","method":"notifications/initialized"}\n')
-        self.proc.stdin.flush()
-
-    def call(self, name: str, arguments: dict) -> dict:
-        result = self.request("tools/call", {"name": name, "arguments": arguments})["result"]
-        return json.loads(result["content"][0]["text"])
-
-    def stop(self) -> str:
-        self.proc.stdin.close()
-        self.proc.wait(timeout=30)
-        self.proc.stdout.close()
-        self.selector.close()
-        return self.stderr_path.read_text()
+def tool_body(reply: dict) -> dict:
+    return json.loads(reply["result"]["content"][0]["text"])
 
 
 @pytest.mark.parametrize("location", list(LOCATIONS))
@@ -284,16 +239,22 @@ def test_a_read_only_database_is_served_for_reading_and_refuses_writes_in_one_se
     home = shared_dir / "home"
     home.mkdir()
     _other_user_owns(home)
-    server = ServerProcess(path, home)
-    try:
-        server.start()
-        stored = server.call("store", {"agent_id": "a", "content": SECRET})
-        edited = server.call("update_profile", {"agent_id": "a", "profile": SECRET})
-        listed = server.call("list_memories", {"agent_id": "a"})
-        recalled = server.call("recall", {"agent_id": "a", "query": "already"})
-        health = server.call("check_health", {"agent_id": "a"})
-    finally:
-        stderr = server.stop()
+    stderr_path = home / "stderr.txt"
+    with stderr_path.open("w") as stderr_file:
+        server = RawSession(server_env(path, HOME=str(home)), stderr=stderr_file,
+                            argv=as_other_user([sys.executable, "-m", "cpersona"]))
+        try:
+            server.initialize()
+            calls = [("store", {"agent_id": "a", "content": SECRET}),
+                     ("update_profile", {"agent_id": "a", "profile": SECRET}),
+                     ("list_memories", {"agent_id": "a"}),
+                     ("recall", {"agent_id": "a", "query": "already"}),
+                     ("check_health", {"agent_id": "a"})]
+            stored, edited, listed, recalled, health = [tool_body(server.call(name, json.dumps(arguments)))
+                                                        for name, arguments in calls]
+        finally:
+            server.close()
+    stderr = stderr_path.read_text()
     assert stored["ok"] is False and stored["result"] == "rejected"
     assert stored["reason"].startswith(f"the database is read-only: {path} cannot be written (")
     assert edited["ok"] is False and edited["reason"].startswith("the database is read-only: ")
