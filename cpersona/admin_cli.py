@@ -270,6 +270,12 @@ def _import(args: argparse.Namespace) -> dict[str, Any]:
         with ImportProgress(path) if show else _nothing():
             answer = import_memories(app, input_path=args.path, target_agent_id=args.target_agent,
                                      dry_run=args.dry_run)
+    if answer.get("ok") and _read_nothing(answer):
+        # Every line refused and nothing counted: not an export at all, so not a success.
+        errors = answer["errors"]
+        more = f" (and {len(errors) - 1} more errors)" if len(errors) > 1 else ""
+        raise _Exit(f"nothing was imported: {path} holds no cpersona record; {errors[0]}{more}",
+                    _codes().EXIT_START_FAILED)
     if answer.get("ok") and not args.json:
         verb = "would import" if answer.get("dry_run") else "imported"
         print(f"{verb} {answer.get('imported_memories', 0)} memories (skipped {answer.get('skipped_memories', 0)}), "
@@ -278,6 +284,11 @@ def _import(args: argparse.Namespace) -> dict[str, Any]:
         for line in answer.get("errors", [])[:20]:
             print(f"  {line}", file=sys.stderr)
     return answer
+
+
+def _read_nothing(answer: dict[str, Any]) -> bool:
+    counts = ("imported_memories", "skipped_memories", "imported_episodes", "skipped_episodes")
+    return bool(answer.get("errors")) and not answer.get("profile_updated") and not any(answer.get(k) for k in counts)
 
 
 @contextmanager

@@ -95,34 +95,45 @@ def render(report: dict[str, Any], *, fix: bool, code: int, strict: bool) -> str
     return "\n".join(lines)
 
 
-def read_only_engine(path: Path) -> Any:
-    """An engine that cannot change the file (CLI-3, H-13).
+def report_database(path: Path) -> Any:
+    """A database that cannot change the file (CLI-3, H-13).
 
     The server's engine switches the file to WAL on connect, which rewrites the
     header of a rollback-journal database; a report must leave the file as it
-    found it, so this one opens ``mode=ro`` and sets only connection-local pragmas.
+    found it, so this one is the storage layer's read-only engine (``mode=ro``,
+    the journal mode left alone) and refuses every write before SQLite is asked.
     """
-    from sqlalchemy import create_engine, event
+    from cpersona.storage.engine import Database, sqlite_engine
 
-    from cpersona.storage.engine import _load_sqlite_vec, sqlite_module
+    return Database(sqlite_engine(path, read_only=True), path=Path(path).resolve(),
+                    read_only="a checkup report never writes")
 
-    module = sqlite_module()
-    uri = Path(path).resolve().as_uri() + "?mode=ro"
-    engine = create_engine("sqlite+pysqlite://", module=module,
-                           creator=lambda: module.connect(uri, uri=True, check_same_thread=False))
 
-    @event.listens_for(engine, "connect")
-    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
-        dbapi_conn.isolation_level = None
-        _load_sqlite_vec(dbapi_conn)
-        dbapi_conn.execute("PRAGMA busy_timeout=5000")
-        dbapi_conn.execute("PRAGMA query_only=ON")
+def vet_database(path: Path, *, fix: bool) -> str | None:
+    """Why ``path`` cannot be checked at all (a folder, a file that is not a database), or None.
 
-    @event.listens_for(engine, "begin")
-    def _on_begin(conn: Any) -> None:
-        conn.exec_driver_sql("BEGIN DEFERRED")
+    Asked before any check runs: on a file that is not a database every check
+    would crash on its own, and one sentence says it better than thirty. A
+    ``--fix`` run migrates first, so an empty or table-less SQLite file is its to
+    set up; a report has nothing to read in one.
+    """
+    from cpersona.storage.migrate import MigrationError, probe
 
-    return engine
+    if path.is_dir():
+        return f"{path} is a folder, not a database file"
+    if not path.is_file():
+        return None  # run() answers "database not found" (CLI-1's message)
+    try:
+        found = probe(path)
+    except MigrationError as exc:
+        return str(exc)
+    if fix:
+        return None
+    if found is None:
+        return f"{path} is an empty file, not a database"
+    if "memories" not in found.tables:
+        return f"{path} is a SQLite database without cpersona's tables"
+    return None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -130,6 +141,8 @@ def run(args: argparse.Namespace) -> int:
     from cpersona.embedding.client import build_embedder
 
     path = resolve_db(args.db)
+    if problem := vet_database(path, fix=args.fix):
+        return _err(f"checkup failed: {problem}")
     if not path.is_file():
         return _err(f"database not found: {path}")
     try:
@@ -142,13 +155,12 @@ def run(args: argparse.Namespace) -> int:
         from cpersona.services.app import App
         from cpersona.services.health.check_health import run_health, select
         from cpersona.services.health.deep_check import deep_check
-        from cpersona.storage.engine import Database
         from cpersona.storage.migrate import open_and_upgrade
 
         if args.fix:
             db = open_and_upgrade(path, fts_enabled=settings.fts_enabled)
         else:
-            db = Database(read_only_engine(path), path=path)  # CLI-3: a report never migrates nor writes
+            db = report_database(path)  # CLI-3: a report never migrates nor writes
         app = App(db=db, settings=settings, embedder=embedder)
         checks, checks_run = select([])
         report = run_health(app, agent_id=args.agent, fix=args.fix, checks=checks, checks_run=checks_run)
@@ -156,7 +168,9 @@ def run(args: argparse.Namespace) -> int:
             agents = [args.agent] if args.agent else agents_of(app)
             report["deep"] = {a: deep_check(app, agent_id=a, fix=args.fix) for a in agents}
     except Exception as exc:  # noqa: BLE001 — CLI-6: any failure is a clean exit 2
-        return _err(f"checkup failed: {type(exc).__name__}: {exc}")
+        from cpersona.cli import failure_line
+
+        return _err(f"checkup failed: {failure_line(exc)}")
     finally:
         if db is not None:
             db.close()
@@ -171,7 +185,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return run(build_parser().parse_args(argv))
+    from cpersona.cli import guarded
+
+    return guarded(run, build_parser().parse_args(argv), prefix="error: checkup failed: ", status=EXIT_CRITICAL)
 
 
 if __name__ == "__main__":

@@ -2,14 +2,19 @@
 
 stdout belongs to the MCP protocol while serving, so everything this module
 says goes to stderr. Exit status: 0 after a clean shutdown, 2 for unusable
-configuration, 3 for a database this build must not open, 1 for any other
-start-up failure.
+configuration (and, from argparse, for a command line it cannot read), 3 for a
+database this build must not open, 1 for any other start-up failure. The
+maintenance subcommands share that table (``checkup`` keeps its own, spec
+CLI-6/7): any failure is one line on stderr, never a traceback, and a reader
+that closes the output early (``| head``) ends the command quietly with 141,
+as a program the shell's SIGPIPE ended (docs/operations.md).
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
 
@@ -21,6 +26,7 @@ EXIT_OK = 0
 EXIT_START_FAILED = 1
 EXIT_BAD_CONFIG = 2
 EXIT_DATABASE_TOO_NEW = 3
+EXIT_OUTPUT_CLOSED = 141  # 128 + SIGPIPE
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,8 +46,48 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    handler: Callable[[argparse.Namespace], int] = COMMANDS[args.command or "serve"]
-    return handler(args)
+    command = args.command or "serve"
+    handler: Callable[[argparse.Namespace], int] = COMMANDS[command]
+    if command == "serve":
+        return handler(args)  # its failures are start-up lines; a crash while serving keeps its traceback
+    if command == "checkup":
+        return guarded(handler, args, prefix="error: checkup failed: ", status=checkup.EXIT_CRITICAL)
+    return guarded(handler, args)
+
+
+def guarded(handler: Callable[[argparse.Namespace], int], args: argparse.Namespace, *,
+            prefix: str = "cpersona: ", status: int = EXIT_START_FAILED) -> int:
+    """Run a maintenance command: any failure is one line, a closed output pipe a quiet 141."""
+    try:
+        code = handler(args)
+        sys.stdout.flush()  # a reader that left shows here, not as "Exception ignored" at exit
+        return code
+    except BrokenPipeError:
+        # Nothing more can be said on stdout; point it at /dev/null so the
+        # interpreter's own flush at exit does not complain either.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OUTPUT_CLOSED
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # noqa: BLE001 — a maintenance command answers in one line
+        log.debug("%s failed", getattr(args, "command", "command"), exc_info=True)
+        print(f"{prefix}{failure_line(exc)}", file=sys.stderr)
+        return status
+
+
+def failure_line(exc: BaseException) -> str:
+    """One line for a failure nobody caught: a storage sentence, an OS error, else its type and text."""
+    from cpersona.storage import errors as storage_errors
+    from cpersona.storage.migrate import MigrationError
+
+    if isinstance(exc, MigrationError):
+        return str(exc)  # already a sentence about the database
+    if storage_errors.is_storage_failure(exc):
+        return storage_errors.reason(exc)
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"{exc.filename}: {exc.strerror}" if exc.filename else exc.strerror
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
 
 def _log_to_stderr() -> None:
@@ -110,16 +156,23 @@ def serve(args: argparse.Namespace) -> int:
 
     log.info("cpersona %s serving %s, database %s, embeddings %s", __version__, settings.transport,
              settings.db_file, settings.embedding_mode)
+    if db.read_only is not None:
+        # Said once, here; each refused write then answers the same sentence.
+        log.warning("the database is read-only: %s cannot be written (%s); reads are served, every write "
+                    "is refused", db.label, db.read_only)
     # The ACL gate comes first: a call it denies never reaches a later gate. The
     # pause gate follows: a paused write is answered only once it is allowed at all.
     gates = GateChain([*acl_gates(policy, settings, settings.transport), PauseGate()])
     app = App(db=db, settings=settings, embedder=embedder, remote_callers=http)
     # Restores the calibration sidecar, or recalibrates, off the serving path (spec §5.18.5).
     calibration = start_calibration(app)
-    # Rows an earlier run stored without a vector get one, in the background (never under the lock).
-    start_backfill(app)
-    # The DB task queue drains what earlier runs left (spec Q-2); the update check runs once, unwaited (UP-2).
-    queue = start_task_queue(app)
+    # Rows an earlier run stored without a vector get one, in the background (never under the lock),
+    # and the DB task queue drains what earlier runs left (spec Q-2): both only write, so not on a
+    # read-only database. The update check runs once, unwaited (UP-2).
+    queue = None
+    if db.read_only is None:
+        start_backfill(app)
+        queue = start_task_queue(app)
     start_update_check(app)
     server = build_server(app, gates=gates)
     try:

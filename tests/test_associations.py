@@ -393,9 +393,9 @@ def test_declaration_then_retraction_in_one_call(app, db: Database) -> None:  # 
 @pytest.mark.parametrize(("arguments", "error"), [
     ({}, "agent_id is required"),
     ({"agent_id": 5}, "agent_id must be a string"),
-    ({"agent_id": "a\x00"}, "agent_id contains a NUL character"),
+    ({"agent_id": "a\x00"}, "agent_id contains the NUL character (U+0000) at position 1"),
     ({"agent_id": "a", "channel": "c" * 257}, "channel"),
-    ({"agent_id": "a", "project_id": "p\x00"}, "project_id contains a NUL character"),
+    ({"agent_id": "a", "project_id": "p\x00"}, "project_id contains the NUL character (U+0000) at position 1"),
     ({"agent_id": "a", "associations": {"entities": [{"name": "\ud800"}]}}, "lone UTF-16 surrogate"),
 ])
 def test_argument_refusals_keep_the_declaration_shape(app, db: Database, arguments, error) -> None:  # §0.2

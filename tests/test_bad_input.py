@@ -147,16 +147,16 @@ async def test_five_megabytes_of_content_are_cut_to_the_cap_not_refused(app):  #
     assert len(listed["memories"][0]["content"]) <= 16_000
 
 
-async def test_nul_bytes_are_dropped_from_text_and_refused_in_keys(app):
-    # The store service's choice (cpersona/services/sanitize.py): NUL is removed from
-    # stored text and refused in identity fields; the reference keeps it.
+async def test_nul_bytes_are_refused_in_text_and_in_keys(app):
+    # Decision 11 (the reference keeps NUL; removing it would change what was
+    # stored): refused in the tool's own shape, naming field and position.
     async with Client(build_server(app)) as client:
         stored = answer(await client.call_tool("store", {"agent_id": "a", "content": "before\x00after"}))
         in_key = answer(await client.call_tool("store", {"agent_id": "a", "content": "c", "channel": "x\x00y"}))
         listed = answer(await client.call_tool("list_memories", {"agent_id": "a"}))
-    assert stored["result"] == "stored"
-    assert in_key["ok"] is False and in_key["result"] == "rejected" and "NUL" in in_key["reason"]
-    assert [m["content"] for m in listed["memories"]] == ["beforeafter"]
+    assert stored["result"] == "rejected" and "$.content contains the NUL character (U+0000) at position 6" in stored["reason"]
+    assert in_key["ok"] is False and in_key["result"] == "rejected" and "$.channel" in in_key["reason"]
+    assert listed["memories"] == []
 
 
 @pytest.mark.parametrize(("tool", "key"), [("list_memories", "memories"), ("list_episodes", "episodes")])

@@ -439,7 +439,7 @@ def test_not_a_database_is_a_clear_error(tmp_path: Path) -> None:
     path = tmp_path / "notes.db"
     path.write_bytes(b"this is not sqlite at all, just some text that is long enough" * 20)
     before = fingerprint(path)
-    with pytest.raises(MigrationError, match="not a readable SQLite database"):
+    with pytest.raises(MigrationError, match=f"^{path} is not a SQLite database$"):
         open_and_upgrade(path)
     assert fingerprint(path) == before
 

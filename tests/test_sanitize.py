@@ -79,11 +79,14 @@ def test_discord_mentions_are_kept():  # spec SAN-3
     assert sanitize("hi <@1234567890> and <#42>", 100).text == "hi <@1234567890> and <#42>"
 
 
-def test_nul_characters_are_removed_from_stored_text():
-    # Our choice (differs from the reference, which keeps NUL): SQLite's LIKE and
-    # length() stop at a NUL, and PostgreSQL refuses it in TEXT.
-    assert sanitize("before\x00after", 100).text == "beforeafter"
-    assert sanitize("\x00", 100).empty
+def test_nul_characters_are_refused_not_removed():
+    # Decision 11 (differs from the reference, which keeps NUL): SQLite's LIKE and
+    # length() stop at a NUL, PostgreSQL refuses it in TEXT, and removing it would
+    # store other text than was sent; every caller refuses first, so this is the backstop.
+    with pytest.raises(ValueError, match="NUL"):
+        sanitize("before\x00after", 100)
+    with pytest.raises(ValueError, match="NUL"):
+        sanitize("\x00", 100)
 
 
 def test_a_cap_below_one_is_refused_at_startup_and_by_the_sanitizer():  # spec SAN-4
@@ -101,7 +104,7 @@ def test_a_cap_below_one_is_refused_at_startup_and_by_the_sanitizer():  # spec S
 def test_key_fields_are_refused_past_256_never_cut():
     assert check_key_field("channel", "c" * 256) is None
     assert check_key_field("channel", "c" * 257) == "channel too long (257 chars, max 256)"
-    assert check_key_field("id", "a\x00b") == "id contains a NUL character"
+    assert check_key_field("id", "a\x00b") == "id contains the NUL character (U+0000) at position 1"
 
 
 def test_timestamp_is_refused_past_64():

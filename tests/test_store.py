@@ -215,13 +215,14 @@ def test_non_string_project_and_channel_are_stored_as_the_global_bucket(app, db)
     assert (rows(db)[0].project_id, rows(db)[0].channel) == ("", "")
 
 
-def test_nul_is_removed_from_content_and_refused_in_keys(app, db):
-    # Our choice, see cpersona/services/sanitize.py: NUL is not kept in stored text.
-    assert store(app, agent_id="a", content="before\x00after")["result"] == "stored"
-    assert rows(db)[0].content == "beforeafter"
-    assert rejected(store(app, agent_id="a", content="\x00")) == "empty after sanitization"
-    assert rejected(store(app, agent_id="a", content="x", channel="c\x00")) == "channel contains a NUL character"
-    assert rejected(store(app, agent_id="a\x00", content="x")) == "agent_id contains a NUL character"
+def test_nul_is_refused_in_content_and_in_keys(app, db):
+    # Decision 11, see cpersona/services/sanitize.py: NUL is neither kept nor removed.
+    nul = "the NUL character (U+0000) at position"
+    assert rejected(store(app, agent_id="a", content="before\x00after")) == f"content contains {nul} 6"
+    assert rejected(store(app, agent_id="a", content="\x00")) == f"content contains {nul} 0"
+    assert rejected(store(app, agent_id="a", content="x", channel="c\x00")) == f"channel contains {nul} 1"
+    assert rejected(store(app, agent_id="a\x00", content="x")) == f"agent_id contains {nul} 1"
+    assert rows(db) == []
 
 
 # -- ST-3: sanitizing -----------------------------------------------------------------------------------

@@ -3,6 +3,7 @@
     look up the tool            unknown name       → error
     walk the arguments          bound crossed      → input validation error
                                 lone surrogate     → the tool's own refusal (G-6)
+                                NUL character      → the tool's own refusal (decision 11)
     validate against schema     violation          → input validation error (G-3)
     keep declared keys                              (G-5)
     fit to the service          declared argument the service cannot honour yet
@@ -10,7 +11,8 @@
     gate chain                  a gate may answer instead of the service
     run the service off the event loop
                                 ToolFailure        → its response (not an MCP error)
-                                DatabaseBusy       → "the database is busy …" (ok:false)
+                                storage failure    → one sentence, the tool's own refusal
+                                (busy past the lock wait, read-only, disk full; cpersona.storage.errors)
                                 any other crash    → logged, error (G-4)
 
 Nothing here knows the MCP SDK: the result is an :class:`Outcome`, which
@@ -31,7 +33,7 @@ from cpersona.mcp.registry import Registry, ToolSpec
 from cpersona.mcp.validation import conform, inspect_arguments, schema_violation
 from cpersona.services.app import App
 from cpersona.services.responses import ToolFailure, failure
-from cpersona.storage.engine import DatabaseBusy
+from cpersona.storage import errors as storage_errors
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +71,8 @@ async def call_tool(app: App, registry: Registry, gates: GateChain, name: str,
         return Outcome(spec.refusal(
             f"{report.lone_surrogate_at} contains a lone UTF-16 surrogate, which is not valid text; nothing was done",
             arguments))
+    if report.nul:
+        return Outcome(spec.refusal(f"{report.nul}, which text cannot hold; nothing was done", arguments))
     violation = schema_violation(spec.input_schema, arguments)
     if violation:
         return input_error(violation)
@@ -83,12 +87,30 @@ async def call_tool(app: App, registry: Registry, gates: GateChain, name: str,
             raise TypeError(f"service for {spec.name} returned {type(payload).__name__}, not a dict")
     except ToolFailure as refusal:
         return Outcome(refusal.as_response())
-    except DatabaseBusy as busy:  # another writer kept the lock past the wait: retry later
-        return Outcome(failure(str(busy)))
     except Exception as exc:  # noqa: BLE001 — G-4: one bad call must never stop the server
-        log.exception("tool %s failed", name)
-        return Outcome(failure(f"{type(exc).__name__}: {exc}"), is_error=True)
+        return _crashed(app, spec, name, declared, exc)
     return Outcome(payload)
+
+
+def _crashed(app: App, spec: ToolSpec, name: str, arguments: Mapping[str, Any], exc: Exception) -> Outcome:
+    """The answer to a service that raised; a storage failure is one sentence in the tool's own shape.
+
+    SQLAlchemy's text carries the statement and its parameters (the caller's
+    content): neither reaches the answer, nor stderr at the default log level.
+    """
+    if storage_errors.is_storage_failure(exc):
+        label = app.db.label
+        storage_errors.log_details(log, f"tool {name}", exc)
+        known = storage_errors.sentence(exc, label)
+        if known is not None:
+            if not isinstance(exc, storage_errors.ReadOnlyDatabase):  # that one was announced at start-up
+                log.warning("tool %s: %s", name, known)
+            return Outcome(spec.refusal(known, arguments))
+        message = storage_errors.reason(exc, label)
+        log.error("tool %s failed: %s: %s", name, type(exc).__name__, message)
+        return Outcome(failure(f"{type(exc).__name__}: {message}"), is_error=True)
+    log.exception("tool %s failed", name)
+    return Outcome(failure(f"{type(exc).__name__}: {exc}"), is_error=True)
 
 
 def _fit_to_service(spec: ToolSpec, arguments: dict[str, Any]) -> dict[str, Any] | Outcome:

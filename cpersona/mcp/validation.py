@@ -4,8 +4,9 @@ Three checks, in the order the call path applies them:
 
 1. :func:`inspect_arguments` walks the arguments once, without recursion, and
    reports the first bound crossed (nesting depth, number of values, total text,
-   integers wider than 64 bits) and the first string carrying a lone UTF-16
-   surrogate (spec G-6). The walk is iterative on purpose: a 10,000-deep object
+   integers wider than 64 bits), the first string carrying a lone UTF-16
+   surrogate (spec G-6) and the first NUL character, in a key or a value at any
+   depth (decision 11: text cannot hold it, so no tool may store or search it). The walk is iterative on purpose: a 10,000-deep object
    must cost a loop, not the interpreter's stack.
 2. :func:`schema_violation` validates against the tool's published JSON Schema
    (spec G-3) and returns jsonschema's best-matching message.
@@ -25,7 +26,7 @@ from typing import Any
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
-from cpersona.services.sanitize import has_lone_surrogate
+from cpersona.services.sanitize import has_lone_surrogate, nul_message
 
 # Far above any legitimate call (a 16,000-char memory with 8,000 chars of
 # metadata, or recall_with_context carrying a few hundred turns) and far below
@@ -51,10 +52,11 @@ MAX_REQUEST_BYTES = MAX_TEXT_CHARS * JSON_BYTES_PER_CHAR + MAX_VALUES * JSON_BYT
 
 @dataclass(frozen=True)
 class ArgumentReport:
-    """What one walk over the arguments found; both None means the arguments are sound."""
+    """What one walk over the arguments found; all None means the arguments are sound."""
 
     bound_crossed: str | None = None
     lone_surrogate_at: str | None = None
+    nul: str | None = None  # the refusal naming the first NUL's path and position
 
 
 def _child_path(path: str, key: Any) -> str:
@@ -64,8 +66,9 @@ def _child_path(path: str, key: Any) -> str:
 
 
 def inspect_arguments(arguments: Mapping[str, Any]) -> ArgumentReport:
-    """Walk the arguments once; report the first bound crossed and the first lone surrogate."""
+    """Walk the arguments once; report the first bound crossed, lone surrogate and NUL."""
     surrogate_at: str | None = None
+    nul: str | None = None
     values = 0
     text_chars = 0
     stack: list[tuple[Any, str, int]] = [(arguments, "$", 0)]
@@ -80,6 +83,8 @@ def inspect_arguments(arguments: Mapping[str, Any]) -> ArgumentReport:
                 return ArgumentReport(bound_crossed=f"arguments hold more than {MAX_TEXT_CHARS} characters of text")
             if surrogate_at is None and has_lone_surrogate(value):
                 surrogate_at = path
+            if nul is None and (position := value.find("\x00")) >= 0:
+                nul = nul_message(path, position)
         elif isinstance(value, bool) or value is None or isinstance(value, float):
             pass
         elif isinstance(value, int):
@@ -94,11 +99,13 @@ def inspect_arguments(arguments: Mapping[str, Any]) -> ArgumentReport:
                     text_chars += len(key)
                     if surrogate_at is None and has_lone_surrogate(key):
                         surrogate_at = _child_path(path, key)
+                    if nul is None and (position := key.find("\x00")) >= 0:
+                        nul = nul_message(f"{path} key {key!r}", position)
                 stack.append((child, _child_path(path, key), depth + 1))
         else:
             # Only reachable in-process: JSON cannot carry other types.
             return ArgumentReport(bound_crossed=f"{path} is a {type(value).__name__}, which JSON cannot carry")
-    return ArgumentReport(lone_surrogate_at=surrogate_at)
+    return ArgumentReport(lone_surrogate_at=surrogate_at, nul=nul)
 
 
 @functools.lru_cache(maxsize=None)

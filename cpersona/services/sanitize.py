@@ -6,7 +6,8 @@ Three jobs, each a pure function with no database access:
   content, episode summary and keywords, profiles): annotation removal, trim,
   length cap (§5.2.1).
 * :func:`check_key_field` / :func:`check_timestamp_field` / :func:`check_json_size`
-  — the write bounds that refuse rather than cut (§5.2.2).
+  — the write bounds that refuse rather than cut (§5.2.2), and
+  :func:`nul_refusal`, the refusal of NUL in any text (decision 11).
 * :func:`normalize_source` and :func:`to_json` — how ``source`` and ``metadata``
   become the JSON text stored in their columns (§5.2.3, storage VF-4).
 
@@ -30,12 +31,12 @@ TIMESTAMP_MAX = 64
 # "[Memory from ]" are ordinary text to the reference, and so they are here.
 _ANNOTATION = re.compile(r"\[Memory from [^\]]+\]\s*")
 
-# NUL is removed from stored text. SQLite keeps it in a bound TEXT value, but its
-# string functions stop at it: length() under-counts, and LIKE (the lexical
-# fallback for 1-2 character queries) never sees the text after it, so part of
-# a memory becomes unsearchable. PostgreSQL refuses NUL in TEXT outright, so a
-# row that SQLite accepted could not be exported into or written on the other
-# backend. The reference keeps NUL; the removal is a deliberate difference.
+# NUL is refused, never stored and never silently removed (spec README decision
+# 11). SQLite keeps it in a bound TEXT value, but its string functions stop at
+# it: length() under-counts, and LIKE (the lexical fallback for 1-2 character
+# queries) never sees the text after it, so part of a memory would become
+# unsearchable; PostgreSQL refuses NUL in TEXT outright. Removing it instead
+# would store something other than what the caller sent. The reference keeps NUL.
 _NUL = "\x00"
 
 
@@ -72,7 +73,11 @@ def sanitize(text: str, cap: int) -> Sanitized:
         # Settings refuse such a cap at startup (SAN-4); a library caller gets
         # the same rule instead of an empty store.
         raise ValueError(f"content cap must be at least 1, got {cap}")
-    cleaned = strip_annotations(text.replace(_NUL, "")).strip()
+    if (position := text.find(_NUL)) >= 0:
+        # Every caller checks first and refuses in its own shape; reaching here
+        # with a NUL is a caller that forgot, and must not store altered text.
+        raise ValueError(nul_message("text", position))
+    cleaned = strip_annotations(text).strip()
     if len(cleaned) <= cap:
         return Sanitized(cleaned, truncated=False)
     return Sanitized(cleaned[:cap].rstrip(), truncated=True)
@@ -85,23 +90,46 @@ def has_nul(value: str) -> bool:
     return _NUL in value
 
 
+def nul_message(where: str, position: int) -> str:
+    """The one wording of the NUL refusal (decision 11): which field, which character, where."""
+    return f"{where} contains the NUL character (U+0000) at position {position}"
+
+
+def nul_refusal(**named: Any) -> str | None:
+    """The refusal for the first NUL in any of the named values, or None.
+
+    Strings are searched at any depth, in dict keys as in values, so a NUL deep
+    in ``metadata`` is named by its path (``metadata.k``, ``source[0]``).
+    """
+    stack: list[tuple[Any, str]] = [(value, name) for name, value in reversed(named.items())]
+    while stack:
+        value, path = stack.pop()
+        if isinstance(value, str):
+            if (position := value.find(_NUL)) >= 0:
+                return nul_message(path, position)
+        elif isinstance(value, dict):
+            children = []
+            for key, child in value.items():
+                if isinstance(key, str) and (position := key.find(_NUL)) >= 0:
+                    return nul_message(f"{path} key {key!r}", position)
+                children.append((child, f"{path}.{key}"))
+            stack.extend(reversed(children))
+        elif isinstance(value, (list, tuple)):
+            stack.extend(reversed([(child, f"{path}[{i}]") for i, child in enumerate(value)]))
+    return None
+
+
 def check_key_field(name: str, value: str) -> str | None:
     """A key field (msg_id, channel, project_id) is refused, never cut, past 256."""
     if len(value) > KEY_FIELD_MAX:
         return f"{name} too long ({len(value)} chars, max {KEY_FIELD_MAX})"
-    if has_nul(value):
-        # A key is compared for identity; silently dropping the NUL would merge
-        # two distinct keys, and PostgreSQL cannot store it (see _NUL above).
-        return f"{name} contains a NUL character"
-    return None
+    return nul_refusal(**{name: value})
 
 
 def check_timestamp_field(value: str) -> str | None:
     if len(value) > TIMESTAMP_MAX:
         return f"timestamp too long ({len(value)} chars, max {TIMESTAMP_MAX})"
-    if _NUL in value:
-        return "timestamp contains a NUL character"
-    return None
+    return nul_refusal(timestamp=value)
 
 
 def check_json_size(name: str, serialized: str, cap: int) -> str | None:

@@ -14,7 +14,7 @@ from typing import Any
 
 from sqlalchemy import text
 
-from cpersona.storage import search_postgres, search_sqlite
+from cpersona.storage import errors, search_postgres, search_sqlite
 
 
 def dialect_name(bind: Any) -> str:
@@ -67,15 +67,8 @@ def position(bind: Any, haystack: str, needle: str) -> str:
 
 
 def error_message(exc: BaseException) -> str:
-    """The database's own one-line reason for a failed statement, for answers.
-
-    SQLite's driver says just the reason; psycopg appends CONTEXT / HINT lines
-    (which PL/pgSQL function raised, where) that only a log should carry.
-    """
-    orig = getattr(exc, "orig", None) or exc
-    diag = getattr(orig, "diag", None)
-    primary = getattr(diag, "message_primary", None)
-    return primary if primary else str(orig)
+    """One line for a failed statement, for answers: see :func:`cpersona.storage.errors.reason`."""
+    return errors.reason(exc)
 
 
 def count_if(condition: str) -> str:

@@ -11,6 +11,14 @@ data only (WAL snapshots); writes are serialised by a process-wide lock held fro
 SQLite's own lock and a writer of another process waits up to busy_timeout.
 No network call may run while the lock is held: callers embed first, then write.
 
+A file this process may not write (its mode, its folder's, a read-only mount)
+is found when it is opened, by asking the kernel what this process may do
+(``access(2)`` with the effective ids, which is what SQLite's own open will
+meet): it is then opened ``mode=ro`` and every write is refused before SQLite
+is asked, with one sentence (:class:`cpersona.storage.errors.ReadOnlyDatabase`).
+Reads keep working. As root a 0444 file is writable (the kernel lets root
+write it), so it is not read-only; a file on a read-only mount is.
+
 PostgreSQL (``CPERSONA_DATABASE_URL``) keeps the same model across processes and
 machines: readers run REPEATABLE READ (one snapshot per read session, like a WAL
 read transaction); writers run READ COMMITTED and take one transaction-scoped
@@ -39,6 +47,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import quote
 
 import anyio.to_thread
 from anyio import CapacityLimiter
@@ -46,6 +55,9 @@ from anyio.lowlevel import RunVar
 from sqlalchemy import Connection, Engine, RootTransaction, create_engine, event
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
+from sqlalchemy.pool import QueuePool
+
+from cpersona.storage.errors import DatabaseBusy, ReadOnlyDatabase  # noqa: F401 — DatabaseBusy is raised here, named there
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +102,30 @@ def _load_sqlite_vec(dbapi_conn: Any) -> bool:
     return True
 
 
+def _may(path: Path, mode: int) -> bool:
+    return os.access(path, mode, effective_ids=os.access in os.supports_effective_ids)
+
+
+def _side_files(path: Path) -> list[Path]:
+    return [path.with_name(path.name + suffix) for suffix in ("-wal", "-shm")]
+
+
+def unwritable_reason(path: Path) -> str | None:
+    """Why this process cannot write the SQLite database at ``path``, or None when it can.
+
+    SQLite writes the file itself and, in WAL mode, its ``-wal`` and ``-shm``
+    beside it: a folder that refuses new files is fatal unless both already
+    exist and are writable.
+    """
+    if path.exists() and not _may(path, os.W_OK):
+        return "the file is read-only for this user"
+    folder = path.parent
+    if folder.exists() and not _may(folder, os.W_OK | os.X_OK):
+        if not all(side.exists() and _may(side, os.W_OK) for side in _side_files(path)):
+            return f"its folder {folder} does not let this user create the -wal and -shm files SQLite needs"
+    return None
+
+
 def prepare_db_file(path: Path) -> None:
     """Create the parent folder (0700) and an empty file (0600) if missing.
 
@@ -114,18 +150,6 @@ BATCH_ROWS = 250
 # the lock; 32 batches of an 8,000-row import add about one second.
 BATCH_PAUSE_SECONDS = 0.03
 BUSY_SLICE_SECONDS = 0.05
-
-
-class DatabaseBusy(Exception):
-    """Another writer held the write lock for longer than this writer may wait.
-
-    Its text is the sentence a client sees: nothing of this write was done.
-    """
-
-    def __init__(self, waited: float) -> None:
-        self.reason = f"another writer has held the database for more than {waited:g} s"
-        super().__init__(f"the database is busy: {self.reason}; nothing was written, retry in a moment")
-        self.waited = waited
 
 
 def _is_lock_conflict(exc: OperationalError) -> bool:
@@ -163,9 +187,11 @@ PG_WRITER_LOCK_KEY = 0x63706572736F6E61
 class Database:
     """One database: an engine plus the rules for reading and writing it."""
 
-    def __init__(self, engine: Engine, *, path: Path | None = None) -> None:
+    def __init__(self, engine: Engine, *, path: Path | None = None, read_only: str | None = None) -> None:
         self.engine = engine
         self.path = path
+        # Why this process may not write the database (see the module docstring), or None.
+        self.read_only = read_only
         self._write_lock = threading.RLock()
         self.lock_wait_seconds = DEFAULT_LOCK_WAIT_SECONDS
         # The session of the snapshot() this thread is inside, if any.
@@ -290,8 +316,13 @@ class Database:
                 if not _is_lock_conflict(exc) or time.monotonic() >= deadline:
                     raise
 
+    def _refuse_if_read_only(self) -> None:
+        if self.read_only is not None:
+            raise ReadOnlyDatabase(self.label, self.read_only)
+
     @contextmanager
     def _transaction(self, wait: float | None = None) -> Iterator[Connection]:
+        self._refuse_if_read_only()
         with self.engine.connect() as conn:
             conn = self._begin_write(conn)
             trans = self._acquire(conn, wait)
@@ -332,6 +363,7 @@ class Database:
         when a later batch fails: callers must write so that any committed
         prefix is consistent and a re-run completes it.
         """
+        self._refuse_if_read_only()
         with self.engine.connect() as conn:
             batches = WriteBatches(self, self._begin_write(conn), rows)
             try:
@@ -411,12 +443,44 @@ class WriteBatches:
             self.db._write_lock.release()
 
 
-def sqlite_engine(path: Path | str, *, foreign_keys: bool = True) -> Engine:
-    """An engine on a SQLite file with sqlite-vec loaded on every connection."""
+def read_only_uri(path: Path) -> str:
+    """A ``mode=ro`` URI for ``path``; immutable when SQLite could not read it otherwise.
+
+    A WAL database needs its ``-shm`` index to be read. When neither side file
+    exists and the folder refuses new ones, SQLite can only read the file as
+    immutable, which is sound because no writer can exist there either: a
+    writer would have to create those same files.
+    """
+    path = Path(path).resolve()
+    uri = f"file:{quote(str(path))}?mode=ro"
+    if not any(side.exists() for side in _side_files(path)) and not _may(path.parent, os.W_OK | os.X_OK):
+        uri += "&immutable=1"
+    return uri
+
+
+def sqlite_engine(path: Path | str, *, foreign_keys: bool = True, read_only: bool = False) -> Engine:
+    """An engine on a SQLite file with sqlite-vec loaded on every connection.
+
+    ``read_only`` opens every connection ``mode=ro`` and leaves the journal
+    mode alone (switching it is a write). ``mode=ro`` refuses every write to the
+    file; ``query_only`` is not set because it also refuses ``VACUUM INTO``,
+    which writes only the copy (``cpersona backup`` of a read-only database).
+    """
     module = sqlite_module()
-    url = "sqlite+pysqlite:///" + (str(path) if str(path) == ":memory:" else str(Path(path)))
-    engine = create_engine(url, module=module, pool_size=8, max_overflow=8)
-    pragmas = PRAGMAS if foreign_keys else PRAGMAS[:-1] + ("foreign_keys=OFF",)
+    # hide_parameters: a failed statement's text then never carries what was being stored.
+    options: dict[str, Any] = {"module": module, "pool_size": 8, "max_overflow": 8, "hide_parameters": True}
+    if read_only:
+        uri = read_only_uri(Path(path))
+        # A creator with no file in the URL would get SQLite's one-connection pool; readers want the usual one.
+        engine = create_engine("sqlite+pysqlite://", creator=lambda: module.connect(
+            uri, uri=True, check_same_thread=False), poolclass=QueuePool, **options)
+        pragmas = tuple(p for p in PRAGMAS if not p.startswith("journal_mode"))
+    else:
+        url = "sqlite+pysqlite:///" + (str(path) if str(path) == ":memory:" else str(Path(path)))
+        engine = create_engine(url, **options)
+        pragmas = PRAGMAS
+    if not foreign_keys:
+        pragmas = tuple("foreign_keys=OFF" if p == "foreign_keys=ON" else p for p in pragmas)
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
@@ -447,8 +511,11 @@ def sqlite_engine(path: Path | str, *, foreign_keys: bool = True) -> Engine:
 
 
 def open_sqlite(path: Path) -> Database:
-    """Open (creating if needed) the SQLite database at ``path``."""
+    """Open (creating if needed) the SQLite database at ``path``; read-only when this process may not write it."""
     path = Path(path).expanduser().resolve()
+    read_only = unwritable_reason(path) if path.exists() else None
+    if read_only is not None:
+        return Database(sqlite_engine(path, read_only=True), path=path, read_only=read_only)
     prepare_db_file(path)
     return Database(sqlite_engine(path), path=path)
 
@@ -463,7 +530,7 @@ def postgres_engine(url: str) -> Engine:
     if parsed.drivername == "postgresql":
         parsed = parsed.set(drivername="postgresql+psycopg")
     # pre_ping: a server restart must not surface as an error on the next call.
-    return create_engine(parsed, pool_size=8, max_overflow=8, pool_pre_ping=True)
+    return create_engine(parsed, pool_size=8, max_overflow=8, pool_pre_ping=True, hide_parameters=True)
 
 
 def open_postgres(url: str) -> Database:

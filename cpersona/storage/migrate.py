@@ -45,6 +45,7 @@ from sqlalchemy.exc import DBAPIError
 
 from cpersona.storage.engine import Database, open_database, open_sqlite
 from cpersona.storage.vectors_postgres import VECTOR_COLUMN, ensure_vector_columns
+from cpersona.storage import errors as storage_errors
 
 log = logging.getLogger(__name__)
 
@@ -208,6 +209,8 @@ def probe(path: Path | str) -> Probe | None:
     inside its write transaction, so a writer racing this probe is still caught.
     """
     path = Path(path).expanduser()
+    if path.is_dir():
+        raise MigrationError(f"{path} is a folder, not a database file")
     if not path.exists() or path.stat().st_size == 0:
         return None
     resolved = path.resolve()
@@ -216,11 +219,12 @@ def probe(path: Path | str) -> Probe | None:
     try:
         conn = sqlite3.connect(uri, uri=True)
     except sqlite3.Error as exc:
-        raise MigrationError(f"cannot open {path} read-only to check its version: {exc}") from exc
+        raise MigrationError(f"cannot open {path} read-only to check its version: "
+                             f"{storage_errors.reason(exc, str(path))}") from exc
     try:
         return _probe_rows(lambda sql: conn.execute(sql).fetchall())
     except sqlite3.DatabaseError as exc:
-        raise MigrationError(f"{path} is not a readable SQLite database: {exc}") from exc
+        raise MigrationError(storage_errors.reason(exc, str(path))) from exc
     finally:
         conn.close()
 
@@ -265,6 +269,9 @@ def open_and_upgrade(path: Path | str, *, fts_enabled: bool = True) -> Database:
 
 def upgrade(db: Database, *, fts_enabled: bool = True) -> None:
     """Bring ``db`` to our head revision in one transaction (see module docstring)."""
+    if db.read_only is not None:
+        _check_read_only_at_head(db)
+        return
     try:
         with db.write_connection() as conn:
             if db.is_sqlite:
@@ -277,6 +284,23 @@ def upgrade(db: Database, *, fts_enabled: bool = True) -> None:
         raise MigrationError(
             f"could not upgrade {db.path or db.label}: {exc.orig}; nothing was changed"
         ) from exc
+
+
+def _check_read_only_at_head(db: Database) -> None:
+    """A database this process cannot write is served as it is, if it is already at head.
+
+    The boot repairs (MV-12) are writes and are skipped; anything older than
+    head would need a migration, which a read-only file cannot take.
+    """
+    with db.read() as session:
+        conn = session.connection()
+        found = _probe_rows(lambda sql: [tuple(r) for r in conn.exec_driver_sql(sql).fetchall()])
+    _refuse_if_too_new(found, db.path)
+    if not (found.is_ours and found.alembic_revision == head_revision()):
+        raise MigrationError(
+            f"the database {db.label} is read-only ({db.read_only}) and must be upgraded before it can be "
+            "served; make it writable for one start, then it can be served read-only"
+        )
 
 
 def open_database_and_upgrade(settings) -> Database:

@@ -42,9 +42,9 @@ def run_cli(*args: str, env: dict[str, str], timeout: float = 60) -> subprocess.
 class RawSession:
     """Newline-delimited JSON-RPC written by hand to a server process."""
 
-    def __init__(self, env: dict[str, str]) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "cpersona"], env=env, stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    def __init__(self, env: dict[str, str], *, argv: list[str] | None = None, stderr: Any = subprocess.DEVNULL) -> None:
+        self.proc = subprocess.Popen(argv or [sys.executable, "-m", "cpersona"], env=env, stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=stderr)
         self._selector = selectors.DefaultSelector()
         self._selector.register(self.proc.stdout, selectors.EVENT_READ)
         self._buffer = b""

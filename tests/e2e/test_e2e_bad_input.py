@@ -82,16 +82,15 @@ def test_surrogate_outside_tool_arguments_cannot_break_the_connection(raw_sessio
     still_serving(raw_session)
 
 
-def test_huge_content_and_nul_bytes_are_stored_and_the_process_keeps_serving(raw_session):  # spec ST-3
+def test_huge_content_is_stored_nul_refused_and_the_process_keeps_serving(raw_session):  # spec ST-3, decision 11
     huge = json.dumps({"agent_id": "a", "content": "word " * 1_000_000})  # 5 MB
     body, is_error = tool_answer(raw_session.call("store", huge, timeout=120))
     assert is_error is False and body["result"] == "stored" and body["truncated"] is True
     nul, _ = tool_answer(raw_session.call("store", json.dumps({"agent_id": "a", "content": "before\x00after"})))
-    assert nul["result"] == "stored"
+    assert nul["result"] == "rejected" and "NUL character (U+0000) at position 6" in nul["reason"]
     listed, _ = tool_answer(raw_session.call("list_memories", '{"agent_id":"a"}'))
     contents = {m["content"] for m in listed["memories"]}
-    assert "beforeafter" in contents  # NUL is dropped from stored text (cpersona/services/sanitize.py)
-    assert max(len(c) for c in contents) <= 16_000
+    assert len(contents) == 1 and max(len(c) for c in contents) <= 16_000
     still_serving(raw_session)
 
 

@@ -40,7 +40,7 @@ from cpersona.services.app import App
 from cpersona.services.operating_context import ProjectRefusal, resolve_project
 from cpersona.services.refs import Ref, canonical_ref
 from cpersona.services.responses import failure
-from cpersona.services.sanitize import check_key_field, find_lone_surrogate, has_nul
+from cpersona.services.sanitize import check_key_field, find_lone_surrogate, has_nul, nul_refusal
 from cpersona.storage.models import Episode, Memory
 from cpersona.storage.models_associations import (
     DECLARED_BY_AGENT,
@@ -447,8 +447,8 @@ def declare_associations(
     """Record entities, aliases, mentions and relations verbatim; retract by id (spec §3)."""
     if not isinstance(agent_id, str):
         return declare_refusal("agent_id is required" if agent_id is None else "agent_id must be a string")
-    if has_nul(agent_id):
-        return declare_refusal("agent_id contains a NUL character")
+    if problem := nul_refusal(agent_id=agent_id):
+        return declare_refusal(problem)
     # The operating context's '@auto' and registry check (OC-7 … OC-11); a
     # refusal writes nothing. ISO-1: a missing or non-string project is the global bucket.
     resolution = resolve_project(app, "declare_associations", project_id, agent_id=agent_id)

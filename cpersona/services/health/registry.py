@@ -22,6 +22,7 @@ from sqlalchemy import Connection, text
 from cpersona.services.app import App
 from cpersona.storage import dialect
 from cpersona.storage.scope import Scope, sql_fragment
+from cpersona.storage import errors as storage_errors
 
 log = logging.getLogger(__name__)
 
@@ -190,7 +191,8 @@ def _stamp(check: Check, issue: Issue) -> Issue:
 
 def crashed(check: Check, exc: BaseException) -> Issue:
     """R-3: a check that raised becomes one warn issue; the rest of the run goes on."""
-    return {"type": "check_crashed", "check_name": check.name, "detail": str(exc) or type(exc).__name__,
+    # One line, never SQLAlchemy's text (the statement and its parameters).
+    return {"type": "check_crashed", "check_name": check.name, "detail": storage_errors.reason(exc),
             "severity": "warn", "check": check.name}
 
 

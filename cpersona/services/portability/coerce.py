@@ -16,7 +16,7 @@ import re
 import struct
 from typing import Any
 
-from cpersona.services.sanitize import has_nul, to_json
+from cpersona.services.sanitize import nul_refusal, to_json
 from cpersona.services.timestamps import parse_iso
 
 INT64_MAX = 2**63 - 1
@@ -167,8 +167,8 @@ def key(record: dict[str, Any], field: str) -> str:
     stored by PostgreSQL; the store refuses it in keys too.
     """
     value = text(record, field)
-    if has_nul(value):
-        raise LineRefused(f"{field} contains a NUL character")
+    if problem := nul_refusal(**{field: value}):
+        raise LineRefused(problem)
     return value
 
 

@@ -23,6 +23,7 @@ from cpersona.services.portability.layout import Layout
 from cpersona.services.portability.paths import output_target, write_atomically
 from cpersona.services.portability.reader import SnapshotReader
 from cpersona.services.responses import ToolFailure, failure
+from cpersona.storage import errors as storage_errors
 
 log = logging.getLogger(__name__)
 
@@ -62,8 +63,8 @@ def export_memories(
     except OSError as exc:
         return failure(f"could not write {path}: {exc.strerror or exc}")
     except (SQLAlchemyError, ValueError) as exc:
-        log.exception("export to %s failed", path)
-        return failure(f"export failed: {getattr(exc, 'orig', None) or exc}")
+        storage_errors.log_details(log, f"export to {path}", exc)
+        return failure(f"export failed: {storage_errors.reason(exc, app.db.label)}")
 
     answer: dict[str, Any] = {
         "ok": True,

@@ -22,7 +22,6 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 from sqlalchemy import Connection, create_engine, event, text
 from sqlalchemy.exc import SQLAlchemyError
@@ -35,7 +34,8 @@ from cpersona.services.portability.importer import ErrorLog, RecordImporter
 from cpersona.services.portability.layout import Layout
 from cpersona.services.portability.reader import SnapshotReader
 from cpersona.services.responses import ToolFailure, failure
-from cpersona.storage.engine import sqlite_module
+from cpersona.storage.engine import read_only_uri, sqlite_module
+from cpersona.storage import errors as storage_errors
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ NOT_COPIED = {
 @contextmanager
 def read_only_snapshot(path: Path) -> Iterator[Connection]:
     """A connection that cannot write to ``path``, inside one read transaction."""
-    uri = f"file:{quote(str(path))}?mode=ro"
+    uri = read_only_uri(path)  # immutable where SQLite could not read the file otherwise
     engine = create_engine(
         "sqlite+pysqlite://",
         module=sqlite_module(),
@@ -106,9 +106,8 @@ def import_db(app: App, source_path: Any, progress: Progress | None = None) -> d
     except ToolFailure as refused:
         return refused.as_response()
     except SQLAlchemyError as exc:
-        log.exception("import-db from %s failed", source_path)
-        reason = getattr(exc, "orig", None) or exc
-        return failure(f"import-db aborted and rolled back: {reason}")
+        storage_errors.log_details(log, f"import-db from {source_path}", exc)
+        return failure(f"import-db aborted and rolled back: {storage_errors.reason(exc, app.db.label)}")
 
 
 def _copy(app: App, path: Path, progress: Progress) -> dict[str, Any]:
@@ -117,7 +116,7 @@ def _copy(app: App, path: Path, progress: Progress) -> dict[str, Any]:
             layout = Layout.of(source)
         except SQLAlchemyError as exc:
             # Nothing of ours was touched yet: a file SQLite cannot read.
-            raise ToolFailure(f"could not read {path}: {getattr(exc, 'orig', None) or exc}") from None
+            raise ToolFailure(f"could not read {path}: {storage_errors.reason(exc, str(path))}") from None
         if not {"memories", "episodes", "profiles"} <= layout.tables:
             raise ToolFailure(f"{path} is not a CPersona database (no memories/episodes/profiles tables)")
         version = (

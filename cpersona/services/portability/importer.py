@@ -39,10 +39,11 @@ from cpersona.services.portability.paths import vet_input_file
 from cpersona.services.portability.writer import EpisodeRow, MemoryRow, ProfileRow, RecordWriter
 from cpersona.services.refs import canonical_ref
 from cpersona.services.responses import ToolFailure, failure
-from cpersona.services.sanitize import sanitize
+from cpersona.services.sanitize import nul_refusal, sanitize
 from cpersona.services.timestamps import ahead_of_clock, sql_stamp
 from cpersona.storage import dialect
-from cpersona.storage.engine import DatabaseBusy
+from cpersona.storage import errors as storage_errors
+from cpersona.storage.errors import DatabaseBusy
 
 log = logging.getLogger(__name__)
 
@@ -162,6 +163,10 @@ class RecordImporter:
         if agent is None:
             return
         try:
+            # Decision 11: a NUL anywhere in the record refuses the record, named
+            # by field and position, before any of its text is cleaned or stored.
+            if problem := nul_refusal(**{k: v for k, v in record.items() if isinstance(k, str)}):
+                raise LineRefused(problem)
             handler(where, record, agent)
         except LineRefused as refused:
             self.errors.add(f"{where}: {kind} {refused.reason}; it was not imported")
@@ -420,7 +425,7 @@ def import_memories(
         reason = stop.message if isinstance(stop, ToolFailure) else getattr(stop, "reason", str(stop))
         return _stopped(run, aborted, reason, dry_run, errors)
     except SQLAlchemyError as exc:
-        log.exception("import of %s failed", path)
+        storage_errors.log_details(log, f"import of {path}", exc)
         return _stopped(run, aborted, f"database error: {dialect.error_message(exc)}", dry_run, errors)
     return {"ok": True, "dry_run": dry_run, **importer.tallies.counts(), **extra, **_errors(errors)}
 

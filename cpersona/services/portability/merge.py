@@ -34,7 +34,8 @@ from cpersona.services.portability.reader import SnapshotReader
 from cpersona.services.portability.writer import EpisodeRow, MemoryRow, ProfileRow, RecordWriter
 from cpersona.services.responses import ToolFailure, failure
 from cpersona.storage import dialect
-from cpersona.storage.engine import DatabaseBusy
+from cpersona.storage import errors as storage_errors
+from cpersona.storage.errors import DatabaseBusy
 from cpersona.storage.models import Episode, Memory, PendingMemoryTask, Profile
 
 log = logging.getLogger(__name__)
@@ -305,7 +306,7 @@ def merge_memories(
             extra = merge.run()
     except (SQLAlchemyError, DatabaseBusy) as exc:
         if isinstance(exc, SQLAlchemyError):
-            log.exception("merge %s -> %s failed", source_agent_id, target_agent_id)
+            storage_errors.log_details(log, f"merge {source_agent_id!r} -> {target_agent_id!r}", exc)
         reason = exc.reason if isinstance(exc, DatabaseBusy) else dialect.error_message(exc)
         if merge is not None and run is not None and run.wrote and run.committed is not None:
             _follow_up(app, merge, emptied=False, moved=mode == "move")

@@ -24,7 +24,7 @@ from datetime import timezone
 from sqlalchemy import case, update
 
 from cpersona.services.app import App
-from cpersona.storage.engine import DatabaseBusy
+from cpersona.storage.errors import DatabaseBusy
 from cpersona.storage.models import Memory
 
 log = logging.getLogger(__name__)
@@ -67,7 +67,8 @@ def _backlog(app: App) -> _Backlog:
 
 def bump_recall_counters(app: App, memory_ids: Sequence[int]) -> None:
     """Count a recall of each returned memory; never waits for the write lock, never fails the read."""
-    if not memory_ids or app.writes_paused:  # a no-persist pause silences counters too (P-12)
+    # A no-persist pause silences counters too (P-12); a read-only database cannot keep them.
+    if not memory_ids or app.writes_paused or app.db.read_only is not None:
         return
     backlog = _backlog(app)
     backlog.add(memory_ids, app.clock().astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S"))

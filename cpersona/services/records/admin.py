@@ -35,7 +35,7 @@ from cpersona.services.app import App
 from cpersona.services.records.memories import embed_text
 from cpersona.services.records.nodes import QUEUED, queue_build, runs_past_window
 from cpersona.services.responses import ToolFailure, failure
-from cpersona.services.sanitize import find_lone_surrogate, sanitize
+from cpersona.services.sanitize import find_lone_surrogate, nul_refusal, sanitize
 from cpersona.storage.models import Episode, Memory, PendingMemoryTask, Profile
 
 log = logging.getLogger(__name__)
@@ -223,6 +223,8 @@ def update_memory(
         owner = _owner_scope("update_memory", "memory", row_id, agent_id)
         if find_lone_surrogate(content):
             raise ToolFailure("content contains a lone UTF-16 surrogate, which is not valid text; nothing was edited")
+        if problem := nul_refusal(content=content):
+            raise ToolFailure(f"{problem}; nothing was edited")  # decision 11
         if not _in_range(row_id):
             raise _absent(row_id, owner)
         cleaned = sanitize(content, app.settings.max_content_length)  # UM-4

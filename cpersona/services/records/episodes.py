@@ -19,7 +19,7 @@ from cpersona.services.records.memories import embed_text
 from cpersona.services.records.nodes import QUEUED, queue_build, runs_past_window
 from cpersona.services.operating_context import ProjectRefusal, resolve_project
 from cpersona.services.responses import ToolFailure
-from cpersona.services.sanitize import check_key_field, find_lone_surrogate, has_nul, sanitize
+from cpersona.services.sanitize import check_key_field, find_lone_surrogate, nul_refusal, sanitize
 from cpersona.services.timestamps import FuturePolicy, parse_iso, sql_stamp
 from cpersona.storage.models import Episode
 from cpersona.storage.scope import predicates
@@ -90,10 +90,10 @@ def _archive(app: App, *, agent_id: Any, summary: Any, history: Any, keywords: A
     for name, value in (("channel", channel), ("project_id", project_id)):
         if problem := check_key_field(name, value):  # AE-7
             raise _refuse(problem)
-    if has_nul(agent_id):
-        raise _refuse("agent_id contains a NUL character")
     if find_lone_surrogate(agent_id, summary, keywords, channel, project_id, history):
         raise _refuse("the arguments contain a lone UTF-16 surrogate, which is not valid text; nothing was stored")
+    if problem := nul_refusal(agent_id=agent_id, summary=summary, keywords=keywords, history=history):
+        raise _refuse(problem)  # decision 11
 
     cap = app.settings.max_content_length
     clean_summary = sanitize(summary, cap)
@@ -102,9 +102,6 @@ def _archive(app: App, *, agent_id: Any, summary: Any, history: Any, keywords: A
     clean_keywords = sanitize(keywords, cap)
 
     start_time, end_time = history_span(history)
-    if any(stamp is not None and has_nul(stamp) for stamp in (start_time, end_time)):
-        raise _refuse("history timestamp contains a NUL character")
-
     policy = FuturePolicy.from_settings(app.settings)
     ahead = policy.judge([s for s in (end_time, start_time) if s], app.clock())  # AE-4: end, then start
     if ahead is not None and policy.rejects:

@@ -38,7 +38,7 @@ from cpersona.services.sanitize import (
     check_key_field,
     check_timestamp_field,
     find_lone_surrogate,
-    has_nul,
+    nul_refusal,
     normalize_source,
     parse_stored_json,
     sanitize,
@@ -266,8 +266,8 @@ def _validate(
     for name, value in (("id", msg_id), ("channel", channel), ("project_id", project_id)):
         if problem := check_key_field(name, value):
             raise _Rejected(problem)
-    if has_nul(agent_id):
-        raise _Rejected("agent_id contains a NUL character")
+    if problem := nul_refusal(agent_id=agent_id):
+        raise _Rejected(problem)
 
     # 7. timestamp bound
     if timestamp is None:
@@ -280,6 +280,8 @@ def _validate(
     # 8. text that cannot be encoded
     if find_lone_surrogate(content, agent_id, msg_id, channel, project_id, timestamp, source, metadata):
         raise _Rejected(LONE_SURROGATE)
+    if problem := nul_refusal(content=content, source=source, metadata=metadata):
+        raise _Rejected(problem)  # decision 11: refused, never stored cut
 
     # 9. source and metadata as stored JSON, within their cap
     if source is OMITTED:

@@ -15,7 +15,7 @@ from sqlalchemy.exc import IntegrityError
 
 from cpersona.services.app import App
 from cpersona.services.responses import ToolFailure
-from cpersona.services.sanitize import find_lone_surrogate, has_nul, sanitize
+from cpersona.services.sanitize import find_lone_surrogate, nul_refusal, sanitize
 from cpersona.services.timestamps import sql_stamp
 from cpersona.storage.models import Profile
 
@@ -76,14 +76,16 @@ def _refuse(reason: str) -> ToolFailure:
 def _checked_profile(app: App, agent_id: Any, profile: Any) -> tuple[str, bool]:
     if not isinstance(agent_id, str):
         raise _refuse("agent_id is required" if agent_id is None else "agent_id must be a string")
-    if has_nul(agent_id):
-        raise _refuse("agent_id contains a NUL character")
+    if problem := nul_refusal(agent_id=agent_id):
+        raise _refuse(problem)
     if profile is None or profile == "":
         raise _refuse("empty profile")  # UP-2
     if not isinstance(profile, str):
         raise _refuse(f"profile must be a string, not {type(profile).__name__}")
     if find_lone_surrogate(agent_id, profile):
         raise _refuse("the arguments contain a lone UTF-16 surrogate, which is not valid text; nothing was stored")
+    if problem := nul_refusal(profile=profile):
+        raise _refuse(problem)  # decision 11
     cleaned = sanitize(profile, app.settings.max_profile_length)  # UP-1
     if cleaned.empty:
         raise _refuse("empty after sanitization")
