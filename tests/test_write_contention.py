@@ -294,8 +294,10 @@ async def test_a_writer_waits_past_the_busy_handler_then_answers_one_sentence(tm
     finally:
         patient.stop()
         hasty.stop()
-    assert refused == {"ok": False, "error": "the database is busy: another writer has held the database "
-                                              "for more than 2 s; nothing was written, retry in a moment"}
+    busy = "the database is busy: another writer has held the database for more than 2 s; nothing was written, " \
+           "retry in a moment"
+    # store refuses in its own shape (spec G-6): result/reason, no error key
+    assert refused == {"ok": False, "result": "rejected", "reason": busy}
     assert waited["ok"] is True, waited
     assert [r[0] for r in _query(patient.db_path, "SELECT content FROM memories")] == ["stored after waiting"]
 
