@@ -13,8 +13,10 @@ exists is kept and its sha256 recorded, with a log line saying so. Every sum
 ends up in the folder's ``SHA256SUMS``, which ``fetch-model --verify`` checks.
 
 A source is a URL under which the files sit at their ``remote_path`` (the
-hub's layout) or, for ``CPERSONA_EMBEDDING_MODEL_SOURCE``, at their folder name
-— so an offline network can serve one machine's cache folder to the others.
+hub's layout, where the folder config comes from the profile) or, for
+``CPERSONA_EMBEDDING_MODEL_SOURCE``, at their folder name with the folder's
+own ``cpersona-model.json`` beside them — so an offline network can serve one
+machine's cache folder to the others.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ from cpersona.embedding.local_model import file_sha256
 from cpersona.embedding.profiles import (
     CONFIG_FILE,
     SUMS_FILE,
+    ModelConfig,
+    ModelFolderError,
     Profile,
     format_sums,
     parse_sums,
@@ -98,7 +102,12 @@ def fetch_model(profile: Profile, cache_dir: Path, *, source: str | None = None,
             published = _published_sums(http, plan) if plan.mirror else {}
             sums = {f.name: _download(http, plan, f.name, f.remote_path, f.sha256 or published.get(f.name),
                                       partial / f.name, progress) for f in profile.files}
-        (partial / CONFIG_FILE).write_text(profile.config.to_json(), encoding="utf-8")
+            if plan.mirror:  # a served cache folder brings the config it was fetched with
+                _download(http, plan, CONFIG_FILE, CONFIG_FILE, published.get(CONFIG_FILE), partial / CONFIG_FILE,
+                          progress)
+                _check_mirrored_config(partial, profile, plan.source)
+            else:
+                (partial / CONFIG_FILE).write_text(profile.config.to_json(), encoding="utf-8")
         (partial / SUMS_FILE).write_text(format_sums(sums), encoding="ascii")
         try:
             os.replace(partial, target)
@@ -124,6 +133,15 @@ def verify_folder(folder: Path) -> list[str]:
         if not path.is_file() or file_sha256(path) != digest:
             bad.append(name)
     return bad
+
+
+def _check_mirrored_config(folder: Path, profile: Profile, source: str) -> None:
+    try:
+        served = ModelConfig.read(folder)
+    except ModelFolderError as exc:
+        raise FetchError(f"{safe_endpoint(source)} serves an unusable {CONFIG_FILE}: {exc}") from None
+    if served.name != profile.name:
+        raise FetchError(f"{safe_endpoint(source)} serves the model {served.name!r}, not {profile.name!r}")
 
 
 def _published_sums(http: httpx.Client, plan: FetchPlan) -> dict[str, str]:

@@ -71,9 +71,6 @@ class LocalModel:
     """A loaded model folder. Construction raises ``ModelFolderError`` with one line saying what is wrong."""
 
     def __init__(self, folder: Path, *, threads: int = 2) -> None:
-        problem = extra_problem()
-        if problem:
-            raise ModelFolderError(problem)
         folder = Path(folder)
         if not folder.is_dir():
             raise ModelFolderError(f"model folder {folder} does not exist")
