@@ -9,7 +9,9 @@ turns one at a time and in batches of 32. Memory is the child's resident set
 (VmRSS, /proc) before the model is loaded and after the timed work, and its
 peak (VmHWM). ``--server`` also times the same texts through
 ``cpersona embed-server`` over HTTP on 127.0.0.1 (one text per request, as a
-stdio server in ``http`` mode sends them).
+stdio server in ``http`` mode sends them), reads that server's resident set,
+and that of a stdio server (`python -m cpersona`) after one store and one
+recall in ``none`` and in ``local`` mode.
 """
 
 from __future__ import annotations
@@ -93,6 +95,40 @@ def server_latency(model: Path, threads: int, texts: list[str]) -> dict[str, flo
         proc.wait(timeout=10)
 
 
+def stdio_server_rss(env_extra: dict[str, str]) -> float:
+    """Resident MiB of `python -m cpersona` (stdio) after initialize and one store in the given mode."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="cpersona-rss-") as workdir:
+        env = {**{k: v for k, v in os.environ.items() if not k.startswith("CPERSONA_")},
+               "CPERSONA_DB_PATH": f"{workdir}/memory.db", "CPERSONA_UPDATE_CHECK": "false", **env_extra}
+        proc = subprocess.Popen([sys.executable, "-m", "cpersona"], env=env, stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        try:
+            def ask(message_id: int, method: str, params: dict) -> dict:
+                proc.stdin.write(json.dumps({"jsonrpc": "2.0", "id": message_id, "method": method,
+                                             "params": params}) + "\n")
+                proc.stdin.flush()
+                while True:
+                    answer = json.loads(proc.stdout.readline())
+                    if answer.get("id") == message_id:
+                        return answer
+
+            ask(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {},
+                                  "clientInfo": {"name": "rss", "version": "0"}})
+            proc.stdin.write('{"jsonrpc":"2.0","method":"notifications/initialized"}\n')
+            proc.stdin.flush()
+            ask(2, "tools/call", {"name": "store", "arguments": {"agent_id": "a", "content": "a first memory"}})
+            ask(3, "tools/call", {"name": "recall", "arguments": {"agent_id": "a", "query": "memory"}})
+            for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+            return float("nan")
+        finally:
+            proc.stdin.close()
+            proc.wait(timeout=30)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model-path", type=Path, default=LOCAL_MODEL)
@@ -117,10 +153,17 @@ def main() -> None:
         "batch32_p50_ms": percentile(child["batch32_ms"], 0.5), "batch32_p95_ms": percentile(child["batch32_ms"], 0.95),
         "batch32_per_text_p50_ms": percentile(batch_per_text, 0.5),
         "batch32_per_text_p95_ms": percentile(batch_per_text, 0.95),
+        "single_total_s": sum(child["single_ms"]) / 1000,
+        "batch32_total_s": sum(child["batch32_ms"]) / 1000,
         "model_files_mb": sum(p.stat().st_size for p in args.model_path.iterdir() if p.is_file()) / 1e6,
     }
     if args.server:
         figures["embed_server"] = server_latency(args.model_path, args.threads, turns)
+        figures["stdio_rss_mib"] = {
+            "none": stdio_server_rss({"CPERSONA_EMBEDDING_MODE": "none"}),
+            "local": stdio_server_rss({"CPERSONA_EMBEDDING_MODE": "local",
+                                       "CPERSONA_EMBEDDING_MODEL_PATH": str(args.model_path)}),
+        }
     for key, value in figures.items():
         print(f"{key:28} {value:.2f}" if isinstance(value, float) else f"{key:28} {value}")
     print(f"results written to {write_results('local-embed', figures)}")

@@ -207,9 +207,11 @@ class LocalModel:
 def _groups(lengths: list[int]) -> list[list[int]]:
     """Positions cut into forward passes of texts of similar length.
 
-    Padding costs compute, and so does a wide pass: on a 2-core machine (measured
-    with LoCoMo turns, load 8-13) passes of 4 texts took 31 ms per text, of 8 45 ms,
-    of 16 54 ms, of 32 81 ms, single texts 49 ms.
+    Padding costs compute, and so does a wide pass: a pass of 32 LoCoMo turns
+    padded to the longest took 2-3x the time of the same turns one at a time on
+    the 2-core benchmark machine. Passes of 1 to 8 similar-length texts could
+    not be told apart there (load 8-13); 4 keeps the per-call overhead low
+    without wide passes.
     A pass holds at most ``GROUP`` texts and ``PASS_TOKENS`` padded tokens.
     """
     groups: list[list[int]] = []
