@@ -88,8 +88,9 @@ def server_latency(model: Path, threads: int, texts: list[str]) -> dict[str, flo
         for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines():
             if line.startswith("VmRSS:"):
                 rss = int(line.split()[1]) / 1024
+        client = stdio_server_rss({"CPERSONA_EMBEDDING_MODE": "http", "CPERSONA_EMBEDDING_URL": url})
         return {"ready_s": ready, "single_p50_ms": percentile(timings, 0.5), "single_p95_ms": percentile(timings, 0.95),
-                "rss_mib": rss}
+                "rss_mib": rss, "stdio_server_in_http_mode_rss_mib": client}
     finally:
         proc.terminate()
         proc.wait(timeout=10)
