@@ -134,6 +134,7 @@ class Embedder:
     """An ``http`` or ``api`` embedding provider over one shared ``httpx.Client``."""
 
     SERVED_MODES = ("http", "api")
+    USES_HTTP = True  # a subclass that computes vectors itself needs no connection pool
 
     def __init__(
         self,
@@ -169,7 +170,7 @@ class Embedder:
             timeout=httpx.Timeout(self.timeout_secs),
             transport=transport,
             follow_redirects=False,
-        )
+        ) if self.USES_HTTP else None
         self._lock = threading.Lock()  # guards dimension and the health counters
         self._dimension: int | None = None
         self._requests = 0
@@ -307,7 +308,8 @@ class Embedder:
         return self.model_label
 
     def close(self) -> None:
-        self._http.close()
+        if self._http is not None:
+            self._http.close()
 
     def __enter__(self) -> Embedder:
         return self

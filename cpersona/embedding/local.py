@@ -175,6 +175,7 @@ class LocalEmbedder(Embedder):
     """The embedding client backed by an in-process ONNX model (mode ``local``)."""
 
     SERVED_MODES = ("local",)
+    USES_HTTP = False
 
     def __init__(self, provider: ModelProvider, *, cache_size: int = 256, cache_ttl: float = 300.0,
                  timeout_secs: float = 30.0) -> None:
