@@ -352,7 +352,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", type=parse_sizes, default=parse_sizes("1000,10000,100000"))
     parser.add_argument("--servers", default="ours,ref", help="comma list of: ours, ours-pg (ours on PostgreSQL), ref")
-    parser.add_argument("--modes", default="none,stub", help="comma list of: none, stub, minilm")
+    parser.add_argument("--modes", default="none,stub", help="comma list of: none, stub, minilm, local (ours only)")
     parser.add_argument("--recalls", type=int, default=200, help="timed recalls per size")
     parser.add_argument("--store-probes", type=int, default=100, help="timed sequential stores per size")
     parser.add_argument("--concurrency", type=int, default=8, help="store requests in flight while filling")

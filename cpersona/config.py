@@ -275,7 +275,7 @@ class Settings(BaseSettings):
     scope_stats_ttl_seconds: float = _f(60.0, CORE, "Seconds a cached scope statistic may be reused while other processes write (0: never reused).", lo=0, out_of_range="error")
 
     # --- §8.2 embeddings and vector search ---
-    embedding_mode: Literal["none", "http", "api"] = _f("none", EMB, "Where vectors come from: `none` (keyword search only), `http` (a local embedding server), `api` (an OpenAI-compatible service; billed per request at the default URL).", alias="EMBEDDING_MODE")
+    embedding_mode: Literal["none", "http", "api", "local"] = _f("none", EMB, "Where vectors come from: `none` (keyword search only), `http` (an embedding server such as `cpersona embed-server`), `api` (an OpenAI-compatible service; billed per request at the default URL), `local` (the model runs inside this process; needs `pip install 'cpersona[local]'`).", alias="EMBEDDING_MODE")
     embedding_url: str | None = _f(None, EMB, "Embedding server endpoint for `http` mode, e.g. `http://127.0.0.1:8401/embed`.", alias="EMBEDDING_HTTP_URL")
     embedding_api_url: str = _f("https://api.openai.com/v1/embeddings", EMB, "Endpoint for `api` mode.", alias="EMBEDDING_API_URL")
     embedding_api_key: SecretStr | None = _f(None, EMB, "Bearer key sent in `api` mode.", alias="EMBEDDING_API_KEY")
@@ -284,6 +284,12 @@ class Settings(BaseSettings):
     embedding_timeout_secs: int = _f(30, EMB, "Timeout of one embedding request, in seconds.", lo=1, out_of_range="error")
     embedding_cache_size: int = _f(256, EMB, "Entries in the in-memory embedding cache (0 turns it off).", lo=0)
     embedding_cache_ttl: int = _f(300, EMB, "Seconds an embedding stays in that cache.", lo=0, out_of_range="error")
+    # `local` mode (and `cpersona embed-server`, `cpersona fetch-model`): the in-process model.
+    embedding_local_model: str = _f("all-MiniLM-L6-v2", EMB, "Model profile of `local` mode: `all-MiniLM-L6-v2` (English), `bge-small-en-v1.5` (English) or `multilingual-e5-small` (Japanese and other languages). Ignored when CPERSONA_EMBEDDING_MODEL_PATH is set.")
+    embedding_model_path: Path | None = _f(None, EMB, "Model folder for `local` mode (the ONNX file, `tokenizer.json` and `cpersona-model.json`); unset: the profile's folder in the cache, fetched on first use.")
+    embedding_cache_dir: Path | None = _f(None, EMB, "Folder that holds fetched models, one subfolder per profile.", shown="$XDG_CACHE_HOME/cpersona/models (~/.cache/cpersona/models)")
+    embedding_model_source: str | None = _f(None, EMB, "URL of a folder laid out like a cached model folder (e.g. another machine's cache served on your network) to fetch models from instead of the Hugging Face hub.")
+    embedding_threads: int = _f(2, EMB, "CPU threads one forward pass of the local model may use.", lo=1, hi=64)
     vector_search_mode: Literal["local", "remote"] = _f("local", EMB, "Run vector search in-process (`local`) or hand it to the embedding service's index (`remote`).")
     store_blob: bool = _f(True, EMB, "Keep a local copy of each vector in `remote` mode, so search still works when the remote index is down.")
     remote_search_timeout_secs: float = _f(5.0, EMB, "Timeout of a remote search call, in seconds.", lo=0, out_of_range="error")
@@ -548,6 +554,22 @@ class Settings(BaseSettings):
         return (self.operating_context or "").lower() != "off"
 
 
+def _local_mode_problem(settings: Settings) -> str | None:
+    """`local` needs the optional packages and a known profile (checked without importing either)."""
+    from cpersona.embedding.local_model import extra_problem
+    from cpersona.embedding.profiles import profile
+
+    if settings.embedding_model_path is None:
+        try:
+            profile(settings.embedding_local_model)
+        except KeyError as exc:
+            return f"CPERSONA_EMBEDDING_LOCAL_MODEL={settings.embedding_local_model!r} is not valid: {exc.args[0]}"
+    return extra_problem()
+
+
+_EMBEDDING_MODE_CHECKS = {"local": _local_mode_problem}
+
+
 def _one_line(exc: ValidationError) -> str:
     """One stderr line out of pydantic's report: the first problem is enough to act on."""
     err = exc.errors()[0]
@@ -586,6 +608,10 @@ def check_startup(settings: Settings) -> None:
             spelled = env_name(name) + (f" (or {alias})" if alias else "")
             raise ConfigError(f"CPERSONA_EMBEDDING_MODE={settings.embedding_mode} needs {spelled}: "
                               f"set it to {what}")
+    # Requirements that are not a setting (an installed extra, a known profile).
+    problem = _EMBEDDING_MODE_CHECKS.get(settings.embedding_mode, lambda _: None)(settings)
+    if problem:
+        raise ConfigError(problem)
 
 
 def _known_variables() -> set[str]:

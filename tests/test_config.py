@@ -236,7 +236,7 @@ def test_enums_are_trimmed_and_lower_cased() -> None:
 
 @pytest.mark.parametrize(("var", "raw", "allowed"), [
     ("CPERSONA_RECALL_MODE", "fast", "rrf, rsf, cascade"),
-    ("CPERSONA_EMBEDDING_MODE", "local", "none, http, api"),
+    ("CPERSONA_EMBEDDING_MODE", "onnx", "none, http, api, local"),
     ("CPERSONA_TRANSPORT", "http", "stdio, streamable-http"),
     ("CPERSONA_HTTP_BODY_LIMIT_MODE", "block", "warn, reject, off"),
     ("CPERSONA_CONFIDENCE_ORDERING", "score", "fusion, legacy"),

@@ -57,8 +57,8 @@ V13_INDEXES = {
 }
 # spec storage.md §6.7, revision 0002
 UNVERSIONED_INDEXES = {"idx_memories_lost_embedding", "idx_episodes_lost_embedding", "idx_memories_span"}
-# spec storage.md §6.2 / §6.1, revisions 0003 (associations) and 0004 (record nodes)
-LATER_TABLES = {"entities", "entity_aliases", "entity_mentions", "relations", "record_nodes"}
+# spec storage.md §6.2 / §6.1, revisions 0003 (associations), 0004 (record nodes), 0005 (embedding identity)
+LATER_TABLES = {"entities", "entity_aliases", "entity_mentions", "relations", "record_nodes", "embedding_identity"}
 LATER_INDEXES = {
     "idx_entity_aliases_normalized", "idx_entity_mentions_ref",
     "idx_relations_subject", "idx_relations_object", "idx_relations_anchor",

@@ -17,7 +17,7 @@ from pg_support import fresh_pg_url
 
 TABLES = {
     "schema_version", "memories", "episodes", "profiles", "pending_memory_tasks",
-    "entities", "entity_aliases", "entity_mentions", "relations", "record_nodes", "alembic_version",
+    "entities", "entity_aliases", "entity_mentions", "relations", "record_nodes", "embedding_identity", "alembic_version",
 }
 
 

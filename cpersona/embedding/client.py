@@ -8,6 +8,10 @@ Two providers share one client:
   {"model", "input": [...]}`` with a Bearer key → ``{"data": [{"index",
   "embedding"}, ...]}``, placed by index and L2-normalised.
 
+A third provider, ``local``, runs the model in this process
+(``cpersona.embedding.local.LocalEmbedder``, a subclass that replaces the
+request with a forward pass and keeps everything else here).
+
 Mode ``none`` has no client at all (``build_embedder`` returns None) and so
 never contacts anything (EMB-7).
 
@@ -49,7 +53,7 @@ from cpersona.embedding.vectors import FLOAT32
 
 log = logging.getLogger(__name__)
 
-MODES = ("none", "http", "api")
+MODES = ("none", "http", "api", "local")
 DEFAULT_API_URL = "https://api.openai.com/v1/embeddings"
 DEFAULT_MODEL = "text-embedding-3-small"
 DEFAULT_TIMEOUT_SECS = 30.0
@@ -114,6 +118,10 @@ class _NotIssued(Exception):
     """No request could be sent (configuration fault)."""
 
 
+class NotReady(Exception):
+    """The backend exists but cannot answer yet (a local model still being fetched)."""
+
+
 class BadStatus(Exception):
     """The endpoint answered with a non-2xx status."""
 
@@ -124,6 +132,9 @@ class BadStatus(Exception):
 
 class Embedder:
     """An ``http`` or ``api`` embedding provider over one shared ``httpx.Client``."""
+
+    SERVED_MODES = ("http", "api")
+    USES_HTTP = True  # a subclass that computes vectors itself needs no connection pool
 
     def __init__(
         self,
@@ -140,8 +151,8 @@ class Embedder:
         clock: Callable[[], float] = time.monotonic,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
-        if mode not in ("http", "api"):
-            raise ValueError(f"an Embedder serves mode http or api, not {mode!r}")
+        if mode not in self.SERVED_MODES:
+            raise ValueError(f"{type(self).__name__} serves mode {' or '.join(self.SERVED_MODES)}, not {mode!r}")
         self.mode = mode
         self.url = url or ""
         self.model = model or DEFAULT_MODEL
@@ -159,7 +170,7 @@ class Embedder:
             timeout=httpx.Timeout(self.timeout_secs),
             transport=transport,
             follow_redirects=False,
-        )
+        ) if self.USES_HTTP else None
         self._lock = threading.Lock()  # guards dimension and the health counters
         self._dimension: int | None = None
         self._requests = 0
@@ -236,7 +247,7 @@ class Embedder:
         if cached is not None:
             vector = np.frombuffer(cached, dtype=FLOAT32)
             return QueryEmbedding(vector, cached, EmbedOutcome(True, False, from_cache=True))
-        vectors, outcome = self._call([text], self.timeout_secs)
+        vectors, outcome = self._call([text], self.timeout_secs, query=True)
         if vectors is None:
             return QueryEmbedding(None, None, outcome)
         blob = vectors[0].tobytes()
@@ -297,7 +308,8 @@ class Embedder:
         return self.model_label
 
     def close(self) -> None:
-        self._http.close()
+        if self._http is not None:
+            self._http.close()
 
     def __enter__(self) -> Embedder:
         return self
@@ -318,34 +330,44 @@ class Embedder:
         # ensure_ascii: a lone surrogate is escaped instead of failing to encode.
         return json.dumps(body, ensure_ascii=True).encode("ascii"), headers
 
-    def _call(self, texts: list[str], timeout: float) -> tuple[list[np.ndarray] | None, EmbedOutcome]:
-        """One POST for ``texts``: validated float32 vectors, or None and why."""
+    def _call(
+        self, texts: list[str], timeout: float, *, query: bool = False
+    ) -> tuple[list[np.ndarray] | None, EmbedOutcome]:
+        """One request for ``texts``: validated float32 vectors, or None and why.
+
+        ``query`` marks a recall query; only a local model treats it differently
+        (some models expect a prefix on queries that stored passages do not get).
+        """
         attempted = False
         try:
             if self._config_problem:
                 raise _NotIssued(self._config_problem)
-            body, headers = self._request_spec(texts)
             attempted = True
-            raw = self._fetch("POST", self.url, body, headers, timeout)
-            payload = parse_json_object(raw)
-            if self.mode == "http":
-                vectors = vectors_from_http(payload, len(texts))
-            else:
-                vectors = vectors_from_api(payload, len(texts))
+            vectors = self._vectors(texts, timeout, query)
             with self._lock:
                 width = check_width(vectors, self._dimension)
                 if self._dimension is None:
                     self._dimension = width
             accepted = [vector.astype(FLOAT32) for vector in vectors]
         except Exception as exc:  # never raise: every failure means "no vector"
+            attempted = attempted and not isinstance(exc, _NotIssued)
             evidence = self._evidence("POST", self.url, exc)
-            if not isinstance(exc, (_NotIssued, BadStatus, EmbeddingResponseError, httpx.HTTPError, httpx.InvalidURL)):
+            if not isinstance(exc, (_NotIssued, NotReady, BadStatus, EmbeddingResponseError, httpx.HTTPError,
+                                    httpx.InvalidURL)):
                 log.exception("Unexpected error in the embedding client")
             log.warning("Embedding request failed: %s", evidence)
             self._record(ok=False, attempted=attempted, error=evidence)
             return None, EmbedOutcome(False, attempted, error=evidence)
         self._record(ok=True, attempted=True, error=None)
         return accepted, EmbedOutcome(True, True)
+
+    def _vectors(self, texts: list[str], timeout: float, query: bool) -> list[np.ndarray]:
+        """The contract-checked vectors of one POST (the part a local model replaces)."""
+        body, headers = self._request_spec(texts)
+        payload = parse_json_object(self._fetch("POST", self.url, body, headers, timeout))
+        if self.mode == "http":
+            return vectors_from_http(payload, len(texts))
+        return vectors_from_api(payload, len(texts))
 
     def _fetch(
         self, method: str, url: str, body: bytes | None, headers: dict[str, str], timeout: float
@@ -452,6 +474,10 @@ def build_embedder(settings: Any, *, transport: httpx.BaseTransport | None = Non
         raise ValueError(
             f"CPERSONA_EMBEDDING_MODE={mode} is not supported; expected one of {', '.join(MODES)}"
         )
+    if mode == "local":
+        from cpersona.embedding.local import build_local_embedder  # onnxruntime only when asked for
+
+        return build_local_embedder(settings)
     model = str(_setting(settings, "embedding_model", DEFAULT_MODEL)) or DEFAULT_MODEL
     fields_set = getattr(settings, "model_fields_set", set())
     configured = getattr(settings, "embedding_model_configured", None)

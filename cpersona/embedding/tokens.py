@@ -7,7 +7,8 @@ closes. Record nodes are cut from these answers, so each entry is checked
 before use; any other shape, a non-2xx status, a transport failure or
 ``token_info: null`` means *unknown*, which callers must never read as "fits".
 
-In ``none`` and ``api`` modes, and for a URL not ending in ``/embed``, there
+In ``local`` mode the in-process tokenizer gives the same report. In
+``none`` and ``api`` modes, and for a URL not ending in ``/embed``, there
 is no report at all (no request is made).
 """
 
@@ -109,7 +110,13 @@ class TokenReporter:
 
 
 def build_token_reporter(embedder: Any, *, transport: httpx.BaseTransport | None = None) -> TokenReporter | None:
-    """The reporter for ``embedder``, or None when its mode or URL has no token report (OV-1)."""
+    """The reporter for ``embedder``, or None when its mode or URL has no token report (OV-1).
+
+    A local model answers from its own tokenizer (``LocalEmbedder.token_reporter``).
+    """
+    own = getattr(embedder, "token_reporter", None)
+    if callable(own):
+        return own()
     if embedder is None or getattr(embedder, "mode", None) != "http":
         return None
     url = sibling_url(getattr(embedder, "url", "") or "", "count_tokens")

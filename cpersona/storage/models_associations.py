@@ -14,7 +14,7 @@ defaults as SQL.
 
 from __future__ import annotations
 
-from sqlalchemy import Index, Integer, LargeBinary, Text, UniqueConstraint
+from sqlalchemy import CheckConstraint, Index, Integer, LargeBinary, Text, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
 from cpersona.storage.models import _AUTOINC, EMPTY, Base, IdType
@@ -107,3 +107,15 @@ class RecordNode(Base):
     window: Mapped[int] = mapped_column("window", Integer, quote=True)
     embedding: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
     embedding_model: Mapped[str] = mapped_column(Text, server_default=EMPTY)
+
+
+class EmbeddingIdentity(Base):
+    """The one row naming the model that made the stored vectors (revision 0005)."""
+
+    __tablename__ = "embedding_identity"
+    __table_args__ = (CheckConstraint("id = 1"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    label: Mapped[str] = mapped_column(Text)
+    dimension: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    recorded_at: Mapped[str] = mapped_column(Text)

@@ -6,6 +6,8 @@ vector channel until something embeds it, so a background worker does:
 
 - at startup (``cpersona serve`` installs the worker and starts a run), for
   whatever an earlier run left behind;
+- after the embedding model changed (``vector_identity``: the vectors of the
+  previous model are cleared at the start of a run, then refilled);
 - while the worker is installed, when recall sees the backend come back (a
   query embedding succeeds after failures), and otherwise at most once a
   minute on a successful query embedding while unembedded rows exist — so a
@@ -35,6 +37,7 @@ from typing import Any
 from sqlalchemy import text
 
 from cpersona.services.app import App
+from cpersona.services.records.vector_identity import reconcile
 
 log = logging.getLogger(__name__)
 
@@ -214,6 +217,13 @@ class BackfillWorker:
 
     def _run(self, reason: str) -> None:
         try:
+            # Vectors of a model other than the live one are cleared first, so this
+            # run re-embeds them (rows of two models are never compared).
+            try:
+                if reconcile(self.app).action == "cleared":
+                    reason = f"{reason}; the embedding model changed"
+            except Exception:  # noqa: BLE001 - filling missing vectors is still worth doing
+                log.exception("could not compare the embedding model with the one the database records")
             while not self._closing.is_set():
                 with self._lock:
                     self._again = False
