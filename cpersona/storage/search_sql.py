@@ -19,6 +19,7 @@ from sqlalchemy import bindparam
 from cpersona.storage.engine import Database
 from cpersona.storage.scope import Scope, sql_fragment
 from cpersona.storage.search import Hit, Kind, Record, RowKey, clean_query
+from cpersona.storage.search_substrings import SubstringProbes
 from cpersona.storage.sql_text import text
 from cpersona.storage.vectors_sqlite import scan_parameters, usable_query
 
@@ -68,7 +69,7 @@ def episode_record(row: Any) -> Record:
     )
 
 
-class SqlSearch(ABC):
+class SqlSearch(SubstringProbes, ABC):
     """The engine-neutral half of :class:`~cpersona.storage.search.SearchBackend`."""
 
     # (source_id, alias) -> (SQL predicate, parameters); set by each backend.
