@@ -189,18 +189,12 @@ class SearchBackend(Protocol):
         """Episodes whose summary or keywords match ``query`` or one of ``phrases``, best first."""
         ...
 
-    def containing(self, scope: Scope, needle: str, depth: int, *, source_id: str = "") -> list[Hit]:
-        """The newest ``depth`` memories holding ``needle`` as a substring (any length, no index
-        needed; see :mod:`cpersona.storage.search_substrings`)."""
-        ...
-
-    def substring_stats(self, scope: Scope, needles: Sequence[str], *, sample: int, source_id: str = ""):
-        """How many of the scope's newest ``sample`` memories hold each needle
-        (a :class:`~cpersona.storage.search_substrings.SubstringStats`)."""
-        ...
-
     def recent_memories(self, scope: Scope, depth: int, *, source_id: str = "") -> list[Hit]:
         """The ``depth`` newest memories in scope (created_at desc, id desc)."""
+        ...
+
+    def recent_texts(self, scope: Scope, depth: int, *, source_id: str = "") -> list[tuple[int, str]]:
+        """(id, content) of the ``depth`` newest memories, in :meth:`recent_memories` order."""
         ...
 
     def pool_count(self, scope: Scope, *, cap: int | None = None) -> int:

@@ -19,7 +19,6 @@ from sqlalchemy import bindparam
 from cpersona.storage.engine import Database
 from cpersona.storage.scope import Scope, sql_fragment
 from cpersona.storage.search import Hit, Kind, Record, RowKey, clean_query
-from cpersona.storage.search_substrings import SubstringProbes
 from cpersona.storage.sql_text import text
 from cpersona.storage.vectors_sqlite import scan_parameters, usable_query
 
@@ -69,7 +68,7 @@ def episode_record(row: Any) -> Record:
     )
 
 
-class SqlSearch(SubstringProbes, ABC):
+class SqlSearch(ABC):
     """The engine-neutral half of :class:`~cpersona.storage.search.SearchBackend`."""
 
     # (source_id, alias) -> (SQL predicate, parameters); set by each backend.
@@ -149,6 +148,20 @@ class SqlSearch(SubstringProbes, ABC):
         )
         rows = self._run("recency", sql, {**params, **source_params, "depth": depth})
         return [Hit(memory_record(r)) for r in (rows or [])]
+
+    def recent_texts(self, scope: Scope, depth: int, *, source_id: str = "") -> list[tuple[int, str]]:
+        """(id, content) of the ``depth`` newest memories, in recent_memories' order: a slim read for
+        scanning text in the caller (no row objects for rows it will not return)."""
+        if depth <= 0:
+            return []
+        where, params = sql_fragment(scope, "m")
+        by_source, source_params = type(self).source_filter(source_id)
+        sql = text(
+            f"SELECT m.id, m.content FROM memories m WHERE {where} AND {by_source} "
+            "ORDER BY m.created_at DESC, m.id DESC LIMIT :depth"
+        )
+        rows = self._run("recent texts", sql, {**params, **source_params, "depth": depth})
+        return [(int(r.id), r.content or "") for r in rows or []]
 
     def pool_count(self, scope: Scope, *, cap: int | None = None) -> int:
         m_where, params = sql_fragment(scope, "m")

@@ -32,6 +32,9 @@ one statistics statement over :data:`STATS_SAMPLE` rows.
 from __future__ import annotations
 
 import math
+import re
+from itertools import repeat
+from operator import contains
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -69,12 +72,20 @@ def applies(query: str) -> bool:
     return any(_script(ch) in "hkc" for ch in query[:MAX_QUERY_CHARS])
 
 
+_ASCII_UPPER = re.compile("[A-Z]+")
+
+
+def fold(text: str) -> str:
+    """ASCII letters lower-cased, nothing else (as SQLite's LIKE folds): cheap on kana and kanji."""
+    return _ASCII_UPPER.sub(lambda m: m.group().lower(), text) if _ASCII_UPPER.search(text) else text
+
+
 def _query_text(query: str) -> str:
-    return clean_query(query[:MAX_QUERY_CHARS]).lower()
+    return fold(clean_query(query[:MAX_QUERY_CHARS]))
 
 
 def content_runs(query: str) -> list[str]:
-    """The query's content runs, lower-cased, in order of first appearance, no duplicates."""
+    """The query's content runs, ASCII lower-cased, in order of first appearance, no duplicates."""
     runs: dict[str, None] = {}
     current, kind = "", " "
 
@@ -128,7 +139,7 @@ class _Weighting:
     mean_length: float
 
     def score(self, text: str) -> float:
-        folded = text.lower()
+        folded = fold(text)
         norm = K1 * (1.0 - B + B * len(folded) / self.mean_length) if self.mean_length > 0 else K1
         total = 0.0
         for unit, idf in self.idf.items():
@@ -138,26 +149,52 @@ class _Weighting:
         return total
 
 
-def _weighting(backend: SearchBackend, scope: Scope, weights: dict[str, float], source_id: str) -> _Weighting:
-    needles = list(weights)
-    stats = backend.substring_stats(scope, needles, sample=STATS_SAMPLE, source_id=source_id)
-    rows = stats.rows
-    idf = {}
-    for unit, frequency in zip(needles, stats.frequencies, strict=True):
-        frequency = min(frequency, rows)
-        idf[unit] = math.log(1.0 + (rows - frequency + 0.5) / (frequency + 0.5))
-    return _Weighting(idf, weights, stats.mean_length)
+@dataclass(frozen=True, slots=True)
+class _Sample:
+    """The scope's newest rows, folded: where document frequencies are counted and short runs probed."""
+
+    ids: list[int]
+    texts: list[str]
+
+    @classmethod
+    def read(cls, backend: SearchBackend, scope: Scope, source_id: str) -> _Sample:
+        rows = backend.recent_texts(scope, STATS_SAMPLE, source_id=source_id)
+        return cls([row_id for row_id, _ in rows], [fold(content) for _, content in rows])
+
+    def holding(self, needle: str, depth: int) -> list[RowKey]:
+        """The newest ``depth`` sampled rows holding ``needle``."""
+        found: list[RowKey] = []
+        for row_id, text in zip(self.ids, self.texts):
+            if needle in text:
+                found.append(("mem", row_id))
+                if len(found) >= depth:
+                    break
+        return found
+
+    def weighting(self, weights: dict[str, float], pool: Sequence[Record]) -> _Weighting:
+        # A unit no candidate holds cannot change their order: it is not counted.
+        held = [fold(record.text) for record in pool]
+        rows = len(self.texts)
+        idf = {}
+        for unit in weights:
+            if any(unit in text for text in held):
+                frequency = sum(map(contains, self.texts, repeat(unit)))
+                idf[unit] = math.log(1.0 + (rows - frequency + 0.5) / (frequency + 0.5))
+        mean_length = sum(map(len, self.texts)) / rows if rows else 0.0
+        return _Weighting(idf, {unit: weights[unit] for unit in idf}, mean_length)
 
 
-def candidates(backend: SearchBackend, scope: Scope, query: str, depth: int, source_id: str) -> dict[RowKey, Record]:
+def candidates(backend: SearchBackend, scope: Scope, query: str, depth: int, sample: _Sample,
+               source_id: str) -> dict[RowKey, Record]:
     """The rows worth scoring, in the order first found: the trigram arm's, then each run's."""
     pool: dict[RowKey, Record] = {}
 
-    def take(hits: Sequence[Hit]) -> None:
-        for hit in hits:
-            pool.setdefault(hit.record.key, hit.record)
+    def take(records: Sequence[Record]) -> None:
+        for record in records:
+            pool.setdefault(record.key, record)
 
-    take(backend.keyword_memories(scope, query, max(depth, POOL_DEPTH), source_id=source_id).hits)
+    first = backend.keyword_memories(scope, query, max(depth, POOL_DEPTH), source_id=source_id)
+    take([hit.record for hit in first.hits])
     probes = content_runs(query)
     probed: set[str] = set()
     while probes and len(probed) < MAX_PROBED_RUNS:
@@ -165,11 +202,13 @@ def candidates(backend: SearchBackend, scope: Scope, query: str, depth: int, sou
         if run in probed:
             continue
         probed.add(run)
-        if len(run) < PHRASE_MIN:
-            take(backend.containing(scope, run, RUN_POOL, source_id=source_id))
+        if len(run) < PHRASE_MIN:  # no index can find it: the newest rows are searched
+            wanted = [key for key in sample.holding(run, RUN_POOL) if key not in pool]
+            fetched = backend.fetch(scope, wanted, source_id=source_id)
+            take([fetched[key] for key in wanted if key in fetched])  # newest first
             continue
         found = backend.keyword_memories(scope, "", RUN_POOL, source_id=source_id, phrases=[run]).hits
-        take(found)  # the index finds a long run whole, best bm25 first
+        take([hit.record for hit in found])  # the index finds a long run whole, best bm25 first
         if not found and not _latin(run[0]):
             # A compound the rows spell apart (緊急連絡 vs 緊急の連絡): its two-character pieces.
             probes.extend(dict.fromkeys([*(run[i : i + 2] for i in range(0, len(run) - 1, 2)), run[-2:]]))
@@ -180,10 +219,11 @@ def keyword_memories(backend: SearchBackend, scope: Scope, query: str, depth: in
     """The memories keyword arm for a kana/kanji query: best ``depth`` rows, ``Hit.raw`` = score."""
     if depth <= 0 or not clean_query(query):
         return []
-    pool = candidates(backend, scope, query, depth, source_id)
+    sample = _Sample.read(backend, scope, source_id)
+    pool = candidates(backend, scope, query, depth, sample, source_id)
     if not pool:
         return []
-    weighting = _weighting(backend, scope, units(query), source_id)
+    weighting = sample.weighting(units(query), list(pool.values()))
     scored = [(weighting.score(record.text), i, record) for i, record in enumerate(pool.values())]
     scored = [row for row in scored if row[0] > 0.0]
     scored.sort(key=lambda row: (-row[0], row[1]))
