@@ -178,7 +178,7 @@ class _Sample:
         idf = {}
         for unit in weights:
             if any(unit in text for text in held):
-                frequency = sum(map(contains, self.texts, repeat(unit)))
+                frequency = sum(map(contains, self.texts, repeat(unit)))  # rows holding it, counted in C
                 idf[unit] = math.log(1.0 + (rows - frequency + 0.5) / (frequency + 0.5))
         mean_length = sum(map(len, self.texts)) / rows if rows else 0.0
         return _Weighting(idf, {unit: weights[unit] for unit in idf}, mean_length)
