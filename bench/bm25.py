@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
-from typing import Sequence
+from typing import Callable, Sequence
 
 _TOKEN = re.compile(r"\w+", re.UNICODE)
 
@@ -39,13 +39,15 @@ class BM25Index:
         k1: float = 1.2,
         b: float = 0.75,
         stop_words: frozenset[str] = ENGLISH_STOP_WORDS,
+        tokenizer: Callable[[str], list[str]] | None = None,
     ) -> None:
+        """``tokenizer`` replaces the word tokens (and ``stop_words``) when given, e.g. character bigrams."""
         if len(doc_ids) != len(texts):
             raise ValueError("doc_ids and texts differ in length")
         self.doc_ids = list(doc_ids)
         self.k1, self.b = k1, b
-        self.stop_words = stop_words
-        self.term_counts = [Counter(tokenize(text, stop_words)) for text in texts]
+        self.tokens = tokenizer or (lambda text: tokenize(text, stop_words))
+        self.term_counts = [Counter(self.tokens(text)) for text in texts]
         self.lengths = [sum(counts.values()) for counts in self.term_counts]
         self.average_length = (sum(self.lengths) / len(self.lengths)) if self.lengths else 0.0
         document_frequency: Counter[str] = Counter()
@@ -58,7 +60,7 @@ class BM25Index:
         }
 
     def score(self, query: str) -> list[float]:
-        terms = [term for term in set(tokenize(query, self.stop_words)) if term in self.idf]
+        terms = [term for term in set(self.tokens(query)) if term in self.idf]
         scores = []
         for counts, length in zip(self.term_counts, self.lengths):
             norm = self.k1 * (1.0 - self.b + self.b * length / self.average_length)

@@ -193,6 +193,10 @@ class SearchBackend(Protocol):
         """The ``depth`` newest memories in scope (created_at desc, id desc)."""
         ...
 
+    def recent_texts(self, scope: Scope, depth: int, *, source_id: str = "") -> list[tuple[int, str]]:
+        """(id, content) of the ``depth`` newest memories, in :meth:`recent_memories` order."""
+        ...
+
     def pool_count(self, scope: Scope, *, cap: int | None = None) -> int:
         """Memories plus episodes in scope: the pool the quality gate scales with.
 

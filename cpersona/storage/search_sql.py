@@ -137,17 +137,26 @@ class SqlSearch(ABC):
         rows = self._run("memories LIKE", sql, {**params, **source_params, "pattern": pattern, "depth": depth})
         return [Hit(memory_record(r)) for r in (rows or [])]
 
-    def recent_memories(self, scope: Scope, depth: int, *, source_id: str = "") -> list[Hit]:
+    def _newest(self, what: str, columns: str, scope: Scope, depth: int, source_id: str) -> list[Any]:
+        """Rows of the ``depth`` newest memories in scope and source (created_at desc, id desc)."""
         if depth <= 0:
             return []
         where, params = sql_fragment(scope, "m")
         by_source, source_params = type(self).source_filter(source_id)
         sql = text(
-            f"SELECT {MEMORY_COLUMNS} FROM memories m WHERE {where} AND {by_source} "
+            f"SELECT {columns} FROM memories m WHERE {where} AND {by_source} "
             "ORDER BY m.created_at DESC, m.id DESC LIMIT :depth"
         )
-        rows = self._run("recency", sql, {**params, **source_params, "depth": depth})
-        return [Hit(memory_record(r)) for r in (rows or [])]
+        return self._run(what, sql, {**params, **source_params, "depth": depth}) or []
+
+    def recent_memories(self, scope: Scope, depth: int, *, source_id: str = "") -> list[Hit]:
+        return [Hit(memory_record(r)) for r in self._newest("recency", MEMORY_COLUMNS, scope, depth, source_id)]
+
+    def recent_texts(self, scope: Scope, depth: int, *, source_id: str = "") -> list[tuple[int, str]]:
+        """(id, content) of the ``depth`` newest memories, in recent_memories' order: a slim read for
+        scanning text in the caller (no row objects for rows it will not return)."""
+        rows = self._newest("recent texts", "m.id, m.content", scope, depth, source_id)
+        return [(int(r.id), r.content or "") for r in rows]
 
     def pool_count(self, scope: Scope, *, cap: int | None = None) -> int:
         m_where, params = sql_fragment(scope, "m")

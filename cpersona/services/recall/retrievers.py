@@ -1,6 +1,7 @@
 """Recall's retrievers: one ranked list per channel, in fusion order (spec §5.6–5.7).
 
-    vector near list → far list → episodes (FTS) → memories (FTS, LIKE fallback)
+    vector near list → far list → episodes (FTS) → memories (FTS, LIKE fallback;
+    a kana/kanji query: :mod:`cpersona.services.recall.cjk_query`)
 
 The vector channel runs when an embedding client exists and the query is not
 blank. The query is embedded once per recall (VEC-1); that call is also the
@@ -18,6 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from cpersona.services.records import remote_vectors
+from cpersona.services.recall import cjk_query
 from cpersona.services.recall.advisory import embedding_health
 from cpersona.services.app import App
 from cpersona.services.records.backfill import on_query_embedded
@@ -121,8 +123,11 @@ def retrieve(app: App, backend: SearchBackend, query: Query, depth: int, exclude
         vector_lists(app, backend, query, depth, vector, excluded, found)
     if query.episodes_apply:
         found.add("episodes", backend.keyword_episodes(query.scope, query.text, depth), excluded)
-    keyword = backend.keyword_memories(query.scope, query.text, depth, source_id=query.source_id)
-    found.add("memories", keyword.hits, excluded)
+    if cjk_query.applies(query.text):  # kana/kanji: content runs and bigrams, IDF-weighted
+        keyword = cjk_query.keyword_memories(backend, query.scope, query.text, depth, source_id=query.source_id)
+    else:
+        keyword = backend.keyword_memories(query.scope, query.text, depth, source_id=query.source_id).hits
+    found.add("memories", keyword, excluded)
     return found
 
 
