@@ -137,11 +137,15 @@ async def store_conversation(server: RunningServer, conversation: Conversation, 
     return dia_id_by_ref
 
 
-async def run_server(run: RunResult, embed_url: str | None, conversations: list[Conversation]) -> None:
+async def run_server(
+    run: RunResult, embed_url: str | None, conversations: list[Conversation], extra_settings: dict[str, str] | None = None
+) -> None:
     """Fill `run` with one server's answers; a server that dies mid-run leaves what it answered so far."""
     name, mode = run.server, run.mode
+    extra_settings = extra_settings or {}
     started = time.perf_counter()
-    async with start_server(name, embedding_env(mode, embed_url)) as server:
+    settings = {**embedding_env(mode, embed_url), **(extra_settings if name.startswith("ours") else {})}
+    async with start_server(name, settings) as server:
         run.server_version = str(server.server_info.get("version", ""))
         for conversation in conversations:
             lookup = TurnLookup(
@@ -238,6 +242,7 @@ async def main_async(args: argparse.Namespace) -> None:
         f"({sum(c.skipped_questions for c in conversations)} skipped: adversarial or no evidence), limit {RECALL_LIMIT}",
         flush=True,
     )
+    settings = dict(item.split("=", 1) for item in args.setting)
     runs: list[RunResult] = []
     embedders: dict[str, Any] = {}
     for mode in modes:
@@ -247,7 +252,7 @@ async def main_async(args: argparse.Namespace) -> None:
                 run = RunResult(server=name, mode=mode)
                 runs.append(run)
                 try:
-                    await run_server(run, embed_url, conversations)
+                    await run_server(run, embed_url, conversations, settings)
                 except Exception as exc:  # one broken server must not cost the other server's figures
                     run.aborted = f"{type(exc).__name__}: {exc}"[:500]
                     print(f"  ! {mode}/{name} aborted: {run.aborted}", file=sys.stderr, flush=True)
@@ -274,6 +279,7 @@ async def main_async(args: argparse.Namespace) -> None:
             "conversations": [c.name for c in conversations],
             "turns": turns,
             "recall_limit": RECALL_LIMIT,
+            "settings_ours": settings,
             "runs": summaries,
             "floors": floors,
             "embedders": embedders,
@@ -289,6 +295,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--modes", default="none,minilm", help="comma list of: none, minilm, stub")
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA_DIR, help="directory of LoCoMo *.json files")
     parser.add_argument("--conversations", default="", help="comma list of file stems to keep (default: all)")
+    parser.add_argument(
+        "--setting", action="append", default=[], metavar="CPERSONA_X=VALUE",
+        help="an extra setting for our server only (repeatable), e.g. CPERSONA_RECALL_MODE=rsf",
+    )
     parser.add_argument(
         "--no-per-question", dest="per_question", action="store_false", help="leave per-question rankings out of the JSON"
     )

@@ -189,6 +189,15 @@ class SearchBackend(Protocol):
         """Episodes whose summary or keywords match ``query`` or one of ``phrases``, best first."""
         ...
 
+    def word_memories(self, scope: Scope, query: str, depth: int, *, source_id: str = "") -> list[Hit]:
+        """Memories holding one of the query's Latin-script content words, stemmed, best first
+        (the word channel, :mod:`cpersona.storage.search_words`); [] when the query has none."""
+        ...
+
+    def word_episodes(self, scope: Scope, query: str, depth: int) -> list[Hit]:
+        """Episodes whose summary or keywords hold one of the query's content words, best first."""
+        ...
+
     def recent_memories(self, scope: Scope, depth: int, *, source_id: str = "") -> list[Hit]:
         """The ``depth`` newest memories in scope (created_at desc, id desc)."""
         ...
@@ -265,11 +274,11 @@ class SearchBackend(Protocol):
 def open_search(db, *, fts_enabled: bool = True) -> SearchBackend:
     """The SearchBackend for ``db``'s engine: the one place the choice is made."""
     if db.is_sqlite:
-        from cpersona.storage.search_sqlite import SqliteSearch
+        from cpersona.storage.search_words import SqliteWordSearch
 
-        return SqliteSearch(db, fts_enabled=fts_enabled)
+        return SqliteWordSearch(db, fts_enabled=fts_enabled)
     if db.dialect == "postgresql":
-        from cpersona.storage.search_postgres import PostgresSearch
+        from cpersona.storage.search_words import PostgresWordSearch
 
-        return PostgresSearch(db, fts_enabled=fts_enabled)
+        return PostgresWordSearch(db, fts_enabled=fts_enabled)
     raise ValueError(f"no search backend for the {db.dialect} database engine")

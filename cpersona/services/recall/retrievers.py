@@ -2,6 +2,9 @@
 
     vector near list → far list → episodes (FTS) → memories (FTS, LIKE fallback)
 
+Each lexical list is the trigram ranking merged with the word channel's
+(:mod:`cpersona.services.recall.words`).
+
 The vector channel runs when an embedding client exists and the query is not
 blank. The query is embedded once per recall (VEC-1); that call is also the
 measurement the degraded advisory reads (ADV-2), and a fresh success lets the
@@ -22,14 +25,14 @@ from cpersona.services.recall.advisory import embedding_health
 from cpersona.services.app import App
 from cpersona.services.records.backfill import on_query_embedded
 from cpersona.services.calibration.state import vector_threshold as calibrated_threshold
-from cpersona.services.recall.fusion import Ranked, RankedList
+from cpersona.services.recall.fusion import VECTOR_CHANNELS, Ranked, RankedList
+from cpersona.services.recall.words import with_words
 from cpersona.storage.scope import Scope
 from cpersona.storage.search import MAX_QUERY_CHARS, Hit, Record, RowKey, SearchBackend, open_search
 
 log = logging.getLogger(__name__)
 
 EXCLUDE_PREFIX_MIN = 32  # exclusion entries this long also match by prefix (spec §5.7.5)
-VECTOR_CHANNELS = ("vector", "far")
 
 
 def search_backend(app: App) -> SearchBackend:
@@ -119,10 +122,14 @@ def retrieve(app: App, backend: SearchBackend, query: Query, depth: int, exclude
     elif (vector := embed_query(app, query.text, measure=query.measure)) is not None:
         found.query_embedded, found.query_vector = True, vector
         vector_lists(app, backend, query, depth, vector, excluded, found)
+    weight = app.settings.recall_word_weight  # the word channel joins each lexical list (words.py)
     if query.episodes_apply:
-        found.add("episodes", backend.keyword_episodes(query.scope, query.text, depth), excluded)
+        episodes = backend.keyword_episodes(query.scope, query.text, depth)
+        words = backend.word_episodes(query.scope, query.text, depth) if weight > 0 else []
+        found.add("episodes", with_words(episodes, words, depth, weight=weight), excluded)
     keyword = backend.keyword_memories(query.scope, query.text, depth, source_id=query.source_id)
-    found.add("memories", keyword.hits, excluded)
+    words = backend.word_memories(query.scope, query.text, depth, source_id=query.source_id) if weight > 0 else []
+    found.add("memories", with_words(keyword.hits, words, depth, weight=weight), excluded)
     return found
 
 
@@ -190,7 +197,7 @@ def vector_lists(
     threshold = arm_threshold(app, query.agent_id)
     window = settings.max_memories
     near = nearest(backend, query, vector, depth, threshold, (0, window))
-    found.add("vector", near, excluded)
+    found.add("vector", near, excluded, weight=settings.recall_vector_weight)
     reach = settings.vector_reach
     if fusing and reach > window and settings.prior_far_weight > 0:
         far_depth = min(depth, settings.vector_far_limit) if settings.vector_far_limit > 0 else depth

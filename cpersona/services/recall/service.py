@@ -45,6 +45,7 @@ from cpersona.services.recall.confidence import (
 )
 from cpersona.services.recall.cue_arm import cued_answer, search_period
 from cpersona.services.recall.fusion import cascade, rrf, rsf
+from cpersona.services.recall.keyword_floor import annotate
 from cpersona.services.recall.gate import (
     POOL_SATURATION,
     PROFILE_KEY,
@@ -190,6 +191,8 @@ def fuse(app: App, req: RecallRequest, found: Retrieval, profile: str | None) ->
         setattr(candidate, mode, row.score)
         candidate.single_arm = _single_arm(found, row.key)
         rows.append(candidate)
+    if found.query_embedded:  # the gate's keyword-only floor (issue 14)
+        annotate(found.lists, rows, mode, app.settings.rrf_k)
     return rows + ([profile_row] if profile_row else [])
 
 

@@ -1,0 +1,42 @@
+"""Embeddings never cost answers (issue 14): what the gate needs to keep keyword quality.
+
+With an embedder on, the gate judges fused scores that the vector channel
+helped make. A weak or out-of-domain embedder then did harm in two ways: its
+votes (weighted ``CPERSONA_RECALL_VECTOR_WEIGHT``) lowered the fused score of
+rows only the lexical lists found below the fused bar, and its rows took the
+places of lexical ones. On small pools the first emptied answers that
+keyword-only recall filled (a row on one list at rank 0 scores 1/(K+1), below
+the fused bar there).
+
+So every candidate of an embedded query carries two more scores:
+
+- ``lexical``: its fused score over the lexical lists alone, exactly what
+  keyword-only recall would have judged; the gate admits a row that passes
+  keyword-only's bar on it (``gate.apply_gate``), whatever the fused bar or a
+  calibrated gate say;
+- ``judged_rrf``: under rrf, its score with the near vector list at full
+  weight, so a down-weighted vector channel orders rows but does not move
+  the heuristic bar (the bar was derived on unit votes, spec GATE-2).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+from cpersona.services.recall.fusion import VECTOR_CHANNELS, RankedList, rrf, rsf
+from cpersona.services.recall.gate import Candidate
+
+
+def annotate(lists: Sequence[RankedList], rows: Sequence[Candidate], mode: str, rrf_k: int) -> None:
+    """Set ``lexical`` (and under rrf ``judged_rrf``) on the fused rows of an embedded query."""
+    lexical = [lst for lst in lists if lst.channel not in VECTOR_CHANNELS]
+    fuse = (lambda chosen: rrf(chosen, rrf_k)) if mode == "rrf" else rsf
+    by_key = {row.key: row.score for row in fuse(lexical)}
+    judged: dict = {}
+    if mode == "rrf":
+        unit = [replace(lst, weight=1.0) if lst.channel == "vector" else lst for lst in lists]
+        judged = {row.key: row.score for row in rrf(unit, rrf_k)}
+    for row in rows:
+        row.lexical = by_key.get(row.key)
+        row.judged_rrf = judged.get(row.key)
