@@ -134,6 +134,18 @@ class Record:
     has_embedding: bool = False
     recall_count: int = 0
     last_recalled_at: str | None = None
+    ended_at: str = ""  # an episode's end_time (its history's last stamp); '' for memories
+
+    @property
+    def written_at(self) -> str:
+        """When the row's text was written, on the caller's clock where there is one.
+
+        A memory: its timestamp. An episode: the end of its history, else when
+        it was archived (the start would age an episode by its own length).
+        """
+        if self.kind == "mem":
+            return self.timestamp
+        return self.ended_at or self.created_at
 
     @property
     def key(self) -> RowKey:

@@ -1,4 +1,9 @@
-"""Embeddings never cost answers (issue 14): what the gate needs to keep keyword quality.
+"""What keeps an answer from losing the memories that match (issue 14).
+
+Two rules: embeddings never cost answers (the gate's keyword-only floor), and
+episodes never take a whole answer when memories matched (:func:`keep_a_memory`).
+
+Embeddings never cost answers.
 
 With an embedder on, the gate judges fused scores that the vector channel
 helped make. A weak or out-of-domain embedder then did harm in two ways: its
@@ -40,3 +45,22 @@ def annotate(lists: Sequence[RankedList], rows: Sequence[Candidate], mode: str, 
     for row in rows:
         row.lexical = by_key.get(row.key)
         row.judged_rrf = judged.get(row.key)
+
+
+def keep_a_memory(rows: Sequence[Candidate], limit: int) -> list[Candidate]:
+    """The first ``limit`` rows, except that a full answer of episodes only keeps a seat for a memory.
+
+    Episodes summarise many turns, so they match many questions; when every
+    seat went to one, the best memory that passed the gate takes the last
+    episode's seat (its rank, the lowest place). An answer with room to spare
+    already holds every memory that passed.
+    """
+    ranked = list(rows[:limit])
+    shown = [row for row in ranked if not row.is_profile]
+    if limit < 2 or len(ranked) < limit or not shown or any(row.record.kind == "mem" for row in shown):
+        return ranked
+    memory = next((row for row in rows[limit:] if row.record is not None and row.record.kind == "mem"), None)
+    if memory is None:
+        return ranked
+    ranked[ranked.index(shown[-1])] = memory
+    return ranked
