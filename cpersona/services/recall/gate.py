@@ -53,7 +53,8 @@ class Candidate:
     held: dict[str, Any] | None = None  # a held seat's match_reason: outside the ranked order (§5.13 ORD-2)
     # Set by keyword_floor.annotate when the query was embedded (issue 14):
     judged_rrf: float | None = None  # the rrf the heuristic bar judges: near-list votes at full weight
-    lexical: float | None = None  # the row's fused score over the lexical lists alone (keyword-only's view)
+    # (fusion mode, score): the row's fused score over the lexical lists alone (keyword-only's view)
+    lexical: tuple[str, float] | None = None
 
     @property
     def is_profile(self) -> bool:
@@ -168,16 +169,18 @@ def apply_gate(
         """Whether keyword-only recall's gate would pass the row on its lexical lists alone.
 
         Embeddings never cost answers (issue 14): with a weak or out-of-domain
-        embedder the fused bar, a calibrated gate or the vector votes could
-        drop rows the lexical lists vouch for, and a recall that keyword-only
-        answered came back []. Without an embedder every row is single-arm,
-        which is the bar used here.
+        embedder the cosine-keyed bar (a row the vector arm scored is judged
+        on its cosine), the fused bar, a calibrated gate or the vector votes
+        could drop rows the lexical lists vouch for, and a recall that
+        keyword-only answered came back []. Without an embedder every row is
+        single-arm and judged on the fused score, which is the bar used here.
         """
         if row.lexical is None or row.is_profile:
             return False
-        if row.signal is not None and row.signal[0] == "rrf":
-            return row.lexical >= min(min_score * 3 / (rrf_k + 1), 1 / (rrf_k + 1))
-        return row.signal is not None and row.signal[0] == "rsf" and row.lexical >= min_score
+        mode, value = row.lexical  # judged as keyword-only judges it, whatever signal the row carries now
+        if mode == "rrf":
+            return value >= min(min_score * 3 / (rrf_k + 1), 1 / (rrf_k + 1))
+        return value >= min_score
 
     return [row for row in candidates if passes(row) or keyword_admits(row)]
 

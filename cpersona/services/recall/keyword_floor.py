@@ -1,7 +1,8 @@
 """What keeps an answer from losing the memories that match (issue 14).
 
 Two rules: embeddings never cost answers (the gate's keyword-only floor), and
-episodes never take a whole answer when memories matched (:func:`keep_a_memory`).
+episodes never take a whole answer when memories matched (:func:`keep_a_memory`);
+and when the gate does empty an answer, the answer says so (:func:`gate_notice`).
 
 Embeddings never cost answers.
 
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import Any
 
 from cpersona.services.recall.fusion import VECTOR_CHANNELS, RankedList, rrf, rsf
 from cpersona.services.recall.gate import Candidate
@@ -43,7 +45,7 @@ def annotate(lists: Sequence[RankedList], rows: Sequence[Candidate], mode: str, 
         unit = [replace(lst, weight=1.0) if lst.channel == "vector" else lst for lst in lists]
         judged = {row.key: row.score for row in rrf(unit, rrf_k)}
     for row in rows:
-        row.lexical = by_key.get(row.key)
+        row.lexical = None if row.key not in by_key else (mode, by_key[row.key])
         row.judged_rrf = judged.get(row.key)
 
 
@@ -64,3 +66,20 @@ def keep_a_memory(rows: Sequence[Candidate], limit: int) -> list[Candidate]:
         return ranked
     ranked[ranked.index(shown[-1])] = memory
     return ranked
+
+
+def gate_notice(candidates: Sequence[Candidate], admitted: Sequence[Candidate]) -> dict[str, Any] | None:
+    """What the answer says when the quality gate turned every candidate away, else None.
+
+    An empty answer used to look the same whether nothing matched or the gate
+    judged every match too weak; only the second can be changed by the caller
+    (``deep``).
+    """
+    scored = [row for row in candidates if not row.is_profile]
+    if not scored or any(not row.is_profile for row in admitted):
+        return None
+    return {
+        "candidates": len(scored),
+        "message": f"{len(scored)} candidate row(s) were found but none cleared the quality gate; "
+                   "deep=true halves its bar",
+    }

@@ -45,7 +45,7 @@ from cpersona.services.recall.confidence import (
 )
 from cpersona.services.recall.cue_arm import cued_answer, search_period
 from cpersona.services.recall.fusion import cascade, rrf, rsf
-from cpersona.services.recall.keyword_floor import annotate, keep_a_memory
+from cpersona.services.recall.keyword_floor import annotate, gate_notice, keep_a_memory
 from cpersona.services.recall.gate import (
     POOL_SATURATION,
     PROFILE_KEY,
@@ -404,6 +404,8 @@ def run_recall(app: App, req: RecallRequest) -> RecallOutcome:
     rows = fuse(app, req, found, backend.profile(req.agent_id))
     rows = score_candidates(app, backend, req, found, rows)
     admitted = admit(app, backend, req, rows)
+    if (notice := gate_notice(rows, admitted.rows)) is not None:
+        extras["gated"] = notice  # the gate emptied an answer that had candidates: say so (issue 14)
     rows = admitted.rows
     if admitted.gate_fallback:
         extras["gate_fallback"] = True  # spec RC-4: present only when it fired
