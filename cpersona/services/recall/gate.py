@@ -175,8 +175,8 @@ def apply_gate(
         keyword-only answered came back []. Without an embedder every row is
         single-arm and judged on the fused score, which is the bar used here.
         """
-        if row.lexical is None or row.is_profile:
-            return False
+        if row.lexical is None or row.is_profile or (row.signal is not None and row.signal[0] == "confidence"):
+            return False  # legacy confidence ordering keeps 2.5's gate; gate_fallback is its lexical rescue
         mode, value = row.lexical  # judged as keyword-only judges it, whatever signal the row carries now
         if mode == "rrf":
             return value >= min(min_score * 3 / (rrf_k + 1), 1 / (rrf_k + 1))
