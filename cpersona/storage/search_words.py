@@ -5,7 +5,7 @@ or more characters: they cannot find ``Q1`` or ``AI`` at all, and they treat
 "runs" and "running" as unrelated strings. This channel searches the query's
 Latin-script words, stemmed, in the word indexes of revision 0005: FTS5
 ``porter unicode61`` on SQLite (ranked by bm25), the ``english`` text search
-configuration on PostgreSQL (ranked by ``ts_rank_cd``). Recall fuses its list
+configuration on PostgreSQL (ranked by ``ts_rank`` normalised by length, as bm25 is). Recall fuses its list
 with the trigram one (``services/recall/words.py``); CJK text, identifiers and
 substrings stay with trigram, so a query with no Latin-script content word
 has no word list at all.
@@ -126,7 +126,7 @@ class PostgresWordSearch(PostgresSearch):
     ) -> list[Any]:
         vector = pg_word_vector(kind, alias)
         sql = text(
-            f"SELECT {columns}, ts_rank_cd({vector}, q.query) AS score "
+            f"SELECT {columns}, ts_rank({vector}, q.query, 1) AS score "
             f"FROM {table} {alias}, to_tsquery('{TEXT_SEARCH_CONFIG}'::regconfig, :tsquery) AS q(query) "
             f"WHERE {vector} @@ q.query AND {where} ORDER BY score DESC, {alias}.id LIMIT :depth"
         )

@@ -26,7 +26,7 @@ from cpersona.services.app import App
 from cpersona.services.records.backfill import on_query_embedded
 from cpersona.services.calibration.state import vector_threshold as calibrated_threshold
 from cpersona.services.recall.fusion import VECTOR_CHANNELS, Ranked, RankedList
-from cpersona.services.recall.words import with_words
+from cpersona.services.recall.words import add_lexical_lists
 from cpersona.storage.scope import Scope
 from cpersona.storage.search import MAX_QUERY_CHARS, Hit, Record, RowKey, SearchBackend, open_search
 
@@ -122,14 +122,7 @@ def retrieve(app: App, backend: SearchBackend, query: Query, depth: int, exclude
     elif (vector := embed_query(app, query.text, measure=query.measure)) is not None:
         found.query_embedded, found.query_vector = True, vector
         vector_lists(app, backend, query, depth, vector, excluded, found)
-    weight = app.settings.recall_word_weight  # the word channel joins each lexical list (words.py)
-    if query.episodes_apply:
-        episodes = backend.keyword_episodes(query.scope, query.text, depth)
-        words = backend.word_episodes(query.scope, query.text, depth) if weight > 0 else []
-        found.add("episodes", with_words(episodes, words, depth, weight=weight), excluded)
-    keyword = backend.keyword_memories(query.scope, query.text, depth, source_id=query.source_id)
-    words = backend.word_memories(query.scope, query.text, depth, source_id=query.source_id) if weight > 0 else []
-    found.add("memories", with_words(keyword.hits, words, depth, weight=weight), excluded)
+    add_lexical_lists(backend, query, depth, excluded, found, weight=app.settings.recall_word_weight)
     return found
 
 

@@ -18,9 +18,13 @@ which is what rsf normalises.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
-from cpersona.storage.search import Hit, RowKey
+from cpersona.storage.search import Hit, RowKey, SearchBackend
+
+if TYPE_CHECKING:
+    from cpersona.services.recall.retrievers import Query, Retrieval
 
 # Chosen with the weight (2) by leave-one-conversation-out on the LoCoMo dev
 # conversations, in every fold (docs/benchmarks.md): the word ranking leads,
@@ -41,3 +45,21 @@ def with_words(trigram: Sequence[Hit], words: Sequence[Hit], depth: int, *, weig
             score[key] = score.get(key, 0.0) + share / (MERGE_K + rank + 1)
     order = sorted(score, key=lambda key: -score[key])  # stable: trigram order first on a tie
     return [Hit(hits[key].record, score[key]) for key in order[:depth]]
+
+
+def add_lexical_lists(
+    backend: SearchBackend, query: Query, depth: int, excluded: Callable[[str], bool], found: Retrieval,
+    *, weight: float, phrases: Sequence[str] = (),
+) -> None:
+    """The two lexical lists, in fusion order: episodes (when they apply), then memories.
+
+    ``phrases`` (reconstruct's declared names, RX-8) go to the trigram arms
+    only: a name is searched as written, spaces included.
+    """
+    if query.episodes_apply:
+        episodes = backend.keyword_episodes(query.scope, query.text, depth, phrases=phrases)
+        words = backend.word_episodes(query.scope, query.text, depth) if weight > 0 else []
+        found.add("episodes", with_words(episodes, words, depth, weight=weight), excluded)
+    keyword = backend.keyword_memories(query.scope, query.text, depth, source_id=query.source_id, phrases=phrases)
+    words = backend.word_memories(query.scope, query.text, depth, source_id=query.source_id) if weight > 0 else []
+    found.add("memories", with_words(keyword.hits, words, depth, weight=weight), excluded)
