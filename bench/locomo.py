@@ -29,7 +29,7 @@ from harness_python import ensure_harness_python
 ensure_harness_python()
 
 from bm25 import BM25Index  # noqa: E402
-from locomo_data import DEFAULT_DATA_DIR, Conversation, load_conversations  # noqa: E402
+from locomo_data import DEFAULT_DATA_DIR, Conversation, Session, load_conversations  # noqa: E402
 from mcp_driver import (  # noqa: E402
     RunningServer,
     ToolCallError,
@@ -53,6 +53,7 @@ class RunResult:
     server_version: str = ""
     stored: int = 0
     embedded: int = 0
+    episodes: int = 0  # episodes archived (the --episodes per-session variant)
     store_failures: list[str] = field(default_factory=list)
     recall_errors: list[str] = field(default_factory=list)
     unmapped_rows: int = 0
@@ -75,6 +76,7 @@ class RunResult:
             "by_category": {str(c): {"questions": len(s), **average(s)} for c, s in sorted(by_category.items())},
             "stored": self.stored,
             "embedded": self.embedded,
+            "episodes": self.episodes,
             "store_failures": len(self.store_failures),
             "recall_errors": len(self.recall_errors),
             "unmapped_rows": self.unmapped_rows,
@@ -119,9 +121,32 @@ def ranked_dia_ids(messages: list[dict[str, Any]], lookup: TurnLookup) -> tuple[
     return ranked, unmapped
 
 
-async def store_conversation(server: RunningServer, conversation: Conversation, run: RunResult) -> dict[str, str]:
-    """Store every turn in order; returns {"mem:<row id>": dia_id}."""
+async def archive_session(server: RunningServer, conversation: Conversation, session: Session, run: RunResult) -> None:
+    """The episode variant: the session's summary archived as an episode, stamped with the session's time."""
+    if not session.summary:
+        return
+    arguments = {
+        "agent_id": conversation.agent_id,
+        "summary": session.summary,
+        "history": [{"role": "user", "content": f"session {session.number}", "timestamp": session.timestamp}],
+    }
+    try:
+        answer = await server.call("archive_episode", arguments)
+    except ToolCallError as exc:
+        answer = {"tool_error": str(exc)}
+    if answer.get("ok") is False or "tool_error" in answer:
+        run.store_failures.append(f"{conversation.name}/episode {session.number}: {json.dumps(answer)[:200]}")
+    else:
+        run.episodes += 1
+
+
+async def store_conversation(
+    server: RunningServer, conversation: Conversation, run: RunResult, *, episodes: bool = False
+) -> dict[str, str]:
+    """Store every turn in order (and, with ``episodes``, archive each session after its turns);
+    returns {"mem:<row id>": dia_id}."""
     dia_id_by_ref: dict[str, str] = {}
+    session_ends = {session.last_dia_id: session for session in conversation.sessions} if episodes else {}
     for turn in conversation.turns:
         arguments = {"agent_id": conversation.agent_id, "content": turn.content, "id": turn.dia_id, "timestamp": turn.timestamp}
         try:
@@ -134,18 +159,25 @@ async def store_conversation(server: RunningServer, conversation: Conversation, 
             run.embedded += bool(answer.get("embedded"))
         else:
             run.store_failures.append(f"{conversation.name}/{turn.dia_id}: {json.dumps(answer)[:200]}")
+        if (session := session_ends.get(turn.dia_id)) is not None:
+            await archive_session(server, conversation, session, run)
     return dia_id_by_ref
 
 
-async def run_server(run: RunResult, embed_url: str | None, conversations: list[Conversation]) -> None:
+async def run_server(
+    run: RunResult, embed_url: str | None, conversations: list[Conversation], extra_settings: dict[str, str] | None = None,
+    *, episodes: bool = False,
+) -> None:
     """Fill `run` with one server's answers; a server that dies mid-run leaves what it answered so far."""
     name, mode = run.server, run.mode
+    extra_settings = extra_settings or {}
     started = time.perf_counter()
-    async with start_server(name, embedding_env(mode, embed_url)) as server:
+    settings = {**embedding_env(mode, embed_url), **(extra_settings if name.startswith("ours") else {})}
+    async with start_server(name, settings) as server:
         run.server_version = str(server.server_info.get("version", ""))
         for conversation in conversations:
             lookup = TurnLookup(
-                by_ref=await store_conversation(server, conversation, run),
+                by_ref=await store_conversation(server, conversation, run, episodes=episodes),
                 by_content={turn.content: turn.dia_id for turn in conversation.turns},
                 dia_ids=frozenset(turn.dia_id for turn in conversation.turns),
             )
@@ -238,6 +270,7 @@ async def main_async(args: argparse.Namespace) -> None:
         f"({sum(c.skipped_questions for c in conversations)} skipped: adversarial or no evidence), limit {RECALL_LIMIT}",
         flush=True,
     )
+    settings = dict(item.split("=", 1) for item in args.setting)
     runs: list[RunResult] = []
     embedders: dict[str, Any] = {}
     for mode in modes:
@@ -247,7 +280,7 @@ async def main_async(args: argparse.Namespace) -> None:
                 run = RunResult(server=name, mode=mode)
                 runs.append(run)
                 try:
-                    await run_server(run, embed_url, conversations)
+                    await run_server(run, embed_url, conversations, settings, episodes=args.episodes == "per-session")
                 except Exception as exc:  # one broken server must not cost the other server's figures
                     run.aborted = f"{type(exc).__name__}: {exc}"[:500]
                     print(f"  ! {mode}/{name} aborted: {run.aborted}", file=sys.stderr, flush=True)
@@ -274,6 +307,8 @@ async def main_async(args: argparse.Namespace) -> None:
             "conversations": [c.name for c in conversations],
             "turns": turns,
             "recall_limit": RECALL_LIMIT,
+            "settings_ours": settings,
+            "episodes": args.episodes,
             "runs": summaries,
             "floors": floors,
             "embedders": embedders,
@@ -289,6 +324,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--modes", default="none,minilm", help="comma list of: none, minilm, stub, local (ours only)")
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA_DIR, help="directory of LoCoMo *.json files")
     parser.add_argument("--conversations", default="", help="comma list of file stems to keep (default: all)")
+    parser.add_argument(
+        "--episodes", choices=("none", "per-session"), default="none",
+        help="per-session: after each session's turns, archive its summary (session_<n>_summary) as an episode",
+    )
+    parser.add_argument(
+        "--setting", action="append", default=[], metavar="CPERSONA_X=VALUE",
+        help="an extra setting for our server only (repeatable), e.g. CPERSONA_RECALL_MODE=rsf",
+    )
     parser.add_argument(
         "--no-per-question", dest="per_question", action="store_false", help="leave per-question rankings out of the JSON"
     )

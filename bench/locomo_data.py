@@ -41,11 +41,20 @@ class Question:
 
 
 @dataclass(frozen=True)
+class Session:
+    number: int
+    timestamp: str  # ISO-8601 of the session start, as its turns carry
+    summary: str  # the release's session_<n>_summary ('' when absent)
+    last_dia_id: str  # the session's last turn
+
+
+@dataclass(frozen=True)
 class Conversation:
     name: str  # the file stem, e.g. "26"
     turns: tuple[Turn, ...]
     questions: tuple[Question, ...]  # scorable ones only (see load_conversation)
     skipped_questions: int
+    sessions: tuple[Session, ...] = ()
 
     @property
     def agent_id(self) -> str:
@@ -82,10 +91,14 @@ def load_conversation(path: Path) -> Conversation:
         if (match := _SESSION_KEY.fullmatch(key)) and isinstance(data[key], list)
     )
     turns: list[Turn] = []
+    session_rows: list[Session] = []
     for number, key in sessions:
         stamp = session_timestamp(data[f"session_{number}_date_time"])
         for raw in data[key]:
             turns.append(Turn(dia_id=raw["dia_id"], speaker=raw["speaker"], text=raw["text"], timestamp=stamp))
+        if data[key]:
+            summary = str(data.get(f"session_{number}_summary") or "").strip()
+            session_rows.append(Session(number, stamp, summary, data[key][-1]["dia_id"]))
     known = {turn.dia_id for turn in turns}
     questions: list[Question] = []
     skipped = 0
@@ -95,7 +108,8 @@ def load_conversation(path: Path) -> Conversation:
             skipped += 1
             continue
         questions.append(Question(question=str(raw["question"]), evidence=evidence, category=int(raw["category"])))
-    return Conversation(name=path.stem, turns=tuple(turns), questions=tuple(questions), skipped_questions=skipped)
+    return Conversation(name=path.stem, turns=tuple(turns), questions=tuple(questions), skipped_questions=skipped,
+                        sessions=tuple(session_rows))
 
 
 def load_conversations(data_dir: Path = DEFAULT_DATA_DIR) -> list[Conversation]:

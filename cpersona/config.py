@@ -332,6 +332,8 @@ class Settings(BaseSettings):
     episode_penalty_enabled: bool = _f(True, REC, "Lower memories older than the latest archived episode.")
     episode_decay_rate: float = _f(0.01, REC, "Hourly growth of that penalty before the boundary.")
     episode_decay_floor: float = _f(0.5, REC, "Lowest multiplier the episode penalty reaches.")
+    recall_vector_weight: float = _f(1.0, REC, "Weight of a vote from the vector near list in fusion, beside the lexical lists' 1. The gate judges vector rows by their rank whatever this weight.", lo=0, hi=1)
+    recall_word_weight: float = _f(2.0, REC, "Weight of the word channel (whole words, stemmed, Latin script) where it joins the trigram ranking of each keyword list; 0 leaves the channel out.", lo=0, hi=4)
     prior_far_weight: float = _f(1.0, REC, "Weight of a vote from the second (far) vector list in fusion.", lo=0, hi=1)
     prior_age_rate: float = _f(0.0, REC, "Rate of the age prior (0 leaves scores unchanged).", lo=0)
     prior_age_floor: float = _f(0.3, REC, "Lowest multiplier the age prior reaches.", lo=0, hi=1)

@@ -67,6 +67,10 @@ LATER_TRIGGERS = {
     "associations_entities_ad", "associations_memories_ad", "associations_episodes_ad",
     "record_nodes_memories_ad", "record_nodes_memories_au", "record_nodes_episodes_ad", "record_nodes_episodes_au",
 }
+# revision 0006: the word indexes, full-text objects like the trigram ones (kept only with FTS on)
+WORD_TABLES = {"memories_words", "episodes_words"}
+WORD_SHADOW = {f"{t}_{s}" for t in WORD_TABLES for s in ("data", "idx", "docsize", "config")}
+WORD_TRIGGERS = {f"{t}_words_{e}" for t in ("memories", "episodes") for e in ("ai", "ad", "au")}
 HEAD_INDEXES = V13_INDEXES | UNVERSIONED_INDEXES | LATER_INDEXES
 V13_TRIGGERS = {
     "memories_fts_ai",
@@ -183,11 +187,12 @@ def include_name(db_conn):
 def test_fresh_upgrade_creates_exactly_the_v13_objects(db: Database) -> None:
     # spec DB-1, DB-2, DB-3, §4.6, §4.7
     tables = objects(db, "table")
-    assert tables - {"sqlite_sequence", "alembic_version"} == V13_TABLES | FTS_TABLES | FTS_SHADOW | LATER_TABLES
+    assert tables - {"sqlite_sequence", "alembic_version"} == (
+        V13_TABLES | FTS_TABLES | FTS_SHADOW | LATER_TABLES | WORD_TABLES | WORD_SHADOW)
     assert "memories_fts_content" not in tables  # external content: no copy of the text (DB-2)
     user_indexes = {i for i in objects(db, "index") if not i.startswith("sqlite_autoindex")}
     assert user_indexes == HEAD_INDEXES
-    assert objects(db, "trigger") == V13_TRIGGERS | LATER_TRIGGERS
+    assert objects(db, "trigger") == V13_TRIGGERS | LATER_TRIGGERS | WORD_TRIGGERS
     assert q(db, "SELECT version FROM schema_version") == [(REFERENCE_VERSION,)]
     assert q(db, "SELECT version_num FROM alembic_version") == [(head_revision(),)]
     assert q(db, "PRAGMA user_version") == [(0,)]  # spec PG-3
@@ -309,8 +314,8 @@ def test_downgrade_to_base_and_back(db: Database) -> None:
     assert left == {"alembic_version"}
     assert objects(db, "trigger") == set()
     upgrade(db)
-    assert V13_TABLES | FTS_TABLES | LATER_TABLES <= objects(db, "table")
-    assert objects(db, "trigger") == V13_TRIGGERS | LATER_TRIGGERS
+    assert V13_TABLES | FTS_TABLES | LATER_TABLES | WORD_TABLES <= objects(db, "table")
+    assert objects(db, "trigger") == V13_TRIGGERS | LATER_TRIGGERS | WORD_TRIGGERS
     assert q(db, "SELECT version FROM schema_version") == [(13,)]
 
 
@@ -334,11 +339,12 @@ def test_fts_disabled_then_enabled(db_path: Path) -> None:
     try:
         upgrade(db, fts_enabled=False)
         assert objects(db, "trigger") == LATER_TRIGGERS
-        assert not (FTS_TABLES & objects(db, "table"))
+        assert not ((FTS_TABLES | WORD_TABLES) & objects(db, "table"))
         mid = insert_memory(db, "written while keyword search was off")
         upgrade(db, fts_enabled=True)
-        assert objects(db, "trigger") == V13_TRIGGERS | LATER_TRIGGERS
+        assert objects(db, "trigger") == V13_TRIGGERS | LATER_TRIGGERS | WORD_TRIGGERS
         assert fts_ids(db, "memories_fts", "keyword sea") == [mid]
+        assert fts_ids(db, "memories_words", "searching") == [mid]  # the word index is filled too (stemmed)
         assert q(db, "PRAGMA user_version") == [(0,)]
         fts_integrity_ok(db)
     finally:

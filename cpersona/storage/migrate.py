@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import importlib.resources
 import logging
+import os
 import shlex
 import sqlite3
 from collections.abc import Callable
@@ -50,6 +51,7 @@ from cpersona.storage import errors as storage_errors
 log = logging.getLogger(__name__)
 
 V13_REVISION = "0001_v13"
+WORD_REVISION = "0006_word_index"
 REFERENCE_VERSION = 13  # the schema_version our databases carry, forever (decision 8)
 FTS_REBUILD_PENDING = 1  # bit 0 of PRAGMA user_version (spec PG-3)
 
@@ -120,12 +122,12 @@ def alembic_config(connection: Connection | None = None, *, fts_enabled: bool = 
 
 
 # Indexes of the PostgreSQL schema the models do not state, hidden from the
-# drift check (spec IMPL-4): the pg_trgm GIN indexes stand in for FTS5 (which
+# drift check (spec IMPL-4): the pg_trgm and tsvector GIN indexes stand in for FTS5 (which
 # the models do not describe either), and the content dedup index is over
 # md5(content) there, an expression the models cannot state per dialect.
 PG_UNMODELLED_INDEXES = frozenset(
     {"idx_memories_content_trgm", "idx_episodes_summary_trgm", "idx_episodes_keywords_trgm",
-     "idx_memories_dedup_content"}
+     "idx_memories_dedup_content", "idx_memories_words", "idx_episodes_words"}
 )
 
 
@@ -142,6 +144,19 @@ def include_object_for(dialect: str):
     return include_object
 
 
+def fts_setting(config: Config | None) -> bool:
+    """Whether a migration run keeps full-text objects (spec DB-4).
+
+    The server passes its setting in ``config.attributes["fts_enabled"]``; the
+    alembic CLI falls back to the environment variable.
+    """
+    setting = config.attributes.get("fts_enabled") if config is not None else None
+    if setting is None:
+        raw = os.environ.get("CPERSONA_FTS_ENABLED", "true").strip().lower()
+        setting = raw not in ("0", "false", "no", "off")
+    return bool(setting)
+
+
 def _script() -> ScriptDirectory:
     return ScriptDirectory.from_config(alembic_config())
 
@@ -156,6 +171,11 @@ def _v13_ddl() -> ModuleType:
     """The v13 revision module: the single copy of the v13 DDL."""
     module = _script().get_revision(V13_REVISION).module
     return module
+
+
+def _word_ddl() -> ModuleType:
+    """The word-index revision module: the single copy of its DDL."""
+    return _script().get_revision(WORD_REVISION).module
 
 
 # ---------------------------------------------------------------------------
@@ -394,7 +414,24 @@ def repair_on_boot(conn: Connection, *, fts_enabled: bool = True) -> None:
     ddl = _v13_ddl()
     if fts_enabled and _prepare_fts(conn, ddl):
         _rebuild_fts(conn)
+    if fts_enabled:
+        _prepare_words(conn)
     _post_ladder_indexes(conn, ddl)
+
+
+def _prepare_words(conn: Connection) -> None:
+    """The word indexes of revision 0006, created and filled when a boot finds them missing.
+
+    A database migrated while full-text search was off has none; the first boot
+    with it on builds them from the rows, as MV-7/MV-9 do for the trigram ones.
+    Triggers come back too when only they were lost.
+    """
+    words = _word_ddl()
+    missing = [name for name in words.WORD_TABLE_NAMES if not _exists(conn, "table", name)]
+    for statement in (*words.WORD_TABLES_DDL, *words.WORD_TRIGGERS_DDL):
+        conn.exec_driver_sql(statement)
+    for name in missing:
+        conn.exec_driver_sql(f"INSERT INTO {name} ({name}) VALUES ('rebuild')")
 
 
 def _user_version(conn: Connection) -> int:

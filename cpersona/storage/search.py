@@ -134,6 +134,18 @@ class Record:
     has_embedding: bool = False
     recall_count: int = 0
     last_recalled_at: str | None = None
+    ended_at: str = ""  # an episode's end_time (its history's last stamp); '' for memories
+
+    @property
+    def written_at(self) -> str:
+        """When the row's text was written, on the caller's clock where there is one.
+
+        A memory: its timestamp. An episode: the end of its history, else when
+        it was archived (the start would age an episode by its own length).
+        """
+        if self.kind == "mem":
+            return self.timestamp
+        return self.ended_at or self.created_at
 
     @property
     def key(self) -> RowKey:
@@ -187,6 +199,15 @@ class SearchBackend(Protocol):
 
     def keyword_episodes(self, scope: Scope, query: str, depth: int, *, phrases: Sequence[str] = ()) -> list[Hit]:
         """Episodes whose summary or keywords match ``query`` or one of ``phrases``, best first."""
+        ...
+
+    def word_memories(self, scope: Scope, query: str, depth: int, *, source_id: str = "") -> list[Hit]:
+        """Memories holding one of the query's Latin-script content words, stemmed, best first
+        (the word channel, :mod:`cpersona.storage.search_words`); [] when the query has none."""
+        ...
+
+    def word_episodes(self, scope: Scope, query: str, depth: int) -> list[Hit]:
+        """Episodes whose summary or keywords hold one of the query's content words, best first."""
         ...
 
     def recent_memories(self, scope: Scope, depth: int, *, source_id: str = "") -> list[Hit]:
@@ -269,11 +290,11 @@ class SearchBackend(Protocol):
 def open_search(db, *, fts_enabled: bool = True) -> SearchBackend:
     """The SearchBackend for ``db``'s engine: the one place the choice is made."""
     if db.is_sqlite:
-        from cpersona.storage.search_sqlite import SqliteSearch
+        from cpersona.storage.search_words import SqliteWordSearch
 
-        return SqliteSearch(db, fts_enabled=fts_enabled)
+        return SqliteWordSearch(db, fts_enabled=fts_enabled)
     if db.dialect == "postgresql":
-        from cpersona.storage.search_postgres import PostgresSearch
+        from cpersona.storage.search_words import PostgresWordSearch
 
-        return PostgresSearch(db, fts_enabled=fts_enabled)
+        return PostgresWordSearch(db, fts_enabled=fts_enabled)
     raise ValueError(f"no search backend for the {db.dialect} database engine")

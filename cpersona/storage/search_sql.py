@@ -30,7 +30,7 @@ MEMORY_COLUMNS = (
     "m.embedding IS NOT NULL AS has_embedding, m.recall_count, m.last_recalled_at"
 )
 EPISODE_COLUMNS = (
-    "e.id, e.summary, e.start_time, e.created_at, e.resolved, e.embedding IS NOT NULL AS has_embedding"
+    "e.id, e.summary, e.start_time, e.end_time, e.created_at, e.resolved, e.embedding IS NOT NULL AS has_embedding"
 )
 
 
@@ -63,6 +63,7 @@ def episode_record(row: Any) -> Record:
         source="",
         timestamp=row.start_time or row.created_at or "",
         created_at=row.created_at or "",
+        ended_at=row.end_time or "",
         resolved=bool(row.resolved),
         has_embedding=bool(row.has_embedding),
     )

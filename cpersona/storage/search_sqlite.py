@@ -233,14 +233,18 @@ class SqliteSearch(SqlSearch):
         extra = phrase_terms(phrases, terms)
         if depth <= 0 or not self.fts_enabled or not (terms or extra):
             return []
-        where, params = sql_fragment(scope, "e")
-        # Many scopes hold no episode at all; one indexed look is cheaper than
-        # the one or two ranked statements that would find nothing.
-        if not self._run("episodes", text(f"SELECT 1 FROM episodes e WHERE {where} LIMIT 1"), params):
+        if not self._has_episodes(scope):
             return []
+        where, params = sql_fragment(scope, "e")
         search = _fts_search("episodes_fts", "episodes", "e", EPISODE_COLUMNS, where)
         rows = self._ranked("episodes FTS", search, params, terms, depth, extra)
         return [Hit(episode_record(r), score) for r, score in (rows or [])]
+
+    def _has_episodes(self, scope: Scope) -> bool:
+        # Many scopes hold no episode at all; one indexed look is cheaper than
+        # the one or two ranked statements that would find nothing.
+        where, params = sql_fragment(scope, "e")
+        return bool(self._run("episodes", text(f"SELECT 1 FROM episodes e WHERE {where} LIMIT 1"), params))
 
     # -- vector arm (spec §5.6): sqlite-vec ranks the window --------------------
 

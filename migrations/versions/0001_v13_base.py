@@ -17,8 +17,6 @@ Revises:
 
 from __future__ import annotations
 
-import os
-
 from alembic import op
 
 revision = "0001_v13"
@@ -160,12 +158,9 @@ def fts_enabled() -> bool:
     The server passes its setting in ``config.attributes["fts_enabled"]``; the
     alembic CLI falls back to the environment variable.
     """
-    config = op.get_context().config
-    setting = config.attributes.get("fts_enabled") if config is not None else None
-    if setting is None:
-        raw = os.environ.get("CPERSONA_FTS_ENABLED", "true").strip().lower()
-        setting = raw not in ("0", "false", "no", "off")
-    return bool(setting)
+    from cpersona.storage.migrate import fts_setting
+
+    return fts_setting(op.get_context().config)
 
 
 # ---------------------------------------------------------------------------

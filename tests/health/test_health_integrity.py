@@ -187,3 +187,31 @@ def test_adopted_legacy_database_still_reports_real_drift(tmp_path, h, fixture):
         assert h.run(app, "schema_objects") == []
     finally:
         app.db.close()
+
+
+@pytest.mark.sqlite_only  # FTS5 shadow tables
+def test_the_word_indexes_are_checked_and_rebuilt_like_the_trigram_ones(app, h):
+    # issue 14: revision 0006's word index out of step with its rows is found and rebuilt
+    row = h.insert_memory(app, "searchable words")
+    h.execute(app, "INSERT INTO memories_words (memories_words, rowid, content) VALUES ('delete', :i, :c)",
+              i=row, c="searchable words")
+    [issue] = h.run(app, "fts_integrity")
+    assert issue == {"type": "fts_integrity_failure", "table": "memories", "index": "memories_words",
+                     "severity": "critical", "repairable": 1, "check": "fts_integrity"}
+    [fixed] = h.run(app, "fts_integrity", fix=True)
+    assert fixed["fixed"] is True
+    assert h.run(app, "fts_integrity") == []
+    h.execute(app, "DROP TABLE episodes_words")
+    [issue] = h.run(app, "fts_integrity")
+    assert issue["index"] == "episodes_words"
+    h.run(app, "fts_integrity", fix=True)
+    assert h.run(app, "fts_integrity") == []
+
+
+@pytest.mark.sqlite_only
+def test_a_lost_word_trigger_is_schema_drift_and_comes_back(app, h):
+    h.execute(app, "DROP TRIGGER memories_words_au")
+    issues = h.run(app, "schema_objects")
+    assert [(i["object"], i["state"], i["severity"]) for i in issues] == [("memories_words_au", "missing", "critical")]
+    h.run(app, "schema_objects", fix=True)
+    assert h.run(app, "schema_objects") == []

@@ -35,7 +35,9 @@ def test_reconstruct_end_to_end_over_stdio(raw_session: RawSession):
     assert out["returned_count"] == len(out["items"]) == 2 and out["effective_count"] == 10  # spec RX-3, RX-35
     bundled = next(i for i in out["items"] if i.get("independence_reason") == "cluster:adjacent")  # spec RX-16
     assert [c["as_of"] for c in bundled["claims"]] == ["2026-08-01T10:00:20+00:00", "2026-08-01T10:00:00+00:00"]
-    assert bundled["excerpts"][0]["content"] == "Cache eviction notes for the gateway service."  # verbatim (RX-50)
+    # verbatim (RX-50). Both rows hold the three query words; since the word channel (issue 14)
+    # joined the ranking their order changed, and with it which of the two is quoted as the excerpt.
+    assert bundled["excerpts"][0]["content"] == "Follow-up on cache eviction for the gateway."
     refused = raw_session.call("reconstruct", '{"agent_id":"e2e","query":"x","top_k":101}')["result"]
     assert refused["isError"] is True  # spec §0.2: a schema violation is the MCP layer's
     assert "Input validation error: 101 is greater than the maximum of 100" in refused["content"][0]["text"]

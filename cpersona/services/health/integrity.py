@@ -20,6 +20,9 @@ from cpersona.storage.engine import sqlite_module
 from cpersona.storage.migrate import REFERENCE_VERSION, _script
 
 FTS = {"memories_fts": "memories", "episodes_fts": "episodes"}
+# The word indexes of revision 0006 (issue 14): full-text objects too, checked and rebuilt the same
+# way; their issues name the index, since "table" alone names the trigram one.
+WORD_FTS = {"memories_words": "memories", "episodes_words": "episodes"}
 _NAME = re.compile(r"^CREATE\s+(UNIQUE\s+)?(INDEX|TRIGGER)\s+(IF\s+NOT\s+EXISTS\s+)?(\w+)\s+", re.I)
 _ON = re.compile(r"\bON\s+(\w+)", re.I)
 _CRITICAL = frozenset({
@@ -27,9 +30,13 @@ _CRITICAL = frozenset({
     "memories_fts_ai", "memories_fts_ad", "memories_fts_au", "episodes_ai", "episodes_ad", "episodes_au",
     "record_nodes_memories_ad", "record_nodes_memories_au", "record_nodes_episodes_ad", "record_nodes_episodes_au",
     "associations_entities_ad", "associations_memories_ad", "associations_episodes_ad",
+    "memories_words_ai", "memories_words_ad", "memories_words_au",
+    "episodes_words_ai", "episodes_words_ad", "episodes_words_au",
 })
 FTS_TRIGGERS = frozenset({"memories_fts_ai", "memories_fts_ad", "memories_fts_au",
-                          "episodes_ai", "episodes_ad", "episodes_au"})
+                          "episodes_ai", "episodes_ad", "episodes_au",
+                          "memories_words_ai", "memories_words_ad", "memories_words_au",
+                          "episodes_words_ai", "episodes_words_ad", "episodes_words_au"})
 # Canonical names the spec lists for features this build does not have (blocks, vector
 # logs, folders, ...) are absent from our revisions, so they are never expected here.
 
@@ -88,19 +95,24 @@ def detect_fts(ctx: Ctx) -> list[Issue]:
     if not ctx.settings.fts_enabled or not _sqlite(ctx):
         return []
     issues = []
-    for fts, table in FTS.items():
+    for fts, table in (*FTS.items(), *WORD_FTS.items()):
         if has_object(ctx.conn, "table", fts):
             ok = _verify_fix(ctx, fts) if ctx.fix else _verify_report(ctx, fts)
             if ok:
                 continue
-        issues.append({"type": "fts_integrity_failure", "table": table, "severity": "critical", "repairable": 1})
+        issue = {"type": "fts_integrity_failure", "table": table, "severity": "critical", "repairable": 1}
+        if fts in WORD_FTS:
+            issue["index"] = fts
+        issues.append(issue)
     return issues
 
 
 def repair_fts(ctx: Ctx, issues: list[Issue]) -> None:
     ddl = dict(zip(FTS, _revision_module("0001_v13").FTS_TABLES_DDL))
+    words = _revision_module("0006_word_index")
+    ddl.update(zip(WORD_FTS, words.WORD_TABLES_DDL))
     for issue in issues:
-        fts = f"{issue['table']}_fts"
+        fts = issue.get("index") or f"{issue['table']}_fts"
         try:
             with ctx.conn.begin_nested():
                 ctx.conn.exec_driver_sql(ddl[fts])

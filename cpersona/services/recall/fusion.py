@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 
 from cpersona.storage.search import RowKey
 
+VECTOR_CHANNELS = ("vector", "far")  # the lists the vector channel makes; the others are lexical
+
 
 @dataclass(frozen=True, slots=True)
 class Ranked:

@@ -51,6 +51,10 @@ class Candidate:
     confidence_payload: dict[str, Any] | None = None  # the response's "confidence" object (§5.9.3)
     prior: float | None = None  # the age prior's multiplier, when it ran (§5.9.6)
     held: dict[str, Any] | None = None  # a held seat's match_reason: outside the ranked order (§5.13 ORD-2)
+    # Set by keyword_floor.annotate when the query was embedded (issue 14):
+    judged_rrf: float | None = None  # the rrf the heuristic bar judges: near-list votes at full weight
+    # (fusion mode, score): the row's fused score over the lexical lists alone (keyword-only's view)
+    lexical: tuple[str, float] | None = None
 
     @property
     def is_profile(self) -> bool:
@@ -146,7 +150,9 @@ def apply_gate(
         # (1/61 × 0.5) can never clear the rrf bar, so every memory older than
         # the newest episode became unrecallable (README decision 3; measured
         # in tests/test_vector_channel.py and the issue-3 report).
-        if row.penalty > 0 and name != "confidence":  # legacy confidence is judged as 2.5 did (§5.9.3)
+        if name == "rrf" and row.judged_rrf is not None:
+            value = row.judged_rrf  # before any penalty or vector weight: the ranks the retrievers gave
+        elif row.penalty > 0 and name != "confidence":  # legacy confidence is judged as 2.5 did (§5.9.3)
             value /= row.penalty
         if name != "rrf":
             return value >= min_score
@@ -159,7 +165,24 @@ def apply_gate(
             bar = min(bar, 1 / (rrf_k + 1))
         return value >= bar
 
-    return [row for row in candidates if passes(row)]
+    def keyword_admits(row: Candidate) -> bool:
+        """Whether keyword-only recall's gate would pass the row on its lexical lists alone.
+
+        Embeddings never cost answers (issue 14): with a weak or out-of-domain
+        embedder the cosine-keyed bar (a row the vector arm scored is judged
+        on its cosine), the fused bar, a calibrated gate or the vector votes
+        could drop rows the lexical lists vouch for, and a recall that
+        keyword-only answered came back []. Without an embedder every row is
+        single-arm and judged on the fused score, which is the bar used here.
+        """
+        if row.lexical is None or row.is_profile or (row.signal is not None and row.signal[0] == "confidence"):
+            return False  # legacy confidence ordering keeps 2.5's gate; gate_fallback is its lexical rescue
+        mode, value = row.lexical  # judged as keyword-only judges it, whatever signal the row carries now
+        if mode == "rrf":
+            return value >= min(min_score * 3 / (rrf_k + 1), 1 / (rrf_k + 1))
+        return value >= min_score
+
+    return [row for row in candidates if passes(row) or keyword_admits(row)]
 
 
 def autocut(candidates: Sequence[Candidate], *, min_results: int, min_gap_ratio: float) -> list[Candidate]:

@@ -3,6 +3,9 @@
     vector near list → far list → episodes (FTS) → memories (FTS, LIKE fallback;
     a kana/kanji query: :mod:`cpersona.services.recall.cjk_query`)
 
+Each lexical list is the trigram ranking merged with the word channel's
+(:mod:`cpersona.services.recall.words`).
+
 The vector channel runs when an embedding client exists and the query is not
 blank. The query is embedded once per recall (VEC-1); that call is also the
 measurement the degraded advisory reads (ADV-2), and a fresh success lets the
@@ -24,14 +27,14 @@ from cpersona.services.recall.advisory import embedding_health
 from cpersona.services.app import App
 from cpersona.services.records.backfill import on_query_embedded
 from cpersona.services.calibration.state import vector_threshold as calibrated_threshold
-from cpersona.services.recall.fusion import Ranked, RankedList
+from cpersona.services.recall.fusion import VECTOR_CHANNELS, Ranked, RankedList
+from cpersona.services.recall.words import add_lexical_lists
 from cpersona.storage.scope import Scope
 from cpersona.storage.search import MAX_QUERY_CHARS, Hit, Record, RowKey, SearchBackend, open_search
 
 log = logging.getLogger(__name__)
 
 EXCLUDE_PREFIX_MIN = 32  # exclusion entries this long also match by prefix (spec §5.7.5)
-VECTOR_CHANNELS = ("vector", "far")
 
 
 def search_backend(app: App) -> SearchBackend:
@@ -121,13 +124,8 @@ def retrieve(app: App, backend: SearchBackend, query: Query, depth: int, exclude
     elif (vector := embed_query(app, query.text, measure=query.measure)) is not None:
         found.query_embedded, found.query_vector = True, vector
         vector_lists(app, backend, query, depth, vector, excluded, found)
-    if query.episodes_apply:
-        found.add("episodes", backend.keyword_episodes(query.scope, query.text, depth), excluded)
-    if cjk_query.applies(query.text):  # kana/kanji: content runs and bigrams, IDF-weighted
-        keyword = cjk_query.keyword_memories(backend, query.scope, query.text, depth, source_id=query.source_id)
-    else:
-        keyword = backend.keyword_memories(query.scope, query.text, depth, source_id=query.source_id).hits
-    found.add("memories", keyword, excluded)
+    add_lexical_lists(backend, query, depth, excluded, found, weight=app.settings.recall_word_weight,
+                      cjk=cjk_query.applies(query.text))
     return found
 
 
@@ -195,7 +193,7 @@ def vector_lists(
     threshold = arm_threshold(app, query.agent_id)
     window = settings.max_memories
     near = nearest(backend, query, vector, depth, threshold, (0, window))
-    found.add("vector", near, excluded)
+    found.add("vector", near, excluded, weight=settings.recall_vector_weight)
     reach = settings.vector_reach
     if fusing and reach > window and settings.prior_far_weight > 0:
         far_depth = min(depth, settings.vector_far_limit) if settings.vector_far_limit > 0 else depth

@@ -44,6 +44,7 @@ from cpersona.services.recall.confidence import (
 )
 from cpersona.services.recall.cue_arm import cued_answer, search_period
 from cpersona.services.recall.fusion import cascade, rrf, rsf
+from cpersona.services.recall.keyword_floor import annotate, gate_notice, keep_a_memory
 from cpersona.services.recall.gate import (
     POOL_SATURATION,
     PROFILE_KEY,
@@ -188,6 +189,8 @@ def fuse(app: App, req: RecallRequest, found: Retrieval, profile: str | None) ->
         setattr(candidate, mode, row.score)
         candidate.single_arm = _single_arm(found, row.key)
         rows.append(candidate)
+    if found.query_embedded:  # the gate's keyword-only floor (issue 14)
+        annotate(found.lists, rows, mode, app.settings.rrf_k)
     return rows + ([profile_row] if profile_row else [])
 
 
@@ -214,23 +217,28 @@ def parse_instant(stamp: str) -> datetime | None:
 def apply_episode_penalty(
     app: App, backend: SearchBackend, scope: Scope, rows: list[Candidate], *, legacy: bool
 ) -> list[Candidate]:
-    """Age memories written before the newest episode (spec §5.9.1).
+    """Age rows written before the newest episode (spec §5.9.1).
 
-    Archiving an episode closes a chapter: memories from before it keep their
+    Archiving an episode closes a chapter: rows from before it keep their
     place but count for less, down to the floor, so an old corpus does not
-    drown what was said since.
+    drown what was said since. Episodes age by the same rule as memories, by
+    the time they were written (``Record.written_at``: the end of their
+    history, else when archived): an episode of an older chapter is old too. Deliberate difference from the reference,
+    which exempts every episode: with one episode archived per session the
+    episodes, all unpenalised, filled the answers (issue 14; LoCoMo R@10
+    0.011 keyword-only).
     """
     settings = app.settings
-    if not settings.episode_penalty_enabled or not any(r.record and r.record.kind == "mem" for r in rows):
+    if not settings.episode_penalty_enabled or not any(r.record for r in rows):
         return rows
     boundary = backend.episode_boundary(scope)
     if boundary is None:
         return rows
     penalised = False
     for row in rows:
-        if row.record is None or row.record.kind != "mem":
+        if row.record is None:  # the profile row
             continue
-        stamp = parse_instant(row.record.timestamp)
+        stamp = parse_instant(row.record.written_at)
         if stamp is None or stamp >= boundary:
             continue
         hours = (boundary - stamp).total_seconds() / 3600
@@ -378,13 +386,15 @@ def run_recall(app: App, req: RecallRequest) -> RecallOutcome:
     rows = fuse(app, req, found, backend.profile(req.agent_id))
     rows = score_candidates(app, backend, req, found, rows)
     admitted = admit(app, backend, req, rows)
+    if (notice := gate_notice(rows, admitted.rows)) is not None:
+        extras["gated"] = notice  # the gate emptied an answer that had candidates: say so (issue 14)
     rows = admitted.rows
     if admitted.gate_fallback:
         extras["gate_fallback"] = True  # spec RC-4: present only when it fired
 
     seats: list[Candidate] = []
     if req.time_cue is None:
-        ranked = rows[: req.limit]
+        ranked = keep_a_memory(rows, req.limit)
     else:  # TQ-6: cue rows lifted before the cut; held seats after it, outside the ranked order (ORD-2)
         cued = search_period(backend, req.scope, req.time_cue, req.query, (), req.source_id, now=app.clock())
         ranked, seats = cued_answer(backend, req.scope, cued, rows, set(found.records), req.limit,

@@ -21,6 +21,7 @@ from cpersona.services.recall.advisory import advisory
 from cpersona.services.app import App
 from cpersona.services.recall.cue_arm import CueOutcome, lift, search_period, seat_records
 from cpersona.services.recall.time_cue import TimeCue
+from cpersona.services.recall.words import add_lexical_lists
 from cpersona.services.recall.service import RecallRequest, admit, depth_for, fuse, parse_instant, score_candidates
 from cpersona.services.recall.retrievers import Retrieval, exclusion, retrieve, search_backend
 from cpersona.services.operations.update_check import recall_update_notice
@@ -81,10 +82,7 @@ def _with_terms(app: App, req: RecallRequest, found: Retrieval, terms: list[str]
     found.lists = kept
     # Each term is one phrase ("Mina Tanaka" as written, not "Mina" OR "Tanaka");
     # the backend leaves out terms shorter than 3 characters.
-    if query.episodes_apply:
-        found.add("episodes", backend.keyword_episodes(query.scope, query.text, depth, phrases=terms), excluded)
-    found.add("memories", backend.keyword_memories(query.scope, query.text, depth, source_id=req.source_id,
-                                                   phrases=terms).hits, excluded)
+    add_lexical_lists(backend, query, depth, excluded, found, weight=app.settings.recall_word_weight, phrases=terms)
 
 
 def candidate_pool(app: App, req: RecallRequest, terms: list[str], cue: TimeCue | None = None) -> Pool:

@@ -1,0 +1,133 @@
+"""The word-level lexical channel: whole words, stemmed, beside the trigram index.
+
+The trigram arms (``search_sqlite``, ``search_postgres``) find substrings of 3
+or more characters: they cannot find ``Q1`` or ``AI`` at all, and they treat
+"runs" and "running" as unrelated strings. This channel searches the query's
+Latin-script words, stemmed, in the word indexes of revision 0006: FTS5
+``porter unicode61`` on SQLite (ranked by bm25), the ``english`` text search
+configuration on PostgreSQL (ranked by ``ts_rank`` normalised by length, as bm25 is). Recall fuses its list
+with the trigram one (``services/recall/words.py``); CJK text, identifiers and
+substrings stay with trigram, so a query with no Latin-script content word
+has no word list at all.
+
+Each backend gains the two methods by subclassing; :func:`~cpersona.storage.search.open_search`
+returns these subclasses, so everything else the backends do is untouched.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from cpersona.storage.scope import Scope, sql_fragment
+from cpersona.storage.search import FUNCTION_WORDS, MAX_QUERY_CHARS, MAX_TERMS, Hit, clean_query
+from cpersona.storage.search_postgres import PostgresSearch
+from cpersona.storage.search_postgres import source_filter as pg_source_filter
+from cpersona.storage.search_sql import EPISODE_COLUMNS, MEMORY_COLUMNS, episode_record, memory_record
+from cpersona.storage.search_sqlite import SqliteSearch, _fts_search, fts5_match
+from cpersona.storage.search_sqlite import source_filter as sqlite_source_filter
+from cpersona.storage.sql_text import text
+
+# A word as unicode61 splits text: a run of letters and digits (underscore and
+# every other mark separate words).
+_WORD = re.compile(r"[^\W_]+")
+# Words outside Latin script's reach: any CJK character sends the word to trigram.
+_CJK = re.compile("[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uff66-\uff9f\uac00-\ud7af]")
+# Function words shorter than 3 letters. The trigram terms never held them
+# (too short to match); as words they would match nearly every row.
+SHORT_FUNCTION_WORDS = frozenset("a an am as at be by do he i if in is it me my no of on or so to up us we".split())
+
+
+def word_terms(query: str) -> list[str]:
+    """The query's content words for the word indexes, case-folded, in order, no duplicates.
+
+    Function words are left out (the word index has no "rank them last" pass:
+    a question made only of them has no word list); so are words holding a CJK
+    character. Words of one or two characters stay: that is what this channel
+    finds and trigram cannot (``Q1``). At most :data:`MAX_TERMS`.
+    """
+    terms: dict[str, None] = {}
+    for word in _WORD.findall(clean_query(query[:MAX_QUERY_CHARS]).casefold()):
+        if word in FUNCTION_WORDS or word in SHORT_FUNCTION_WORDS or _CJK.search(word):
+            continue
+        terms.setdefault(word, None)
+        if len(terms) >= MAX_TERMS:
+            break
+    return list(terms)
+
+
+# -- SQLite: FTS5 porter unicode61 ---------------------------------------------------------
+
+
+class SqliteWordSearch(SqliteSearch):
+    """SQLite search with the word channel (tables ``memories_words``, ``episodes_words``)."""
+
+    def word_memories(self, scope: Scope, query: str, depth: int, *, source_id: str = "") -> list[Hit]:
+        terms = word_terms(query)
+        if depth <= 0 or not self.fts_enabled or not terms:
+            return []
+        where, params = sql_fragment(scope, "m")
+        by_source, source_params = sqlite_source_filter(source_id)
+        search = _fts_search("memories_words", "memories", "m", MEMORY_COLUMNS, f"{where} AND {by_source}")
+        rows = self._best_in_scope("memories words", search, {**params, **source_params}, fts5_match(terms), depth)
+        return [Hit(memory_record(r), -float(rank)) for r, rank in rows or []]  # -bm25: higher is better
+
+    def word_episodes(self, scope: Scope, query: str, depth: int) -> list[Hit]:
+        terms = word_terms(query)
+        if depth <= 0 or not self.fts_enabled or not terms or not self._has_episodes(scope):
+            return []
+        where, params = sql_fragment(scope, "e")
+        search = _fts_search("episodes_words", "episodes", "e", EPISODE_COLUMNS, where)
+        rows = self._best_in_scope("episodes words", search, params, fts5_match(terms), depth)
+        return [Hit(episode_record(r), -float(rank)) for r, rank in rows or []]
+
+
+# -- PostgreSQL: tsvector expression indexes --------------------------------------------------
+
+TEXT_SEARCH_CONFIG = "english"
+
+
+def pg_word_vector(kind: str, alias: str = "") -> str:
+    """The tsvector expression of a row's text; revision 0006 indexes exactly this (alias-free)."""
+    prefix = f"{alias}." if alias else ""
+    column = f"{prefix}content" if kind == "mem" else f"{prefix}summary || ' ' || {prefix}keywords"
+    return f"to_tsvector('{TEXT_SEARCH_CONFIG}'::regconfig, {column})"
+
+
+def pg_tsquery(terms: list[str]) -> str:
+    """``to_tsquery`` text OR-ing ``terms``; each term is letters and digits only (``_WORD``)."""
+    return " | ".join(terms)
+
+
+class PostgresWordSearch(PostgresSearch):
+    """PostgreSQL search with the word channel (GIN indexes ``idx_memories_words``, ``idx_episodes_words``)."""
+
+    def word_memories(self, scope: Scope, query: str, depth: int, *, source_id: str = "") -> list[Hit]:
+        terms = word_terms(query)
+        if depth <= 0 or not self.fts_enabled or not terms:
+            return []
+        where, params = sql_fragment(scope, "m")
+        by_source, source_params = pg_source_filter(source_id)
+        rows = self._words("memories words", "mem", "m", MEMORY_COLUMNS, "memories", f"{where} AND {by_source}",
+                           {**params, **source_params}, terms, depth)
+        return [Hit(memory_record(r), float(r.score)) for r in rows]
+
+    def word_episodes(self, scope: Scope, query: str, depth: int) -> list[Hit]:
+        terms = word_terms(query)
+        if depth <= 0 or not self.fts_enabled or not terms:
+            return []
+        where, params = sql_fragment(scope, "e")
+        rows = self._words("episodes words", "ep", "e", EPISODE_COLUMNS, "episodes", where, params, terms, depth)
+        return [Hit(episode_record(r), float(r.score)) for r in rows]
+
+    def _words(
+        self, what: str, kind: str, alias: str, columns: str, table: str, where: str, params: dict[str, Any],
+        terms: list[str], depth: int,
+    ) -> list[Any]:
+        vector = pg_word_vector(kind, alias)
+        sql = text(
+            f"SELECT {columns}, ts_rank({vector}, q.query, 1) AS score "
+            f"FROM {table} {alias}, to_tsquery('{TEXT_SEARCH_CONFIG}'::regconfig, :tsquery) AS q(query) "
+            f"WHERE {vector} @@ q.query AND {where} ORDER BY score DESC, {alias}.id LIMIT :depth"
+        )
+        return self._run(what, sql, {**params, "tsquery": pg_tsquery(terms), "depth": depth}) or []

@@ -1,0 +1,139 @@
+"""Embeddings never cost answers (issue 14 part 1), against a real local HTTP embedding server.
+
+A newcomer's store: sixteen realistic memories and sixteen reworded questions,
+each with the one memory that answers it. Keyword-only recall is the floor.
+With an embedder on, the same questions are asked again while the server
+serves a deliberately useless embedder (tests/embed_server.py ``mutate``):
+
+- *collapsed*: every text lands in nearly the same direction (cosines near 1,
+  as an out-of-domain model often gives), so the vector channel admits every
+  row in an arbitrary order;
+- *scrambled*: every text gets a deterministic pseudo-random direction, so the
+  cosines carry no meaning at all.
+
+For every question, fusion mode and embedder: an answer keyword-only recall
+gave is never empty, and the answering memory it held is still held.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import struct
+
+import pytest
+from cpersona.embedding.client import build_embedder
+from cpersona.services.records.memories import store
+from cpersona.services.recall.service import recall
+
+from conftest import make_app
+
+pytestmark = pytest.mark.both_backends
+
+MEMORIES = (
+    "The user's cat is called Miso and she is eleven years old",
+    "Standup meetings moved to 9:30 on Tuesdays and Thursdays",
+    "The production database runs PostgreSQL 16 on the db-main host",
+    "User prefers answers in British English with metric units",
+    "The quarterly budget review happens in the first week of April",
+    "Anna from finance approves every expense above 500 euros",
+    "Deploys are frozen from 20 December until 3 January",
+    "The user is allergic to peanuts and avoids sesame too",
+    "Our API rate limit is 120 requests per minute per token",
+    "The staging cluster lives in the eu-west-1 region",
+    "The user's daughter plays the violin in the school orchestra",
+    "Backups run nightly at 02:00 UTC and are kept for 35 days",
+    "The team chose Rust for the new ingestion service",
+    "User's favourite coffee is a flat white with oat milk",
+    "The office wifi password rotates on the first Monday of each month",
+    "Pull requests need two approvals before merging to main",
+)
+# (question, index of the memory that answers it); reworded as a user asks, not quoted.
+QUESTIONS = (
+    ("what is my cat called", 0),
+    ("when are standup meetings", 1),
+    ("which PostgreSQL version does production run", 2),
+    ("which units should answers use", 3),
+    ("when is the budget review", 4),
+    ("who approves an expense", 5),
+    ("when are deploys frozen", 6),
+    ("what am I allergic to", 7),
+    ("what is the API rate limit", 8),
+    ("which region hosts the staging cluster", 9),
+    ("what instrument does my daughter play", 10),
+    ("how long are backups kept", 11),
+    ("which language did the team choose for ingestion", 12),
+    ("how do I take my coffee", 13),
+    ("when does the wifi password rotate", 14),
+    ("how many approvals does a pull request need", 15),
+)
+LIMIT = 5
+
+
+def _unit(values: list[float]) -> list[float]:
+    norm = math.sqrt(sum(v * v for v in values)) or 1.0
+    return [v / norm for v in values]
+
+
+def collapsed(payload: dict) -> dict:
+    """Every vector pulled to one direction: cosines between any two texts near 0.99."""
+    def squash(vector: list[float]) -> list[float]:
+        return _unit([1.0 + 0.08 * v if i == 0 else 0.08 * v for i, v in enumerate(vector)])
+    return {"embeddings": [squash(v) for v in payload["embeddings"]]}
+
+
+def scrambled(payload: dict) -> dict:
+    """Every vector replaced by a pseudo-random direction seeded by the vector itself."""
+    def scramble(vector: list[float]) -> list[float]:
+        seed = hashlib.sha256(struct.pack(f"{len(vector)}f", *vector)).digest()
+        stream = hashlib.shake_256(seed).digest(4 * len(vector))
+        return _unit([b / 255.0 - 0.5 for b in stream[: len(vector)]])
+    return {"embeddings": [scramble(v) for v in payload["embeddings"]]}
+
+
+WEAK = {"collapsed": collapsed, "scrambled": scrambled}
+
+
+def answers(app) -> dict[str, list[str]]:
+    return {q: [m["content"] for m in recall(app, agent_id="a", query=q, limit=LIMIT)["messages"]]
+            for q, _ in QUESTIONS}
+
+
+@pytest.mark.parametrize("mode", ["rrf", "rsf"])
+@pytest.mark.parametrize("weak", sorted(WEAK))
+def test_a_weak_embedder_never_costs_an_answer_keyword_only_gave(db, embed_server, mode, weak):
+    embed_server.mutate = WEAK[weak]
+    app = make_app(db, RECALL_MODE=mode, EMBEDDING_MODE="http", EMBEDDING_URL=embed_server.url,
+                   DEGRADED_ADVISORY="false")
+    app.embedder = build_embedder(app.settings)
+    try:
+        for text in MEMORIES:
+            assert store(app, agent_id="a", content=text, timestamp="2026-06-02T00:00:00+00:00")["embedded"] is True
+        embedded = answers(app)
+    finally:
+        app.embedder.close()
+    keyword_only = answers(make_app(db, RECALL_MODE=mode))  # the same rows, no embedder
+    assert sum(MEMORIES[i] in keyword_only[q] for q, i in QUESTIONS) >= 10  # the floor answers most of them
+    for question, index in QUESTIONS:
+        if keyword_only[question]:
+            assert embedded[question], f"{question!r}: keyword-only answered, the embedder emptied it"
+        if MEMORIES[index] in keyword_only[question]:
+            assert MEMORIES[index] in embedded[question], f"{question!r}: the answer keyword-only held was lost"
+
+
+def test_an_answer_the_gate_emptied_says_so(db, embed_server):
+    embed_server.mutate = scrambled  # cosines without meaning: low, but some above the arm's cut
+    app = make_app(db, EMBEDDING_MODE="http", EMBEDDING_URL=embed_server.url, DEGRADED_ADVISORY="false")
+    app.embedder = build_embedder(app.settings)
+    try:
+        for text in MEMORIES:
+            store(app, agent_id="a", content=text, timestamp="2026-06-02T00:00:00+00:00")
+        emptied = recall(app, agent_id="a", query="xylophone quartz zeppelin", limit=LIMIT)
+        answered = recall(app, agent_id="a", query="what is my cat called", limit=LIMIT)
+    finally:
+        app.embedder.close()
+    assert emptied["messages"] == []
+    assert emptied["gated"]["candidates"] >= 1 and "quality gate" in emptied["gated"]["message"]
+    assert answered["messages"] and "gated" not in answered
+    # nothing found at all is not a gate's doing: no notice
+    assert "gated" not in recall(make_app(db), agent_id="a", query="xylophone quartz zeppelin")
