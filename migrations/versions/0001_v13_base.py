@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import os
 
-from alembic import op
+# alembic's op is imported inside each function that runs under Alembic: the server
+# reads this module's DDL constants on every start (cpersona.storage.migrate,
+# repair on boot) without loading Alembic when the database is already at head.
 
 revision = "0001_v13"
 down_revision = None
@@ -160,6 +162,8 @@ def fts_enabled() -> bool:
     The server passes its setting in ``config.attributes["fts_enabled"]``; the
     alembic CLI falls back to the environment variable.
     """
+    from alembic import op
+
     config = op.get_context().config
     setting = config.attributes.get("fts_enabled") if config is not None else None
     if setting is None:
@@ -281,10 +285,14 @@ PG_FUNCTION_NAMES = ("cpersona_source_id(text)", "cpersona_instant(text)")
 
 
 def is_postgres() -> bool:
+    from alembic import op
+
     return op.get_bind().dialect.name == "postgresql"
 
 
 def _upgrade_postgres() -> None:
+    from alembic import op
+
     op.execute("CREATE EXTENSION IF NOT EXISTS pg_trgm")
     for ddl in (
         *PG_BASE_TABLES_DDL,
@@ -299,6 +307,8 @@ def _upgrade_postgres() -> None:
 
 
 def upgrade() -> None:
+    from alembic import op
+
     if is_postgres():
         _upgrade_postgres()
         return
@@ -318,6 +328,8 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    from alembic import op
+
     if is_postgres():
         # The pg_trgm extension stays: other databases objects may use it.
         for name in BASE_TABLE_NAMES:

@@ -42,8 +42,8 @@ def run_cli(*args: str, env: dict[str, str], timeout: float = 60) -> subprocess.
 class RawSession:
     """Newline-delimited JSON-RPC written by hand to a server process."""
 
-    def __init__(self, env: dict[str, str]) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "cpersona"], env=env, stdin=subprocess.PIPE,
+    def __init__(self, env: dict[str, str], args: list[str] | None = None) -> None:
+        self.proc = subprocess.Popen([sys.executable, *(args or ["-m", "cpersona"])], env=env, stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         self._selector = selectors.DefaultSelector()
         self._selector.register(self.proc.stdout, selectors.EVENT_READ)
