@@ -33,6 +33,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"cpersona {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     commands.add_parser("serve", help="serve MCP on the transport CPERSONA_TRANSPORT names (the default command)")
+    proxy = commands.add_parser(
+        "proxy", help="stdio MCP for one client, forwarded to the shared HTTP server at CPERSONA_REMOTE_URL")
+    proxy.add_argument("--spawn", action="store_true",
+                       help="when nothing answers, start the shared server (CPERSONA_PROXY_SPAWN)")
     admin_cli.add_subcommands(commands)  # export, import, stats, import-db
     checkup.add_arguments(commands.add_parser(
         "checkup", help="run the health registry against the database (exit 2 on critical, 1 with --strict on warn)"))
@@ -126,10 +130,14 @@ def _serve(args: argparse.Namespace) -> int:
             from cpersona.mcp.http import build_http_app, serve_http
 
             background.start()
-            serve_http(build_http_app(server, host=settings.http_host, auth=auth, oauth=oauth,
-                                      max_body_bytes=settings.http_max_body_bytes,
-                                      body_limit_mode=settings.http_body_limit_mode),
-                       settings.http_host, settings.http_port)
+            asgi = build_http_app(server, host=settings.http_host, auth=auth, oauth=oauth,
+                                  max_body_bytes=settings.http_max_body_bytes,
+                                  body_limit_mode=settings.http_body_limit_mode)
+            if settings.http_idle_exit_seconds > 0:
+                from cpersona.mcp.idle_exit import IdleExit
+
+                asgi = IdleExit(asgi, settings.http_idle_exit_seconds)
+            serve_http(asgi, settings.http_host, settings.http_port)
         else:
             import anyio
 
@@ -202,5 +210,11 @@ def _leave(status: int) -> int:
     os._exit(status)
 
 
-COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {"serve": serve, **admin_cli.COMMANDS,
+def proxy(args: argparse.Namespace) -> int:
+    from cpersona import proxy_stdio  # httpx and the standard library only: no SDK, no database code
+
+    return proxy_stdio.run(args)
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {"serve": serve, "proxy": proxy, **admin_cli.COMMANDS,
                                                             "checkup": checkup.run}

@@ -1,4 +1,4 @@
-"""Run ``python -m cpersona`` and write the names in sys.modules to a file when it exits.
+"""Run ``python -m MODULE`` (argv[1]) and write the names in sys.modules to a file when it exits.
 
 Test-only: tests/test_startup.py starts the real server through this file to
 see which modules a stdio start loaded. The server's exit runs exit handlers
@@ -17,5 +17,6 @@ def _dump() -> None:
 
 
 atexit.register(_dump)
-sys.argv = ["cpersona", *sys.argv[1:]]
-runpy.run_module("cpersona", run_name="__main__", alter_sys=True)
+module = sys.argv[1]
+sys.argv = [module, *sys.argv[2:]]
+runpy.run_module(module, run_name="__main__", alter_sys=True)

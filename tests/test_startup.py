@@ -56,7 +56,7 @@ def test_a_stdio_start_loads_only_what_it_runs(tmp_path: Path) -> None:
     _start_once(db_path)
     modules_file = tmp_path / "modules.txt"
     env = server_env(db_path, CPERSONA_EMBEDDING_MODE="none", CPERSONA_TEST_MODULES_FILE=str(modules_file))
-    session = RawSession(env, args=[str(HERE / "modules_at_exit.py")])
+    session = RawSession(env, args=[str(HERE / "modules_at_exit.py"), "cpersona"])
     session.initialize()
     answer = session.call("recall", '{"agent_id":"a","query":"anything at all"}')
     assert "result" in answer
