@@ -209,3 +209,49 @@ def test_the_proxy_reads_its_settings_as_the_settings_model_does(environ: dict[s
 def test_the_spawner_finds_the_database_the_server_opens(raw: str) -> None:
     environ = {"CPERSONA_DB_PATH": raw} if raw else {}
     assert database_file(environ) == load_settings(environ).db_file
+
+
+def test_stdin_is_not_read_past_max_inflight_unanswered_messages(tmp_path: Path) -> None:
+    # spec T-10: backpressure. A local HTTP server holds every request until released.
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    release = threading.Event()
+    lock = threading.Lock()
+    arrived: list[object] = []
+
+    class Holding(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - the http.server spelling
+            message = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            with lock:
+                arrived.append(message.get("id"))
+            release.wait(60)
+            body = json.dumps({"jsonrpc": "2.0", "id": message.get("id"), "result": {}}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Holding)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/mcp"
+    session = RawSession(_proxy_env(url, CPERSONA_PROXY_MAX_INFLIGHT="2"), args=["-m", "cpersona", "proxy"])
+    try:
+        ids = [session.request("ping") for _ in range(5)]
+        deadline = time.monotonic() + 30
+        while len(arrived) < 2:
+            assert time.monotonic() < deadline, "the first two messages never reached the server"
+            time.sleep(0.05)
+        time.sleep(1.0)  # room for a third to arrive, if the bound did not hold
+        assert len(arrived) == 2
+        release.set()
+        assert all("result" in answer for answer in session.replies(ids, timeout=30).values())
+        assert sorted(arrived) == sorted(ids)
+    finally:
+        release.set()
+        session.close()
+        server.shutdown()
