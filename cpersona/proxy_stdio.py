@@ -379,7 +379,9 @@ def run(args: argparse.Namespace) -> int:
         asyncio.run(_serve(settings, spawner))
     except KeyboardInterrupt:
         pass
-    return 0
+    from cpersona.cli import _leave
+
+    return _leave(0)  # every answer is written; interpreter teardown would only delay the exit
 
 
 async def _serve(settings: ProxySettings, spawner: Any) -> None:

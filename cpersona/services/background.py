@@ -2,15 +2,18 @@
 
 Spec T-7 step 9 schedules it before the transport starts; here it is scheduled
 then but *started* after the server's first answer, because each part imports
-code and takes the GIL (calibration restore or re-measure, the vector backfill,
-the task-queue drain, the update check) and on a busy machine that delayed the
-first answer by seconds. Nothing here is needed by that answer: recall uses the
-configured thresholds until calibration lands, rows without vectors are served
-as they are, queued tasks are durable rows that wait, and the update notice is
-only ever attached to later answers.
+code and takes the GIL (the vector backfill, the task-queue drain, the update
+check) and on a busy machine that delayed the first answer by seconds. Nothing
+here is needed by that answer: rows without vectors are served as they are,
+queued tasks are durable rows that wait, and the update notice is only ever
+attached to later answers.
 
-What a call *does* need before it is served (the per-agent betas, which are
-preferences) is put in force by :meth:`BackgroundWork.prepare`.
+What a call *does* need is started by :meth:`BackgroundWork.prepare`, before
+serving: the per-agent betas (preferences) are put in force, and with
+embeddings on the calibration restore starts, because it holds the calibration
+lock from its first step, so a calibrate call right after start sees the
+restored thresholds (tests/test_calibration.py). Without embeddings there is no
+such restore.
 """
 
 from __future__ import annotations
@@ -39,6 +42,10 @@ class BackgroundWork:
         from cpersona.services.calibration.state import restore_preferences
 
         restore_preferences(self.app)
+        if self.app.settings.embedding_mode != "none":
+            from cpersona.services.calibration.service import start_measurement
+
+            self._calibration = start_measurement(self.app)
 
     def start(self) -> None:
         """Start every part; a no-op after the first call or once stopped."""
@@ -56,12 +63,10 @@ class BackgroundWork:
         threading.Thread(target=self.start, name="cpersona-start-background", daemon=True).start()
 
     def _start_parts(self) -> None:
-        from cpersona.services.calibration.service import start_measurement
         from cpersona.services.operations.tasks import start_task_queue
         from cpersona.services.operations.update_check import start_update_check
         from cpersona.services.records.backfill import start_backfill
 
-        self._calibration = start_measurement(self.app)
         # Rows an earlier run stored without a vector get one (never under the lock).
         start_backfill(self.app)
         # The DB task queue drains what earlier runs left (spec Q-2); the update check runs once, unwaited (UP-2).
@@ -73,10 +78,10 @@ class BackgroundWork:
         """Stop what was started (waiting as each part allows); later starts do nothing."""
         with self._lock:
             self._stopped = True
-            if not self._started:
-                return
         if self._calibration is not None:
             self._calibration.stop()
+        if not self._started:
+            return
         if self._queue is not None:
             self._queue.stop()  # waits up to 5 s for a running handler (spec Q-7)
         from cpersona.services.records.backfill import stop_backfill
