@@ -17,6 +17,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from cpersona import __version__, admin_cli, checkup, model_cli
 
@@ -38,6 +39,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"cpersona {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     commands.add_parser("serve", help="serve MCP on the transport CPERSONA_TRANSPORT names (the default command)")
+    proxy = commands.add_parser(
+        "proxy", help="stdio MCP for one client, forwarded to the shared HTTP server at CPERSONA_REMOTE_URL")
+    proxy.add_argument("--spawn", action="store_true",
+                       help="when nothing answers, start the shared server (CPERSONA_PROXY_SPAWN)")
     admin_cli.add_subcommands(commands)  # export, import, stats, import-db
     checkup.add_arguments(commands.add_parser(
         "checkup", help="run the health registry against the database (exit 2 on critical, 1 with --strict on warn)"))
@@ -104,9 +109,18 @@ def _fail(message: str, status: int) -> int:
 
 
 def serve(args: argparse.Namespace) -> int:
-    # Imported here so --help and --version answer without loading the stack.
-    import anyio
+    """Serve until stdin closes (stdio) or the server is interrupted, then leave at once.
 
+    Everything is imported where it is first needed, so a stdio start loads only
+    what a stdio start runs: no HTTP stack, OAuth or ACL code unless configured,
+    no Alembic when the database is already at head, and the start-up work no
+    first answer needs (:mod:`cpersona.services.background`) only after that answer.
+    """
+    status = _serve(args)
+    return _leave(status)
+
+
+def _serve(args: argparse.Namespace) -> int:
     from cpersona.config import ConfigError, check_startup, load_settings, warn_unknown_variables
 
     try:
@@ -115,30 +129,13 @@ def serve(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         return _fail(str(exc), EXIT_BAD_CONFIG)
     _log_to_stderr()
-    from cpersona.mcp.acl import AclConfigError, acl_gates, load_policy
-    from cpersona.mcp.gates import GateChain
-    from cpersona.mcp.pause_gate import PauseGate
-    from cpersona.mcp.http import StartupRefusal, build_http_app, http_auth_mode, serve_http
-    from cpersona.mcp.http_guard import connection_limits
-    from cpersona.mcp.oauth import oauth_config
-
-    # Spec T-7 steps 3-4, before anything expensive: the ACL file, then HTTP credentials.
     http = settings.transport == "streamable-http"
     try:
-        policy = load_policy(settings)
-        oauth = oauth_config(settings) if http else None
-        auth = http_auth_mode(settings, policy, oauth) if http else None
-    except (AclConfigError, StartupRefusal) as exc:
+        policy, oauth, auth = _preflight(settings, http)
+    except ConfigError as exc:
         return _fail(str(exc), EXIT_BAD_CONFIG)
     warn_unknown_variables(policy.env_refs if policy is not None else ())
     from cpersona.embedding.client import build_embedder
-    from cpersona.mcp.server import build_server
-    from cpersona.mcp.stdio import serve_stdio
-    from cpersona.services.app import App
-    from cpersona.services.records.backfill import start_backfill, stop_backfill
-    from cpersona.services.calibration.service import start_calibration
-    from cpersona.services.operations.tasks import start_task_queue
-    from cpersona.services.operations.update_check import start_update_check
     from cpersona.storage.migrate import MigrationError, TooNewDatabase, open_database_and_upgrade
 
     # Spec T-7 order: embedding mode and client, then the database.
@@ -155,49 +152,122 @@ def serve(args: argparse.Namespace) -> int:
     except (MigrationError, OSError) as exc:
         return _fail(f"cannot open the database {settings.db_file}: {exc}", EXIT_START_FAILED)
 
-    log.info("cpersona %s serving %s, database %s, embeddings %s", __version__, settings.transport,
-             settings.db_file, settings.embedding_mode)
+    from cpersona.mcp.gates import GateChain
+    from cpersona.mcp.pause_gate import PauseGate
+    from cpersona.mcp.server import build_server
+    from cpersona.services.app import App
+    from cpersona.services.background import BackgroundWork
+
+    # The ACL gate comes first: a call it denies never reaches a later gate. The
+    # pause gate follows: a paused write is answered only once it is allowed at all.
+    acl: list = []
+    if policy is not None:
+        from cpersona.mcp.acl import acl_gates
+
+        acl = acl_gates(policy, settings, settings.transport)
+    gates = GateChain([*acl, PauseGate()])
     if db.read_only is not None:
         # Said once, here; each refused write then answers the same sentence.
         log.warning("the database is read-only: %s cannot be written (%s); reads are served, every write "
                     "is refused", db.label, db.read_only)
-    # The ACL gate comes first: a call it denies never reaches a later gate. The
-    # pause gate follows: a paused write is answered only once it is allowed at all.
-    gates = GateChain([*acl_gates(policy, settings, settings.transport), PauseGate()])
     app = App(db=db, settings=settings, embedder=embedder, remote_callers=http)
-    # Restores the calibration sidecar, or recalibrates, off the serving path (spec §5.18.5).
-    calibration = start_calibration(app)
-    # Rows an earlier run stored without a vector get one, in the background (never under the lock),
-    # and the DB task queue drains what earlier runs left (spec Q-2): both only write, so not on a
-    # read-only database. The update check runs once, unwaited (UP-2).
-    queue = None
-    if db.read_only is None:
-        start_backfill(app)
-        queue = start_task_queue(app)
-    start_update_check(app)
+    background = BackgroundWork(app)
+    background.prepare()
     server = build_server(app, gates=gates)
     try:
+        log.info("cpersona %s serving %s, database %s, embeddings %s", __version__, settings.transport,
+                 settings.db_file, settings.embedding_mode)
         if http:
-            serve_http(build_http_app(server, host=settings.http_host, auth=auth, oauth=oauth,
-                                      max_body_bytes=settings.http_max_body_bytes,
-                                      body_limit_mode=settings.http_body_limit_mode,
-                                      stream_max_seconds=settings.http_stream_max_secs),
-                       settings.http_host, settings.http_port, connection_limits(settings))
+            from cpersona.mcp.http import build_http_app, serve_http
+            from cpersona.mcp.http_guard import connection_limits
+
+            background.start()
+            asgi = build_http_app(server, host=settings.http_host, auth=auth, oauth=oauth,
+                                  max_body_bytes=settings.http_max_body_bytes,
+                                  body_limit_mode=settings.http_body_limit_mode,
+                                  stream_max_seconds=settings.http_stream_max_secs)
+            if settings.http_idle_exit_seconds > 0:
+                from cpersona.mcp.idle_exit import IdleExit
+
+                asgi = IdleExit(asgi, settings.http_idle_exit_seconds)
+            serve_http(asgi, settings.http_host, settings.http_port, connection_limits(settings))
         else:
-            anyio.run(serve_stdio, server)
+            import anyio
+
+            from cpersona.mcp.stdio import serve_stdio
+
+            anyio.run(serve_stdio, server, background.start_in_thread)
     except KeyboardInterrupt:
         pass
     finally:
-        if calibration is not None:
-            calibration.stop()
-        if queue is not None:
-            queue.stop()  # waits up to 5 s (spec Q-7)
-        stop_backfill(app)
-        db.close()
+        background.stop()
+        db.close()  # every write committed before this returns
         if embedder is not None:
             embedder.close()
     return EXIT_OK
 
 
-COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {"serve": serve, **admin_cli.COMMANDS,
+def _preflight(settings: Any, http: bool) -> tuple[Any, Any, Any]:
+    """Spec T-7 steps 3-4, before anything expensive: the ACL file, then HTTP credentials.
+
+    Each part is imported only when it is configured; its refusal becomes a ConfigError.
+    """
+    from cpersona.config import ConfigError
+
+    policy = oauth = auth = None
+    if settings.acl_file is not None:
+        from cpersona.mcp.acl import AclConfigError, load_policy
+
+        try:
+            policy = load_policy(settings)
+        except AclConfigError as exc:
+            raise ConfigError(str(exc)) from None
+    if http:
+        from cpersona.mcp.acl import AclConfigError
+        from cpersona.mcp.http import StartupRefusal, http_auth_mode
+        from cpersona.mcp.oauth import oauth_config
+
+        try:
+            oauth = oauth_config(settings)
+            auth = http_auth_mode(settings, policy, oauth)
+        except (AclConfigError, StartupRefusal) as exc:
+            raise ConfigError(str(exc)) from None
+    return policy, oauth, auth
+
+
+def _leave(status: int) -> int:
+    """End the process now that the database is closed, skipping interpreter teardown.
+
+    Tearing down the SDK's thousands of pydantic models and SQLAlchemy's caches
+    took 0.7 s on a quiet machine and over 2 s on a busy one, after everything
+    worth doing was done. Exit handlers still run and the standard streams are
+    flushed first, and a non-daemon thread still finishing a write is waited for,
+    as interpreter exit would.
+    """
+    import atexit
+    import os
+    import threading
+    import time
+
+    deadline = time.monotonic() + 5.0
+    for thread in threading.enumerate():
+        if thread is not threading.current_thread() and not thread.daemon:
+            thread.join(max(0.0, deadline - time.monotonic()))
+    logging.shutdown()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(status)
+
+
+def proxy(args: argparse.Namespace) -> int:
+    from cpersona import proxy_stdio  # httpx and the standard library only: no SDK, no database code
+
+    return proxy_stdio.run(args)
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {"serve": serve, "proxy": proxy, **admin_cli.COMMANDS,
                                                             "checkup": checkup.run, **model_cli.COMMANDS}

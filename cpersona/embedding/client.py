@@ -32,9 +32,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
 import numpy as np
 
 from cpersona.embedding.cache import EmbeddingCache
@@ -50,6 +49,9 @@ from cpersona.embedding.validate import (
     vectors_from_http,
 )
 from cpersona.embedding.vectors import FLOAT32
+
+if TYPE_CHECKING:
+    import httpx
 
 log = logging.getLogger(__name__)
 
@@ -166,6 +168,8 @@ class Embedder:
         self._config_problem = url_problem(self.url, variable)
         self._capabilities_url = sibling_url(self.url, "capabilities") if mode == "http" else None
         self._identity = IdentityTracker()
+        import httpx  # here, not at the top: a start without embeddings never loads it
+
         self._http = httpx.Client(
             timeout=httpx.Timeout(self.timeout_secs),
             transport=transport,
@@ -350,6 +354,8 @@ class Embedder:
                     self._dimension = width
             accepted = [vector.astype(FLOAT32) for vector in vectors]
         except Exception as exc:  # never raise: every failure means "no vector"
+            import httpx
+
             attempted = attempted and not isinstance(exc, _NotIssued)
             evidence = self._evidence("POST", self.url, exc)
             if not isinstance(exc, (_NotIssued, NotReady, BadStatus, EmbeddingResponseError, httpx.HTTPError,
@@ -425,6 +431,8 @@ def fetch_capped(
     chunks stops a backend that drips a body slowly from stretching one
     request far past the timeout. A non-2xx answer raises ``BadStatus``.
     """
+    import httpx
+
     deadline = time.monotonic() + timeout
     with http.stream(method, url, content=body, headers=headers, timeout=timeout) as response:
         if not response.is_success:
@@ -446,6 +454,8 @@ def fetch_capped(
 
 def _normalised(url: str) -> str:
     """httpx's own spelling of ``url``, which its exception texts quote."""
+    import httpx
+
     try:
         return str(httpx.URL(url))
     except Exception:  # an unparsable URL has no other spelling to hide

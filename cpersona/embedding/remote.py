@@ -35,9 +35,10 @@ import re
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
+if TYPE_CHECKING:  # imported where used: a start without embeddings never loads httpx
+    import httpx
 
 from cpersona.embedding.client import BadStatus, fetch_capped
 from cpersona.embedding.endpoints import redact, safe_endpoint, sibling_url, url_problem
@@ -133,6 +134,8 @@ class RemoteIndex:
         self._urls = {route: sibling_url(embed_url, route) if usable else None for route in ROUTES}
         self.search_timeout_secs = _positive(search_timeout_secs, DEFAULT_SEARCH_TIMEOUT_SECS)
         self.index_timeout_secs = _positive(index_timeout_secs, DEFAULT_INDEX_TIMEOUT_SECS)
+        import httpx
+
         self._http = httpx.Client(timeout=httpx.Timeout(self.index_timeout_secs), transport=transport,
                                   follow_redirects=False)
         self._lock = threading.Lock()
@@ -207,6 +210,8 @@ class RemoteIndex:
         return True
 
     def _failed(self, route: str, url: str, exc: BaseException) -> str:
+        import httpx
+
         known = (BadStatus, EmbeddingResponseError, httpx.HTTPError, httpx.InvalidURL)
         if not isinstance(exc, known):
             log.exception("Unexpected error in the remote vector index client")

@@ -19,9 +19,10 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
+if TYPE_CHECKING:  # imported where used: a start without embeddings never loads httpx
+    import httpx
 
 from cpersona.embedding.endpoints import safe_endpoint, sibling_url
 
@@ -65,6 +66,8 @@ class TokenReporter:
     def __init__(self, url: str, *, timeout_secs: float, transport: httpx.BaseTransport | None = None) -> None:
         self.url = url
         self.timeout_secs = timeout_secs
+        import httpx
+
         self._http = httpx.Client(timeout=httpx.Timeout(timeout_secs), transport=transport, follow_redirects=False)
 
     def report(self, texts: Sequence[str]) -> list[TokenInfo] | None:
@@ -95,6 +98,8 @@ class TokenReporter:
         headers = {"Content-Type": "application/json"}
         with self._http.stream("POST", self.url, content=data, headers=headers) as response:
             if not response.is_success:
+                import httpx
+
                 raise httpx.HTTPStatusError(f"status {response.status_code}", request=response.request,
                                             response=response)
             chunks, received = [], 0

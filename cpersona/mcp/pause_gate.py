@@ -36,11 +36,7 @@ from typing import Any
 import anyio.to_thread
 
 from cpersona.mcp.gates import CallNext, Response, ToolCall
-from cpersona.services import portability
-from cpersona.services.calibration import service as calibration
-from cpersona.services.calibration import precision
 from cpersona.services.app import App
-from cpersona.services.records.memories import MISSING_AGENT, MIXED_FORMS
 from cpersona.services.operating_context import WRITE_TOOLS as OPERATING_CONTEXT_WRITES
 from cpersona.services.operating_context import ProjectRefusal, resolve_project
 from cpersona.services.operations.persistence import PauseState, pause_state, skip_reason
@@ -161,6 +157,8 @@ def store_boundary(app: App, args: Arguments) -> None:
     Mirrors the first two steps of ``services.memories`` validation (same
     messages, same order); tests/test_pause.py holds the two to each other.
     """
+    from cpersona.services.records.memories import MISSING_AGENT, MIXED_FORMS
+
     message = args.get("message")
     if isinstance(message, dict) and message:
         top_level_used = (
@@ -178,7 +176,13 @@ def _store_lock_flag(args: Arguments) -> Response:
     return {"locked": False} if args.get("lock") is True else {}
 
 
+# The portability and calibration services are imported by the rules that use
+# them, on the first paused call of their tool: a server start loads neither.
+
+
 def _vet_import(app: App, args: Arguments) -> None:
+    from cpersona.services import portability
+
     portability.vet_import(app, args.get("input_path"))  # IM-1 before IM-2
 
 
@@ -188,11 +192,15 @@ def _merge_arguments(args: Arguments) -> tuple[Any, Any, Any, Any]:
 
 
 def _validate_merge(app: App, args: Arguments) -> None:
+    from cpersona.services import portability
+
     portability.validate_merge(*_merge_arguments(args))  # MG-1 before MG-2
 
 
 def _calibration_body(app: App, args: Arguments) -> Response:
     """The success shape with everything a measurement would compute left empty (§9.5)."""
+    from cpersona.services.calibration import service as calibration
+
     req = calibration.parse_arguments(app, args.get("agent_id"), args.get("sample_size"), args.get("z_factor"),
                                       args.get("method"), args.get("percentile"))
     return {
@@ -207,10 +215,24 @@ def _calibration_body(app: App, args: Arguments) -> Response:
 
 def _precision_body(app: App, args: Arguments) -> Response:
     """The resolved setting, with nothing recalibrated (§9.5: after argument resolution)."""
+    from cpersona.services.calibration import precision
+
     agent = precision._agent(args.get("agent_id"))
     label, beta, cleared = precision.resolve(app, args.get("precision", ""), args.get("beta", 0))
     return {"ok": True, "agent_id": agent, "precision": label, "beta": beta, "cleared": cleared,
             "fused_gate": None, "calibrate": None}
+
+
+def _paused_import_body(app: App, args: Arguments) -> Response:
+    from cpersona.services import portability
+
+    return portability.paused_import_body()
+
+
+def _paused_merge_body(app: App, args: Arguments) -> Response:
+    from cpersona.services import portability
+
+    return portability.paused_merge_body(*_merge_arguments(args))
 
 
 def _const(body: Response) -> Callable[[App, Arguments], Response]:
@@ -236,9 +258,9 @@ PAUSE_RULES: Mapping[str, Rule] = {
         "ok": True, "agent_id": args.get("agent_id", ""), "deleted_memories": 0, "deleted_profiles": 0,
         "deleted_episodes": 0, "deleted_pending_tasks": 0}),
     "update_profile": Skip(_const({"ok": True, "profiles_updated": 0})),
-    "import_memories": Skip(lambda _app, _args: portability.paused_import_body(), before=_vet_import,
+    "import_memories": Skip(_paused_import_body, before=_vet_import,
                             unless_dry_run=True),
-    "merge_memories": Skip(lambda _app, args: portability.paused_merge_body(*_merge_arguments(args)),
+    "merge_memories": Skip(_paused_merge_body,
                            before=_validate_merge, unless_dry_run=True),
     "calibrate_threshold": Skip(_calibration_body),
     "set_recall_precision": Skip(_precision_body),

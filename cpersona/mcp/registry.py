@@ -60,6 +60,30 @@ def _keyword_parameters(fn: ServiceFn) -> frozenset[str] | None:
                      if p.kind in (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD))
 
 
+class _Lazy:
+    """A field holding its value, or a function that makes it on first read.
+
+    A description or schema rendered from a service's own tables (the health
+    registry's size and names) would otherwise import that service when the
+    tool table is built, which every start does; read, it is always the value.
+    """
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._slot = f"_{name}_source"
+
+    def __get__(self, spec: Any, owner: type | None = None) -> Any:
+        if spec is None:
+            raise AttributeError("no default")  # a required dataclass field
+        value = spec.__dict__[self._slot]
+        if callable(value):
+            value = value()
+            spec.__dict__[self._slot] = value
+        return value
+
+    def __set__(self, spec: Any, value: Any) -> None:
+        spec.__dict__[self._slot] = value
+
+
 @dataclass(frozen=True)
 class ToolSpec:
     """One MCP tool: its public declaration and the service function behind it.
@@ -70,12 +94,16 @@ class ToolSpec:
     """
 
     name: str
-    description: str
-    input_schema: Mapping[str, Any]
+    description: str | Callable[[], str] = _Lazy()  # type: ignore[assignment]
+    input_schema: Mapping[str, Any] | Callable[[], Mapping[str, Any]] = _Lazy()  # type: ignore[assignment]
     annotations: Annotations
     service: str | ServiceFn
     refusal: Refusal = error_refusal
     meta: Mapping[str, Any] | None = None
+
+    def resolved(self, field_name: str) -> bool:
+        """Whether a lazily given field has been made already (reading it makes it)."""
+        return not callable(self.__dict__[f"_{field_name}_source"])
 
     def service_function(self) -> ServiceFn:
         return self.service if callable(self.service) else _import_service(self.service)
@@ -100,7 +128,7 @@ class Registry:
     def add(self, spec: ToolSpec) -> None:
         if spec.name in self._specs:
             raise ValueError(f"tool {spec.name!r} is declared twice")
-        if spec.input_schema.get("type") != "object":
+        if spec.resolved("input_schema") and spec.input_schema.get("type") != "object":
             raise ValueError(f"tool {spec.name!r}: the input schema must describe an object")
         self._specs[spec.name] = spec
 

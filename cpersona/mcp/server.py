@@ -72,9 +72,13 @@ def build_server(app: App, registry: Registry | None = None, gates: GateChain | 
     # slip through because a caller forgot the gate. ACL needs a policy file, so
     # it is added by whoever loads one (cli.serve).
     gates = gates if gates is not None else GateChain([PauseGate()])
-    tools = [declaration(spec) for spec in registry]
+    tools: list[types.Tool] = []
 
     async def on_list_tools(ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
+        # Built on the first listing, not at start: some declarations render
+        # their text from a service's tables and import it (ToolSpec).
+        if not tools:
+            tools.extend(declaration(spec) for spec in registry)
         return types.ListToolsResult(tools=tools)
 
     async def on_call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:

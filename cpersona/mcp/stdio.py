@@ -22,9 +22,11 @@ error whose id is null when none is there.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import re
+from collections.abc import Callable
 from json.decoder import scanstring
 from types import TracebackType
 from typing import Any
@@ -38,7 +40,8 @@ from mcp.shared.message import SessionMessage
 
 from cpersona.mcp.dispatch import input_error
 from cpersona.mcp.results import replace_lone_surrogates, to_result
-from cpersona.mcp.stdio_pipes import OverlongLine, pipe_stdio
+from cpersona.mcp.stdio_pipes import CLOSE_DRAIN_SECONDS, OverlongLine, pipe_stdio
+from cpersona.mcp.stdio_thread import thread_stdin
 from cpersona.mcp.validation import MAX_REQUEST_BYTES
 
 log = logging.getLogger(__name__)
@@ -46,16 +49,73 @@ log = logging.getLogger(__name__)
 _NUMBER = re.compile(r"-?[0-9]+(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
 
 
-async def serve_stdio(server: Server[Any]) -> None:
+async def serve_stdio(server: Server[Any], after_first_answer: Callable[[], None] | None = None) -> None:
+    """Serve until stdin ends; ``after_first_answer`` runs once, as soon as the first answer is handed out."""
     # Pipes are watched by the event loop (no worker-thread hop per line);
-    # anything else (a file, a terminal) goes through the SDK's own file wrapping.
-    async with pipe_stdio() as pipes:
-        stdin, stdout = pipes if pipes is not None else (None, None)
-        async with stdio_server(stdin, stdout) as (read_stream, write_stream):  # type: ignore[arg-type]
-            reader = SecondChanceReader(read_stream, write_stream)
-            if stdin is not None:
-                stdin.on_overlong = reader.answer_overlong
-            await server.run(reader, write_stream, server.create_initialization_options())
+    # anything else (a terminal, a file) is read by a daemon thread that a
+    # cancellation never waits for (see stdio_thread), and written by the SDK.
+    async with contextlib.AsyncExitStack() as stack:
+        pipes = await stack.enter_async_context(pipe_stdio())
+        if pipes is not None:
+            stdin, stdout = pipes
+        else:
+            stdin, stdout = await stack.enter_async_context(thread_stdin()), None
+        read_stream, write_stream = await stack.enter_async_context(
+            stdio_server(stdin, stdout))  # type: ignore[arg-type]
+        write_stream = AnswerTracker(write_stream, after_first_answer)
+        reader = SecondChanceReader(read_stream, write_stream)
+        if pipes is not None:
+            stdin.on_overlong = reader.answer_overlong  # only the pipe reader bounds a line as it arrives
+        await server.run(reader, write_stream, server.create_initialization_options())
+
+
+class AnswerTracker:
+    """The write side of the server: knows which requests are unanswered, and when the first answer went out.
+
+    At the end of stdin the SDK cancels the requests still being handled, so a
+    store sent just before the client closed its end was never written. The
+    reader (:class:`SecondChanceReader`) instead holds the end of input back
+    until every request read so far is answered, up to ``CLOSE_DRAIN_SECONDS``.
+    """
+
+    def __init__(self, inner: Any, after_first_answer: Callable[[], None] | None = None) -> None:
+        self._inner = inner
+        self._hook = after_first_answer
+        self._pending: set[Any] = set()
+        self._empty: anyio.Event | None = None
+
+    def expect(self, message: Any) -> None:
+        if isinstance(message, types.JSONRPCRequest):
+            self._pending.add(message.id)
+
+    async def send(self, item: SessionMessage) -> None:
+        await self._inner.send(item)
+        if isinstance(item.message, (types.JSONRPCResponse, types.JSONRPCError)):
+            self._pending.discard(item.message.id)
+            if not self._pending and self._empty is not None:
+                self._empty.set()
+        hook, self._hook = self._hook, None
+        if hook is not None:
+            hook()
+
+    async def all_answered(self) -> None:
+        """Wait (bounded) until every request read so far has its answer handed out."""
+        with anyio.move_on_after(CLOSE_DRAIN_SECONDS):
+            while self._pending:
+                self._empty = anyio.Event()
+                await self._empty.wait()
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    async def __aenter__(self) -> AnswerTracker:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
 
 
 class SecondChanceReader:
@@ -72,14 +132,23 @@ class SecondChanceReader:
 
     async def receive(self) -> SessionMessage | Exception:
         while True:
-            item = await self._inner.receive()
+            try:
+                item = await self._inner.receive()
+            except anyio.EndOfStream:
+                if isinstance(self._write, AnswerTracker):
+                    await self._write.all_answered()  # writes in flight are committed before the server ends
+                raise
             if not isinstance(item, Exception):
+                if isinstance(self._write, AnswerTracker):
+                    self._write.expect(item.message)
                 return item
             line = _unparsed_line(item)
             if line is None:
                 return item
             message = reparse(line)
             if message is not None:
+                if isinstance(self._write, AnswerTracker):
+                    self._write.expect(message)
                 return SessionMessage(message)
             await self._answer_unreadable(line, item)
 

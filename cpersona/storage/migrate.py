@@ -27,6 +27,7 @@ it set, and set when our own rebuild fails (MV-9).
 
 from __future__ import annotations
 
+import importlib
 import importlib.resources
 import logging
 import os
@@ -36,22 +37,32 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
+from typing import TYPE_CHECKING
 from urllib.parse import quote
 
-from alembic import command
-from alembic.config import Config
-from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, text
 from sqlalchemy.exc import DBAPIError
 
 from cpersona.storage.engine import Database, open_database, open_sqlite
-from cpersona.storage.vectors_postgres import VECTOR_COLUMN, ensure_vector_columns
 from cpersona.storage import errors as storage_errors
+
+if TYPE_CHECKING:
+    from alembic.config import Config
+    from alembic.script import ScriptDirectory
 
 log = logging.getLogger(__name__)
 
 V13_REVISION = "0001_v13"
 WORD_REVISION = "0006_word_index"
+# The newest revision this build ships. A database already stamped with it is
+# opened without loading Alembic at all (the common start: Alembic's import and
+# its script directory cost more than everything else the start does). Checked
+# against the migration scripts by tests/test_startup.py: a new revision must
+# move it, or that test fails.
+HEAD_REVISION = WORD_REVISION
+# The module holding the v13 DDL, imported directly for the same reason.
+V13_MODULE = "cpersona.migrations.versions.0001_v13_base"
+WORD_MODULE = "cpersona.migrations.versions.0006_word_index"
 REFERENCE_VERSION = 13  # the schema_version our databases carry, forever (decision 8)
 FTS_REBUILD_PENDING = 1  # bit 0 of PRAGMA user_version (spec PG-3)
 
@@ -114,6 +125,8 @@ def script_location() -> str:
 
 def alembic_config(connection: Connection | None = None, *, fts_enabled: bool = True) -> Config:
     """An Alembic Config without alembic.ini, bound to ``connection``."""
+    from alembic.config import Config
+
     cfg = Config()
     cfg.set_main_option("script_location", script_location())
     cfg.attributes["connection"] = connection
@@ -135,6 +148,8 @@ def include_object_for(dialect: str):
     """Alembic's include_object hook for ``dialect`` (None: compare everything)."""
     if dialect != "postgresql":
         return None
+
+    from cpersona.storage.vectors_postgres import VECTOR_COLUMN
 
     def include_object(obj, name, type_, reflected, compare_to):
         if type_ == "column" and name == VECTOR_COLUMN:  # derived, optional (vectors_postgres)
@@ -158,6 +173,8 @@ def fts_setting(config: Config | None) -> bool:
 
 
 def _script() -> ScriptDirectory:
+    from alembic.script import ScriptDirectory
+
     return ScriptDirectory.from_config(alembic_config())
 
 
@@ -169,13 +186,12 @@ def head_revision() -> str:
 
 def _v13_ddl() -> ModuleType:
     """The v13 revision module: the single copy of the v13 DDL."""
-    module = _script().get_revision(V13_REVISION).module
-    return module
+    return importlib.import_module(V13_MODULE)
 
 
 def _word_ddl() -> ModuleType:
     """The word-index revision module: the single copy of its DDL."""
-    return _script().get_revision(WORD_REVISION).module
+    return importlib.import_module(WORD_MODULE)
 
 
 # ---------------------------------------------------------------------------
@@ -256,6 +272,8 @@ def probe_version(path: Path | str) -> int | None:
 
 
 def _refuse_if_too_new(found: Probe, path: Path | str | None) -> None:
+    if found.is_ours and found.alembic_revision == HEAD_REVISION:
+        return
     if found.is_ours:
         known = {rev.revision for rev in _script().walk_revisions()}
         if found.alembic_revision is not None and found.alembic_revision not in known:
@@ -351,7 +369,12 @@ def _upgrade_postgres(conn: Connection, label: str) -> None:
             f"{label} holds CPersona tables without cpersona's migration history; "
             "move memories into PostgreSQL with export_memories / import_memories"
         )
-    command.upgrade(alembic_config(conn), "head")
+    if found.alembic_revision != HEAD_REVISION:
+        from alembic import command
+
+        command.upgrade(alembic_config(conn), "head")
+    from cpersona.storage.vectors_postgres import ensure_vector_columns
+
     ensure_vector_columns(conn)
 
 
@@ -365,12 +388,15 @@ def _upgrade_in_transaction(conn: Connection, path: Path | None, *, fts_enabled:
             path or "the database",
             found.version,
         )
-    cfg = alembic_config(conn, fts_enabled=fts_enabled)
-    if found.is_legacy:
-        adopt_legacy(conn, found.version or 0, fts_enabled=fts_enabled)
-        command.stamp(cfg, V13_REVISION)
-        log.info("adopted CPersona database at schema version %s", found.version or 0)
-    command.upgrade(cfg, "head")
+    if not (found.is_ours and found.alembic_revision == HEAD_REVISION):
+        from alembic import command
+
+        cfg = alembic_config(conn, fts_enabled=fts_enabled)
+        if found.is_legacy:
+            adopt_legacy(conn, found.version or 0, fts_enabled=fts_enabled)
+            command.stamp(cfg, V13_REVISION)
+            log.info("adopted CPersona database at schema version %s", found.version or 0)
+        command.upgrade(cfg, "head")
     if found.is_ours or found.is_legacy:
         # The reference repairs FTS and indexes on every boot; so do we (MV-12).
         repair_on_boot(conn, fts_enabled=fts_enabled)

@@ -294,7 +294,7 @@ def open_search(db, *, fts_enabled: bool = True) -> SearchBackend:
 
         return SqliteWordSearch(db, fts_enabled=fts_enabled)
     if db.dialect == "postgresql":
-        from cpersona.storage.search_words import PostgresWordSearch
+        from cpersona.storage.search_words_postgres import PostgresWordSearch
 
         return PostgresWordSearch(db, fts_enabled=fts_enabled)
     raise ValueError(f"no search backend for the {db.dialect} database engine")

@@ -21,8 +21,6 @@ from typing import Any
 
 from cpersona.storage.scope import Scope, sql_fragment
 from cpersona.storage.search import FUNCTION_WORDS, MAX_QUERY_CHARS, MAX_TERMS, Hit, clean_query
-from cpersona.storage.search_postgres import PostgresSearch
-from cpersona.storage.search_postgres import source_filter as pg_source_filter
 from cpersona.storage.search_sql import EPISODE_COLUMNS, MEMORY_COLUMNS, episode_record, memory_record
 from cpersona.storage.search_sqlite import SqliteSearch, _fts_search, fts5_match
 from cpersona.storage.search_sqlite import source_filter as sqlite_source_filter
@@ -97,37 +95,3 @@ def pg_word_vector(kind: str, alias: str = "") -> str:
 def pg_tsquery(terms: list[str]) -> str:
     """``to_tsquery`` text OR-ing ``terms``; each term is letters and digits only (``_WORD``)."""
     return " | ".join(terms)
-
-
-class PostgresWordSearch(PostgresSearch):
-    """PostgreSQL search with the word channel (GIN indexes ``idx_memories_words``, ``idx_episodes_words``)."""
-
-    def word_memories(self, scope: Scope, query: str, depth: int, *, source_id: str = "") -> list[Hit]:
-        terms = word_terms(query)
-        if depth <= 0 or not self.fts_enabled or not terms:
-            return []
-        where, params = sql_fragment(scope, "m")
-        by_source, source_params = pg_source_filter(source_id)
-        rows = self._words("memories words", "mem", "m", MEMORY_COLUMNS, "memories", f"{where} AND {by_source}",
-                           {**params, **source_params}, terms, depth)
-        return [Hit(memory_record(r), float(r.score)) for r in rows]
-
-    def word_episodes(self, scope: Scope, query: str, depth: int) -> list[Hit]:
-        terms = word_terms(query)
-        if depth <= 0 or not self.fts_enabled or not terms:
-            return []
-        where, params = sql_fragment(scope, "e")
-        rows = self._words("episodes words", "ep", "e", EPISODE_COLUMNS, "episodes", where, params, terms, depth)
-        return [Hit(episode_record(r), float(r.score)) for r in rows]
-
-    def _words(
-        self, what: str, kind: str, alias: str, columns: str, table: str, where: str, params: dict[str, Any],
-        terms: list[str], depth: int,
-    ) -> list[Any]:
-        vector = pg_word_vector(kind, alias)
-        sql = text(
-            f"SELECT {columns}, ts_rank({vector}, q.query, 1) AS score "
-            f"FROM {table} {alias}, to_tsquery('{TEXT_SEARCH_CONFIG}'::regconfig, :tsquery) AS q(query) "
-            f"WHERE {vector} @@ q.query AND {where} ORDER BY score DESC, {alias}.id LIMIT :depth"
-        )
-        return self._run(what, sql, {**params, "tsquery": pg_tsquery(terms), "depth": depth}) or []

@@ -17,7 +17,9 @@ Revises:
 
 from __future__ import annotations
 
-from alembic import op
+# alembic's op is imported inside each function that runs under Alembic: the server
+# reads this module's DDL constants on every start (cpersona.storage.migrate,
+# repair on boot) without loading Alembic when the database is already at head.
 
 revision = "0001_v13"
 down_revision = None
@@ -158,6 +160,8 @@ def fts_enabled() -> bool:
     The server passes its setting in ``config.attributes["fts_enabled"]``; the
     alembic CLI falls back to the environment variable.
     """
+    from alembic import op
+
     from cpersona.storage.migrate import fts_setting
 
     return fts_setting(op.get_context().config)
@@ -276,10 +280,14 @@ PG_FUNCTION_NAMES = ("cpersona_source_id(text)", "cpersona_instant(text)")
 
 
 def is_postgres() -> bool:
+    from alembic import op
+
     return op.get_bind().dialect.name == "postgresql"
 
 
 def _upgrade_postgres() -> None:
+    from alembic import op
+
     op.execute("CREATE EXTENSION IF NOT EXISTS pg_trgm")
     for ddl in (
         *PG_BASE_TABLES_DDL,
@@ -294,6 +302,8 @@ def _upgrade_postgres() -> None:
 
 
 def upgrade() -> None:
+    from alembic import op
+
     if is_postgres():
         _upgrade_postgres()
         return
@@ -313,6 +323,8 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    from alembic import op
+
     if is_postgres():
         # The pg_trgm extension stays: other databases objects may use it.
         for name in BASE_TABLE_NAMES:

@@ -27,7 +27,8 @@ Revises: 0005_embedding_identity
 
 from __future__ import annotations
 
-from alembic import op
+# alembic's op is imported inside the functions Alembic runs: every boot reads
+# this module's DDL (cpersona.storage.migrate, repair on boot) without Alembic.
 
 from cpersona.storage.migrate import fts_setting
 from cpersona.storage.search_words import pg_word_vector
@@ -88,10 +89,14 @@ PG_WORD_INDEX_NAMES = ("idx_memories_words", "idx_episodes_words")
 
 
 def _is_postgres() -> bool:
+    from alembic import op
+
     return op.get_bind().dialect.name == "postgresql"
 
 
 def upgrade() -> None:
+    from alembic import op
+
     if _is_postgres():
         for ddl in PG_WORD_INDEXES_DDL:
             op.execute(ddl)
@@ -105,6 +110,8 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    from alembic import op
+
     if _is_postgres():
         for name in PG_WORD_INDEX_NAMES:
             op.execute(f"DROP INDEX IF EXISTS {name}")

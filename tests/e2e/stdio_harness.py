@@ -42,9 +42,11 @@ def run_cli(*args: str, env: dict[str, str], timeout: float = 60) -> subprocess.
 class RawSession:
     """Newline-delimited JSON-RPC written by hand to a server process."""
 
-    def __init__(self, env: dict[str, str], *, argv: list[str] | None = None, stderr: Any = subprocess.DEVNULL) -> None:
-        self.proc = subprocess.Popen(argv or [sys.executable, "-m", "cpersona"], env=env, stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=stderr)
+    def __init__(self, env: dict[str, str], args: list[str] | None = None, *, argv: list[str] | None = None,
+                 stderr: Any = subprocess.DEVNULL) -> None:
+        # args: what follows the interpreter (default -m cpersona); argv: a whole other command
+        command = argv or [sys.executable, *(args or ["-m", "cpersona"])]
+        self.proc = subprocess.Popen(command, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr)
         self._selector = selectors.DefaultSelector()
         self._selector.register(self.proc.stdout, selectors.EVENT_READ)
         self._buffer = b""
@@ -63,16 +65,24 @@ class RawSession:
 
     def reply(self, request_id: int, timeout: float = 30) -> dict[str, Any]:
         """The response to ``request_id``; notifications and other replies are skipped."""
+        return self.replies([request_id], timeout)[request_id]
+
+    def replies(self, request_ids: list[int], timeout: float = 30) -> dict[int, dict[str, Any]]:
+        """The responses to all of ``request_ids``, in whatever order they come; others are skipped."""
+        found: dict[int, dict[str, Any]] = {}
         deadline = time.monotonic() + timeout
         while True:
             while b"\n" in self._buffer:
                 line, self._buffer = self._buffer.split(b"\n", 1)
                 message = json.loads(line)
-                if message.get("id") == request_id and ("result" in message or "error" in message):
-                    return message
+                if message.get("id") in request_ids and ("result" in message or "error" in message):
+                    found[message["id"]] = message
+                    if len(found) == len(request_ids):
+                        return found
             remaining = deadline - time.monotonic()
             if remaining <= 0 or not self._selector.select(remaining):
-                raise TimeoutError(f"no reply to request {request_id} within {timeout}s")
+                missing = sorted(set(request_ids) - set(found))
+                raise TimeoutError(f"no reply to request {', '.join(map(str, missing))} within {timeout}s")
             chunk = os.read(self.proc.stdout.fileno(), 1 << 20)
             if not chunk:
                 raise EOFError("the server closed stdout")

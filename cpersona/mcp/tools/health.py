@@ -2,6 +2,8 @@
 
 The descriptions render the registry's size and its cross-agent names from the
 registry itself, so the text cannot drift from what runs (spec health.md §8).
+They are rendered when first read (tools/list), not when the tool table is
+built: the health services are then imported only by a server that lists tools.
 """
 
 from __future__ import annotations
@@ -9,8 +11,6 @@ from __future__ import annotations
 from cpersona.config import Settings
 from cpersona.mcp.registry import READ_ONLY, Annotations, ToolSpec
 from cpersona.mcp.tools.common import object_schema
-from cpersona.services.health.deep_check import DEEP_CHECKS, FIXABLE as DEEP_FIXABLE
-from cpersona.services.health.registry import cross_agent_names, registry
 
 
 def _default(name: str) -> int:
@@ -27,6 +27,8 @@ _SESSION_KEY = {
 
 
 def _check_health_description() -> str:
+    from cpersona.services.health.registry import cross_agent_names, registry
+
     cross = ", ".join(cross_agent_names())
     return (
         f"Inspect the memory database with a registry of {len(registry())} checks; every issue is tagged "
@@ -56,6 +58,8 @@ def _check_health_description() -> str:
 
 
 def _deep_check_description() -> str:
+    from cpersona.services.health.deep_check import DEEP_CHECKS, FIXABLE as DEEP_FIXABLE
+
     fixable = ", ".join(DEEP_FIXABLE)
     report_only = ", ".join(name for name in DEEP_CHECKS if name not in DEEP_FIXABLE)
     return (
@@ -71,7 +75,7 @@ def _deep_check_description() -> str:
 
 CHECK_HEALTH = ToolSpec(
     name="check_health",
-    description=_check_health_description(),
+    description=_check_health_description,
     input_schema=object_schema({
         "agent_id": {"type": "string", "description": "The agent to check; empty checks every agent."},
         "fix": {"type": "boolean", "description": "Apply the repairs (default: report only).", "default": False},
@@ -83,16 +87,22 @@ CHECK_HEALTH = ToolSpec(
     service="cpersona.services.health.check_health:check_health",
 )
 
-DEEP_CHECK = ToolSpec(
-    name="deep_check",
-    description=_deep_check_description(),
-    input_schema=object_schema({
+def _deep_check_schema() -> dict:
+    from cpersona.services.health.deep_check import DEEP_CHECKS
+
+    return object_schema({
         "agent_id": {"type": "string", "description": "The agent to analyse (required; '' is the empty-agent bucket)."},
         "fix": {"type": "boolean", "description": "Apply the repairs (default: report only).", "default": False},
         "checks": {"type": "array", "items": {"type": "string"},
                    "description": "Checks to run; empty runs all of: " + ", ".join(DEEP_CHECKS)},
         "session_key": _SESSION_KEY,
-    }, required=["agent_id"]),
+    }, required=["agent_id"])
+
+
+DEEP_CHECK = ToolSpec(
+    name="deep_check",
+    description=_deep_check_description,
+    input_schema=_deep_check_schema,
     annotations=Annotations(read_only=False),
     service="cpersona.services.health.deep_check:deep_check",
 )

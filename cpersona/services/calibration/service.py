@@ -32,7 +32,7 @@ from cpersona.embedding.vectors import VectorError, from_blob
 from cpersona.services.calibration import statistics as cm
 from cpersona.services.app import App
 from cpersona.services.calibration.sidecar import Entry, read_sidecar, scoring_version
-from cpersona.services.calibration.state import CalibrationState, state_of, vector_threshold
+from cpersona.services.calibration.state import CalibrationState, restore_preferences, state_of, vector_threshold
 from cpersona.services.recall.fused_gate import GateMeasurement, gate_signal, measure_gate
 from cpersona.services.responses import ToolFailure
 from cpersona.services.timestamps import parse_iso
@@ -418,9 +418,12 @@ def start_calibration(app: App) -> StartupCalibration | None:
     measured values are restored or re-measured in a background thread, and
     recall uses the configured threshold and the heuristic gate until they land.
     """
-    stored = read_sidecar(app.settings.calibration_sidecar)
-    if stored.values is not None:  # preferences are in force before the first call, whatever follows
-        state_of(app).restore(stored.values, measured=False)
+    restore_preferences(app)  # in force before the first call, whatever follows
+    return start_measurement(app)
+
+
+def start_measurement(app: App) -> StartupCalibration | None:
+    """The background half of :func:`start_calibration`: restore or re-measure the thresholds."""
     if app.settings.embedding_mode == "none":
         return None
     return StartupCalibration(app).start()

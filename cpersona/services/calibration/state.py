@@ -20,6 +20,7 @@ from cpersona.services.calibration.sidecar import (
     Entry,
     SidecarValues,
     WriteResult,
+    read_sidecar,
     scoring_version,
     write_sidecar,
 )
@@ -172,6 +173,17 @@ def state_of(app: Any) -> CalibrationState:
     if state is None:
         state = app.extras.setdefault(EXTRAS_KEY, CalibrationState())
     return state
+
+
+def restore_preferences(app: Any) -> None:
+    """Put the sidecar's per-agent betas (preferences, not measurements) in force.
+
+    Done before the first call is served, whatever start-up work follows; it
+    needs only the sidecar file, none of the measuring code.
+    """
+    stored = read_sidecar(app.settings.calibration_sidecar)
+    if stored.values is not None:
+        state_of(app).restore(stored.values, measured=False)
 
 
 def vector_threshold(app: Any, agent_id: str) -> float:

@@ -32,8 +32,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from cpersona import __version__
 from cpersona.services.app import App
 from cpersona.services.operations.install import Installation, detect_install, run_steps
@@ -121,6 +119,8 @@ def decide(document: Any, running: str) -> Verdict | None:
 
 def fetch_index(url: str, budget: float = FETCH_BUDGET_SECONDS) -> Any:
     """GET the index page within ``budget`` seconds and 1 MiB; the parsed JSON, or None on any failure."""
+    import httpx  # here: every recall imports this module for its notice, few ever fetch
+
     deadline = time.monotonic() + budget
     try:
         with httpx.Client(timeout=httpx.Timeout(budget), follow_redirects=True) as client:

@@ -1,0 +1,222 @@
+"""Start-up cost, side by side: our direct start, the reference's, and our proxy to a warm server.
+
+Each run is a fresh process and a fresh client (raw JSON-RPC lines over pipes,
+so only the server's own work is measured): spawn → ``initialize`` answered →
+one ``recall`` answered → stdin closed → process gone. The three kinds
+alternate run by run, so a change in machine load hits them alike. Measured
+per run: time to the initialize answer, to the recall answer, from closing
+stdin to exit, and the process's own CPU and peak RSS (``wait4`` rusage of
+that one child). Medians over the runs, and ratios against the reference.
+
+Every run starts from a copy of the same small database (each server kind
+builds its own once: the reference's files are of the 2.6 line). The proxy's
+server is started once before the runs, on the proxy's database, and warmed;
+its cost is not the proxy's.
+
+    .venv/bin/python bench/startup.py --runs 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+BENCH_DIR = Path(__file__).resolve().parent
+REPO_DIR = BENCH_DIR.parent
+RESULTS_DIR = BENCH_DIR / "results"
+PYTHONS = {"ours": REPO_DIR / ".venv" / "bin" / "python", "ref": BENCH_DIR / ".venvs" / "ref" / "bin" / "python"}
+TOKEN = "bench-startup-token"
+SEED_ROWS = 20
+TIMEOUT = 180.0
+
+INITIALIZE = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+    "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "bench-startup", "version": "0"}}}
+INITIALIZED = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+RECALL = {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+          "params": {"name": "recall", "arguments": {"agent_id": "bench", "query": "seed memory about start-up"}}}
+
+
+def base_env(db_path: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CPERSONA_", "EMBEDDING_"))}
+    env.update(CPERSONA_DB_PATH=str(db_path), CPERSONA_EMBEDDING_MODE="none", CPERSONA_UPDATE_CHECK="false")
+    return env
+
+
+class Wire:
+    """Newline-delimited JSON-RPC to one child process."""
+
+    def __init__(self, command: list[str], env: dict[str, str]) -> None:
+        self.started = time.monotonic()
+        # The working directory is the run's own: `-m cpersona` must never find this checkout by accident.
+        cwd = Path(env["CPERSONA_DB_PATH"]).parent if "CPERSONA_DB_PATH" in env else Path(tempfile.gettempdir())
+        self.proc = subprocess.Popen(command, env=env, cwd=cwd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL)
+
+    def send(self, message: dict[str, Any]) -> None:
+        self.proc.stdin.write(json.dumps(message).encode() + b"\n")
+        self.proc.stdin.flush()
+
+    def answer(self, request_id: int) -> dict[str, Any]:
+        while True:
+            line = self.proc.stdout.readline()
+            if not line:
+                raise RuntimeError(f"the process ended before answering request {request_id}")
+            message = json.loads(line)
+            if message.get("id") == request_id:
+                return message
+
+    def finish(self) -> tuple[float, float, float]:
+        """Close stdin; (seconds to exit, CPU seconds, peak RSS MiB) of the child."""
+        closed = time.monotonic()
+        self.proc.stdin.close()
+        _, status, usage = os.wait4(self.proc.pid, 0)
+        gone = time.monotonic()
+        self.proc.returncode = os.waitstatus_to_exitcode(status)
+        return gone - closed, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024
+
+
+def one_run(command: list[str], env: dict[str, str]) -> dict[str, float]:
+    wire = Wire(command, env)
+    wire.send(INITIALIZE)
+    wire.answer(1)
+    initialized = time.monotonic() - wire.started
+    wire.send(INITIALIZED)
+    wire.send(RECALL)
+    answer = wire.answer(2)
+    recalled = time.monotonic() - wire.started
+    if "result" not in answer or answer["result"].get("isError"):
+        raise RuntimeError(f"recall failed: {str(answer)[:300]}")
+    exit_after_close, cpu, rss = wire.finish()
+    return {"initialize_s": initialized, "recall_s": recalled, "exit_after_close_s": exit_after_close,
+            "cpu_s": cpu, "peak_rss_mib": rss}
+
+
+def seed(command: list[str], env: dict[str, str]) -> None:
+    wire = Wire(command, env)
+    wire.send(INITIALIZE)
+    wire.answer(1)
+    wire.send(INITIALIZED)
+    for n in range(SEED_ROWS):
+        wire.send({"jsonrpc": "2.0", "id": 10 + n, "method": "tools/call", "params": {"name": "store", "arguments": {
+            "agent_id": "bench", "content": f"seed memory {n} about start-up, databases and proxies"}}})
+        wire.answer(10 + n)
+    wire.finish()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start_warm_server(db_path: Path) -> tuple[subprocess.Popen[bytes], str]:
+    sys.path.insert(0, str(REPO_DIR))
+    from cpersona.proxy_spawn import Endpoint, answers
+
+    port = free_port()
+    env = base_env(db_path)
+    env.update(CPERSONA_TRANSPORT="streamable-http", CPERSONA_HTTP_PORT=str(port), CPERSONA_AUTH_TOKEN=TOKEN)
+    proc = subprocess.Popen([str(PYTHONS["ours"]), "-m", "cpersona"], env=env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    endpoint = Endpoint(f"http://127.0.0.1:{port}/mcp", TOKEN)
+    deadline = time.monotonic() + TIMEOUT
+    while not answers(endpoint, timeout=2):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError("the warm HTTP server did not start")
+        time.sleep(0.2)
+    return proc, endpoint.url
+
+
+def median_table(results: dict[str, list[dict[str, float]]]) -> tuple[dict[str, dict[str, float]], str]:
+    metrics = ("initialize_s", "recall_s", "exit_after_close_s", "cpu_s", "peak_rss_mib")
+    medians = {kind: {m: statistics.median(r[m] for r in runs) for m in metrics} for kind, runs in results.items()}
+    ref = medians.get("ref")
+    compared = [k for k in ("old", "ours", "proxy") if k in medians]
+    lines = ["| | " + " | ".join(medians) + " | " + " | ".join(f"{k}/ref" for k in compared) + " |",
+             "|---|" + "---|" * (len(medians) + len(compared))]
+    for metric in metrics:
+        cells = [f"{medians[k][metric]:.2f}" for k in medians]
+        ratios = []
+        for kind in compared:
+            if ref and kind in medians and ref[metric] > 0:
+                ratios.append(f"{medians[kind][metric] / ref[metric]:.2f}×")
+            else:
+                ratios.append("—")
+        lines.append(f"| {metric} | " + " | ".join(cells) + " | " + " | ".join(ratios) + " |")
+    return medians, "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--kinds", default="ours,ref,proxy", help="comma-separated: ours, ref, proxy, old")
+    parser.add_argument("--old-src", type=Path, help="a checkout of an earlier cpersona, run as kind 'old' "
+                        "(our interpreter, that source first on PYTHONPATH): the before of a before/after")
+    args = parser.parse_args(argv)
+    kinds = [k for k in args.kinds.split(",") if k]
+    if "old" in kinds and args.old_src is None:
+        raise SystemExit("kind 'old' needs --old-src")
+
+    def env_for(kind: str, db_path: Path) -> dict[str, str]:
+        env = base_env(db_path)
+        if kind == "old":
+            env["PYTHONPATH"] = str(args.old_src.resolve())
+        return env
+
+    work = Path(tempfile.mkdtemp(prefix="cpersona-bench-startup-"))
+    warm = None
+    try:
+        commands: dict[str, tuple[list[str], Path]] = {}
+        for kind in kinds:
+            python = PYTHONS["ours" if kind in ("proxy", "old") else kind]
+            if not python.exists():
+                raise SystemExit(f"{kind}: {python} does not exist (bench/.venvs, see COMMON.md)")
+            seed_db = work / f"seed-{kind}" / "memory.db"
+            seed_db.parent.mkdir(parents=True)
+            seed([str(python), "-m", "cpersona"], env_for(kind, seed_db))
+            commands[kind] = ([str(python), "-m", "cpersona"], seed_db)
+        if "proxy" in kinds:
+            warm, url = start_warm_server(commands["proxy"][1])
+            proxy_env = {k: v for k, v in os.environ.items() if not k.startswith("CPERSONA_")}
+            proxy_env.update(CPERSONA_REMOTE_URL=url, CPERSONA_AUTH_TOKEN=TOKEN)
+            one_run([str(PYTHONS["ours"]), "-m", "cpersona", "proxy"], proxy_env)  # warms the server, not measured
+        results: dict[str, list[dict[str, float]]] = {kind: [] for kind in kinds}
+        for n in range(args.runs):
+            for kind in kinds:
+                if kind == "proxy":
+                    run = one_run([str(PYTHONS["ours"]), "-m", "cpersona", "proxy"], proxy_env)
+                else:
+                    command, seed_db = commands[kind]
+                    run_db = work / f"run-{kind}-{n}" / "memory.db"
+                    shutil.copytree(seed_db.parent, run_db.parent)
+                    run = one_run(command, env_for(kind, run_db))
+                results[kind].append(run)
+                print(f"run {n + 1} {kind}: " + ", ".join(f"{k} {v:.2f}" for k, v in run.items()), flush=True)
+        medians, table = median_table(results)
+        load = os.getloadavg()
+        print(f"\nmedians of {args.runs} runs, load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}\n")
+        print(table)
+        RESULTS_DIR.mkdir(exist_ok=True)
+        out = RESULTS_DIR / f"startup-{time.strftime('%Y%m%d-%H%M%S')}.json"
+        out.write_text(json.dumps({"runs": results, "medians": medians, "load": load}, indent=2))
+        print(f"\nwritten: {out}")
+    finally:
+        if warm is not None:
+            warm.terminate()
+            warm.wait(30)
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,407 @@
+"""``cpersona proxy`` / ``python -m cpersona.proxy_stdio``: stdio for the client, one shared HTTP server behind it.
+
+MCP hosts (Claude Code, Claude Desktop) start one stdio server per session.
+This process is that server, and it is thin: every JSON-RPC line the client
+writes is POSTed to a streamable-HTTP cpersona at ``CPERSONA_REMOTE_URL`` (spec
+transport-and-config T-10) with ``Authorization: Bearer $CPERSONA_AUTH_TOKEN``,
+and every message the server sends back (a JSON body or an SSE stream) is
+written to stdout, one line each. The wire format is spoken here with httpx
+alone, so a session's process loads neither the MCP SDK nor SQLAlchemy nor the
+database code: many sessions share one warm server, one database writer and one
+embedding model.
+
+    line from the client          → POST; answers and notifications relayed back
+    ``initialize``                → answered by the real server (same instructions, tools)
+    more than MAX_INFLIGHT unanswered messages
+                                  → stdin is not read until one is answered (T-10)
+    connection lost mid-request   → an error answer for that request, never silence
+    server back (or respawned)    → the session is initialized again, transparently
+    session expired (404)         → initialized again, the message sent once more
+    stdin closed                  → in-flight requests finish (bounded), then exit
+
+With ``--spawn`` (or ``CPERSONA_PROXY_SPAWN=true``) the proxy starts the shared
+server itself when none answers (:mod:`cpersona.proxy_spawn`).
+
+Settings are read here from the environment with the same rules as
+:mod:`cpersona.config` (tests/test_proxy.py holds the two to each other):
+loading the settings model would cost this process more than everything else
+it does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import logging
+import math
+import os
+import re
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+if "httpx" not in sys.modules:
+    # httpx's package imports its command-line tool (click, rich, pygments) whenever
+    # those happen to be installed; a proxy never runs it. A None entry makes that
+    # optional import fail the way httpx expects when they are absent.
+    sys.modules.setdefault("httpx._main", None)  # type: ignore[assignment]
+import httpx  # noqa: E402
+
+log = logging.getLogger("cpersona.proxy")
+
+DEFAULT_REMOTE_URL = "http://localhost:8402/mcp"
+DEFAULT_MAX_INFLIGHT = 8
+# Work a request may take on the server before the proxy answers it with an error.
+READ_TIMEOUT_SECONDS = 300.0
+CONNECT_TIMEOUT_SECONDS = 5.0
+# How long, after stdin closes, requests still in flight may take to be answered.
+CLOSE_WAIT_SECONDS = 30.0
+# JSON-RPC error code of the proxy's own answers (implementation-defined server error range).
+PROXY_ERROR = -32000
+PARSE_ERROR = -32700
+ACCEPT = "application/json, text/event-stream"
+_INT = re.compile(r"[+-]?\d+")  # as cpersona.config reads integers
+
+
+class ProxyConfigError(ValueError):
+    """A proxy setting cannot be used; the message names the variable."""
+
+
+@dataclass(frozen=True)
+class ProxySettings:
+    remote_url: str
+    auth_token: str
+    max_inflight: int
+    spawn: bool
+    server_idle_seconds: float
+
+
+def _value(environ: Mapping[str, str], name: str) -> str | None:
+    raw = environ.get(name)
+    if raw is None or not raw.strip():
+        return None  # spec CFG-5: empty counts as unset
+    return raw.strip()
+
+
+def _integer(environ: Mapping[str, str], name: str, default: int, lo: int) -> int:
+    raw = _value(environ, name)
+    if raw is None:
+        return default
+    if not _INT.fullmatch(raw):
+        raise ProxyConfigError(f"{name}={raw!r} is not a whole number")
+    value = int(raw)
+    if value < lo:  # clamped, as the settings model does (T-10: below 1 → 1)
+        log.warning("%s=%s is out of range; using %s", name, value, lo)
+        value = lo
+    return value
+
+
+def _number(environ: Mapping[str, str], name: str, default: float, lo: float) -> float:
+    raw = _value(environ, name)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
+        raise ProxyConfigError(f"{name}={raw!r} is not a number")
+    if value < lo:
+        raise ProxyConfigError(f"{name}={value} is below the minimum of {lo}")
+    return value
+
+
+def _boolean(environ: Mapping[str, str], name: str) -> bool:
+    raw = _value(environ, name)
+    if raw is None:
+        return False
+    if raw.lower() in ("true", "1", "yes", "on"):
+        return True
+    if raw.lower() in ("false", "0", "no", "off"):
+        return False
+    raise ProxyConfigError(f"{name}={raw!r} is not true or false")
+
+
+def proxy_settings(environ: Mapping[str, str] | None = None) -> ProxySettings:
+    environ = os.environ if environ is None else environ
+    return ProxySettings(
+        remote_url=_value(environ, "CPERSONA_REMOTE_URL") or DEFAULT_REMOTE_URL,
+        auth_token=_value(environ, "CPERSONA_AUTH_TOKEN") or "",
+        max_inflight=_integer(environ, "CPERSONA_PROXY_MAX_INFLIGHT", DEFAULT_MAX_INFLIGHT, 1),
+        spawn=_boolean(environ, "CPERSONA_PROXY_SPAWN"),
+        server_idle_seconds=_number(environ, "CPERSONA_PROXY_SERVER_IDLE_SECONDS", 600.0, 0.0),
+    )
+
+
+class Unreachable(Exception):
+    """The request never reached the server (nothing listens, or the connection was refused)."""
+
+
+class Broken(Exception):
+    """The request may have reached the server, but no answer came back."""
+
+
+class Expired(Exception):
+    """The server no longer knows the session (404 on a request that carried its id)."""
+
+
+class Proxy:
+    """One client session over stdio, forwarded to the HTTP server."""
+
+    def __init__(self, settings: ProxySettings, *, spawner: Any = None) -> None:
+        self.settings = settings
+        self.url = settings.remote_url
+        self.token = settings.auth_token
+        self._spawner = spawner
+        self._http = httpx.AsyncClient(timeout=httpx.Timeout(READ_TIMEOUT_SECONDS, connect=CONNECT_TIMEOUT_SECONDS))
+        self._room = asyncio.Semaphore(settings.max_inflight)
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._session_id: str | None = None
+        self._protocol_version: str | None = None
+        self._init_params: Any = None  # the client's initialize, replayed after a reconnect
+        self._needs_init = False
+        self._init_lock = asyncio.Lock()
+        self._ids = itertools.count(1)
+
+    # -- stdio ---------------------------------------------------------------------
+
+    def write(self, message: Any) -> None:
+        line = message if isinstance(message, bytes) else json.dumps(message, ensure_ascii=False).encode("utf-8")
+        sys.stdout.buffer.write(line + b"\n")
+        sys.stdout.buffer.flush()
+
+    async def ping(self) -> None:
+        """One ``ping`` the client never sees: keeps a spawned server from idling out while this session lives."""
+        body = json.dumps({"jsonrpc": "2.0", "id": f"cpersona-proxy-ping-{next(self._ids)}", "method": "ping"})
+        await self._post(body.encode("utf-8"), relay=False)
+
+    def answer_error(self, request_id: Any, text: str) -> None:
+        self.write({"jsonrpc": "2.0", "id": request_id, "error": {"code": PROXY_ERROR, "message": text}})
+
+    async def run(self, lines: Any) -> None:
+        """Forward every line until stdin ends, then let in-flight requests finish."""
+        try:
+            async for line in lines:
+                if not line.strip():
+                    continue
+                await self._room.acquire()  # back-pressure: stdin waits while MAX_INFLIGHT are unanswered
+                task = asyncio.create_task(self._forward(line.rstrip("\r\n")))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+            if self._tasks:
+                await asyncio.wait(set(self._tasks), timeout=CLOSE_WAIT_SECONDS)
+        finally:
+            for task in list(self._tasks):
+                task.cancel()
+            await self._http.aclose()
+
+    # -- one message ---------------------------------------------------------------
+
+    async def _forward(self, line: str) -> None:
+        try:
+            try:
+                message = json.loads(line)
+            except (ValueError, RecursionError):
+                message = None
+            request_id = message.get("id") if isinstance(message, dict) and "method" in message else None
+            is_initialize = isinstance(message, dict) and message.get("method") == "initialize"
+            try:
+                await self._deliver(line.encode("utf-8"), message, request_id, is_initialize)
+            except (Unreachable, Broken) as exc:
+                self._needs_init = self._init_params is not None
+                if request_id is not None:
+                    self.answer_error(request_id, f"cpersona proxy: {exc}")
+                else:
+                    log.warning("a notification or answer from the client was not delivered: %s", exc)
+            except asyncio.CancelledError:
+                if request_id is not None:
+                    self.answer_error(request_id, "cpersona proxy: stopped before the server answered")
+                raise
+            except Exception as exc:  # noqa: BLE001 - an unexpected failure still answers the request
+                log.exception("forwarding failed")
+                if request_id is not None:
+                    self.answer_error(request_id, f"cpersona proxy: {type(exc).__name__}: {exc}")
+        finally:
+            self._room.release()
+
+    async def _deliver(self, body: bytes, message: Any, request_id: Any, is_initialize: bool) -> None:
+        if not is_initialize and self._needs_init:
+            await self._reinitialize()
+        for attempt in (1, 2):
+            try:
+                answered = await self._post(body, relay=True, capture=is_initialize)
+            except Unreachable:
+                if attempt == 2 or not await self._revive():
+                    raise
+                continue
+            except Expired:
+                if attempt == 2 or self._init_params is None:
+                    raise Broken("the server ended the session") from None
+                await self._reinitialize()
+                continue
+            if is_initialize and isinstance(message, dict):
+                self._init_params = message.get("params")
+                self._needs_init = False
+            if request_id is not None and request_id not in answered:
+                raise Broken("the server closed the answer stream before answering")
+            return
+
+    async def _revive(self) -> bool:
+        """Nothing answered: with --spawn, start (or find) the shared server and initialize again."""
+        if self._spawner is None:
+            return False
+        endpoint = await asyncio.to_thread(self._spawner.ensure_server)
+        self.url, self.token = endpoint.url, endpoint.token
+        self._session_id = None
+        if self._init_params is not None:
+            await self._reinitialize()
+        return True
+
+    async def _reinitialize(self) -> None:
+        async with self._init_lock:
+            if not self._needs_init and self._session_id is not None:
+                return
+            self._session_id = None
+            init_id = f"cpersona-proxy-initialize-{next(self._ids)}"
+            body = json.dumps({"jsonrpc": "2.0", "id": init_id, "method": "initialize",
+                               "params": self._init_params}).encode("utf-8")
+            answered = await self._post(body, relay=False, capture=True)
+            if init_id not in answered:
+                raise Broken("the server did not answer initialize")
+            await self._post(b'{"jsonrpc":"2.0","method":"notifications/initialized"}', relay=False)
+            self._needs_init = False
+
+    # -- HTTP ------------------------------------------------------------------------
+
+    def _headers(self) -> dict[str, str]:
+        headers = {"Content-Type": "application/json", "Accept": ACCEPT}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        if self._session_id:
+            headers["Mcp-Session-Id"] = self._session_id
+        if self._protocol_version:
+            headers["Mcp-Protocol-Version"] = self._protocol_version
+        return headers
+
+    async def _post(self, body: bytes, *, relay: bool, capture: bool = False) -> set[Any]:
+        """POST one message; relay what comes back; the ids of the answers seen."""
+        answered: set[Any] = set()
+        sent_session = self._session_id
+        try:
+            async with self._http.stream("POST", self.url, content=body, headers=self._headers()) as response:
+                if response.status_code == 404 and sent_session:
+                    raise Expired()
+                if capture and response.headers.get("mcp-session-id"):
+                    self._session_id = response.headers["mcp-session-id"]
+                if response.status_code == 202:
+                    return answered
+                kind = response.headers.get("content-type", "").split(";")[0].strip().lower()
+                if kind == "text/event-stream":
+                    async for data in _sse_data(response):
+                        self._received(data, answered, relay, capture)
+                    return answered
+                payload = await response.aread()
+                if kind == "application/json" and payload.strip():
+                    self._received(payload, answered, relay, capture)
+                    return answered
+                if response.status_code >= 400:
+                    raise Broken(f"the server answered HTTP {response.status_code}: "
+                                 f"{payload[:200].decode('utf-8', 'replace')}")
+                return answered
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            raise Unreachable(f"nothing answers at {self.url} ({type(exc).__name__})") from None
+        except httpx.HTTPError as exc:
+            raise Broken(f"the connection to {self.url} failed: {type(exc).__name__}: {exc}") from None
+
+    def _received(self, data: bytes, answered: set[Any], relay: bool, capture: bool) -> None:
+        try:
+            parsed = json.loads(data)
+        except (ValueError, RecursionError):
+            log.warning("the server sent a message that is not JSON (%d bytes); dropped", len(data))
+            return
+        for message in parsed if isinstance(parsed, list) else [parsed]:
+            if not isinstance(message, dict):
+                continue
+            if "method" not in message and "id" in message:
+                answered.add(message["id"])
+                result = message.get("result")
+                if capture and isinstance(result, dict) and isinstance(result.get("protocolVersion"), str):
+                    self._protocol_version = result["protocolVersion"]
+            if relay:
+                single = data if not isinstance(parsed, list) and b"\n" not in data.strip() else None
+                self.write(single.strip() if single is not None else message)
+
+
+async def _sse_data(response: httpx.Response) -> Any:
+    """The ``data`` of each server-sent event (the fields of one event joined by newlines)."""
+    data: list[str] = []
+    async for line in response.aiter_lines():
+        if line == "":
+            if data:
+                yield "\n".join(data).encode("utf-8")
+            data = []
+        elif line.startswith("data:"):
+            value = line[5:]
+            data.append(value[1:] if value.startswith(" ") else value)
+        # event:, id:, retry: and comments carry nothing a stdio client needs
+    if data:
+        yield "\n".join(data).encode("utf-8")
+
+
+# -- the command -----------------------------------------------------------------------
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO,
+                        format="%(asctime)s [%(name)s] %(levelname)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is noise on the client's stderr
+    try:
+        settings = proxy_settings()
+    except ProxyConfigError as exc:
+        print(f"cpersona: {exc}", file=sys.stderr)
+        return 2
+    spawner = None
+    if args.spawn or settings.spawn:
+        from cpersona.proxy_spawn import Spawner
+
+        spawner = Spawner(os.environ, settings)
+        try:
+            endpoint = spawner.ensure_server()
+        except Exception as exc:  # noqa: BLE001 - a start-up failure is one line on stderr
+            print(f"cpersona: could not start the shared server: {exc}", file=sys.stderr)
+            return 1
+        settings = ProxySettings(endpoint.url, endpoint.token, settings.max_inflight, True,
+                                 settings.server_idle_seconds)
+    try:
+        asyncio.run(_serve(settings, spawner))
+    except KeyboardInterrupt:
+        pass
+    from cpersona.cli import _leave
+
+    return _leave(0)  # every answer is written; interpreter teardown would only delay the exit
+
+
+async def _serve(settings: ProxySettings, spawner: Any) -> None:
+    from cpersona.mcp.stdio_thread import ThreadStdin
+
+    proxy = Proxy(settings, spawner=spawner)
+    heartbeat = asyncio.create_task(spawner.heartbeat(proxy)) if spawner is not None else None
+    try:
+        await proxy.run(ThreadStdin(sys.stdin.fileno()))
+    finally:
+        if heartbeat is not None:
+            heartbeat.cancel()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    # The same arguments as ``cpersona proxy`` (cpersona.cli builds that parser).
+    from cpersona.cli import build_parser
+
+    return run(build_parser().parse_args(["proxy", *(argv if argv is not None else sys.argv[1:])]))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,187 @@
+"""The direct (stdio) start: what it loads, when it opens without Alembic, how it ends.
+
+Real processes throughout: the server is ``python -m cpersona`` on a real
+SQLite file; a terminal is a real pseudo-terminal. Nothing here measures time
+(bench/startup.py does); the waits are generous liveness bounds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import pty
+import signal
+import sqlite3
+import subprocess
+import sys
+import termios
+from pathlib import Path
+
+import pytest
+
+from cpersona.services.background import BackgroundWork
+from cpersona.storage import migrate
+sys.path.insert(0, str(Path(__file__).parent / "e2e"))
+from stdio_harness import RawSession, server_env  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+
+# Modules a stdio start must not load: the HTTP transport, OAuth and ACL code
+# (no ACL file is set), Alembic (the database is at head), the 2.6 and JSONL
+# importers, the health services (no health tool was called), and httpx
+# (embeddings are off; the SDK itself brings httpx2, not httpx).
+NOT_ON_A_STDIO_START = (
+    "alembic", "mako", "cpersona.mcp.http", "cpersona.mcp.oauth", "cpersona.mcp.acl", "jwt",
+    "cpersona.services.portability", "cpersona.services.portability.importer",
+    "cpersona.services.portability.import_db", "cpersona.services.health.registry",
+    "cpersona.services.health.deep_check", "cpersona.storage.vectors_postgres", "httpx",
+)
+
+
+def test_the_head_constant_is_the_migration_scripts_head() -> None:
+    # A new revision that does not move HEAD_REVISION would make every start
+    # skip Alembic on a database that still needs upgrading.
+    assert migrate.HEAD_REVISION == migrate.head_revision()
+
+
+def _start_once(db_path: Path) -> None:
+    """A first start creates the file and brings it to head (this one loads Alembic)."""
+    session = RawSession(server_env(db_path, CPERSONA_EMBEDDING_MODE="none"))
+    session.initialize()
+    assert session.close() == 0
+
+
+def test_a_stdio_start_loads_only_what_it_runs(tmp_path: Path) -> None:
+    db_path = tmp_path / "memory.db"
+    _start_once(db_path)
+    modules_file = tmp_path / "modules.txt"
+    env = server_env(db_path, CPERSONA_EMBEDDING_MODE="none", CPERSONA_TEST_MODULES_FILE=str(modules_file))
+    session = RawSession(env, args=[str(HERE / "modules_at_exit.py"), "cpersona"])
+    session.initialize()
+    answer = session.call("recall", '{"agent_id":"a","query":"anything at all"}')
+    assert "result" in answer
+    assert session.close() == 0
+    loaded = set(modules_file.read_text(encoding="utf-8").split())
+    assert "cpersona.services.recall.service" in loaded  # the file is the server's, after a recall
+    assert sorted(loaded & set(NOT_ON_A_STDIO_START)) == []
+
+
+def test_a_database_below_head_is_still_upgraded(tmp_path: Path) -> None:
+    # The skip is for a database at head only: one stamped at an older
+    # revision takes the Alembic path and reaches head.
+    db_path = tmp_path / "memory.db"
+    _start_once(db_path)
+    with sqlite3.connect(db_path) as conn:
+        conn.execute("DROP TABLE record_nodes") if _has(conn, "record_nodes") else None
+        conn.execute("UPDATE alembic_version SET version_num = '0003_associations'")
+    _start_once(db_path)
+    with sqlite3.connect(db_path) as conn:
+        assert conn.execute("SELECT version_num FROM alembic_version").fetchall() == [(migrate.HEAD_REVISION,)]
+        assert _has(conn, "record_nodes")
+
+
+def _has(conn: sqlite3.Connection, table: str) -> bool:
+    return conn.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name=?", (table,)).fetchone() is not None
+
+
+def _memories(db_path: Path) -> list[str]:
+    with sqlite3.connect(db_path) as conn:
+        return [row[0] for row in conn.execute("SELECT content FROM memories ORDER BY id")]
+
+
+def test_closing_stdin_ends_the_server_with_every_write_committed(tmp_path: Path) -> None:
+    db_path = tmp_path / "memory.db"
+    session = RawSession(server_env(db_path, CPERSONA_EMBEDDING_MODE="none"))
+    session.initialize()
+    for n in range(3):
+        answer = session.call("store", '{"agent_id":"a","content":"answered row %d"}' % n)
+        assert "result" in answer
+    # The last store is sent and stdin closed at once, without waiting for its answer.
+    session.request("tools/call", {"name": "store", "arguments": {"agent_id": "a", "content": "unanswered row"}})
+    assert session.close() == 0
+    assert _memories(db_path) == ["answered row 0", "answered row 1", "answered row 2", "unanswered row"]
+
+
+INITIALIZE = (b'{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25",'
+              b'"capabilities":{},"clientInfo":{"name":"t","version":"0"}}}\n')
+
+
+def _initialize(write_fd: int, read_fd: int) -> None:
+    """Answered initialize: the server is inside its serving loop, reading stdin."""
+    os.write(write_fd, INITIALIZE)
+    seen = b""
+    while b'"id":1' not in seen:
+        chunk = os.read(read_fd, 65536)
+        assert chunk, f"the server ended before answering: {seen[-2000:]!r}"
+        seen += chunk
+
+
+@pytest.mark.parametrize("stdin_kind", ["terminal", "pipe"])
+def test_sigint_stops_a_serving_server(tmp_path: Path, stdin_kind: str) -> None:
+    # issue 13: Ctrl-C in a terminal left the README's start command running
+    # (the SDK's stdin reader thread had to return first, i.e. wait for Enter).
+    env = server_env(tmp_path / "memory.db", CPERSONA_EMBEDDING_MODE="none")
+    command = [sys.executable, "-m", "cpersona"]
+    if stdin_kind == "terminal":
+        controller, terminal = pty.openpty()
+        attrs = termios.tcgetattr(terminal)
+        attrs[3] &= ~termios.ECHO  # the controller reads only the server's output
+        termios.tcsetattr(terminal, termios.TCSANOW, attrs)
+        proc = subprocess.Popen(command, stdin=terminal, stdout=terminal, stderr=subprocess.DEVNULL, env=env)
+        os.close(terminal)
+        write_fd = read_fd = controller
+    else:
+        controller = None
+        proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                env=env)
+        write_fd, read_fd = proc.stdin.fileno(), proc.stdout.fileno()
+    try:
+        _initialize(write_fd, read_fd)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if controller is not None:
+            os.close(controller)
+
+
+def test_background_work_starts_once_and_never_after_stop(app) -> None:
+    started = []
+    work = BackgroundWork(app)
+    work._start_parts = lambda: started.append(1)  # type: ignore[method-assign]
+    work.start()
+    work.start()
+    assert started == [1]
+    late = BackgroundWork(app)
+    late._start_parts = lambda: started.append(2)  # type: ignore[method-assign]
+    late.stop()  # the server ended before its first answer
+    late.start()
+    assert started == [1]
+
+
+def test_the_first_answer_hook_runs_once_after_the_first_message() -> None:
+    from mcp.shared.message import SessionMessage
+    import mcp.types as types
+
+    from cpersona.mcp.stdio import AnswerTracker
+
+    sent: list[object] = []
+    calls: list[int] = []
+
+    class Sink:
+        async def send(self, item: object) -> None:
+            sent.append(item)
+
+        async def aclose(self) -> None:
+            pass
+
+    async def run() -> None:
+        hook = AnswerTracker(Sink(), lambda: calls.append(len(sent)))
+        message = SessionMessage(types.JSONRPCResponse(jsonrpc="2.0", id=1, result={}))
+        await hook.send(message)
+        await hook.send(message)
+
+    asyncio.run(run())
+    assert calls == [1]  # once, and only after the first message was handed over
