@@ -321,10 +321,22 @@ def _import_db(args: argparse.Namespace) -> dict[str, Any]:
         named = ("CPERSONA_DB_PATH" if "db_path" in settings.model_fields_set
                  else "CPERSONA_DB_PATH is unset: the default, under the working directory")
         target = f"{ours} ({named})"
-    print(f"import-db: copying {source} into {target}", file=sys.stderr)
+    announced: list[bool] = []
+
+    def progress(line: str) -> None:
+        # The target is named once the copy has really begun: a target or source that
+        # cannot be opened is answered by its one failure line alone.
+        if not announced:
+            announced.append(True)
+            print(f"import-db: copying {source} into {target}", file=sys.stderr, flush=True)
+        print(f"import-db: {line}", file=sys.stderr, flush=True)
+
     with _app(must_exist=False, settings=settings) as app:
-        answer = import_db(app, source, progress=lambda line: print(f"import-db: {line}", file=sys.stderr,
-                                                                   flush=True))
+        if app.db.read_only is not None:  # refused before the source is read at all
+            from cpersona.storage.errors import read_only_sentence
+
+            raise _Exit(read_only_sentence(app.db.label, app.db.read_only), _codes().EXIT_START_FAILED)
+        answer = import_db(app, source, progress=progress)
     if answer.get("ok"):
         serve_with = ("the same CPERSONA_DATABASE_URL" if settings.database_url
                       else f"CPERSONA_DB_PATH={shlex.quote(str(settings.db_file))}")
