@@ -1,4 +1,4 @@
-"""The LoCoMo conversations of shared/data/locomo-dev/, as turns and questions.
+"""The LoCoMo conversations of tests/fixtures/locomo-dev/, as turns and questions.
 
 One formatting rule for every consumer (both servers and BM25): a turn's
 memory text is ``"<speaker>: <text>"``, stamped with its session's date in
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-DEFAULT_DATA_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "locomo-dev"
+DEFAULT_DATA_DIR = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "locomo-dev"
 ADVERSARIAL_CATEGORY = 5  # questions with no answer in the conversation: nothing to retrieve
 
 _SESSION_KEY = re.compile(r"session_(\d+)")

@@ -25,11 +25,8 @@ from cpersona.storage.migrate import upgrade
 from embed_server import embed_server  # noqa: F401  (a real local embedding server, as a fixture)
 from pg_support import PgSessionDatabase
 
-# The shared legacy files sit beside the checkout (../shared) or beside its parent,
-# for a worktree one level deeper (../../shared): the nearest one is used.
-LEGACY_DIR = next((p / "shared" / "data" / "legacy" for p in Path(__file__).resolve().parents[1:]
-                   if (p / "shared" / "data" / "legacy").is_dir()),
-                  Path(__file__).resolve().parents[2] / "shared" / "data" / "legacy")
+# Databases and exports written by CPersona itself (provenance: tests/fixtures/README.md).
+LEGACY_DIR = Path(__file__).resolve().parent / "fixtures" / "legacy"
 
 BACKENDS = ("sqlite", "postgres")
 
@@ -81,11 +78,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 def legacy_fixture(name: str, tmp_path: Path) -> Path:
     """Copy a legacy CPersona database into tmp_path (never open the originals)."""
-    src = LEGACY_DIR / name
-    if not src.exists():
-        pytest.skip(f"legacy fixture {src} not available")
     dst = tmp_path / name
-    shutil.copyfile(src, dst)
+    shutil.copyfile(LEGACY_DIR / name, dst)
     return dst
 
 

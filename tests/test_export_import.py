@@ -31,7 +31,7 @@ from cpersona.storage.models import Episode, Memory, Profile
 
 pytestmark = pytest.mark.both_backends  # storage/service behaviour: run on SQLite and PostgreSQL
 
-LEGACY = LEGACY_DIR  # beside the checkout, or beside a worktree's parent (tests/conftest.py)
+LEGACY = LEGACY_DIR  # tests/fixtures/legacy
 ONE_AGENT = LEGACY / "export-2.6.14-dev.jsonl"
 ALL_AGENTS = LEGACY / "export-2.6.14-dev-all-agents.jsonl"
 
@@ -318,8 +318,6 @@ def test_import_vetting_messages(db: Database, tmp_path: Path) -> None:
 def test_reference_exports_import_losslessly(app: App, db: Database, fixture: Path) -> None:
     # spec JL-9 with files written by CPersona 2.6.14; decision 7: rows of the
     # empty-agent bucket are kept (the reference refuses them).
-    if not fixture.exists():
-        pytest.skip(f"{fixture} not available")
     records = read_file(fixture)
     header = records[0]
     answer = import_memories(app, input_path=str(fixture))
@@ -363,8 +361,6 @@ def test_reference_exports_import_losslessly(app: App, db: Database, fixture: Pa
 
 def test_reimport_is_a_no_op(app: App, db: Database) -> None:
     # spec IM-15: the second import of the same file imports nothing
-    if not ALL_AGENTS.exists():
-        pytest.skip("fixture not available")
     import_memories(app, input_path=str(ALL_AGENTS))
     before = (rows(db, "memories", MEMORY_COLUMNS), rows(db, "episodes", EPISODE_COLUMNS))
     again = import_memories(app, input_path=str(ALL_AGENTS))
@@ -376,8 +372,6 @@ def test_reimport_is_a_no_op(app: App, db: Database) -> None:
 def test_target_agent_id_rewrites_every_record(app: App, db: Database) -> None:
     # spec IM-4: a non-empty target_agent_id writes every record under it; the
     # profile key (agent, user_id) then repeats and only the first applies (IM-8).
-    if not ALL_AGENTS.exists():
-        pytest.skip("fixture not available")
     answer = import_memories(app, input_path=str(ALL_AGENTS), target_agent_id="zz")
     assert count(db, "memories") == count(db, "memories", "agent_id = 'zz'") == answer["imported_memories"]
     # the three agents stored the same texts in the same buckets: collapsed by dedup

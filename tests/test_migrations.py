@@ -2,7 +2,7 @@
 
 Every test runs on a real SQLite file. Legacy files are built with the stdlib
 sqlite3 module (as an older CPersona would have left them) or copied from the
-fixtures in shared/data/legacy, then opened through cpersona.storage.migrate.
+fixtures in tests/fixtures/legacy, then opened through cpersona.storage.migrate.
 """
 
 from __future__ import annotations

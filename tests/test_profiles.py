@@ -33,7 +33,7 @@ def test_update_then_get(app, db):  # spec §3.7, §3.8
     assert (row.agent_id, row.user_id, row.project_id) == ("a", "", "")
 
 
-def test_second_update_replaces_and_restamps(app, db):  # spec UP-3
+def test_second_update_replaces_and_restamps(app, db):  # spec PF-3
     app.clock = lambda: datetime(2026, 6, 1, 12, 0, 0, tzinfo=timezone.utc)
     update_profile(app, agent_id="a", profile="likes tea")
     app.clock = lambda: datetime(2026, 6, 2, 8, 30, 0, tzinfo=timezone.utc)
@@ -43,7 +43,7 @@ def test_second_update_replaces_and_restamps(app, db):  # spec UP-3
     assert (rows[0].content, rows[0].updated_at) == ("likes coffee", "2026-06-02 08:30:00")
 
 
-def test_profiles_are_per_agent(app):  # spec UP-3, ISO-5
+def test_profiles_are_per_agent(app):  # spec PF-3, ISO-5
     update_profile(app, agent_id="a", profile="about a")
     update_profile(app, agent_id="b", profile="about b")
     assert get_profile(app, agent_id="a") == {"profile": "about a"}
@@ -51,13 +51,13 @@ def test_profiles_are_per_agent(app):  # spec UP-3, ISO-5
     assert get_profile(app, agent_id="") == {"profile": ""}  # '' is its own bucket, not "any"
 
 
-def test_profile_is_sanitized_against_its_own_cap(app, db):  # spec UP-1
+def test_profile_is_sanitized_against_its_own_cap(app, db):  # spec PF-1
     response = update_profile(app, agent_id="a", profile="[Memory from x] " + "p" * 2100)
     assert response == {"ok": True, "profiles_updated": 1, "truncated": True}
     assert get_profile(app, agent_id="a")["profile"] == "p" * 2000
 
 
-def test_profile_cap_follows_the_setting_and_exact_fit_is_not_truncated(db):  # spec UP-1
+def test_profile_cap_follows_the_setting_and_exact_fit_is_not_truncated(db):  # spec PF-1
     app = make_app(db, max_profile_length="5")
     assert update_profile(app, agent_id="a", profile="12345") == {"ok": True, "profiles_updated": 1}
     assert update_profile(app, agent_id="a", profile="123456")["truncated"] is True
@@ -69,7 +69,7 @@ def test_profile_cap_follows_the_setting_and_exact_fit_is_not_truncated(db):  # 
     ("  ", "empty after sanitization"),
     ("[Memory from bot] ", "empty after sanitization"),
 ])
-def test_empty_profiles_are_refused_and_the_stored_one_kept(app, profile, reason):  # spec UP-2, SAN-1
+def test_empty_profiles_are_refused_and_the_stored_one_kept(app, profile, reason):  # spec PF-2, SAN-1
     update_profile(app, agent_id="a", profile="kept")
     assert update_profile(app, agent_id="a", profile=profile) == {
         "ok": False, "profiles_updated": 0, "reason": reason,

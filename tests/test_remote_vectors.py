@@ -162,7 +162,7 @@ def test_deletes_remove_from_the_owner_namespace(rapp, server):  # spec admin-an
     assert server.indexed("cpersona:owner") == {}
 
 
-def test_a_refused_delete_removes_nothing(rapp, server):  # spec LK-2
+def test_a_refused_delete_removes_nothing(rapp, server):  # spec DM-2, DE-1
     memory = store(rapp, agent_id="a", content="locked row", lock=True)["id"]
     assert delete_memory(rapp, memory_id=memory, agent_id="a")["ok"] is False
     assert delete_episode(rapp, episode_id=4242, agent_id="a")["ok"] is False

@@ -82,7 +82,6 @@ def test_evidence_ids_are_repaired_and_unknown_ones_dropped():
     assert normalize_evidence(["D8:6; D9:17", "D:11:26", "D", "D10:19"], known) == ("D8:6", "D9:17", "D11:26")
 
 
-@pytest.mark.skipif(not (DEFAULT_DATA_DIR / "30.json").exists(), reason="shared LoCoMo data not present")
 def test_a_conversation_loads_with_adversarial_questions_skipped():
     conversation = load_conversation(DEFAULT_DATA_DIR / "30.json")
     assert len(conversation.turns) == 369

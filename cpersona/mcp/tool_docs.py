@@ -55,8 +55,8 @@ INTRO = """\
 # Tools
 
 Every tool cpersona offers over MCP, grouped by purpose, with its arguments as
-declared in its JSON schema and the section of the specification
-(`shared/spec/`) whose numbered contract points its tests cite. The names,
+declared in its JSON schema and the section of the contracts
+([contracts/](contracts/README.md)) whose numbered points its tests cite. The names,
 arguments and answers are those of CPersona 2.6; see
 [behavior-contracts.md](behavior-contracts.md) for how to read an answer and
 where cpersona deliberately differs.

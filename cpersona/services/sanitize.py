@@ -66,7 +66,7 @@ def strip_annotations(text: str) -> str:
 def sanitize(text: str, cap: int) -> Sanitized:
     """Clean ``text`` for storage and cut it to ``cap`` code points (spec §5.2.1).
 
-    ``truncated`` is true exactly when the cap removed characters (ST-3, UP-1).
+    ``truncated`` is true exactly when the cap removed characters (ST-3, PF-1).
     The result is a fixed point: sanitizing it again changes nothing (SAN-2).
     """
     if cap < 1:

@@ -85,7 +85,7 @@ async def test_store_then_recall_english_and_japanese_then_restart(stdio_params)
         assert again["result"] == "skipped" and again["reason"] == "duplicate content"  # spec ST-4
 
 
-async def test_profile_and_episode_round_trip_over_stdio(stdio_params):  # spec UP-3, AE-1, LE-1
+async def test_profile_and_episode_round_trip_over_stdio(stdio_params):  # spec PF-3, AE-1, LE-1
     async with Client(stdio_params) as client:
         updated = answer(await client.call_tool("update_profile", {"agent_id": "e2e", "profile": "簡潔な回答を好む。"}))
         assert updated == {"ok": True, "profiles_updated": 1}

@@ -1,7 +1,7 @@
 """Agent profiles: ``get_profile`` (spec §3.7) and ``update_profile`` (spec §3.8).
 
 A profile is caller-written text about the agent's user, one per agent: it is
-not scoped by project or channel, and a new one replaces the old (UP-3). Every
+not scoped by project or channel, and a new one replaces the old (PF-3). Every
 write path stores ``user_id = ''``, which with the unique key
 (agent_id, user_id) keeps it to one row.
 """
@@ -79,14 +79,14 @@ def _checked_profile(app: App, agent_id: Any, profile: Any) -> tuple[str, bool]:
     if problem := nul_refusal(agent_id=agent_id):
         raise _refuse(problem)
     if profile is None or profile == "":
-        raise _refuse("empty profile")  # UP-2
+        raise _refuse("empty profile")  # PF-2
     if not isinstance(profile, str):
         raise _refuse(f"profile must be a string, not {type(profile).__name__}")
     if find_lone_surrogate(agent_id, profile):
         raise _refuse("the arguments contain a lone UTF-16 surrogate, which is not valid text; nothing was stored")
     if problem := nul_refusal(profile=profile):
         raise _refuse(problem)  # decision 11
-    cleaned = sanitize(profile, app.settings.max_profile_length)  # UP-1
+    cleaned = sanitize(profile, app.settings.max_profile_length)  # PF-1
     if cleaned.empty:
         raise _refuse("empty after sanitization")
     return cleaned.text, cleaned.truncated
