@@ -39,7 +39,7 @@ from cpersona.services.portability.paths import vet_input_file
 from cpersona.services.portability.writer import EpisodeRow, MemoryRow, ProfileRow, RecordWriter
 from cpersona.services.refs import canonical_ref
 from cpersona.services.responses import ToolFailure, failure
-from cpersona.services.sanitize import nul_refusal, sanitize
+from cpersona.services.sanitize import has_lone_surrogate, nul_refusal, sanitize
 from cpersona.services.timestamps import ahead_of_clock, sql_stamp
 from cpersona.storage import dialect
 from cpersona.storage import errors as storage_errors
@@ -385,13 +385,11 @@ def import_memories(
     dry_run = dry_run is True
     try:
         path = vet_input_file(app, input_path)
-        if target:
-            target.encode("utf-8")
+        if target and has_lone_surrogate(target):
+            return failure("target_agent_id holds an unpaired surrogate")
         found = jsonl.scan(path, settings.max_import_bytes)
     except ToolFailure as refused:
         return refused.as_response()
-    except UnicodeEncodeError:
-        return failure("target_agent_id holds an unpaired surrogate")
 
     aborted = "import aborted (dry run — nothing was written)" if dry_run else "import aborted and rolled back"
     if (problem := found.truncation()) is not None:

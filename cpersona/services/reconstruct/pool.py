@@ -10,7 +10,6 @@ lexical arms found, if the gate or the depth left it out (RX-9).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -24,6 +23,7 @@ from cpersona.services.recall.time_cue import TimeCue
 from cpersona.services.recall.service import RecallRequest, admit, depth_for, fuse, parse_instant, score_candidates
 from cpersona.services.recall.retrievers import Retrieval, exclusion, retrieve, search_backend
 from cpersona.services.operations.update_check import recall_update_notice
+from cpersona.services.sanitize import parse_stored_json
 from cpersona.storage.models import Episode, Memory
 from cpersona.storage.search import Record
 
@@ -51,10 +51,7 @@ class Candidate:
 
     def source_key(self) -> tuple[str, str] | None:
         """(type, id) of the producer when it names one (RX-16: source alone is never enough)."""
-        try:
-            source = json.loads(self.record.source) if self.record.source else {}
-        except ValueError:
-            return None
+        source = parse_stored_json(self.record.source)
         if not isinstance(source, dict):
             return None
         kind, ident = source.get("type"), source.get("id")

@@ -28,6 +28,7 @@ from cpersona.services.reconstruct.request import Request, parse, resolve_budget
 from cpersona.services.reconstruct.shape import CAPS, fit_to_cap, item_dict
 from cpersona.services.reconstruct.structure import Item, structure
 from cpersona.services.reconstruct.walk import ItemWalk, walk_items
+from cpersona.services.refs import ref_key
 from cpersona.services.responses import ToolFailure
 from cpersona.services.recall.retrievers import search_backend
 
@@ -71,7 +72,7 @@ def _run(app: App, req: Request) -> dict[str, Any]:
                                     channel=req.recall.channel))
     walked_refs = {w.ref for walk in walks if walk for w in walk.evidence}
     backend = search_backend(app)
-    walked_records = {r.ref: r for r in backend.fetch(scope, [_key(ref) for ref in walked_refs]).values()}
+    walked_records = {r.ref: r for r in backend.fetch(scope, [ref_key(ref) for ref in walked_refs]).values()}
     items = [structure(cl, walk, walked_records, relations, set(refs), req.bounds.max_evidence, len(cands))
              for cl, walk in zip(chosen, walks)]
 
@@ -237,11 +238,6 @@ def _graph_present(session: Any) -> bool:
     """
     inspector = inspect(session.connection())  # dialect-neutral: PostgreSQL comes later
     return all(inspector.has_table(name) for name in _GRAPH_TABLES)
-
-
-def _key(ref: str) -> tuple[str, int]:
-    kind, ident = ref.split(":")
-    return (kind, int(ident))
 
 
 def _quote_all(app: App, req: Request, items: list[Item], query_vector: bytes | None) -> tuple[list[Quote], list[list[tuple[Any, Quote]]]]:
