@@ -86,11 +86,6 @@ def register_handler(task_type: str, fn: Handler, *, derived: bool = False) -> N
     _HANDLERS[task_type] = _Registered(fn, derived)
 
 
-def registered_types() -> dict[str, bool]:
-    """Task type → derived, for every handler known to this process."""
-    return {name: reg.derived for name, reg in _HANDLERS.items()}
-
-
 class TaskFailed(Exception):
     """A handler's way of saying "not done, try again later"."""
 

@@ -263,7 +263,7 @@ class Admitted:
     gate_fallback: bool = False
 
 
-def admit(app: App, backend: SearchBackend, req: RecallRequest, rows: list[Candidate]) -> Admitted:
+def gate_candidates(app: App, backend: SearchBackend, req: RecallRequest, rows: list[Candidate]) -> Admitted:
     """Steps 7–11: the quality gate, the gate_fallback rescue (§5.11), autocut (§5.12), age prior (§5.9.6)."""
     settings = app.settings
     gate = calibrated_gate_for(app.extras, req.agent_id, enabled=settings.fused_gate_enabled)
@@ -360,7 +360,7 @@ def run_recall(app: App, req: RecallRequest) -> RecallOutcome:
     _attach_advisory(app, req, extras)  # after the query embedding: this recall's outcome counts (ADV-2)
     rows = fuse(app, req, found, backend.profile(req.agent_id))
     rows = score_candidates(app, backend, req, found, rows)
-    admitted = admit(app, backend, req, rows)
+    admitted = gate_candidates(app, backend, req, rows)
     rows = admitted.rows
     if admitted.gate_fallback:
         extras["gate_fallback"] = True  # spec RC-4: present only when it fired

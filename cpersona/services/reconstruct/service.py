@@ -20,7 +20,7 @@ from cpersona.services.operating_context import resolve_project
 from cpersona.services.reconstruct import bundle as bundling
 from cpersona.services.reconstruct import sequence
 from cpersona.services.reconstruct.audit import NODE_ORDER_DEPTH, coverage
-from cpersona.services.reconstruct.budget import admit
+from cpersona.services.reconstruct.budget import quotes_within_budget
 from cpersona.services.reconstruct.cues import Cues, cue_terms
 from cpersona.services.reconstruct.pool import candidate_pool
 from cpersona.services.reconstruct.quote import Quote, excerpt_quote, head_quote
@@ -85,7 +85,7 @@ def _run(app: App, req: Request) -> dict[str, Any]:
     refs_of = [it.head.ref for it in items]
     passages: list[sequence.Passage] = []
     if kind == "items":
-        got = admit([len(q.content) for q in quotes], sizes, budget)
+        got = quotes_within_budget([len(q.content) for q in quotes], sizes, budget)
         steps = _item_steps(got, quotes)
         final = steps[-1] if steps else Step(0, [], [], 0)
         final.used = got.used
@@ -94,7 +94,7 @@ def _run(app: App, req: Request) -> dict[str, Any]:
         passages = sequence.order(
             [sequence.record_passages(i, texts[i], req.recall.query, settings.rrf_k) for i in range(len(items))],
             texts, [it.held for it in items], kind=kind, pro=req.mode == "pro", rrf_k=settings.rrf_k)
-        fits = sequence.admit(passages, sizes, budget)
+        fits = sequence.passages_within_budget(passages, sizes, budget)
         prefixes = [sequence.prefix(k, passages, sizes, refs_of, texts) for k in range(1, fits + 1)]
         steps = [Step(p.items, p.excerpt_counts, p.quotes, p.used, p.taken) for p in prefixes]
         final = steps[-1] if steps else Step(0, [], [], 0)
@@ -236,7 +236,7 @@ def _graph_present(session: Any) -> bool:
     Our migrations always create them; a copied-in or hand-trimmed file may not
     have them, and reconstruct must not fail where recall would not.
     """
-    inspector = inspect(session.connection())  # dialect-neutral: PostgreSQL comes later
+    inspector = inspect(session.connection())  # the SQLAlchemy inspector answers on SQLite and PostgreSQL alike
     return all(inspector.has_table(name) for name in _GRAPH_TABLES)
 
 
