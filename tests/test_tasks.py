@@ -236,7 +236,7 @@ def test_failed_derived_work_yields_to_waiting_legacy_work(fast_app, recorder): 
 
 
 def test_a_paused_sessions_task_is_deleted_but_derived_work_runs(fast_app, recorder):  # spec Q-5, P-13
-    from cpersona.services.operations import persistence
+    from cpersona.services.operations import pause
     register_handler("probe", recorder.handler())
     register_handler("build_nodes", recorder.handler(), derived=True)
     with fast_app.db.write() as session:
@@ -244,12 +244,12 @@ def test_a_paused_sessions_task_is_deleted_but_derived_work_runs(fast_app, recor
         enqueue(fast_app, session, "probe", agent_id="a", payload="other-session", session_key="s2")
         enqueue(fast_app, session, "probe", agent_id="a", payload="keyless")
         enqueue(fast_app, session, "build_nodes", agent_id="a", payload="derived", session_key="s1")
-    persistence.pause_persistence(fast_app, ttl_seconds=600, session_key="s1")
+    pause.pause_persistence(fast_app, ttl_seconds=600, session_key="s1")
     task_queue(fast_app).drain()
     assert [p for _, p, _ in recorder.seen] == ["other-session", "keyless", "derived"]
     assert pending(fast_app) == []  # deleted, not deferred
 
-    persistence.pause_persistence(fast_app, ttl_seconds=600)  # the keyless bucket
+    pause.pause_persistence(fast_app, ttl_seconds=600)  # the keyless bucket
     raw_task(fast_app, "probe", '"unattributed"')  # e.g. left by an earlier process
     task_queue(fast_app).drain()
     assert [p for _, p, _ in recorder.seen][-1] == "derived" and pending(fast_app) == []

@@ -41,6 +41,7 @@ from sqlalchemy import Connection, delete, event, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from cpersona.services.app import App
+from cpersona.services.operations.pause import pause_state
 from cpersona.storage.models import PendingMemoryTask
 
 log = logging.getLogger(__name__)
@@ -356,10 +357,6 @@ class TaskQueue:
         return _Step.NEXT
 
     def _paused(self, session_key: str) -> bool:
-        try:
-            from cpersona.services.operations.persistence import pause_state
-        except ImportError:  # a build without the no-persist pause
-            return False
         return pause_state(self.app, session_key).paused
 
 
