@@ -134,7 +134,7 @@ async def test_last_pause_wins_and_does_not_stack(app, clock):  # spec P-5
 ])
 async def test_session_key_resolution(app, key, scope, bucket):  # spec C-7, P-9
     assert (await call(app, "pause_persistence", session_key=key))["scope"] == scope
-    assert pause.buckets(app).state(bucket, app.clock()).paused
+    assert app.pause_buckets.state(bucket, app.clock()).paused
     assert (await call(app, "persistence_status", session_key=bucket))["paused"] is True
 
 
@@ -177,7 +177,7 @@ async def test_at_most_256_live_pauses_and_none_is_ever_evicted(app, clock):  # 
         "would revoke one of them. The earliest frees at 2026-11-30T04:01:40.000000+00:00; resume_persistence on a "
         "key you no longer need frees one now.")}
     assert (await call(app, "pause_persistence"))["ok"] is False  # the shared bucket counts as a new key too
-    assert all(pause.buckets(app).state(f"k{i}", app.clock()).paused for i in range(256))
+    assert all(app.pause_buckets.state(f"k{i}", app.clock()).paused for i in range(256))
     assert (await call(app, "pause_persistence", session_key="k7", ttl_seconds=5))["paused"] is True  # re-arm
     assert (await call(app, "resume_persistence", session_key="k0"))["was_active"] is True
     assert (await call(app, "pause_persistence", session_key="one-more"))["paused"] is True

@@ -1,11 +1,11 @@
 """The live calibration values of this process, and the lookups recall makes on them.
 
-One :class:`CalibrationState` hangs on ``app.extras["calibration"]``. It holds
+One :class:`CalibrationState` per process is ``App.calibration``. It holds
 what the sidecar file holds (:class:`SidecarValues`) plus which entries this
 process changed since its last successful write, so a write merges with what
 other processes put in the file instead of overwriting it (spec SC-6).
 
-Readers (:func:`vector_threshold`, ``fused_gate_for``) take no lock for long and
+Readers (``threshold_for``, ``fused_gate_for``) take no lock for long and
 never touch the disk: recall asks on every call.
 """
 
@@ -23,9 +23,6 @@ from cpersona.services.calibration.sidecar import (
     scoring_version,
     write_sidecar,
 )
-
-EXTRAS_KEY = "calibration"
-
 
 class CalibrationState:
     """Thresholds, gates and betas in force, and what still has to reach the file."""
@@ -165,25 +162,3 @@ class CalibrationState:
                 self._touched.clear()
             return result
 
-
-def state_of(app: Any) -> CalibrationState:
-    """The app's calibration state, created empty on first use (tests, tools before start-up)."""
-    state = app.extras.get(EXTRAS_KEY)
-    if state is None:
-        state = app.extras.setdefault(EXTRAS_KEY, CalibrationState())
-    return state
-
-
-def vector_threshold(app: Any, agent_id: str) -> float:
-    """The vector arm's similarity floor for ``agent_id`` (spec VEC-4).
-
-    The agent's calibrated threshold, else the calibrated global one, else
-    ``CPERSONA_VECTOR_MIN_SIMILARITY``. Recall multiplies it by the rrf factor
-    under fusion; that is recall's business.
-    """
-    state = app.extras.get(EXTRAS_KEY)
-    if state is not None:
-        value = state.threshold_for(agent_id)
-        if value is not None:
-            return value
-    return float(app.settings.vector_min_similarity)

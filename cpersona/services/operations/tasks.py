@@ -46,7 +46,6 @@ from cpersona.storage.models import PendingMemoryTask
 
 log = logging.getLogger(__name__)
 
-EXTRAS_KEY = "task_queue"
 ATTRIBUTION_CAP = 4096  # task id → session key entries remembered (Q-5)
 IDLE_POLL_SECONDS = 60.0  # also picks up rows another process queued
 SHUTDOWN_WAIT_SECONDS = 5.0  # Q-7
@@ -116,7 +115,7 @@ def enqueue(
                 payload=json.dumps(payload, ensure_ascii=False))
         .returning(PendingMemoryTask.id)
     ).scalar_one()
-    queue = task_queue(app)
+    queue = app.task_queue
     queue.attribute(task_id, session_key)
     _wake_after_commit(conn, queue)
     return task_id
@@ -169,19 +168,11 @@ def get_queue_status(app: App) -> dict[str, Any]:
 # -- consuming ------------------------------------------------------------------------------
 
 
-def task_queue(app: App) -> TaskQueue:
-    """This App's queue object (created on first use, not started)."""
-    queue = app.extras.get(EXTRAS_KEY)
-    if queue is None:
-        queue = app.extras.setdefault(EXTRAS_KEY, TaskQueue(app))
-    return queue
-
-
 def start_task_queue(app: App) -> TaskQueue | None:
     """Start the worker when CPERSONA_TASK_QUEUE_ENABLED is on (Q-2); None otherwise."""
     if not app.settings.task_queue_enabled:
         return None
-    queue = task_queue(app)
+    queue = app.task_queue
     queue.start()
     return queue
 

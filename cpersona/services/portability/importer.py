@@ -412,7 +412,7 @@ def import_memories(
                 errors=errors,
             )
             run.track(lambda: importer.tallies)
-            if not dry_run and remote_vectors.remote_index(app) is not None:
+            if not dry_run and app.remote_index is not None:
                 importer.remote_items = {}  # IM-14: a dry run writes nowhere, the remote index included
                 run.on_commit.append(lambda: _push_remote(app, importer))
             seen = _restore_lines(importer, path, settings.max_import_bytes, errors, run.tick)

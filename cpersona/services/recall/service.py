@@ -266,7 +266,7 @@ class Admitted:
 def gate_candidates(app: App, backend: SearchBackend, req: RecallRequest, rows: list[Candidate]) -> Admitted:
     """Steps 7–11: the quality gate, the gate_fallback rescue (§5.11), autocut (§5.12), age prior (§5.9.6)."""
     settings = app.settings
-    gate = calibrated_gate_for(app.extras, req.agent_id, enabled=settings.fused_gate_enabled)
+    gate = calibrated_gate_for(app, req.agent_id, enabled=settings.fused_gate_enabled)
     passed = apply_gate(
         rows, pool=backend.pool_count(req.scope, cap=POOL_SATURATION), query_blank=req.blank, deep=req.deep,
         rrf_k=settings.rrf_k, calibrated=gate,
