@@ -27,7 +27,7 @@ from cpersona.services.calibration import service as cal
 from cpersona.services.calibration import statistics as cm
 from cpersona.services.calibration.service import calibrate_threshold, install, vector_threshold
 from cpersona.services.calibration.sidecar import SCORING_VERSION
-from cpersona.services.recall.fused_gate import signal_floor
+from cpersona.services.calibration.fused_gate import signal_floor
 from cpersona.services.recall.gate import calibrated_gate_for
 from cpersona.storage.models import Memory
 

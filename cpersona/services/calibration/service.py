@@ -33,14 +33,14 @@ from cpersona.services.calibration import statistics as cm
 from cpersona.services.app import App
 from cpersona.services.calibration.sidecar import Entry, read_sidecar, scoring_version
 from cpersona.services.calibration.state import CalibrationState
-from cpersona.services.recall.fused_gate import GateMeasurement, gate_signal, measure_gate
+from cpersona.services.calibration.fused_gate import GateMeasurement, gate_signal, measure_gate
 from cpersona.services.recall.retrievers import vector_threshold
 from cpersona.services.responses import ToolFailure
 from cpersona.services.timestamps import parse_iso
 from cpersona.storage.models import Memory
 from cpersona.storage.scope import Scope, predicates
 
-__all__ = ["calibrate_threshold", "forget_agent", "measure", "start_calibration", "vector_threshold"]
+__all__ = ["calibrate_threshold", "measure", "start_calibration", "vector_threshold"]
 
 log = logging.getLogger(__name__)
 
@@ -362,23 +362,6 @@ def calibrate_threshold(
     except ToolFailure as refusal:
         return refusal.as_response()
     return response(app, m, old_threshold=old, persisted=written.ok)
-
-
-def forget_agent(app: App, agent_id: str) -> bool:
-    """Remove an agent's threshold, gate and β from memory and the sidecar (spec DAD-2).
-
-    For ``delete_agent_data``; True when the sidecar write succeeded (or had nothing to do).
-    """
-    state = app.calibration
-    with state.run_lock:
-        had = state.forget(agent_id)
-        stored = read_sidecar(app.settings.calibration_sidecar)
-        on_disk = stored.values is not None and any(
-            agent_id in table for table in (stored.values.agent_thresholds, stored.values.agent_fused_gates,
-                                            stored.values.agent_betas))
-        if not had and not on_disk:
-            return True
-        return state.persist(app.settings).ok
 
 
 # -- start-up ------------------------------------------------------------------------

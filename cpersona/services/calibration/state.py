@@ -20,9 +20,11 @@ from cpersona.services.calibration.sidecar import (
     Entry,
     SidecarValues,
     WriteResult,
+    read_sidecar,
     scoring_version,
     write_sidecar,
 )
+
 
 class CalibrationState:
     """Thresholds, gates and betas in force, and what still has to reach the file."""
@@ -149,6 +151,22 @@ class CalibrationState:
                 self._values.put(entry, None)
                 self._touched.add(entry)
             return found
+
+    def forget_agent(self, agent_id: str, settings: Any) -> bool:
+        """Remove an agent's threshold, gate and β from memory and the sidecar (spec DAD-2, MG-7).
+
+        For ``delete_agent_data`` and an emptying merge; True when the sidecar
+        write succeeded (or had nothing to do).
+        """
+        with self.run_lock:
+            had = self.forget(agent_id)
+            stored = read_sidecar(settings.calibration_sidecar)
+            on_disk = stored.values is not None and any(
+                agent_id in table for table in (stored.values.agent_thresholds, stored.values.agent_fused_gates,
+                                                stored.values.agent_betas))
+            if not had and not on_disk:
+                return True
+            return self.persist(settings).ok
 
     def persist(self, settings: Any) -> WriteResult:
         """Write this process's changes to the sidecar, merged with the file; adopt the result."""

@@ -52,8 +52,9 @@ SHUTDOWN_WAIT_SECONDS = 5.0  # Q-7
 KEYLESS = ""
 
 # Modules that register handlers when imported; each is loaded (if it exists)
-# before the worker's first drain, so no queued type is mistaken for unknown.
-HANDLER_MODULES = ("cpersona.services.records.nodes",)
+# before a drain, so no queued type is mistaken for unknown. The queue sits
+# below the records it works on, so it names them here instead of importing them.
+HANDLER_MODULES = ("cpersona.services.records.nodes", "cpersona.services.records.profiles")
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,6 +265,7 @@ class TaskQueue:
     def drain(self) -> int:
         """Work the queue until it is empty or the worker is stopped; returns rows settled."""
         settled = 0
+        _load_handler_modules()
         with self._drain_lock:
             while not self._stop.is_set():
                 head = self._head()
@@ -354,15 +356,6 @@ class TaskQueue:
 # -- handlers for rows older versions left behind (Q-1) ----------------------------------------
 
 
-def _legacy_update_profile(app: App, task: Task) -> dict[str, Any] | None:
-    """The payload is the profile text, applied as ``update_profile`` would apply it."""
-    from cpersona.services.records.profiles import update_profile
-
-    if not isinstance(task.payload, str):
-        raise TaskFailed("update_profile payload is not a text")
-    return update_profile(app, agent_id=task.agent_id, profile=task.payload)
-
-
 def _legacy_archive_episode(app: App, task: Task) -> dict[str, Any] | None:
     """The payload is a conversation history the server once summarised itself.
 
@@ -374,5 +367,4 @@ def _legacy_archive_episode(app: App, task: Task) -> dict[str, Any] | None:
                      "archive the episode again with a caller-computed summary")
 
 
-register_handler("update_profile", _legacy_update_profile)
 register_handler("archive_episode", _legacy_archive_episode)

@@ -339,9 +339,7 @@ def _follow_up(app: App, merge: _Merge, *, emptied: bool, moved: bool) -> None:
     if emptied:
         # MG-7: an emptied source keeps no calibration behind (after commit,
         # so a rolled-back move never loses it).
-        from cpersona.services.calibration.service import forget_agent
-
-        forget_agent(app, merge.source)
+        app.calibration.forget_agent(merge.source, app.settings)
 
 
 def _sync_remote_index(app: App, merge: _Merge, *, emptied: bool, moved: bool) -> None:
