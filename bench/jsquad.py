@@ -40,8 +40,6 @@ ensure_harness_python()
 from bm25 import BM25Index  # noqa: E402
 from mcp_driver import (  # noqa: E402
     REPO_DIR,
-    RunningServer,
-    ToolCallError,
     check_server_available,
     embedding_env,
     start_embedder,
@@ -204,7 +202,7 @@ async def main_async(args: argparse.Namespace) -> None:
                 runs.append(run)
                 try:
                     await run_server(run, embed_url, paragraphs, questions)
-                except Exception as exc:  # one broken server must not cost the other's figures
+                except Exception as exc:  # noqa: BLE001 - one broken server must not cost the other's figures
                     run.aborted = f"{type(exc).__name__}: {exc}"[:500]
                     print(f"  ! {mode}/{name} aborted: {run.aborted}", file=sys.stderr, flush=True)
     baseline = bigram_baseline(paragraphs, questions)

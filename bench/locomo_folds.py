@@ -93,7 +93,7 @@ def main() -> None:
     held_scores: list[dict[str, float]] = []
     for held in conversations:
         def train_score(label: str) -> float:
-            return objective([s for c, rows in runs[label].items() if c != held for s in rows])
+            return objective([s for c, rows in runs[label].items() if c != held for s in rows])  # noqa: B023 - called in this iteration only
 
         chosen = max(runs, key=train_score)
         rows = runs[chosen].get(held, [])

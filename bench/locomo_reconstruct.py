@@ -282,7 +282,7 @@ async def main_async(args: argparse.Namespace) -> None:
                 runs.append(run)
                 try:
                     await run_server(run, embed_url, conversations)
-                except Exception as exc:  # one broken server must not cost the other's figures
+                except Exception as exc:  # noqa: BLE001 - one broken server must not cost the other's figures
                     run.aborted = f"{type(exc).__name__}: {exc}"[:500]
                     print(f"  ! {mode}/{name} aborted: {run.aborted}", file=sys.stderr, flush=True)
     summaries = [run.summary() for run in runs]

@@ -206,10 +206,10 @@ def make_handler(embedder: CachedEmbedder, backend: str) -> type[BaseHTTPRequest
                 return
             try:
                 self._send(200, {"embeddings": embedder(texts)})
-            except Exception as exc:  # a model failure must answer, not drop the connection
+            except Exception as exc:  # noqa: BLE001 - a model failure must answer, not drop the connection
                 self._send(500, {"error": f"embedding failed: {exc}"})
 
-        def log_message(self, format: str, *args: object) -> None:
+        def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the stdlib's signature
             pass  # one line per store would drown the benchmark's own output
 
     return Handler

@@ -114,7 +114,7 @@ def serve(args: argparse.Namespace) -> int:
     Everything is imported where it is first needed, so a stdio start loads only
     what a stdio start runs: no HTTP stack, OAuth or ACL code unless configured,
     no Alembic when the database is already at head, and the start-up work no
-    first answer needs (:mod:`cpersona.services.background`) only after that answer.
+    first answer needs (:mod:`cpersona.background`) only after that answer.
     """
     status = _serve(args)
     return _leave(status)
@@ -128,6 +128,11 @@ def _serve(args: argparse.Namespace) -> int:
         check_startup(settings)
     except ConfigError as exc:
         return _fail(str(exc), EXIT_BAD_CONFIG)
+    if settings.embedding_mode == "local":
+        from cpersona.embedding.local_model import local_mode_problem
+
+        if (problem := local_mode_problem(settings)) is not None:
+            return _fail(problem, EXIT_BAD_CONFIG)
     _log_to_stderr()
     http = settings.transport == "streamable-http"
     try:
@@ -156,7 +161,7 @@ def _serve(args: argparse.Namespace) -> int:
     from cpersona.mcp.pause_gate import PauseGate
     from cpersona.mcp.server import build_server
     from cpersona.services.app import App
-    from cpersona.services.background import BackgroundWork
+    from cpersona.background import BackgroundWork
 
     # The ACL gate comes first: a call it denies never reaches a later gate. The
     # pause gate follows: a paused write is answered only once it is allowed at all.

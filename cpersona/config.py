@@ -559,22 +559,6 @@ class Settings(BaseSettings):
         return (self.operating_context or "").lower() != "off"
 
 
-def _local_mode_problem(settings: Settings) -> str | None:
-    """`local` needs the optional packages and a known profile (checked without importing either)."""
-    from cpersona.embedding.local_model import extra_problem
-    from cpersona.embedding.profiles import profile
-
-    if settings.embedding_model_path is None:
-        try:
-            profile(settings.embedding_local_model)
-        except KeyError as exc:
-            return f"CPERSONA_EMBEDDING_LOCAL_MODEL={settings.embedding_local_model!r} is not valid: {exc.args[0]}"
-    return extra_problem()
-
-
-_EMBEDDING_MODE_CHECKS = {"local": _local_mode_problem}
-
-
 def _one_line(exc: ValidationError) -> str:
     """One stderr line out of pydantic's report: the first problem is enough to act on."""
     err = exc.errors()[0]
@@ -613,10 +597,8 @@ def check_startup(settings: Settings) -> None:
             spelled = env_name(name) + (f" (or {alias})" if alias else "")
             raise ConfigError(f"CPERSONA_EMBEDDING_MODE={settings.embedding_mode} needs {spelled}: "
                               f"set it to {what}")
-    # Requirements that are not a setting (an installed extra, a known profile).
-    problem = _EMBEDDING_MODE_CHECKS.get(settings.embedding_mode, lambda _: None)(settings)
-    if problem:
-        raise ConfigError(problem)
+    # `local` also needs an installed extra and a known profile: the embedding
+    # package checks those (cpersona.embedding.local_model.local_mode_problem).
 
 
 def _known_variables() -> set[str]:

@@ -218,7 +218,7 @@ class _Handler(BaseHTTPRequestHandler):
     state: EmbedServer
     protocol_version = "HTTP/1.1"
 
-    def log_message(self, format: str, *args: Any) -> None:  # keep test output quiet
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - keep test output quiet
         pass
 
     def do_GET(self) -> None:  # noqa: N802 - http.server naming

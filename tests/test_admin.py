@@ -25,7 +25,7 @@ from cpersona.mcp.pause_gate import PauseGate
 from cpersona.mcp.tools import default_registry
 from cpersona.services.records import admin
 from cpersona.services.app import App
-from cpersona.services.calibration.state import state_of, vector_threshold
+from cpersona.services.recall.retrievers import vector_threshold
 
 pytestmark = [pytest.mark.anyio, pytest.mark.both_backends]
 
@@ -388,7 +388,7 @@ async def test_delete_agent_data_refuses_the_empty_agent(app):  # spec DAD-5, §
 
 
 async def test_delete_agent_data_forgets_the_agents_calibration(app):  # spec DAD-2
-    state = state_of(app)
+    state = app.calibration
     state.apply({("agent_thresholds", "a"): 0.41, ("agent_thresholds", "b"): 0.52, ("agent_betas", "a"): 2.0})
     assert state.persist(app.settings).ok
     assert vector_threshold(app, "a") == 0.41

@@ -14,7 +14,6 @@ from sqlalchemy import insert
 
 from cpersona.config import load_settings
 from cpersona.embedding.client import build_embedder
-from cpersona.services.recall.advisory import embedding_health
 from cpersona.services.app import App
 from cpersona.services.records.memories import store
 from cpersona.services.recall.service import recall
@@ -75,7 +74,7 @@ def test_a_single_failure_between_successes_shows_nothing(app, embed_server):  #
     for n, status in enumerate([503, 200, 503, 200, 503]):
         embed_server.status = status
         assert "advisory" not in ask(app, n)
-    health = embedding_health(app)
+    health = app.embedding_health
     assert (health.state, health.failures) == ("healthy", 1)
 
 
@@ -86,7 +85,7 @@ def test_recovery_clears_the_fault_and_a_new_fault_rearms_the_full_notice(app, e
     assert ask(app, 3, "s1")["advisory"]["runbook"] != first  # already told: short
     embed_server.status = 200
     assert "advisory" not in ask(app, 4, "s1")
-    assert embedding_health(app).state == "healthy"
+    assert app.embedding_health.state == "healthy"
     embed_server.status = 503
     assert "advisory" not in ask(app, 5, "s1")
     assert ask(app, 6, "s1")["advisory"]["runbook"] == first  # a new episode: told in full again
@@ -97,7 +96,7 @@ def test_a_cache_hit_is_no_observation(app, embed_server):  # spec ADV-2, EMB-4
     embed_server.status = 503
     assert "advisory" not in ask(app, 1)  # failure 1
     assert "advisory" not in recall(app, agent_id="a", query="cached question")  # no observation
-    assert embedding_health(app).failures == 1
+    assert app.embedding_health.failures == 1
     assert "advisory" in ask(app, 2)  # failure 2 latches
 
 
@@ -105,7 +104,7 @@ def test_store_failures_are_not_observations(app, embed_server):  # spec ADV-2, 
     embed_server.status = 503
     for n in range(3):
         assert store(app, agent_id="a", content=f"note {n}")["embedded"] is False
-    assert embedding_health(app).state == "unknown"
+    assert app.embedding_health.state == "unknown"
     embed_server.status = 200
     assert "advisory" not in ask(app, 1)
 
@@ -143,7 +142,7 @@ def test_the_advisory_can_be_silenced_in_a_fault(db, embed_server):  # spec ADV-
     app = embedding_app(db, embed_server.url, DEGRADED_ADVISORY="false")
     embed_server.status = 503
     assert all("advisory" not in ask(app, n) for n in range(4))
-    assert embedding_health(app).state == "fault"  # measured all the same
+    assert app.embedding_health.state == "fault"  # measured all the same
     app.embedder.close()
 
 
@@ -171,5 +170,5 @@ def test_a_query_that_does_not_measure_leaves_the_health_alone(app, embed_server
     embed_server.status = 503
     for n in range(3):  # e.g. calibration pseudo-queries
         retrieve(app, search_backend(app), Query("a", f"pseudo {n}", Scope("a"), measure=False), 10, exclusion(()))
-    assert embedding_health(app).state == "unknown" and embedding_health(app).failures == 0
+    assert app.embedding_health.state == "unknown" and app.embedding_health.failures == 0
     assert "advisory" not in ask(app, 1)

@@ -18,7 +18,6 @@ from cpersona.services.app import App
 from cpersona.services.records.backfill import (
     BackfillWorker,
     backfill_pass,
-    install_backfill,
     start_backfill,
     stop_backfill,
     unembedded_count,
@@ -144,7 +143,7 @@ def test_the_worker_runs_passes_until_done(db, embed_server):
     app = embedding_app(db, embed_server, REEMBED_ROW_CAP="2")
     store_while_down(app, embed_server, *(f"note {i}" for i in range(5)))
     assert start_backfill(app) is True
-    worker: BackfillWorker = app.extras["backfill"]
+    worker: BackfillWorker = app.backfill
     assert worker.wait(10)
     assert unembedded_count(app) == 0 and worker.passes == 3
     stop_backfill(app)
@@ -156,7 +155,7 @@ def test_startup_run_with_the_backend_down_then_recall_sees_it_return(db, app, e
     store_while_down(app, embed_server, "remember the blue door")
     embed_server.status = 503
     assert start_backfill(app) is True
-    worker: BackfillWorker = app.extras["backfill"]
+    worker: BackfillWorker = app.backfill
     assert worker.wait(10) and "unavailable" in worker.last_report.stopped
     recall(app, agent_id="a", query="blue door one")  # a failed query embedding
     embed_server.status = 200
@@ -167,7 +166,7 @@ def test_startup_run_with_the_backend_down_then_recall_sees_it_return(db, app, e
 
 def test_a_healthy_recall_catches_rows_that_failed_only_at_store_time(db, app, embed_server):
     store_while_down(app, embed_server, "remember the red door")
-    worker = install_backfill(app)
+    worker = app.backfill
     worker.check_interval = 0.0
     recall(app, agent_id="a", query="red door")  # healthy all along: no recovery, a backlog check
     assert worker.wait(10) and unembedded_count(app) == 0
@@ -179,7 +178,7 @@ def test_without_an_installed_worker_recall_repairs_nothing(db, app, embed_serve
     recall(app, agent_id="a", query="green door one")
     embed_server.status = 200
     recall(app, agent_id="a", query="green door two")
-    assert "backfill" not in app.extras and unembedded_count(app) == 1
+    assert App.backfill.if_built(app) is None and unembedded_count(app) == 1
 
 
 def test_nothing_to_do_without_an_embedder(db):

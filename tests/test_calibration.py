@@ -27,7 +27,7 @@ from cpersona.services.calibration import service as cal
 from cpersona.services.calibration import statistics as cm
 from cpersona.services.calibration.service import calibrate_threshold, install, vector_threshold
 from cpersona.services.calibration.sidecar import SCORING_VERSION
-from cpersona.services.recall.fused_gate import signal_floor
+from cpersona.services.calibration.fused_gate import signal_floor
 from cpersona.services.recall.gate import calibrated_gate_for
 from cpersona.storage.models import Memory
 
@@ -298,10 +298,10 @@ def test_an_agent_gets_its_fused_gate_measured_through_recall(db, embed_server):
                    FUSED_GATE_CALIBRATION_DRAWS="5", RECALL_WORD_WEIGHT="0")
     gate = calibrate_threshold(app, agent_id="g")["fused_gate"]
     assert 0.35 < gate["pos_mean"] < 0.5 and gate["null_mean"] < 0.1 and 0.15 < gate["threshold"] < 0.21
-    found = calibrated_gate_for(app.extras, "g", enabled=True)
+    found = calibrated_gate_for(app, "g", enabled=True)
     assert (found.threshold, found.signal) == (gate["threshold"], "rsf")
-    assert calibrated_gate_for(app.extras, "g", enabled=False) is None
-    assert calibrated_gate_for(app.extras, "other", enabled=True) is None  # no global gate
+    assert calibrated_gate_for(app, "g", enabled=False) is None
+    assert calibrated_gate_for(app, "other", enabled=True) is None  # no global gate
     stored = sidecar(app)
     assert stored["agent_fused_gates"] == {"g": gate["threshold"]} and stored["fused_gate_signal"] == "rsf"
 
@@ -312,7 +312,7 @@ def test_the_global_scope_and_a_store_without_sessions_get_no_gate(db, embed_ser
     app = gate_app(db, embed_server, RECALL_MODE="rsf")
     assert "fused_gate" not in calibrate_threshold(app, agent_id="")
     assert "fused_gate" not in calibrate_threshold(app, agent_id="c")
-    assert calibrated_gate_for(app.extras, "c", enabled=True) is None
+    assert calibrated_gate_for(app, "c", enabled=True) is None
 
 
 def test_no_gate_without_embedder_under_cascade_or_when_disabled_and_the_old_gate_stays(db, embed_server):
@@ -320,13 +320,13 @@ def test_no_gate_without_embedder_under_cascade_or_when_disabled_and_the_old_gat
     insert(db, "g", sessions(16, 5))
     app = gate_app(db, embed_server, RECALL_MODE="rsf")
     measured = calibrate_threshold(app, agent_id="g")["fused_gate"]["threshold"]
-    state = app.extras["calibration"]
+    state = app.calibration
     for env in ({"RECALL_MODE": "cascade"}, {"RECALL_MODE": "rsf", "FUSED_GATE_ENABLED": "false"}):
         other = gate_app(db, embed_server, **env)
-        other.extras["calibration"] = state
+        other.calibration = state
         assert "fused_gate" not in calibrate_threshold(other, agent_id="g")
     keyword_only = make_app(db, RECALL_MODE="rsf")
-    keyword_only.extras["calibration"] = state
+    keyword_only.calibration = state
     assert "fused_gate" not in calibrate_threshold(keyword_only, agent_id="g")
     assert state.agent_gate("g") == measured
 
@@ -437,7 +437,7 @@ def test_mode_none_reads_only_the_betas_and_starts_nothing(db):
     install(app)
     write_sidecar_file(app)
     assert cal.start_calibration(app) is None
-    assert vector_threshold(app, "g") == 0.3 and calibrated_gate_for(app.extras, "g", enabled=True) is None
+    assert vector_threshold(app, "g") == 0.3 and calibrated_gate_for(app, "g", enabled=True) is None
     from cpersona.services.calibration.precision import get_recall_precision
 
     assert get_recall_precision(app, agent_id="g")["precision"] == "strict"
@@ -451,7 +451,7 @@ def test_a_valid_sidecar_is_restored_in_the_background(db, embed_server):
     task = cal.start_calibration(app)
     task.join(30)
     assert vector_threshold(app, "g") == 0.52 and vector_threshold(app, "other") == 0.41
-    found = calibrated_gate_for(app.extras, "g", enabled=True)
+    found = calibrated_gate_for(app, "g", enabled=True)
     assert (found.threshold, found.signal) == (0.19, "rsf")
     assert json.loads(app.settings.calibration_sidecar.read_text()) == before  # nothing rewritten
     task.stop()
@@ -482,8 +482,8 @@ def test_a_stale_sidecar_is_left_alone_when_model_change_calibration_is_off(db, 
     app = gate_app(db, embed_server, RECALL_MODE="rsf", CALIBRATE_ON_MODEL_CHANGE="false")
     before = write_sidecar_file(app, embedding_dim=32)  # measured on another width
     assert cal.startup(app, threading.Event()) == "nothing"
-    assert vector_threshold(app, "g") == 0.3 and calibrated_gate_for(app.extras, "g", enabled=True) is None
-    assert app.extras["calibration"].beta_override("g") == 2.0
+    assert vector_threshold(app, "g") == 0.3 and calibrated_gate_for(app, "g", enabled=True) is None
+    assert app.calibration.beta_override("g") == 2.0
     assert json.loads(app.settings.calibration_sidecar.read_text()) == before
 
 
@@ -498,8 +498,8 @@ def test_a_valid_sidecar_is_recalibrated_when_asked_or_without_a_gate(db, embed_
     write_sidecar_file(app, **values)
     assert cal.startup(app, threading.Event()) == "calibrated 1 agents"
     assert vector_threshold(app, "g") == 0.388
-    assert calibrated_gate_for(app.extras, "g", enabled=True).signal == "rsf"
-    assert app.extras["calibration"].beta_override("g") == 2.0
+    assert calibrated_gate_for(app, "g", enabled=True).signal == "rsf"
+    assert app.calibration.beta_override("g") == 2.0
 
 
 def test_no_sidecar_at_all_calibrates_and_a_stop_request_ends_the_agent_loop(db, embed_server):

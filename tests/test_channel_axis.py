@@ -219,7 +219,7 @@ async def test_a_paused_real_run_is_a_dry_run(seeded):  # spec MC-6, P-11
     from cpersona.mcp.dispatch import call_tool
     from cpersona.mcp.gates import GateChain
     from cpersona.mcp.tools import default_registry
-    from cpersona.services.operations.persistence import pause_persistence
+    from cpersona.services.operations.pause import pause_persistence
 
     pause_persistence(seeded, ttl_seconds=600, session_key="op")
     gates = GateChain([pause_gate.PauseGate()])

@@ -435,7 +435,7 @@ def test_reconstruct_reports_the_rescue_under_legacy(db, apps):  # spec §5.11, 
 
 
 def test_gate_calibration_under_legacy_measures_confidence(db, apps):  # spec GATE-3, §5.18.3
-    from cpersona.services.recall.fused_gate import scored_candidates
+    from cpersona.services.calibration.fused_gate import scored_candidates
 
     add_memory(db, "xylophone lessons on tuesday", timestamp=iso(NOW))
     add_memory(db, LEXICAL_ONLY, timestamp=iso(NOW))

@@ -54,7 +54,7 @@ class FolderServer:
                 owner.seen.append(self.path)
                 super().do_GET()
 
-            def log_message(self, format: str, *args: object) -> None:
+            def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the base class names it
                 pass
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Handler, directory=str(folder)))

@@ -183,12 +183,17 @@ def test_calibrated_gate_applies_only_to_its_own_signal():  # spec GATE-3
     assert halved == [cos_row]
 
 
-def test_calibrated_gate_lookup_prefers_the_agent_then_global():
-    extras = {"fused_gates": {"signal": "rsf", "global": 0.2, "agents": {"a": 0.4}}}
-    assert calibrated_gate_for(extras, "a", enabled=True) == CalibratedGate(0.4, "rsf")
-    assert calibrated_gate_for(extras, "b", enabled=True) == CalibratedGate(0.2, "rsf")
-    assert calibrated_gate_for(extras, "a", enabled=False) is None  # spec GATE-8
-    assert calibrated_gate_for({}, "a", enabled=True) is None
+def test_calibrated_gate_lookup_prefers_the_agent_then_global(app):
+    from cpersona.services.calibration.sidecar import SidecarValues
+    from cpersona.services.calibration.state import CalibrationState
+
+    assert calibrated_gate_for(app, "a", enabled=True) is None  # nothing calibrated: the heuristic
+    app.calibration = CalibrationState()
+    app.calibration.restore(SidecarValues(fused_gate_signal="rsf", global_fused_gate=0.2,
+                                          agent_fused_gates={"a": 0.4}), measured=True)
+    assert calibrated_gate_for(app, "a", enabled=True) == CalibratedGate(0.4, "rsf")
+    assert calibrated_gate_for(app, "b", enabled=True) == CalibratedGate(0.2, "rsf")
+    assert calibrated_gate_for(app, "a", enabled=False) is None  # spec GATE-8
 
 
 def test_gate_keeps_order():  # spec GATE-6

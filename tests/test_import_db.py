@@ -11,7 +11,7 @@ import pytest
 import sqlean
 from sqlalchemy import text
 
-from conftest import legacy_fixture, make_app
+from conftest import legacy_fixture
 from cpersona.services.app import App
 from cpersona.services.portability import import_db
 from cpersona.storage.engine import Database

@@ -184,11 +184,20 @@ def test_without_the_extra_local_mode_and_embed_server_refuse_with_the_install_c
     assert not (tmp_path / "x.db").exists()  # refused before the database was touched
 
 
+def refuse_local(settings) -> None:
+    """The start-up checks a serve runs for `local`: the settings' own, then the embedding package's."""
+    from cpersona.embedding.local_model import local_mode_problem
+
+    check_startup(settings)
+    if (problem := local_mode_problem(settings)) is not None:
+        raise ConfigError(problem)
+
+
 def test_the_settings_refuse_local_mode_without_the_extra(monkeypatch, model_folder):
     monkeypatch.setitem(sys.modules, "tokenizers", None)
     with pytest.raises(ConfigError, match=r"needs tokenizers, which are not installed: run pip install 'cpersona\[local\]'"):
-        check_startup(load_settings({"CPERSONA_EMBEDDING_MODE": "local",
-                                     "CPERSONA_EMBEDDING_MODEL_PATH": str(model_folder)}))
+        refuse_local(load_settings({"CPERSONA_EMBEDDING_MODE": "local",
+                                    "CPERSONA_EMBEDDING_MODEL_PATH": str(model_folder)}))
     # Every other mode does not care.
     for mode, needs in (("none", {}), ("http", {"CPERSONA_EMBEDDING_URL": "http://127.0.0.1:1/embed"}),
                         ("api", {"CPERSONA_EMBEDDING_API_KEY": "k"})):
@@ -197,7 +206,7 @@ def test_the_settings_refuse_local_mode_without_the_extra(monkeypatch, model_fol
 
 def test_an_unknown_profile_name_stops_start_up():
     with pytest.raises(ConfigError, match="CPERSONA_EMBEDDING_LOCAL_MODEL='nope' .*known: all-MiniLM-L6-v2"):
-        check_startup(load_settings({"CPERSONA_EMBEDDING_MODE": "local", "CPERSONA_EMBEDDING_LOCAL_MODEL": "nope"}))
+        refuse_local(load_settings({"CPERSONA_EMBEDDING_MODE": "local", "CPERSONA_EMBEDDING_LOCAL_MODEL": "nope"}))
 
 
 # -- a model change is seen: rows of the other model are re-embedded -----------------------------
@@ -212,9 +221,9 @@ def local_app(db, folder: Path) -> App:
 def run_backfill(app: App) -> None:
     """What one `cpersona serve` start does in the background, to its end."""
     assert start_backfill(app)
-    assert app.extras["backfill"].wait(60)
+    assert app.backfill.wait(60)
     stop_backfill(app)
-    app.extras.pop("backfill")  # the next call is the next start
+    app._built.pop("backfill")  # the next call is the next start: a new worker
 
 
 def stored_vectors(app: App) -> dict[int, bytes | None]:

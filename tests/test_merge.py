@@ -221,10 +221,9 @@ def test_paused_body_matches_the_spec() -> None:
 
 def test_a_move_that_empties_the_source_forgets_its_calibration(app: App, db: Database) -> None:  # spec MG-7
     from cpersona.services.calibration.service import vector_threshold
-    from cpersona.services.calibration.state import state_of
     from cpersona.services.records.memories import store
 
-    state = state_of(app)
+    state = app.calibration
     state.apply({("agent_thresholds", "old"): 0.41, ("agent_thresholds", "keep"): 0.52})
     assert state.persist(app.settings).ok
     store(app, agent_id="old", content="only fact of the old agent")

@@ -25,10 +25,10 @@ from cpersona.mcp.gates import GateChain
 from cpersona.mcp.pause_gate import PAUSE_RULES, ForceDryRun, PassThrough, PauseGate, Skip, store_boundary
 from cpersona.mcp.registry import READ_ONLY, Annotations, Registry, ToolSpec
 from cpersona.mcp.tools import default_registry
-from cpersona.services.operations import persistence
+from cpersona.services.operations import pause
 from cpersona.services.app import App
 from cpersona.services.records.memories import store
-from cpersona.services.operations.persistence import PauseState, ttl_text
+from cpersona.services.operations.pause import PauseState, ttl_text
 from cpersona.services.responses import ToolFailure
 
 pytestmark = pytest.mark.anyio
@@ -134,7 +134,7 @@ async def test_last_pause_wins_and_does_not_stack(app, clock):  # spec P-5
 ])
 async def test_session_key_resolution(app, key, scope, bucket):  # spec C-7, P-9
     assert (await call(app, "pause_persistence", session_key=key))["scope"] == scope
-    assert persistence.buckets(app).state(bucket, app.clock()).paused
+    assert app.pause_buckets.state(bucket, app.clock()).paused
     assert (await call(app, "persistence_status", session_key=bucket))["paused"] is True
 
 
@@ -161,11 +161,11 @@ async def test_ttl_bounds_at_the_schema_and_behind_it(app):  # spec P-6, C-3
     assert (await call(app, "persistence_status"))["paused"] is False
     assert (await call(app, "pause_persistence", ttl_seconds=1.0))["ttl_seconds"] == 1  # integral float accepted
     # A library caller behind the schema gets the handler's own rules.
-    assert persistence.pause_persistence(app, ttl_seconds=0) == {"ok": False, "error": "ttl_seconds must be >= 1"}
-    assert persistence.pause_persistence(app, ttl_seconds=True) == {
+    assert pause.pause_persistence(app, ttl_seconds=0) == {"ok": False, "error": "ttl_seconds must be >= 1"}
+    assert pause.pause_persistence(app, ttl_seconds=True) == {
         "ok": False, "error": "ttl_seconds must be a positive integer"}
-    assert persistence.pause_persistence(app, ttl_seconds="5")["ok"] is False
-    assert persistence.pause_persistence(app, ttl_seconds=10**6, session_key="big")["ttl_seconds"] == 86400
+    assert pause.pause_persistence(app, ttl_seconds="5")["ok"] is False
+    assert pause.pause_persistence(app, ttl_seconds=10**6, session_key="big")["ttl_seconds"] == 86400
 
 
 async def test_at_most_256_live_pauses_and_none_is_ever_evicted(app, clock):  # spec P-4
@@ -177,7 +177,7 @@ async def test_at_most_256_live_pauses_and_none_is_ever_evicted(app, clock):  # 
         "would revoke one of them. The earliest frees at 2026-11-30T04:01:40.000000+00:00; resume_persistence on a "
         "key you no longer need frees one now.")}
     assert (await call(app, "pause_persistence"))["ok"] is False  # the shared bucket counts as a new key too
-    assert all(persistence.buckets(app).state(f"k{i}", app.clock()).paused for i in range(256))
+    assert all(app.pause_buckets.state(f"k{i}", app.clock()).paused for i in range(256))
     assert (await call(app, "pause_persistence", session_key="k7", ttl_seconds=5))["paused"] is True  # re-arm
     assert (await call(app, "resume_persistence", session_key="k0"))["was_active"] is True
     assert (await call(app, "pause_persistence", session_key="one-more"))["paused"] is True

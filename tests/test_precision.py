@@ -35,7 +35,7 @@ def gate_app(db, embed_server, state=None, **env):
     if state is None:
         install(app, seed=9)
     else:
-        app.extras["calibration"] = state
+        app.calibration = state
     return app
 
 
@@ -102,7 +102,7 @@ def test_a_failed_sidecar_write_keeps_the_previous_beta_gate_and_threshold(db, e
     insert(db, "g", sessions(16, 5))
     app = gate_app(db, embed_server)
     assert set_recall_precision(app, agent_id="g", precision="lenient")["ok"] is True
-    state = app.extras["calibration"]
+    state = app.calibration
     before = (state.beta_override("g"), state.agent_gate("g"), vector_threshold(app, "g"))
     path = app.settings.calibration_sidecar
     path.unlink()
@@ -124,7 +124,7 @@ def test_setting_precision_recalibrates_the_gate_at_the_new_beta_and_persists_bo
     assert answer["ok"] is True and (answer["precision"], answer["beta"], answer["cleared"]) == ("strict", 2.0, False)
     assert answer["fused_gate"]["beta"] == 2.0 and answer["fused_gate"]["signal"] == "rsf"
     assert answer["calibrate"] == {"ok": True, "scope": "per_agent", "new_threshold": 0.388}
-    gate = calibrated_gate_for(app.extras, "g", enabled=True)
+    gate = calibrated_gate_for(app, "g", enabled=True)
     assert gate.threshold == answer["fused_gate"]["threshold"]  # live without restart
     stored = sidecar(app)
     assert stored["agent_betas"] == {"g": 2.0} and stored["agent_fused_gates"] == {"g": gate.threshold}
@@ -171,7 +171,7 @@ def test_no_gate_at_the_new_beta_while_holding_one_at_the_old_is_refused(db, emb
     insert(db, "g", sessions(16, 5))
     app = gate_app(db, embed_server)
     assert set_recall_precision(app, agent_id="g", precision="lenient")["ok"]
-    state = app.extras["calibration"]
+    state = app.calibration
     held = state.agent_gate("g")
     cascade = gate_app(db, embed_server, state=state, RECALL_MODE="cascade")  # no gate can be measured here
     answer = set_recall_precision(cascade, agent_id="g", precision="strict")

@@ -30,7 +30,6 @@ from cpersona.services.records.contents import get_contents, revision_of
 from cpersona.services.records.episodes import archive_episode
 from cpersona.services.records.memories import store
 from cpersona.services.records.nodes import DivisionFailed, build_record_nodes, current_nodes, divide
-from cpersona.services.operations.tasks import task_queue
 from cpersona.storage.engine import Database, open_sqlite
 from cpersona.storage.migrate import upgrade
 from conftest import refuse_inserts
@@ -73,7 +72,7 @@ def http_app(db: Database, server: EmbedServer, **env: str) -> App:
 def app(db: Database, server: EmbedServer) -> Iterator[App]:
     made = http_app(db, server)
     yield made
-    task_queue(made).stop()
+    made.task_queue.stop()
     made.embedder.close()
 
 
@@ -274,7 +273,7 @@ def test_a_failed_enqueue_omits_the_key_and_keeps_the_write(app: App, db: Databa
 def test_the_queued_build_writes_a_partition_with_vectors(app: App, db: Database, server: EmbedServer) -> None:
     # spec OV-8, OV-10, OV-11
     store(app, agent_id="tree", content=LONG)
-    assert task_queue(app).drain() == 1
+    assert app.task_queue.drain() == 1
     assert tasks_table(db) == []
     rows = node_table(db)
     expected = divide(LONG, measure_with(40))
@@ -298,7 +297,7 @@ def test_nodes_are_embedded_in_batches_of_32(db: Database, server: EmbedServer) 
     app = http_app(db, server)
     store(app, agent_id="tree", content=LONG)
     before = len(server.embed_requests())
-    task_queue(app).drain()
+    app.task_queue.drain()
     count = len(node_table(db))
     assert count > 32
     sizes = [len(r.body["texts"]) for r in server.embed_requests()[before:]]
@@ -311,7 +310,7 @@ def test_the_fingerprint_is_the_model_key_when_the_backend_reports_one(db: Datab
     server.capabilities = {"identity": {"model": "hash-64"}, "incomplete": [], "fingerprint": "fp-1"}
     app = http_app(db, server)
     archive_episode(app, agent_id="tree", summary=LONG)
-    task_queue(app).drain()
+    app.task_queue.drain()
     assert {r[7] for r in node_table(db)} == {"fp-1"}
     assert nodes.accepted_model_keys(app) == {"fp-1", "text-embedding-3-small"}
     app.embedder.close()
@@ -319,7 +318,7 @@ def test_the_fingerprint_is_the_model_key_when_the_backend_reports_one(db: Datab
 
 def test_nodes_of_another_model_are_rebuilt(app: App, db: Database) -> None:  # spec OV-2 (d), §6.2 (OV-6 repair)
     store(app, agent_id="tree", content=LONG)
-    task_queue(app).drain()
+    app.task_queue.drain()
     with db.write_connection() as conn:
         conn.exec_driver_sql("UPDATE record_nodes SET embedding_model = 'old-model'")
     assert build_record_nodes(app, "mem", 1) == "built"
@@ -353,7 +352,7 @@ def test_failed_builds_are_retried_by_the_queue(app: App, db: Database, server: 
     # CPERSONA_TASK_MAX_RETRIES attempts the task is dropped, nothing written
     server.mutate = lambda payload: {"embeddings": []} if "embeddings" in payload else payload
     before = len(server.embed_requests())
-    task_queue(app).drain()
+    app.task_queue.drain()
     assert len(server.embed_requests()) - before == app.settings.task_max_retries == 3
     assert tasks_table(db) == [] and node_table(db) == []
     # an unknown token report fails the build the same way
@@ -365,7 +364,7 @@ def test_failed_builds_are_retried_by_the_queue(app: App, db: Database, server: 
     # with the backend back, a new build succeeds
     server.reset_faults()
     store(app, agent_id="tree", content=LONG + " Again.")
-    task_queue(app).drain()
+    app.task_queue.drain()
     assert {r[1] for r in node_table(db)} == {2, 3}  # the task left queued by the failed build ran too
 
 
@@ -374,7 +373,7 @@ def test_a_malformed_payload_is_discarded(app: App, db: Database) -> None:  # sp
         conn.exec_driver_sql("INSERT INTO pending_memory_tasks (task_type, agent_id, payload) VALUES "
                              "('build_nodes', 'tree', '{\"kind\": \"doc\", \"id\": 1}'), "
                              "('build_nodes', 'tree', '{\"kind\": \"mem\", \"id\": true}')")
-    assert task_queue(app).drain() == 2
+    assert app.task_queue.drain() == 2
     assert tasks_table(db) == [] and node_table(db) == []
 
 
@@ -391,7 +390,7 @@ def test_a_queued_build_survives_a_restart(db_path, server: EmbedServer) -> None
     second = http_app(second_db, server)
     try:
         assert len(tasks_table(second_db)) == 1
-        assert task_queue(second).drain() == 1
+        assert second.task_queue.drain() == 1
         assert len(node_table(second_db)) > 1
     finally:
         second.embedder.close()
@@ -418,7 +417,7 @@ def test_node_ranges_after_the_build(app: App, db: Database) -> None:  # spec GR
     store(app, agent_id="tree", content=LONG)
     assert get_contents(app, agent_id="tree", refs=[{"ref": "mem:1", "node": 0}])["unresolved"] == [
         {"ref": "mem:1", "reason": "no_current_nodes"}]  # queued, not built yet (GR-10)
-    task_queue(app).drain()
+    app.task_queue.drain()
     spans = [(r[3], r[4]) for r in node_table(db)]
     count = len(spans)
     answer = get_contents(app, agent_id="tree", refs=[
@@ -436,20 +435,20 @@ def test_node_ranges_after_the_build(app: App, db: Database) -> None:  # spec GR
                                                      {"ref": "mem:1", "node": 0, "revision": revision_of(LONG)}])
     assert after["unresolved"] == [{"ref": "mem:1", "reason": "no_current_nodes"},
                                    {"ref": "mem:1", "reason": "stale_revision"}]
-    task_queue(app).drain()
+    app.task_queue.drain()
     assert get_contents(app, agent_id="tree", refs=[{"ref": "mem:1", "node": 0}])["count"] == 1
 
 
 def test_episode_node_offsets_are_in_the_summary(app: App, db: Database) -> None:  # spec GR-8
     archive_episode(app, agent_id="tree", summary=LONG)
-    task_queue(app).drain()
+    app.task_queue.drain()
     item = get_contents(app, agent_id="tree", refs=[{"ref": "ep:1", "node": 0}])["items"][0]
     assert item["content"] == LONG[:item["range"]["span"][1]]  # no '[Episode] ' label in a slice
 
 
 def test_a_node_set_that_does_not_partition_the_text_is_not_current(app: App, db: Database) -> None:  # GR-5, OV-2
     store(app, agent_id="tree", content=LONG)
-    task_queue(app).drain()
+    app.task_queue.drain()
     with db.write_connection() as conn:
         conn.exec_driver_sql("DELETE FROM record_nodes WHERE node_index = 1")
     assert get_contents(app, agent_id="tree", refs=[{"ref": "mem:1", "node": 0}])["unresolved"] == [
@@ -485,7 +484,7 @@ def test_nodes_are_never_search_candidates(app: App, db: Database) -> None:  # s
     from cpersona.services.recall.service import recall
 
     store(app, agent_id="tree", content=LONG)
-    task_queue(app).drain()
+    app.task_queue.drain()
     assert len(node_table(db)) > 1  # the record has a node set
     out = reconstruct(app, agent_id="tree", query="Sentence number 17 Atlas cluster", trace=True)
     assert out["trace"]["candidate_refs"] == ["mem:1"]  # the record, once; no node of it

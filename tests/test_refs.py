@@ -142,3 +142,13 @@ def test_a_graph_ref_too_long_to_convert_names_nothing(app, db, tmp_path) -> Non
     assert answer["ok"] is True and answer["imported_memories"] == 1
     assert answer["associations"] == {"entities": 1, "mentions": 1, "relations": 0}
     assert answer["errors"][-1].startswith("1 association items were not carried (0 entities, 1 mentions")
+
+
+def test_ref_key_reads_only_what_the_server_writes() -> None:
+    """reconstruct's walk and fetch split stored refs with refs.ref_key, not a second parser."""
+    from cpersona.services.refs import ref_key
+
+    assert ref_key("mem:12") == ("mem", 12) and ref_key("ep:3") == ("ep", 3)
+    for bad in ("mem:012", " mem:1", "mem:-1", "note:4", "mem:"):
+        with pytest.raises(ValueError):
+            ref_key(bad)

@@ -23,7 +23,6 @@ from cpersona.embedding.client import build_embedder
 from cpersona.embedding.remote import RemoteIndex, build_remote_index, parse_ref, results_from_search
 from cpersona.embedding.validate import EmbeddingResponseError
 from cpersona.services.records.admin import delete_agent_data, delete_episode, delete_memory, update_memory
-from cpersona.services.recall.advisory import embedding_health
 from cpersona.services.app import App
 from cpersona.services.records.episodes import archive_episode
 from cpersona.services.records.memories import store
@@ -238,7 +237,7 @@ def test_scores_below_the_arm_threshold_are_dropped(rapp, server):  # spec VEC-4
 def test_a_remote_answer_counts_as_healthy(rapp, server):  # spec ADV-2
     server.search_results = []
     recall(rapp, agent_id="a", query="anything at all", limit=3)
-    assert embedding_health(rapp).snapshot()[0] == "healthy"
+    assert rapp.embedding_health.snapshot()[0] == "healthy"
     assert server.embed_requests() == []
 
 

@@ -43,3 +43,16 @@ def test_every_package_folder_ships():
         for init in (ROOT / "migrations").rglob("__init__.py")
     }
     assert found <= declared, sorted(found - declared)
+
+
+def test_every_declared_package_data_file_exists():
+    """A pattern in [tool.setuptools.package-data] that matches nothing ships nothing, silently
+    (py.typed was declared for a long time before it existed)."""
+    import tomllib
+
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    folders = setuptools.get("package-dir", {})
+    for package, patterns in setuptools["package-data"].items():
+        folder = ROOT / folders.get(package, package.replace(".", "/"))
+        for pattern in patterns:
+            assert list(folder.glob(pattern)), f"{package}: {pattern} matches no file in {folder}"

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from cpersona.services.background import BackgroundWork
+from cpersona.background import BackgroundWork
 from cpersona.storage import migrate
 sys.path.insert(0, str(Path(__file__).parent / "e2e"))
 from stdio_harness import RawSession, server_env  # noqa: E402

@@ -13,7 +13,6 @@ import json
 import logging
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -29,7 +28,7 @@ from cpersona.mcp.gates import GateChain
 from cpersona.mcp.tools import default_registry
 from cpersona.services.records.memories import store
 from cpersona.storage import errors
-from cpersona.storage.engine import open_sqlite, sqlite_module
+from cpersona.storage.engine import sqlite_module
 from cpersona.storage.migrate import open_and_upgrade
 
 pytestmark = pytest.mark.anyio

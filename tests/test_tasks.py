@@ -26,7 +26,6 @@ from cpersona.services.operations.tasks import (
     get_queue_status,
     register_handler,
     start_task_queue,
-    task_queue,
 )
 from cpersona.storage.engine import open_sqlite
 from cpersona.storage.models import Episode, PendingMemoryTask
@@ -87,7 +86,7 @@ def recorder() -> Recorder:
 def fast_app(db):
     app = make_app(db, TASK_RETRY_DELAY="0")
     yield app
-    task_queue(app).stop()
+    app.task_queue.stop()
 
 
 # --- get_queue_status (§11.4) ---------------------------------------------------------------
@@ -129,7 +128,7 @@ def test_enqueue_commits_and_rolls_back_with_the_callers_transaction(fast_app, r
 def test_a_running_worker_is_woken_by_a_commit(fast_app, recorder):  # spec Q-2
     register_handler("probe", recorder.handler())
     start_task_queue(fast_app)
-    wait_for(lambda: task_queue(fast_app).running)
+    wait_for(lambda: fast_app.task_queue.running)
     with fast_app.db.write() as session:
         enqueue(fast_app, session, "probe", agent_id="a", payload=[1, 2])
     wait_for(lambda: recorder.seen == [("probe", [1, 2], 0)] and pending(fast_app) == [], timeout=5)
@@ -157,7 +156,7 @@ def test_start_drains_what_an_earlier_process_left_in_fifo_order(db_path, record
         wait_for(lambda: len(recorder.seen) == 3 and pending(after) == [])
         assert [payload for _, payload, _ in recorder.seen] == [0, 1, 2]  # by id, across agents
     finally:
-        task_queue(after).stop()
+        after.task_queue.stop()
         second.close()
 
 
@@ -166,7 +165,7 @@ def test_bad_payload_and_unknown_type_are_deleted_and_the_drain_goes_on(fast_app
     raw_task(fast_app, "probe", "{not json")
     raw_task(fast_app, "no_such_type", "{}")
     raw_task(fast_app, "probe", '"fine"')
-    assert task_queue(fast_app).drain() == 3
+    assert fast_app.task_queue.drain() == 3
     assert recorder.seen == [("probe", "fine", 0)]
     assert pending(fast_app) == []
 
@@ -176,7 +175,7 @@ def test_a_failing_task_gets_max_retries_attempts_then_is_dropped(fast_app, reco
     register_handler("probe", recorder.handler())
     raw_task(fast_app, "flaky", '"x"')
     raw_task(fast_app, "probe", '"after"')
-    task_queue(fast_app).drain()
+    fast_app.task_queue.drain()
     # The head waits: the second task runs only after the first was given up.
     assert recorder.seen == [("flaky", "x", 0), ("flaky", "x", 1), ("flaky", "x", 2), ("probe", "after", 0)]
     assert pending(fast_app) == []
@@ -186,7 +185,7 @@ def test_handler_answering_ok_false_counts_as_a_failure(fast_app, recorder):  # 
     attempts = []
     register_handler("soft", lambda app, task: attempts.append(task.retries) or {"ok": False, "error": "nope"})
     raw_task(fast_app, "soft", "{}")
-    task_queue(fast_app).drain()
+    fast_app.task_queue.drain()
     assert attempts == [0, 1, 2]
 
 
@@ -195,7 +194,7 @@ def test_retries_wait_the_configured_delay(db, recorder):  # spec Q-6
     register_handler("flaky", recorder.handler(fail=lambda task: task.retries < 2))
     raw_task(app, "flaky", "{}")
     started = time.monotonic()
-    task_queue(app).drain()
+    app.task_queue.drain()
     elapsed = time.monotonic() - started
     assert [r for _, _, r in recorder.seen] == [0, 1, 2]
     assert 2.0 <= elapsed < 5.0
@@ -218,7 +217,7 @@ def test_a_failed_retry_count_survives_a_restart(db_path, recorder):  # spec §1
     database = open_sqlite(db_path)
     again = make_app(database, TASK_RETRY_DELAY="0")
     try:
-        task_queue(again).drain()
+        again.task_queue.drain()
         assert [r for _, _, r in recorder.seen] == [0, 1, 2]  # three attempts in all, across the restart
     finally:
         database.close()
@@ -229,14 +228,14 @@ def test_failed_derived_work_yields_to_waiting_legacy_work(fast_app, recorder): 
     register_handler("probe", recorder.handler())
     derived_id = raw_task(fast_app, "build_nodes", '"d"')
     raw_task(fast_app, "probe", '"legacy"')
-    task_queue(fast_app).drain()
+    fast_app.task_queue.drain()
     assert recorder.seen == [("build_nodes", "d", 0), ("probe", "legacy", 0), ("build_nodes", "d", 1)]
     assert pending(fast_app) == []
     assert derived_id  # moved to the tail means a new id; nothing of it is left
 
 
 def test_a_paused_sessions_task_is_deleted_but_derived_work_runs(fast_app, recorder):  # spec Q-5, P-13
-    from cpersona.services.operations import persistence
+    from cpersona.services.operations import pause
     register_handler("probe", recorder.handler())
     register_handler("build_nodes", recorder.handler(), derived=True)
     with fast_app.db.write() as session:
@@ -244,20 +243,20 @@ def test_a_paused_sessions_task_is_deleted_but_derived_work_runs(fast_app, recor
         enqueue(fast_app, session, "probe", agent_id="a", payload="other-session", session_key="s2")
         enqueue(fast_app, session, "probe", agent_id="a", payload="keyless")
         enqueue(fast_app, session, "build_nodes", agent_id="a", payload="derived", session_key="s1")
-    persistence.pause_persistence(fast_app, ttl_seconds=600, session_key="s1")
-    task_queue(fast_app).drain()
+    pause.pause_persistence(fast_app, ttl_seconds=600, session_key="s1")
+    fast_app.task_queue.drain()
     assert [p for _, p, _ in recorder.seen] == ["other-session", "keyless", "derived"]
     assert pending(fast_app) == []  # deleted, not deferred
 
-    persistence.pause_persistence(fast_app, ttl_seconds=600)  # the keyless bucket
+    pause.pause_persistence(fast_app, ttl_seconds=600)  # the keyless bucket
     raw_task(fast_app, "probe", '"unattributed"')  # e.g. left by an earlier process
-    task_queue(fast_app).drain()
+    fast_app.task_queue.drain()
     assert [p for _, p, _ in recorder.seen][-1] == "derived" and pending(fast_app) == []
 
 
 def test_the_worker_survives_a_drain_that_raises(fast_app, recorder, monkeypatch):  # spec Q-7
     register_handler("probe", recorder.handler())
-    queue = task_queue(fast_app)
+    queue = fast_app.task_queue
     real_head = queue._head
     calls = {"n": 0}
 
@@ -285,13 +284,13 @@ def test_complete_task_makes_work_and_removal_one_transaction(fast_app):  # spec
 
     register_handler("atomic", archive)
     raw_task(fast_app, "atomic", '"kept"')
-    task_queue(fast_app).drain()
+    fast_app.task_queue.drain()
 
     vanished = raw_task(fast_app, "atomic", '"lost"')
-    head = task_queue(fast_app)._head()
+    head = fast_app.task_queue._head()
     with fast_app.db.write() as session:
         complete_task(session, vanished)  # deleted while the worker held the row
-    task_queue(fast_app)._process(head)
+    fast_app.task_queue._process(head)
     with fast_app.db.read() as session:
         assert session.scalars(select(Episode.summary)).all() == ["kept"]
 
@@ -301,14 +300,14 @@ def test_complete_task_makes_work_and_removal_one_transaction(fast_app):  # spec
 
 def test_legacy_update_profile_is_applied(fast_app):  # spec §11.2
     raw_task(fast_app, "update_profile", json.dumps("likes tea"), agent_id="kai")
-    task_queue(fast_app).drain()
+    fast_app.task_queue.drain()
     assert get_profile(fast_app, agent_id="kai") == {"profile": "likes tea"}
     assert pending(fast_app) == []
 
 
 def test_legacy_archive_episode_history_cannot_be_summarised_and_is_dropped(fast_app):  # spec §11.2, Q-1, Q-6
     raw_task(fast_app, "archive_episode", json.dumps([{"role": "user", "content": "hi"}]), agent_id="kai")
-    task_queue(fast_app).drain()
+    fast_app.task_queue.drain()
     assert pending(fast_app) == []
     with fast_app.db.read() as session:
         assert session.scalars(select(Episode.id)).all() == []

@@ -32,7 +32,6 @@ from cpersona.services.operations.update_check import (
     check_update,
     decide,
     start_update_check,
-    update_checker,
     update_notice,
 )
 
@@ -103,7 +102,7 @@ PIP = Installation("pip", "/srv/venv/bin/python3")
 
 def checker_app(db, index: IndexServer, *, installation: Installation = PIP, running: str = RUNNING, **env: str):
     app = make_app(db, UPDATE_CHECK_URL=index.url, **env)
-    app.extras["update_checker"] = UpdateChecker(app, running=running, installation=installation)
+    app.update_checker = UpdateChecker(app, running=running, installation=installation)
     return app
 
 
@@ -230,7 +229,7 @@ def test_a_failed_fetch_keeps_the_known_verdict(db, index, fault):  # spec UP-2,
 
 def test_with_no_network_the_state_is_unknown_and_nothing_hangs(db):  # spec UP-3 (unknown), UP-2
     app = make_app(db, UPDATE_CHECK_URL="http://127.0.0.1:9/simple/cpersona/")  # discard port: refused
-    app.extras["update_checker"] = UpdateChecker(app, running=RUNNING, installation=PIP)
+    app.update_checker = UpdateChecker(app, running=RUNNING, installation=PIP)
     started = time.monotonic()
     answer = check_update(app, refresh=True)
     assert answer["state"] == "unknown" and answer["checked_at"] is None and "message" not in answer
@@ -281,7 +280,7 @@ def test_a_slow_earlier_fetch_never_overwrites_a_later_verdict(db, index):  # sp
     index.documents = [index_doc([RUNNING, "9.0.0"]), index_doc([RUNNING])]
     index.delays = [1.5, 0.0]
     app = checker_app(db, index)
-    checker = update_checker(app)
+    checker = app.update_checker
     slow = threading.Thread(target=checker.refresh)
     slow.start()
     time.sleep(0.3)

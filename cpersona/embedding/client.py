@@ -392,7 +392,7 @@ class Embedder:
         try:
             raw = self._fetch("GET", url, None, {}, timeout)
             return parse_capabilities(parse_json_object(raw)), None
-        except Exception as exc:  # tolerated: the route is optional (EMB-6)
+        except Exception as exc:  # noqa: BLE001 - tolerated: the route is optional (EMB-6)
             evidence = self._evidence("GET", url, exc)
             if isinstance(exc, BadStatus) and exc.status == 404:
                 evidence += " (the server predates the capability report)"
@@ -458,7 +458,7 @@ def _normalised(url: str) -> str:
 
     try:
         return str(httpx.URL(url))
-    except Exception:  # an unparsable URL has no other spelling to hide
+    except Exception:  # noqa: BLE001 - an unparsable URL has no other spelling to hide
         return ""
 
 

@@ -113,7 +113,7 @@ class LocalModel:
         try:
             windowed = Tokenizer.from_file(str(path))
             counting = Tokenizer.from_file(str(path))
-        except Exception as exc:  # the Rust library raises its own Exception type
+        except Exception as exc:  # noqa: BLE001 - the Rust library raises its own Exception type
             raise ModelFolderError(f"{path} is not a readable tokenizer ({_first_line(exc)})") from None
         # Two instances because truncation is a setting of the tokenizer, not of a call:
         # one cuts at the model's window, the other counts a text's full length.
@@ -142,7 +142,7 @@ class LocalModel:
         options.add_session_config_entry("session.inter_op.allow_spinning", "0")
         try:
             return ort.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
-        except Exception as exc:  # onnxruntime raises several unrelated types for a bad file
+        except Exception as exc:  # noqa: BLE001 - onnxruntime raises several unrelated types for a bad file
             raise ModelFolderError(f"{path} is not a loadable ONNX model ({_first_line(exc)})") from None
 
     # ---------------------------------------------------------------- embedding
@@ -229,3 +229,18 @@ def _groups(lengths: list[int]) -> list[list[int]]:
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0][:300]}" if text else type(exc).__name__
+
+
+def local_mode_problem(settings: Any) -> str | None:
+    """What keeps `CPERSONA_EMBEDDING_MODE=local` from serving (the extra, the profile), or None.
+
+    Checked at start-up without importing the extra itself.
+    """
+    from cpersona.embedding.profiles import profile
+
+    if settings.embedding_model_path is None:
+        try:
+            profile(settings.embedding_local_model)
+        except KeyError as exc:
+            return f"CPERSONA_EMBEDDING_LOCAL_MODEL={settings.embedding_local_model!r} is not valid: {exc.args[0]}"
+    return extra_problem()

@@ -167,7 +167,7 @@ class RemoteIndex:
             raw = fetch_capped(self._http, "POST", url, _encode(body), _HEADERS, self.search_timeout_secs,
                                MAX_SEARCH_RESPONSE_BYTES)
             hits = results_from_search(parse_json_object(raw))
-        except Exception as exc:  # never raise: the caller falls back to the local scan
+        except Exception as exc:  # noqa: BLE001 - never raise: the caller falls back to the local scan
             return RemoteSearch(None, self._failed("search", url, exc))
         return RemoteSearch(hits)
 
@@ -204,7 +204,7 @@ class RemoteIndex:
             # The answer's content is not used; the cap still bounds what is read.
             fetch_capped(self._http, "POST", url, _encode(body), _HEADERS, self.index_timeout_secs,
                          MAX_SEARCH_RESPONSE_BYTES)
-        except Exception as exc:  # tolerated (EMB-6): the row stays stored either way
+        except Exception as exc:  # noqa: BLE001 - tolerated (EMB-6): the row stays stored either way
             self._failed(route, url, exc)
             return False
         return True

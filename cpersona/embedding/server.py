@@ -147,7 +147,7 @@ def make_handler(service: ModelService) -> type[BaseHTTPRequestHandler]:
                 log.exception("embedding failed")
                 self._send(500, {"error": f"embedding failed: {type(exc).__name__}"})
 
-        def log_message(self, format: str, *args: object) -> None:
+        def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the base class names it
             pass  # one line per store would drown everything else
 
     return Handler

@@ -6,9 +6,11 @@ call and either answers it itself (a refusal, or a no-op such as a paused
 write) or hands it, possibly amended, to the next gate with ``call_next``.
 The last step of the chain runs the service.
 
-The chain is empty today. The no-persist pause (spec G-7) and the ACL check
-(transport-and-config §4) plug in here, so that "which calls may write, and
-who may call what" is decided in this one place for every tool and transport.
+Two gates run here, in this order: the ACL check (transport-and-config §4,
+:class:`cpersona.mcp.acl.AclGate`, present when a policy is loaded) and the
+no-persist pause (spec G-7, :class:`cpersona.mcp.pause_gate.PauseGate`), so
+that "who may call what, and which calls may write" is decided in this one
+place for every tool and transport.
 """
 
 from __future__ import annotations

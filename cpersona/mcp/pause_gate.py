@@ -39,7 +39,7 @@ from cpersona.mcp.gates import CallNext, Response, ToolCall
 from cpersona.services.app import App
 from cpersona.services.operating_context import WRITE_TOOLS as OPERATING_CONTEXT_WRITES
 from cpersona.services.operating_context import ProjectRefusal, resolve_project
-from cpersona.services.operations.persistence import PauseState, pause_state, skip_reason
+from cpersona.services.operations.pause import PauseState, pause_state, skip_reason
 from cpersona.services.responses import ToolFailure
 
 log = logging.getLogger(__name__)

@@ -25,7 +25,6 @@ from typing import Any, Literal
 from cpersona.config import Settings
 from cpersona.services.app import App
 
-EXTRAS_KEY = "operating_context"
 AUTO = "@auto"
 MAX_FILE_BYTES = 1 << 20  # an operator's rule file, not a corpus
 SUMMARY_SIZE_HINT = 3000  # longer summaries are reported by check_health (OC-5)
@@ -161,7 +160,9 @@ def read_state(settings: Settings) -> ContextState:
         return ContextState("unusable", path, error=str(exc))
 
 
-class _Cache:
+class ContextCache:
+    """The last parse of the file and the file identity it was made from: ``App.operating_context``."""
+
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.key: tuple[Any, ...] | None = None
@@ -179,7 +180,7 @@ def _file_key(settings: Settings) -> tuple[Any, ...]:
 
 def context_state(app: App) -> ContextState:
     """The file's state, re-parsed only when the file changed (OC-3)."""
-    cache: _Cache = app.extras.setdefault(EXTRAS_KEY, _Cache())
+    cache = app.operating_context
     key = _file_key(app.settings)
     with cache.lock:
         if cache.state is None or cache.key != key:

@@ -88,4 +88,16 @@ def parse_ref(
     return Ref(kind, int(significant))
 
 
-__all__ = ["MAX_ID", "MAX_REF_CHARS", "RECORD_KINDS", "Ref", "canonical_ref", "parse_ref"]
+def ref_key(ref: str) -> tuple[str, int]:
+    """``(kind, id)`` of a ref the server itself wrote (a stored or canonical one).
+
+    ValueError when ``ref`` is not one: such a string reaching this point is a
+    bug upstream, not caller input.
+    """
+    found = parse_ref(ref, leading_zeros=False, max_chars=None)
+    if found is None:
+        raise ValueError(f"not a canonical record ref: {ref!r}")
+    return found.key
+
+
+__all__ = ["MAX_ID", "MAX_REF_CHARS", "RECORD_KINDS", "Ref", "canonical_ref", "parse_ref", "ref_key"]

@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-KEY_FIELD_MAX = 256  # msg_id, channel, project_id (spec §5.2.2)
+KEY_FIELD_MAX = 256  # msg_id, channel, project_id, session_key (spec §5.2.2)
 TIMESTAMP_MAX = 64
 
 # "[Memory from <anything but ]>]" plus the whitespace after it. The name must be
@@ -270,10 +270,14 @@ def source_id_text(source: Any) -> str | None:
 
 
 def parse_stored_json(text: str | None) -> Any:
-    """A stored JSON column as a value; ``{}`` when empty or unreadable."""
+    """A stored JSON column (``source``, ``metadata``) as a value; ``{}`` when empty or unreadable.
+
+    The one reader of those columns for answers: a legacy row's broken JSON
+    must not fail the read that shows it.
+    """
     if not text:
         return {}
     try:
         return json.loads(text)
-    except (ValueError, RecursionError):
+    except (TypeError, ValueError, RecursionError):
         return {}

@@ -17,14 +17,12 @@ returns these subclasses, so everything else the backends do is untouched.
 from __future__ import annotations
 
 import re
-from typing import Any
 
 from cpersona.storage.scope import Scope, sql_fragment
 from cpersona.storage.search import FUNCTION_WORDS, MAX_QUERY_CHARS, MAX_TERMS, Hit, clean_query
 from cpersona.storage.search_sql import EPISODE_COLUMNS, MEMORY_COLUMNS, episode_record, memory_record
 from cpersona.storage.search_sqlite import SqliteSearch, _fts_search, fts5_match
 from cpersona.storage.search_sqlite import source_filter as sqlite_source_filter
-from cpersona.storage.sql_text import text
 
 # A word as unicode61 splits text: a run of letters and digits (underscore and
 # every other mark separate words).

@@ -16,7 +16,6 @@ from cpersona.config import load_settings
 from cpersona.embedding.client import build_embedder
 from cpersona.services.app import App
 from cpersona.services.health.check_health import check_health
-from cpersona.services.operations.tasks import task_queue
 from embed_server import EmbedServer
 
 pytestmark = pytest.mark.both_backends  # storage/service behaviour: run on SQLite and PostgreSQL
@@ -42,7 +41,7 @@ def http_app(db, server: EmbedServer, **env: str) -> App:
 def napp(db, server) -> Iterator[App]:
     made = http_app(db, server)
     yield made
-    task_queue(made).stop()
+    made.task_queue.stop()
     made.embedder.close()
 
 
@@ -77,7 +76,7 @@ def test_long_records_without_nodes_are_found_queued_and_built(napp, h, server):
     assert again["already_queued"] == 2 and again["repairable"] == 0 and again["queued"] == 0
     assert h.query(napp, "SELECT COUNT(*) FROM pending_memory_tasks")[0][0] == 2
 
-    task_queue(napp).drain()
+    napp.task_queue.drain()
     assert h.query(napp, "SELECT COUNT(DISTINCT parent_kind || parent_id) FROM record_nodes")[0][0] == 2
     assert nodes_issue(napp) == [] and nodes_issue(napp, fix=True) == []
 
@@ -110,7 +109,7 @@ def test_stale_nodes_after_model_change_count_as_missing(napp, h):
     # spec R-49 + OV-2: nodes by a model that is no longer accepted are not current
     h.insert_memory(napp, LONG)
     nodes_issue(napp, fix=True)
-    task_queue(napp).drain()
+    napp.task_queue.drain()
     assert nodes_issue(napp) == []
     h.execute(napp, "UPDATE record_nodes SET embedding_model = 'old-model'")
     assert nodes_issue(napp)[0]["count"] == 1
@@ -124,5 +123,5 @@ def test_rewrite_repair_queues_node_builds_after_commit(napp, h):
     check_health(napp, checks=["memory_annotation"], fix=True)
     tasks = h.query(napp, "SELECT task_type, payload FROM pending_memory_tasks")
     assert [t.task_type for t in tasks] == ["build_nodes"]  # only the rewrite still past the window
-    task_queue(napp).drain()
+    napp.task_queue.drain()
     assert nodes_issue(napp) == []

@@ -25,7 +25,6 @@ from cpersona.services.records.contents import revision_of
 from cpersona.services.records.episodes import archive_episode
 from cpersona.services.records.memories import store
 from cpersona.services.reconstruct import reconstruct
-from cpersona.services.operations.tasks import task_queue
 from conftest import db_settings_env, make_app
 from embed_server import EmbedServer, tokens_of
 
@@ -238,9 +237,9 @@ def gateway(db) -> Iterator[App]:
            "2026-08-09T10:00:00+00:00", "s3")
     _store(app, "The eviction trigger for the gateway cache is owned by the platform team.",
            "2026-08-12T10:00:00+00:00", "s4")
-    task_queue(app).drain()
+    app.task_queue.drain()
     yield app
-    task_queue(app).stop()
+    app.task_queue.stop()
     app.embedder.close()
     server.stop()
 

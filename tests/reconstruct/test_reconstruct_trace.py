@@ -16,7 +16,6 @@ from cpersona.services.app import App
 from cpersona.services.records.memories import store
 from cpersona.services.reconstruct import reconstruct
 from cpersona.services.reconstruct.audit import query_parts
-from cpersona.services.operations.tasks import task_queue
 from conftest import db_settings_env
 from embed_server import EmbedServer
 
@@ -77,7 +76,7 @@ def http_app(db, server) -> Iterator[App]:
                               "CPERSONA_EMBEDDING_URL": server.url, "CPERSONA_TASK_RETRY_DELAY": "0"})
     made = App(db=db, settings=settings, embedder=build_embedder(settings))
     yield made
-    task_queue(made).stop()
+    made.task_queue.stop()
     made.embedder.close()
 
 
@@ -87,7 +86,7 @@ def test_node_order_lists_the_best_nodes_of_records_quoted_from_nodes(http_app):
     # Same source within a minute: one item (adjacency); the long row is the excerpt, quoted from a node.
     first = _put(http_app, long_text, "2026-08-01T10:00:00+00:00", "s1")
     head = _put(http_app, "Follow-up on gateway cache eviction.", "2026-08-01T10:00:20+00:00", "s1")
-    task_queue(http_app).drain()
+    http_app.task_queue.drain()
     out = reconstruct(http_app, agent_id=A, query="gateway cache eviction", trace=True)
     item = next(i for i in out["items"] if i["head_ref"] == head)
     excerpt = next(e for e in item["excerpts"] if e["ref"] == first)

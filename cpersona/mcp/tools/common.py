@@ -10,8 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from cpersona.services.responses import failure
-
-KEY_FIELD_MAX = 256  # msg_id, channel, project_id, session_key (spec §5.2.2)
+from cpersona.services.sanitize import KEY_FIELD_MAX
 
 AGENT_ID: dict[str, Any] = {"type": "string", "description": "The agent whose memory this is."}
 

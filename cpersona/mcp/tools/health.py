@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from cpersona.config import Settings
 from cpersona.mcp.registry import READ_ONLY, Annotations, ToolSpec
-from cpersona.mcp.tools.common import object_schema
+from cpersona.mcp.tools.common import KEY_FIELD_MAX, object_schema
 
 
 def _default(name: str) -> int:
@@ -22,7 +22,7 @@ _SESSION_KEY = {
     "description": "A session name you choose. It only picks which no-persist pause applies to this call (a paused "
                    "session gets fix downgraded to false); it is not a credential and never filters data.",
     "default": "",
-    "maxLength": 256,
+    "maxLength": KEY_FIELD_MAX,
 }
 
 
@@ -127,7 +127,7 @@ GET_SESSION_FINDINGS = ToolSpec(
     ),
     input_schema=object_schema({
         "session_key": {"type": "string", "description": "A session name you choose; on a shared (non-stdio) "
-                        "transport an empty one marks the answer identity_shared.", "default": "", "maxLength": 256},
+                        "transport an empty one marks the answer identity_shared.", "default": "", "maxLength": KEY_FIELD_MAX},
         "per_kind_limit": {"type": "integer", "description": "Most findings returned per kind (default 5, at "
                            "least 1); kinds that had more are listed in capped_kinds.", "default": 5},
         "include_summary": {"type": "boolean", "description": "Add the prose `summary` (default true); set false "

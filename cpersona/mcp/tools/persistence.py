@@ -42,7 +42,7 @@ PAUSE_PERSISTENCE = ToolSpec(
         "session_key": _SESSION_KEY,
     }),
     annotations=Annotations(read_only=False, destructive=False, idempotent=True),
-    service="cpersona.services.operations.persistence:pause_persistence",
+    service="cpersona.services.operations.pause:pause_persistence",
 )
 
 RESUME_PERSISTENCE = ToolSpec(
@@ -55,7 +55,7 @@ RESUME_PERSISTENCE = ToolSpec(
     ),
     input_schema=object_schema({"session_key": _SESSION_KEY}),
     annotations=Annotations(read_only=False, destructive=False, idempotent=True),
-    service="cpersona.services.operations.persistence:resume_persistence",
+    service="cpersona.services.operations.pause:resume_persistence",
 )
 
 PERSISTENCE_STATUS = ToolSpec(
@@ -69,7 +69,7 @@ PERSISTENCE_STATUS = ToolSpec(
     ),
     input_schema=object_schema({"session_key": _SESSION_KEY}),
     annotations=READ_ONLY,
-    service="cpersona.services.operations.persistence:persistence_status",
+    service="cpersona.services.operations.pause:persistence_status",
 )
 
 TOOLS = [PAUSE_PERSISTENCE, RESUME_PERSISTENCE, PERSISTENCE_STATUS]

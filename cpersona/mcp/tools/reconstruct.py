@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from cpersona.mcp.registry import READ_ONLY, ToolSpec
-from cpersona.mcp.tools.common import AGENT_ID, PROJECT_ID_FILTER, object_schema
+from cpersona.mcp.tools.common import AGENT_ID, KEY_FIELD_MAX, PROJECT_ID_FILTER, object_schema
 from cpersona.services.responses import failure
 
 DESCRIPTION = (
@@ -60,7 +60,7 @@ RECONSTRUCT = ToolSpec(
         "trace": {"type": "boolean", "description": "Return every field uncompacted plus the audit trail."},
         "budget": {"type": "integer", "minimum": 1,
                    "description": "Characters of quoted text (default: enough for the window's head quotes)."},
-        "session_key": {"type": "string", "maxLength": 256,
+        "session_key": {"type": "string", "maxLength": KEY_FIELD_MAX,
                         "description": "Passed to the candidate recall (advisory memory, pause bucket)."},
         "time_cue": _TIME_CUE,
         "mode": {"type": "string", "enum": ["lite", "pro"],

@@ -19,7 +19,6 @@ from cpersona.config import GATE_BETA
 from cpersona.services.app import App
 from cpersona.services.calibration.service import apply, effective_beta, measure, parse_arguments
 from cpersona.services.calibration.sidecar import Entry
-from cpersona.services.calibration.state import state_of
 from cpersona.services.responses import ToolFailure, failure
 
 
@@ -69,7 +68,7 @@ def set_recall_precision(
     except ToolFailure as refusal:
         return refusal.as_response()
     shape = {"agent_id": agent, "precision": label, "beta": value, "cleared": cleared}
-    state = state_of(app)
+    state = app.calibration
     with state.run_lock:
         previous_beta = effective_beta(app, agent)
         held_gate = state.agent_gate(agent)
@@ -107,7 +106,7 @@ def get_recall_precision(app: App, *, agent_id: Any = None) -> dict[str, Any]:
         agent = _agent(agent_id)
     except ToolFailure as refusal:
         return refusal.as_response()
-    override = state_of(app).beta_override(agent)
+    override = app.calibration.beta_override(agent)
     glob = app.settings.gate_beta
     beta = override if override is not None else glob
     return {

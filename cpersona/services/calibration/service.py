@@ -32,14 +32,15 @@ from cpersona.embedding.vectors import VectorError, from_blob
 from cpersona.services.calibration import statistics as cm
 from cpersona.services.app import App
 from cpersona.services.calibration.sidecar import Entry, read_sidecar, scoring_version
-from cpersona.services.calibration.state import CalibrationState, restore_preferences, state_of, vector_threshold
-from cpersona.services.recall.fused_gate import GateMeasurement, gate_signal, measure_gate
+from cpersona.services.calibration.state import CalibrationState, restore_preferences
+from cpersona.services.calibration.fused_gate import GateMeasurement, gate_signal, measure_gate
+from cpersona.services.recall.retrievers import vector_threshold
 from cpersona.services.responses import ToolFailure
 from cpersona.services.timestamps import parse_iso
 from cpersona.storage.models import Memory
 from cpersona.storage.scope import Scope, predicates
 
-__all__ = ["calibrate_threshold", "forget_agent", "measure", "start_calibration", "vector_threshold"]
+__all__ = ["calibrate_threshold", "measure", "start_calibration", "vector_threshold"]
 
 log = logging.getLogger(__name__)
 
@@ -277,7 +278,7 @@ def measure(app: App, req: CalibrationRequest, *, beta: float | None, rng: Any) 
 
 def effective_beta(app: App, agent_id: str) -> float:
     """The agent's own β if it has one, else the global ``CPERSONA_FUSED_GATE_BETA`` (spec §5.18.4)."""
-    override = state_of(app).beta_override(agent_id)
+    override = app.calibration.beta_override(agent_id)
     return override if override is not None else app.settings.gate_beta
 
 
@@ -296,7 +297,7 @@ def changes_of(m: Measurement) -> dict[Entry, float | None]:
 
 def apply(app: App, m: Measurement, extra: dict[Entry, float | None] | None = None) -> None:
     """Put a measurement in force (and any ``extra`` entries, e.g. a β) in one step."""
-    state = state_of(app)
+    state = app.calibration
     if m.request.agent_id and not _has_embedded(app, m.request.agent_id):
         raise ToolFailure(f"the memories of agent {m.request.agent_id!r} were deleted while it was being "
                           "calibrated; nothing was changed")
@@ -332,7 +333,7 @@ def current_threshold(app: App, agent_id: str) -> float:
     """What the scope's threshold is before this run (the response's ``old_threshold``)."""
     if agent_id:
         return vector_threshold(app, agent_id)
-    value = state_of(app).global_threshold()
+    value = app.calibration.global_threshold()
     return value if value is not None else float(app.settings.vector_min_similarity)
 
 
@@ -350,7 +351,7 @@ def calibrate_threshold(
     session_key: Any = "",
 ) -> dict[str, Any]:
     """The ``calibrate_threshold`` tool (spec §3.11, CT-1..CT-5)."""
-    state = state_of(app)
+    state = app.calibration
     try:
         req = parse_arguments(app, agent_id, sample_size, z_factor, method, percentile)
         with state.run_lock:
@@ -361,23 +362,6 @@ def calibrate_threshold(
     except ToolFailure as refusal:
         return refusal.as_response()
     return response(app, m, old_threshold=old, persisted=written.ok)
-
-
-def forget_agent(app: App, agent_id: str) -> bool:
-    """Remove an agent's threshold, gate and β from memory and the sidecar (spec DAD-2).
-
-    For ``delete_agent_data``; True when the sidecar write succeeded (or had nothing to do).
-    """
-    state = state_of(app)
-    with state.run_lock:
-        had = state.forget(agent_id)
-        stored = read_sidecar(app.settings.calibration_sidecar)
-        on_disk = stored.values is not None and any(
-            agent_id in table for table in (stored.values.agent_thresholds, stored.values.agent_fused_gates,
-                                            stored.values.agent_betas))
-        if not had and not on_disk:
-            return True
-        return state.persist(app.settings).ok
 
 
 # -- start-up ------------------------------------------------------------------------
@@ -432,7 +416,7 @@ def start_measurement(app: App) -> StartupCalibration | None:
 def startup(app: App, stop: threading.Event) -> str:
     """Restore or recalibrate; returns what it did (for logs and tests)."""
     settings = app.settings
-    state = state_of(app)
+    state = app.calibration
     with state.run_lock:  # a calibration asked for meanwhile starts from the restored values
         stored = read_sidecar(settings.calibration_sidecar)
         width = corpus_width(app)
@@ -458,7 +442,7 @@ def startup(app: App, stop: threading.Event) -> str:
 
 def calibrate_everything(app: App, stop: threading.Event) -> str:
     """The global threshold, then (if it worked) every agent with embedded memories."""
-    state = state_of(app)
+    state = app.calibration
     settings = app.settings
     defaults = parse_arguments(app, "")
     try:
@@ -493,5 +477,5 @@ def calibrate_everything(app: App, stop: threading.Event) -> str:
 def install(app: App, *, seed: int | None = None) -> CalibrationState:
     """A fresh state on ``app`` (tests use a seed for repeatable samples)."""
     state = CalibrationState(seed=seed)
-    app.extras["calibration"] = state
+    app.calibration = state
     return state

@@ -1,11 +1,11 @@
 """The live calibration values of this process, and the lookups recall makes on them.
 
-One :class:`CalibrationState` hangs on ``app.extras["calibration"]``. It holds
+One :class:`CalibrationState` per process is ``App.calibration``. It holds
 what the sidecar file holds (:class:`SidecarValues`) plus which entries this
 process changed since its last successful write, so a write merges with what
 other processes put in the file instead of overwriting it (spec SC-6).
 
-Readers (:func:`vector_threshold`, ``fused_gate_for``) take no lock for long and
+Readers (``threshold_for``, ``fused_gate_for``) take no lock for long and
 never touch the disk: recall asks on every call.
 """
 
@@ -24,8 +24,6 @@ from cpersona.services.calibration.sidecar import (
     scoring_version,
     write_sidecar,
 )
-
-EXTRAS_KEY = "calibration"
 
 
 class CalibrationState:
@@ -154,6 +152,22 @@ class CalibrationState:
                 self._touched.add(entry)
             return found
 
+    def forget_agent(self, agent_id: str, settings: Any) -> bool:
+        """Remove an agent's threshold, gate and β from memory and the sidecar (spec DAD-2, MG-7).
+
+        For ``delete_agent_data`` and an emptying merge; True when the sidecar
+        write succeeded (or had nothing to do).
+        """
+        with self.run_lock:
+            had = self.forget(agent_id)
+            stored = read_sidecar(settings.calibration_sidecar)
+            on_disk = stored.values is not None and any(
+                agent_id in table for table in (stored.values.agent_thresholds, stored.values.agent_fused_gates,
+                                                stored.values.agent_betas))
+            if not had and not on_disk:
+                return True
+            return self.persist(settings).ok
+
     def persist(self, settings: Any) -> WriteResult:
         """Write this process's changes to the sidecar, merged with the file; adopt the result."""
         with self._lock:
@@ -167,14 +181,6 @@ class CalibrationState:
             return result
 
 
-def state_of(app: Any) -> CalibrationState:
-    """The app's calibration state, created empty on first use (tests, tools before start-up)."""
-    state = app.extras.get(EXTRAS_KEY)
-    if state is None:
-        state = app.extras.setdefault(EXTRAS_KEY, CalibrationState())
-    return state
-
-
 def restore_preferences(app: Any) -> None:
     """Put the sidecar's per-agent betas (preferences, not measurements) in force.
 
@@ -183,19 +189,4 @@ def restore_preferences(app: Any) -> None:
     """
     stored = read_sidecar(app.settings.calibration_sidecar)
     if stored.values is not None:
-        state_of(app).restore(stored.values, measured=False)
-
-
-def vector_threshold(app: Any, agent_id: str) -> float:
-    """The vector arm's similarity floor for ``agent_id`` (spec VEC-4).
-
-    The agent's calibrated threshold, else the calibrated global one, else
-    ``CPERSONA_VECTOR_MIN_SIMILARITY``. Recall multiplies it by the rrf factor
-    under fusion; that is recall's business.
-    """
-    state = app.extras.get(EXTRAS_KEY)
-    if state is not None:
-        value = state.threshold_for(agent_id)
-        if value is not None:
-            return value
-    return float(app.settings.vector_min_similarity)
+        app.calibration.restore(stored.values, measured=False)

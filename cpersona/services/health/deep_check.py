@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 import unicodedata
 from collections.abc import Callable
-from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import numpy as np

@@ -49,7 +49,7 @@ class NodeScan:
 
 def measure(app: App, prep: Prep, agent_id: str) -> None:
     """Token reports for every record without current nodes; leaves ``prep.nodes`` None when there is no report."""
-    reporter = nodes.token_reporter(app)
+    reporter = app.token_reporter
     if reporter is None or app.embedder is None:
         return  # no backend reports tokens: the feature is off and nothing is expected
     scan = NodeScan(model_keys=nodes.accepted_model_keys(app))
@@ -162,7 +162,7 @@ def queue_after_rewrites(app: App, rewritten: set[tuple[str, int]]) -> int:
     fix commits: the token report is a network call and never runs under the lock.
     Returns the number of builds queued.
     """
-    reporter = nodes.token_reporter(app)
+    reporter = app.token_reporter
     if not rewritten or reporter is None or not app.settings.task_queue_enabled:
         return 0
     wanted = sorted(rewritten)[:MEASURE_CAP]

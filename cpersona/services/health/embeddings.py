@@ -13,7 +13,6 @@ from typing import Any
 import numpy as np
 from sqlalchemy import inspect, text
 
-from cpersona.services.recall.advisory import embedding_health
 from cpersona.services.app import App
 from cpersona.services.health.registry import Check, Ctx, Issue, Prep
 from cpersona.storage import dialect
@@ -86,7 +85,7 @@ def compute_vectors(app: App, rows: list[tuple[int, str]]) -> list[tuple[int, st
 
 
 def fault_latched(app: App) -> bool:
-    return embedding_health(app).snapshot()[0] == "fault"
+    return app.embedding_health.snapshot()[0] == "fault"
 
 
 def precompute(app: App, prep: Prep, agent_id: str, tables: list[str]) -> None:
@@ -219,7 +218,7 @@ def detect_backend(ctx: Ctx) -> list[Issue]:
         return [{"type": "embedding_backend_unreachable", "status": "unreachable", "severity": "warn",
                  "evidence": _evidence(ctx, prep.probe_error), "semantic_recall": SEMANTIC_DEGRADED,
                  "hint": HINT_UNREACHABLE}]
-    state, kind, evidence, _ = embedding_health(ctx.app).snapshot()
+    state, kind, evidence, _ = ctx.app.embedding_health.snapshot()
     if state == "fault":
         kind = "misconfigured" if kind == "misconfigured" else "unreachable"
         return [{"type": f"embedding_backend_{kind}", "status": kind, "severity": "warn",

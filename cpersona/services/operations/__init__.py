@@ -1,1 +1,1 @@
-"""Server-wide state and upkeep: the persistence pause, queued tasks, install and update checks."""
+"""Server-wide state and upkeep: the no-persist pause, queued tasks, install and update checks."""

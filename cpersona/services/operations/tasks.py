@@ -41,19 +41,20 @@ from sqlalchemy import Connection, delete, event, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from cpersona.services.app import App
+from cpersona.services.operations.pause import pause_state
 from cpersona.storage.models import PendingMemoryTask
 
 log = logging.getLogger(__name__)
 
-EXTRAS_KEY = "task_queue"
 ATTRIBUTION_CAP = 4096  # task id → session key entries remembered (Q-5)
 IDLE_POLL_SECONDS = 60.0  # also picks up rows another process queued
 SHUTDOWN_WAIT_SECONDS = 5.0  # Q-7
 KEYLESS = ""
 
 # Modules that register handlers when imported; each is loaded (if it exists)
-# before the worker's first drain, so no queued type is mistaken for unknown.
-HANDLER_MODULES = ("cpersona.services.records.nodes",)
+# before a drain, so no queued type is mistaken for unknown. The queue sits
+# below the records it works on, so it names them here instead of importing them.
+HANDLER_MODULES = ("cpersona.services.records.nodes", "cpersona.services.records.profiles")
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,11 +87,6 @@ def register_handler(task_type: str, fn: Handler, *, derived: bool = False) -> N
     _HANDLERS[task_type] = _Registered(fn, derived)
 
 
-def registered_types() -> dict[str, bool]:
-    """Task type → derived, for every handler known to this process."""
-    return {name: reg.derived for name, reg in _HANDLERS.items()}
-
-
 class TaskFailed(Exception):
     """A handler's way of saying "not done, try again later"."""
 
@@ -120,7 +116,7 @@ def enqueue(
                 payload=json.dumps(payload, ensure_ascii=False))
         .returning(PendingMemoryTask.id)
     ).scalar_one()
-    queue = task_queue(app)
+    queue = app.task_queue
     queue.attribute(task_id, session_key)
     _wake_after_commit(conn, queue)
     return task_id
@@ -173,19 +169,11 @@ def get_queue_status(app: App) -> dict[str, Any]:
 # -- consuming ------------------------------------------------------------------------------
 
 
-def task_queue(app: App) -> TaskQueue:
-    """This App's queue object (created on first use, not started)."""
-    queue = app.extras.get(EXTRAS_KEY)
-    if queue is None:
-        queue = app.extras.setdefault(EXTRAS_KEY, TaskQueue(app))
-    return queue
-
-
 def start_task_queue(app: App) -> TaskQueue | None:
     """Start the worker when CPERSONA_TASK_QUEUE_ENABLED is on (Q-2); None otherwise."""
     if not app.settings.task_queue_enabled:
         return None
-    queue = task_queue(app)
+    queue = app.task_queue
     queue.start()
     return queue
 
@@ -277,6 +265,7 @@ class TaskQueue:
     def drain(self) -> int:
         """Work the queue until it is empty or the worker is stopped; returns rows settled."""
         settled = 0
+        _load_handler_modules()
         with self._drain_lock:
             while not self._stop.is_set():
                 head = self._head()
@@ -361,23 +350,10 @@ class TaskQueue:
         return _Step.NEXT
 
     def _paused(self, session_key: str) -> bool:
-        try:
-            from cpersona.services.operations.persistence import pause_state
-        except ImportError:  # a build without the no-persist pause
-            return False
         return pause_state(self.app, session_key).paused
 
 
 # -- handlers for rows older versions left behind (Q-1) ----------------------------------------
-
-
-def _legacy_update_profile(app: App, task: Task) -> dict[str, Any] | None:
-    """The payload is the profile text, applied as ``update_profile`` would apply it."""
-    from cpersona.services.records.profiles import update_profile
-
-    if not isinstance(task.payload, str):
-        raise TaskFailed("update_profile payload is not a text")
-    return update_profile(app, agent_id=task.agent_id, profile=task.payload)
 
 
 def _legacy_archive_episode(app: App, task: Task) -> dict[str, Any] | None:
@@ -391,5 +367,4 @@ def _legacy_archive_episode(app: App, task: Task) -> dict[str, Any] | None:
                      "archive the episode again with a caller-computed summary")
 
 
-register_handler("update_profile", _legacy_update_profile)
 register_handler("archive_episode", _legacy_archive_episode)

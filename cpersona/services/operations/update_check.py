@@ -39,8 +39,6 @@ from cpersona.services.operations.versions import Version, parse_version
 
 log = logging.getLogger(__name__)
 
-EXTRAS_KEY = "update_checker"
-NOTICE_KEY = "update_notice_memory"
 DISTRIBUTION = "cpersona"
 FETCH_BUDGET_SECONDS = 3.0  # UP-2, end to end
 MAX_INDEX_BYTES = 1 << 20  # UP-2
@@ -272,16 +270,9 @@ class UpdateChecker:
                 "install": install}
 
 
-def update_checker(app: App) -> UpdateChecker:
-    checker = app.extras.get(EXTRAS_KEY)
-    if checker is None:
-        checker = app.extras.setdefault(EXTRAS_KEY, UpdateChecker(app))
-    return checker
-
-
 def start_update_check(app: App) -> UpdateChecker:
     """The once-per-start background check (UP-2); returns at once."""
-    checker = update_checker(app)
+    checker = app.update_checker
     checker.start_background()
     return checker
 
@@ -306,7 +297,7 @@ def _message(verdict: Verdict, command: str) -> str:
 
 def check_update(app: App, *, refresh: Any = False, apply: Any = False) -> dict[str, Any]:
     """Report the verdict; refresh it on request; install the update on request."""
-    checker = update_checker(app)
+    checker = app.update_checker
     if refresh is True:
         checker.refresh()
     verdict, checked_at = checker.current()
@@ -335,7 +326,7 @@ def check_update(app: App, *, refresh: Any = False, apply: Any = False) -> dict[
 NOTICE_SESSIONS = 256  # declared session keys remembered as "already told" (UP-10)
 
 
-class _NoticeMemory:
+class NoticeMemory:
     """Who has seen the current verdict's notice on recall: keyless callers once, each key once."""
 
     def __init__(self) -> None:
@@ -366,14 +357,14 @@ def recall_update_notice(app: App, session_key: Any) -> dict[str, Any] | None:
     notice = update_notice(app)
     if notice is None:
         return None
-    memory: _NoticeMemory = app.extras.setdefault(NOTICE_KEY, _NoticeMemory())
+    memory = app.update_notices
     verdict = (notice["kind"], notice["running"], notice["available"], notice.get("reason"))
     return notice if memory.first_time(verdict, session_key) else None
 
 
 def update_notice(app: App) -> dict[str, Any] | None:
     """The verdict for other surfaces (recall, check_health) when there is something to say (UP-9, UP-10)."""
-    checker = app.extras.get(EXTRAS_KEY)
+    checker = App.update_checker.if_built(app)  # no check started: nothing to say
     if checker is None:
         return None
     verdict, _ = checker.current()

@@ -16,7 +16,7 @@ import re
 import struct
 from typing import Any
 
-from cpersona.services.sanitize import nul_refusal, to_json
+from cpersona.services.sanitize import has_lone_surrogate, nul_refusal, to_json
 from cpersona.services.timestamps import parse_iso
 
 INT64_MAX = 2**63 - 1
@@ -38,10 +38,8 @@ class VectorRejected(Exception):
 def _storable(value: str, field: str) -> str:
     # json.loads turns "\ud800" into a lone surrogate, which no database
     # encoding can hold: refuse it here rather than fail at the INSERT.
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise LineRefused(f"{field} holds an unpaired surrogate") from None
+    if has_lone_surrogate(value):
+        raise LineRefused(f"{field} holds an unpaired surrogate")
     return value
 
 

@@ -17,7 +17,6 @@ the counts are those a real run reports.
 
 from __future__ import annotations
 
-import unicodedata
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +24,7 @@ from typing import Any
 from sqlalchemy import Connection, bindparam, text
 
 from cpersona.services import refs as record_refs
+from cpersona.services.graph.associations import MAX_TEXT, normalize
 from cpersona.services.portability import coerce
 from cpersona.services.portability.coerce import LineRefused
 from cpersona.services.refs import Ref, canonical_ref
@@ -32,12 +32,6 @@ from cpersona.storage.scope import Scope, sql_fragment
 
 PAGE_SIZE = 500
 KINDS = ("entity", "mention", "relation")
-MAX_NAME = 256  # A-3
-
-
-def normalize(value: str) -> str:
-    """A-1: NFKC, full case fold, whitespace runs collapsed, trimmed."""
-    return " ".join(unicodedata.normalize("NFKC", value).casefold().split())
 
 
 def parse_ref(ref: Any) -> Ref | None:
@@ -402,7 +396,7 @@ class GraphCarrier:
 
     def _carry_entity(self, item: _Entity) -> None:
         norm = normalize(item.name)
-        if not norm or len(item.name) > MAX_NAME:
+        if not norm or len(item.name) > MAX_TEXT:
             self.result.dropped.add("entity")
             return
         key = (item.agent_id, item.project_id, item.channel, norm)
@@ -432,7 +426,7 @@ class GraphCarrier:
     def _carry_alias(self, item: _Entity, entity_id: int, alias: Any) -> None:
         written = alias.strip() if isinstance(alias, str) else ""
         norm = normalize(written)
-        if not norm or len(written) > MAX_NAME:
+        if not norm or len(written) > MAX_TEXT:
             self.result.aliases_dropped += 1
             return
         owner = self._alias_owner(item, norm)

@@ -39,7 +39,7 @@ from cpersona.services.portability.paths import vet_input_file
 from cpersona.services.portability.writer import EpisodeRow, MemoryRow, ProfileRow, RecordWriter
 from cpersona.services.refs import canonical_ref
 from cpersona.services.responses import ToolFailure, failure
-from cpersona.services.sanitize import nul_refusal, sanitize
+from cpersona.services.sanitize import has_lone_surrogate, nul_refusal, sanitize
 from cpersona.services.timestamps import ahead_of_clock, sql_stamp
 from cpersona.storage import dialect
 from cpersona.storage import errors as storage_errors
@@ -385,13 +385,11 @@ def import_memories(
     dry_run = dry_run is True
     try:
         path = vet_input_file(app, input_path)
-        if target:
-            target.encode("utf-8")
+        if target and has_lone_surrogate(target):
+            return failure("target_agent_id holds an unpaired surrogate")
         found = jsonl.scan(path, settings.max_import_bytes)
     except ToolFailure as refused:
         return refused.as_response()
-    except UnicodeEncodeError:
-        return failure("target_agent_id holds an unpaired surrogate")
 
     aborted = "import aborted (dry run — nothing was written)" if dry_run else "import aborted and rolled back"
     if (problem := found.truncation()) is not None:
@@ -414,7 +412,7 @@ def import_memories(
                 errors=errors,
             )
             run.track(lambda: importer.tallies)
-            if not dry_run and remote_vectors.remote_index(app) is not None:
+            if not dry_run and app.remote_index is not None:
                 importer.remote_items = {}  # IM-14: a dry run writes nowhere, the remote index included
                 run.on_commit.append(lambda: _push_remote(app, importer))
             seen = _restore_lines(importer, path, settings.max_import_bytes, errors, run.tick)

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from sqlalchemy import Connection, inspect
 
 GRAPH_TABLES = ("entities", "entity_aliases", "entity_mentions", "relations")
-FOLDER_TABLES = ("folders", "folder_members")
 
 
 @dataclass(frozen=True)
@@ -38,10 +37,6 @@ class Layout:
     @property
     def has_graph(self) -> bool:
         return all(name in self.tables for name in GRAPH_TABLES)
-
-    @property
-    def has_folders(self) -> bool:
-        return all(name in self.tables for name in FOLDER_TABLES)
 
     @property
     def memory_labels(self) -> bool:

@@ -95,7 +95,7 @@ class _Merge:
         # (kind, new id, text, project) of rows this merge wrote, for MG-8.
         self.inserted: list[tuple[str, int, str, str]] = []
         # (ref, text) of every row written, pushed to the remote index after commit (MG-8).
-        remote = not dry_run and remote_vectors.remote_index(app) is not None
+        remote = not dry_run and app.remote_index is not None
         self.remote_items: list[tuple[str, str]] | None = [] if remote else None
         # What committed batches wrote: the follow-ups after the last commit act on these.
         self.durable_inserted: list[tuple[str, int, str, str]] = []
@@ -339,9 +339,7 @@ def _follow_up(app: App, merge: _Merge, *, emptied: bool, moved: bool) -> None:
     if emptied:
         # MG-7: an emptied source keeps no calibration behind (after commit,
         # so a rolled-back move never loses it).
-        from cpersona.services.calibration.service import forget_agent
-
-        forget_agent(app, merge.source)
+        app.calibration.forget_agent(merge.source, app.settings)
 
 
 def _sync_remote_index(app: App, merge: _Merge, *, emptied: bool, moved: bool) -> None:

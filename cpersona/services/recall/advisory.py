@@ -119,11 +119,6 @@ class EmbeddingHealth:
             return self.state, self.kind, self.evidence, self.episode
 
 
-def embedding_health(app: App) -> EmbeddingHealth:
-    """The process's health state (one per App; health checks may read it too)."""
-    return app.extras.setdefault("embedding_health", EmbeddingHealth())
-
-
 # -- who has been told ---------------------------------------------------------------
 
 
@@ -171,11 +166,11 @@ def advisory(app: App, session_key: str) -> dict[str, Any] | None:
         severity, episode = "hint", HINT_EPISODE
         kind = evidence = None
     else:
-        state, kind, evidence, episode = embedding_health(app).snapshot()
+        state, kind, evidence, episode = app.embedding_health.snapshot()
         if state != "fault":
             return None  # ADV-3: unknown and healthy say nothing
         severity = "fault"
-    memory: AdvisoryMemory = app.extras.setdefault("recall_advisory", AdvisoryMemory())
+    memory = app.recall_advisory
     bucket = session_bucket(session_key)
     shared = settings.transport != "stdio"
     full = memory.first_time(episode, bucket)

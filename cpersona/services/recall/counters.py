@@ -29,12 +29,18 @@ from cpersona.storage.models import Memory
 
 log = logging.getLogger(__name__)
 
-_EXTRAS_KEY = "recall_counter_backlog"
 EXIT_WAIT_SECONDS = 5.0
-_CREATE = threading.Lock()
 
 
-class _Backlog:
+class CounterBacklog:
+    """Increments waiting for the write lock: ``App.recall_counters``."""
+
+    @classmethod
+    def for_app(cls, app: App) -> CounterBacklog:
+        """A backlog for ``app`` that is written out when the process exits normally."""
+        atexit.register(_flush_at_exit, weakref.ref(app))
+        return cls()
+
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.counts: Counter[int] = Counter()
@@ -56,27 +62,18 @@ class _Backlog:
             self.counts.update(counts)
 
 
-def _backlog(app: App) -> _Backlog:
-    with _CREATE:
-        backlog = app.extras.get(_EXTRAS_KEY)
-        if backlog is None:
-            backlog = app.extras[_EXTRAS_KEY] = _Backlog()
-            atexit.register(_flush_at_exit, weakref.ref(app))
-        return backlog
-
-
 def bump_recall_counters(app: App, memory_ids: Sequence[int]) -> None:
     """Count a recall of each returned memory; never waits for the write lock, never fails the read."""
     # A no-persist pause silences counters too (P-12); a read-only database cannot keep them.
     if not memory_ids or app.writes_paused or app.db.read_only is not None:
         return
-    backlog = _backlog(app)
+    backlog = app.recall_counters
     backlog.add(memory_ids, app.clock().astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S"))
     if not _write(app, backlog, wait=0):
         _start_flusher(app, backlog)
 
 
-def _write(app: App, backlog: _Backlog, *, wait: float | None) -> bool:
+def _write(app: App, backlog: CounterBacklog, *, wait: float | None) -> bool:
     """Apply everything waiting in one transaction; False when the lock was taken (kept waiting)."""
     counts, stamp = backlog.take()
     if not counts:
@@ -102,7 +99,7 @@ def _write(app: App, backlog: _Backlog, *, wait: float | None) -> bool:
 
 def _flush_at_exit(ref: weakref.ref[App]) -> None:
     app = ref()
-    backlog = app.extras.get(_EXTRAS_KEY) if app is not None else None
+    backlog = App.recall_counters.if_built(app) if app is not None else None
     if backlog is None:
         return
     flusher = backlog.flusher
@@ -111,7 +108,7 @@ def _flush_at_exit(ref: weakref.ref[App]) -> None:
     _write(app, backlog, wait=EXIT_WAIT_SECONDS)
 
 
-def _start_flusher(app: App, backlog: _Backlog) -> None:
+def _start_flusher(app: App, backlog: CounterBacklog) -> None:
     with backlog.lock:
         if backlog.flusher is not None and backlog.flusher.is_alive():
             return
@@ -120,7 +117,7 @@ def _start_flusher(app: App, backlog: _Backlog) -> None:
         backlog.flusher.start()
 
 
-def _flush(app: App, backlog: _Backlog) -> None:
+def _flush(app: App, backlog: CounterBacklog) -> None:
     # Waits for the lock as any writer does; gives up a round after the lock wait
     # and tries again, so a backlog is never dropped while the process lives.
     while True:

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from cpersona.services.app import App
 from cpersona.storage.search import Record, RowKey
 
 PROFILE_KEY: RowKey = ("profile", -1)
@@ -96,28 +97,15 @@ def heuristic_min_score(pool: int) -> float:
     return round(0.5 - 0.3 * min(1.0, math.log(pool + 1) / math.log(500)), 4)
 
 
-def calibrated_gate_for(extras: dict[str, Any], agent_id: str, *, enabled: bool) -> CalibratedGate | None:
+def calibrated_gate_for(app: App, agent_id: str, *, enabled: bool) -> CalibratedGate | None:
     """The calibrated fused gate that applies to ``agent_id``, if any (spec GATE-3).
 
-    Calibration (:mod:`cpersona.services.calibration.state`) keeps its live
-    values on ``App.extras["calibration"]`` and answers ``fused_gate_for``.
-    The older hand-published map ``App.extras["fused_gates"]`` (``{"signal",
-    "global", "agents"}``) is still read when no calibration state exists.
-    Without either, recall uses the heuristic.
+    Calibration keeps its live values on ``App.calibration`` and answers
+    ``fused_gate_for``. Without a calibrated gate recall uses the heuristic.
     """
-    if not enabled:
-        return None
-    state = extras.get("calibration")
-    if state is not None and hasattr(state, "fused_gate_for"):
-        measured = state.fused_gate_for(agent_id)
-        return None if measured is None else CalibratedGate(float(measured[0]), str(measured[1]))
-    gates = extras.get("fused_gates")
-    if not gates or not gates.get("signal"):
-        return None
-    threshold = gates.get("agents", {}).get(agent_id)
-    if threshold is None:
-        threshold = gates.get("global")
-    return None if threshold is None else CalibratedGate(float(threshold), str(gates["signal"]))
+    state = App.calibration.if_built(app) if enabled else None
+    measured = state.fused_gate_for(agent_id) if state is not None else None
+    return None if measured is None else CalibratedGate(float(measured[0]), str(measured[1]))
 
 
 def apply_gate(

@@ -23,10 +23,8 @@ from dataclasses import dataclass, field
 
 from cpersona.services.records import remote_vectors
 from cpersona.services.recall import cjk_query
-from cpersona.services.recall.advisory import embedding_health
 from cpersona.services.app import App
 from cpersona.services.records.backfill import on_query_embedded
-from cpersona.services.calibration.state import vector_threshold as calibrated_threshold
 from cpersona.services.recall.fusion import VECTOR_CHANNELS, Ranked, RankedList
 from cpersona.services.recall.words import add_lexical_lists
 from cpersona.storage.scope import Scope
@@ -148,7 +146,7 @@ def embed_query(app: App, text: str, *, measure: bool = True) -> bytes | None:
         return None
     outcome = result.outcome
     if measure:
-        recovered = embedding_health(app).observe(outcome)
+        recovered = app.embedding_health.observe(outcome)
         if outcome.ok and not outcome.from_cache:
             on_query_embedded(app, recovered=recovered)
     return result.blob if outcome.ok else None
@@ -156,8 +154,14 @@ def embed_query(app: App, text: str, *, measure: bool = True) -> bytes | None:
 
 def vector_threshold(app: App, agent_id: str) -> float:
     """VEC-4's ``t``: the agent's calibrated threshold, else the calibrated global
-    one, else ``CPERSONA_VECTOR_MIN_SIMILARITY`` (calibration owns the lookup)."""
-    return calibrated_threshold(app, agent_id)
+    one, else ``CPERSONA_VECTOR_MIN_SIMILARITY``.
+
+    Before any calibration ran or was loaded there is no state to ask: recall
+    does not build one just to read nothing from it.
+    """
+    state = App.calibration.if_built(app)
+    value = state.threshold_for(agent_id) if state is not None else None
+    return float(app.settings.vector_min_similarity) if value is None else value
 
 
 def arm_threshold(app: App, agent_id: str) -> float:

@@ -23,10 +23,8 @@ cut), reused by ``recall_with_context``; :func:`recall` is the tool.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any
@@ -61,6 +59,7 @@ from cpersona.services.recall.preview import (
     apply_preview_tier,
 )
 from cpersona.services.responses import ToolFailure
+from cpersona.services.sanitize import find_lone_surrogate, parse_stored_json
 from cpersona.services.recall.time_cue import TimeCue, parse_time_cue
 from cpersona.services.operations.update_check import recall_update_notice
 from cpersona.services.recall.retrievers import Query, Retrieval, exclusion, retrieve, search_backend
@@ -102,16 +101,6 @@ class RecallRequest:
                      channel=self.channel, blank=self.blank)
 
 
-def _has_lone_surrogate(value: Any) -> bool:
-    if isinstance(value, str):
-        return any("\ud800" <= ch <= "\udfff" for ch in value)
-    if isinstance(value, dict):
-        return any(_has_lone_surrogate(k) or _has_lone_surrogate(v) for k, v in value.items())
-    if isinstance(value, (list, tuple)):
-        return any(_has_lone_surrogate(v) for v in value)
-    return False
-
-
 def _text(name: str, value: Any, *, default: str = "") -> str:
     if value is None:
         return default
@@ -131,7 +120,7 @@ def _flag(name: str, value: Any) -> bool:
 def parse_request(app: App, arguments: dict[str, Any]) -> RecallRequest:
     """Check the arguments and normalise them; raise ToolFailure on bad input."""
     for name, value in arguments.items():
-        if _has_lone_surrogate(value):
+        if find_lone_surrogate(value):
             raise ToolFailure(f"{name} contains an unpaired UTF-16 surrogate, which is not valid text", messages=[])
     if arguments.get("agent_id") is None:
         raise ToolFailure("agent_id is required", messages=[])
@@ -281,10 +270,10 @@ class Admitted:
     gate_fallback: bool = False
 
 
-def admit(app: App, backend: SearchBackend, req: RecallRequest, rows: list[Candidate]) -> Admitted:
+def gate_candidates(app: App, backend: SearchBackend, req: RecallRequest, rows: list[Candidate]) -> Admitted:
     """Steps 7–11: the quality gate, the gate_fallback rescue (§5.11), autocut (§5.12), age prior (§5.9.6)."""
     settings = app.settings
-    gate = calibrated_gate_for(app.extras, req.agent_id, enabled=settings.fused_gate_enabled)
+    gate = calibrated_gate_for(app, req.agent_id, enabled=settings.fused_gate_enabled)
     passed = apply_gate(
         rows, pool=backend.pool_count(req.scope, cap=POOL_SATURATION), query_blank=req.blank, deep=req.deep,
         rrf_k=settings.rrf_k, calibrated=gate,
@@ -300,13 +289,6 @@ def admit(app: App, backend: SearchBackend, req: RecallRequest, rows: list[Candi
 
 
 # -- response ------------------------------------------------------------------------
-
-
-def parse_source(stored: str) -> Any:
-    try:
-        return json.loads(stored)
-    except (TypeError, ValueError):
-        return {}
 
 
 def match_reason(row: Candidate) -> dict[str, Any] | None:
@@ -334,7 +316,7 @@ def message(row: Candidate) -> dict[str, Any]:
         out: dict[str, Any] = {"content": f"[Profile] {row.profile_text}", "source": {"System": "profile"}}
     else:
         out = {"content": record.content, "ref": record.ref}
-        out["source"] = {"System": "episode"} if record.kind == "ep" else parse_source(record.source)
+        out["source"] = {"System": "episode"} if record.kind == "ep" else parse_stored_json(record.source)
         if record.timestamp:
             out["timestamp"] = record.timestamp
         if record.msg_id:
@@ -385,7 +367,7 @@ def run_recall(app: App, req: RecallRequest) -> RecallOutcome:
     _attach_advisory(app, req, extras)  # after the query embedding: this recall's outcome counts (ADV-2)
     rows = fuse(app, req, found, backend.profile(req.agent_id))
     rows = score_candidates(app, backend, req, found, rows)
-    admitted = admit(app, backend, req, rows)
+    admitted = gate_candidates(app, backend, req, rows)
     if (notice := gate_notice(rows, admitted.rows)) is not None:
         extras["gated"] = notice  # the gate emptied an answer that had candidates: say so (issue 14)
     rows = admitted.rows

@@ -19,7 +19,7 @@ class Admission:
     cut_items: int = 0  # items the budget left out
 
 
-def admit(heads: list[int], excerpts: list[list[int]], budget: int | None) -> Admission:
+def quotes_within_budget(heads: list[int], excerpts: list[list[int]], budget: int | None) -> Admission:
     """``heads[i]`` / ``excerpts[i][j]``: characters of item i's head quote and j-th excerpt."""
     out = Admission()
     room = float("inf") if budget is None else budget

@@ -10,7 +10,6 @@ lexical arms found, if the gate or the depth left it out (RX-9).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -22,9 +21,10 @@ from cpersona.services.app import App
 from cpersona.services.recall.cue_arm import CueOutcome, lift, search_period, seat_records
 from cpersona.services.recall.time_cue import TimeCue
 from cpersona.services.recall.words import add_lexical_lists
-from cpersona.services.recall.service import RecallRequest, admit, depth_for, fuse, parse_instant, score_candidates
+from cpersona.services.recall.service import RecallRequest, depth_for, fuse, gate_candidates, parse_instant, score_candidates
 from cpersona.services.recall.retrievers import Retrieval, exclusion, retrieve, search_backend
 from cpersona.services.operations.update_check import recall_update_notice
+from cpersona.services.sanitize import parse_stored_json
 from cpersona.storage.models import Episode, Memory
 from cpersona.storage.search import Record
 
@@ -52,10 +52,7 @@ class Candidate:
 
     def source_key(self) -> tuple[str, str] | None:
         """(type, id) of the producer when it names one (RX-16: source alone is never enough)."""
-        try:
-            source = json.loads(self.record.source) if self.record.source else {}
-        except ValueError:
-            return None
+        source = parse_stored_json(self.record.source)
         if not isinstance(source, dict):
             return None
         kind, ident = source.get("type"), source.get("id")
@@ -105,7 +102,7 @@ def candidate_pool(app: App, req: RecallRequest, terms: list[str], cue: TimeCue 
         pool.notices["update"] = update
     # recall's steps 6–11: penalty and (legacy) confidence, gate, gate_fallback rescue or autocut, prior
     fused = score_candidates(app, backend, req, found, fuse(app, req, found, backend.profile(req.agent_id)))
-    admitted = admit(app, backend, req, fused)
+    admitted = gate_candidates(app, backend, req, fused)
     if admitted.gate_fallback:
         pool.notices["gate_fallback"] = True  # RX-12, RX-13
     # TQ-6: the lift works on the admitted list before the cut, so a period row

@@ -95,7 +95,7 @@ class Prefix:
     taken: list[Passage]
 
 
-def admit(sequence: list[Passage], excerpts: list[list[int]], budget: int | None) -> int:
+def passages_within_budget(sequence: list[Passage], excerpts: list[list[int]], budget: int | None) -> int:
     """How many entries of passages-then-excerpts fit ``budget`` (the first passage always does)."""
     room = float("inf") if budget is None else budget
     spans: dict[int, list[tuple[int, int]]] = {}

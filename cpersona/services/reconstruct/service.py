@@ -15,19 +15,21 @@ from typing import Any
 from sqlalchemy import inspect
 
 from cpersona.services.app import App
-from cpersona.services.graph.associations import record_relations
+from cpersona.services.graph.associations import RelationRow, record_relations
 from cpersona.services.operating_context import resolve_project
 from cpersona.services.reconstruct import bundle as bundling
+from cpersona.services.reconstruct.bundle import Cluster
 from cpersona.services.reconstruct import sequence
 from cpersona.services.reconstruct.audit import NODE_ORDER_DEPTH, coverage
-from cpersona.services.reconstruct.budget import admit
+from cpersona.services.reconstruct.budget import quotes_within_budget
 from cpersona.services.reconstruct.cues import Cues, cue_terms
-from cpersona.services.reconstruct.pool import candidate_pool
+from cpersona.services.reconstruct.pool import Pool, candidate_pool
 from cpersona.services.reconstruct.quote import Quote, excerpt_quote, head_quote
-from cpersona.services.reconstruct.request import Request, parse, resolve_budget
+from cpersona.services.reconstruct.request import Bounds, Policy, Request, parse, resolve_budget
 from cpersona.services.reconstruct.shape import CAPS, fit_to_cap, item_dict
 from cpersona.services.reconstruct.structure import Item, structure
 from cpersona.services.reconstruct.walk import ItemWalk, walk_items
+from cpersona.services.refs import ref_key
 from cpersona.services.responses import ToolFailure
 from cpersona.services.recall.retrievers import search_backend
 
@@ -45,100 +47,6 @@ def reconstruct(app: App, **arguments: Any) -> dict[str, Any]:
     return response
 
 
-def _run(app: App, req: Request) -> dict[str, Any]:
-    settings = app.settings
-    scope = req.recall.scope
-    with app.db.read() as session:
-        graph = _graph_present(session)
-        cues = cue_terms(session, scope, req.recall.query) if graph and not req.recall.blank else Cues()
-    pool = candidate_pool(app, req.recall, cues.terms, req.time_cue)
-    cands = pool.candidates
-    refs = [c.ref for c in cands]
-    relations = []
-    if graph:
-        with app.db.read() as session:
-            relations = record_relations(session, scope, refs)
-    clusters = bundling.bundle(cands, relations, settings.reconstruct_adjacency_seconds)
-    chosen = bundling.choose_items(clusters, req.effective_count)
-    admitted_rows = sum(1 for c in cands if not c.held)
-    if admitted_rows >= req.bounds.top_k:  # RX-11: more may exist
-        req.bounds.reached.append("top_k")
-    walks: list[ItemWalk | None] = [None] * len(chosen)
-    if req.mode is None and chosen and graph:  # RX-20: a mode never carries walked evidence
-        with app.db.read() as session:
-            walks = list(walk_items(session, scope, chosen, max_hops=req.bounds.max_hops,
-                                    max_evidence=req.bounds.max_evidence, source_id=req.recall.source_id,
-                                    channel=req.recall.channel))
-    walked_refs = {w.ref for walk in walks if walk for w in walk.evidence}
-    backend = search_backend(app)
-    walked_records = {r.ref: r for r in backend.fetch(scope, [_key(ref) for ref in walked_refs]).values()}
-    items = [structure(cl, walk, walked_records, relations, set(refs), req.bounds.max_evidence, len(cands))
-             for cl, walk in zip(chosen, walks)]
-
-    held = sum(1 for it in items if it.held)
-    budget, budget_policy = resolve_budget(settings, req.requested_budget, req.mode,
-                                           req.effective_count + held)
-    quotes, excerpts = _quote_all(app, req, items, pool.query_vector)
-    sizes = [[len(q.content) for _, q in ex] for ex in excerpts]
-    kind = "whole" if req.mode is not None else settings.reconstruct_sequence  # RX-37, RX-45
-    refs_of = [it.head.ref for it in items]
-    passages: list[sequence.Passage] = []
-    if kind == "items":
-        got = admit([len(q.content) for q in quotes], sizes, budget)
-        steps = _item_steps(got, quotes)
-        final = steps[-1] if steps else Step(0, [], [], 0)
-        final.used = got.used
-    else:
-        texts = [it.head.record.text for it in items]
-        passages = sequence.order(
-            [sequence.record_passages(i, texts[i], req.recall.query, settings.rrf_k) for i in range(len(items))],
-            texts, [it.held for it in items], kind=kind, pro=req.mode == "pro", rrf_k=settings.rrf_k)
-        fits = sequence.admit(passages, sizes, budget)
-        prefixes = [sequence.prefix(k, passages, sizes, refs_of, texts) for k in range(1, fits + 1)]
-        steps = [Step(p.items, p.excerpt_counts, p.quotes, p.used, p.taken) for p in prefixes]
-        final = steps[-1] if steps else Step(0, [], [], 0)
-    budget_cut = final.items < len(items)
-
-    def build(step: Step, full: bool) -> dict[str, Any]:
-        n_items, excerpt_counts = step.items, step.excerpt_counts
-        out: dict[str, Any] = {
-            "items": [item_dict(items[i], step.heads[i], excerpts[i], excerpt_counts[i], full=full, mode=req.mode)
-                      for i in range(n_items)],
-            "effective_count": req.effective_count,
-            "returned_count": n_items,
-        }
-        shown = step.heads[:n_items] + [q for i in range(n_items) for _, q in excerpts[i][:excerpt_counts[i]]]
-        if any(q.lexical_only for q in shown):  # RX-33
-            out["quote_selection"] = "lexical_only"
-        _envelope(out, req, pool, items[:n_items], n_items, budget_cut and n_items < len(items), budget,
-                  budget_policy, step.used, excerpt_counts, excerpts, full, cues, clusters)
-        if full:
-            _audit(out["trace"], req.recall.query, items[:n_items],
-                   [(items[i].head.ref, step.heads[i]) for i in range(n_items)]
-                   + [(row.ref, q) for i in range(n_items) for row, q in excerpts[i][:excerpt_counts[i]]])
-            if kind != "items":
-                out["trace"]["sequence"] = sequence.trace(kind, passages, step.taken, refs_of)
-        return _in_wire_order(out)
-
-    if req.trace:
-        response = build(final, True)
-        if req.mode is not None:
-            capped = _capped(build, steps, req.mode)
-            if capped is not None:
-                response.update(mode=req.mode, cap=CAPS[req.mode], used_tokens=capped["used_tokens"])
-        return response
-    if req.mode is None or not final.items:
-        response = build(final, False)
-        if req.mode is not None:
-            response.update(mode=req.mode, cap=CAPS[req.mode])
-        return response
-    capped = _capped(build, steps, req.mode) or _fewer_claims(build, steps[0], items, excerpts, req.mode)
-    if capped is None:
-        raise ToolFailure("cap_below_minimum", detail="the first item's head quote alone is larger than the token cap",
-                          items=[], returned_count=0, mode=req.mode, cap=CAPS[req.mode], **pool.notices)
-    return capped
-
-
 @dataclass(slots=True)
 class Step:
     """One breakpoint of the payload sequence: the first ``items`` items with their head quotes and excerpts."""
@@ -148,6 +56,160 @@ class Step:
     heads: list[Quote]
     used: int
     taken: list[Any] = field(default_factory=list)  # passages taken (passage sequences only)
+
+
+@dataclass(slots=True)
+class Run:
+    """One call's state, filled in by the stages of :func:`_run` in order."""
+
+    req: Request
+    # cue terms (RX-7, RX-51)
+    graph: bool = False
+    cues: Cues = field(default_factory=Cues)
+    # candidate pool and items (RX-8 … RX-25)
+    pool: Pool = field(default_factory=Pool)
+    relations: list[RelationRow] = field(default_factory=list)
+    clusters: list[Cluster] = field(default_factory=list)
+    top_k_reached: bool = False  # RX-11: the candidate recall filled top_k, so more may exist
+    items: list[Item] = field(default_factory=list)
+    # quotes and budget (RX-26 … RX-36)
+    quotes: list[Quote] = field(default_factory=list)
+    excerpts: list[list[tuple[Any, Quote]]] = field(default_factory=list)
+    budget: int | None = None
+    budget_policy: Policy | None = None
+    # the payload sequence (RX-37)
+    kind: str = "items"
+    passages: list[sequence.Passage] = field(default_factory=list)
+    steps: list[Step] = field(default_factory=list)
+    final: Step = field(default_factory=lambda: Step(0, [], [], 0))
+
+    @property
+    def budget_cut(self) -> bool:
+        return self.final.items < len(self.items)
+
+
+def _run(app: App, req: Request) -> dict[str, Any]:
+    run = Run(req)
+    _find_cues(app, run)
+    _gather_items(app, run)
+    _quote_items(app, run)
+    _sequence(app, run)
+    return _answer(run)
+
+
+def _find_cues(app: App, run: Run) -> None:
+    recall = run.req.recall
+    with app.db.read() as session:
+        run.graph = _graph_present(session)
+        if run.graph and not recall.blank:
+            run.cues = cue_terms(session, recall.scope, recall.query)
+
+
+def _gather_items(app: App, run: Run) -> None:
+    """Candidate pool → clusters → the chosen items, each with its relation walk (RX-8 … RX-25)."""
+    req, scope = run.req, run.req.recall.scope
+    run.pool = pool = candidate_pool(app, req.recall, run.cues.terms, req.time_cue)
+    refs = [c.ref for c in pool.candidates]
+    if run.graph:
+        with app.db.read() as session:
+            run.relations = record_relations(session, scope, refs)
+    run.clusters = bundling.bundle(pool.candidates, run.relations, app.settings.reconstruct_adjacency_seconds)
+    chosen = bundling.choose_items(run.clusters, req.effective_count)
+    run.top_k_reached = sum(1 for c in pool.candidates if not c.held) >= req.bounds.top_k
+    walks: list[ItemWalk | None] = [None] * len(chosen)
+    if req.mode is None and chosen and run.graph:  # RX-20: a mode never carries walked evidence
+        with app.db.read() as session:
+            walks = list(walk_items(session, scope, chosen, max_hops=req.bounds.max_hops,
+                                    max_evidence=req.bounds.max_evidence, source_id=req.recall.source_id,
+                                    channel=req.recall.channel))
+    walked_refs = {w.ref for walk in walks if walk for w in walk.evidence}
+    fetched = search_backend(app).fetch(scope, [ref_key(ref) for ref in walked_refs])
+    walked_records = {r.ref: r for r in fetched.values()}
+    run.items = [structure(cl, walk, walked_records, run.relations, set(refs), req.bounds.max_evidence,
+                           len(pool.candidates))
+                 for cl, walk in zip(chosen, walks)]
+
+
+def _quote_items(app: App, run: Run) -> None:
+    held = sum(1 for it in run.items if it.held)
+    run.budget, run.budget_policy = resolve_budget(app.settings, run.req.requested_budget, run.req.mode,
+                                                   run.req.effective_count + held)
+    run.quotes, run.excerpts = _quote_all(app, run.req, run.items, run.pool.query_vector)
+
+
+def _sequence(app: App, run: Run) -> None:
+    """RX-37: the breakpoints of the payload sequence the budget admits."""
+    settings, items = app.settings, run.items
+    sizes = [[len(q.content) for _, q in ex] for ex in run.excerpts]
+    run.kind = "whole" if run.req.mode is not None else settings.reconstruct_sequence  # RX-37, RX-45
+    if run.kind == "items":
+        got = quotes_within_budget([len(q.content) for q in run.quotes], sizes, run.budget)
+        run.steps = _item_steps(got, run.quotes)
+        if run.steps:
+            run.final = run.steps[-1]
+        run.final.used = got.used
+        return
+    texts = [it.head.record.text for it in items]
+    run.passages = sequence.order(
+        [sequence.record_passages(i, texts[i], run.req.recall.query, settings.rrf_k) for i in range(len(items))],
+        texts, [it.held for it in items], kind=run.kind, pro=run.req.mode == "pro", rrf_k=settings.rrf_k)
+    fits = sequence.passages_within_budget(run.passages, sizes, run.budget)
+    refs_of = [it.head.ref for it in items]
+    prefixes = [sequence.prefix(k, run.passages, sizes, refs_of, texts) for k in range(1, fits + 1)]
+    run.steps = [Step(p.items, p.excerpt_counts, p.quotes, p.used, p.taken) for p in prefixes]
+    if run.steps:
+        run.final = run.steps[-1]
+
+
+def _answer(run: Run) -> dict[str, Any]:
+    """The shaped answer: whole, or the longest prefix under a mode's token cap (RX-44 … RX-47)."""
+    req = run.req
+
+    def build(step: Step, full: bool) -> dict[str, Any]:
+        return _shape(run, step, full)
+
+    if req.trace:
+        response = build(run.final, True)
+        if req.mode is not None:
+            capped = _capped(build, run.steps, req.mode)
+            if capped is not None:
+                response.update(mode=req.mode, cap=CAPS[req.mode], used_tokens=capped["used_tokens"])
+        return response
+    if req.mode is None or not run.final.items:
+        response = build(run.final, False)
+        if req.mode is not None:
+            response.update(mode=req.mode, cap=CAPS[req.mode])
+        return response
+    capped = _capped(build, run.steps, req.mode) or _fewer_claims(build, run.steps[0], run.items, run.excerpts,
+                                                                 req.mode)
+    if capped is None:
+        raise ToolFailure("cap_below_minimum", detail="the first item's head quote alone is larger than the token cap",
+                          items=[], returned_count=0, mode=req.mode, cap=CAPS[req.mode], **run.pool.notices)
+    return capped
+
+
+def _shape(run: Run, step: Step, full: bool) -> dict[str, Any]:
+    """The answer made of the first ``step.items`` items (``full``: every field, and the trace)."""
+    req, items, excerpts = run.req, run.items, run.excerpts
+    n_items, excerpt_counts = step.items, step.excerpt_counts
+    out: dict[str, Any] = {
+        "items": [item_dict(items[i], step.heads[i], excerpts[i], excerpt_counts[i], full=full, mode=req.mode)
+                  for i in range(n_items)],
+        "effective_count": req.effective_count,
+        "returned_count": n_items,
+    }
+    shown = step.heads[:n_items] + [q for i in range(n_items) for _, q in excerpts[i][:excerpt_counts[i]]]
+    if any(q.lexical_only for q in shown):  # RX-33
+        out["quote_selection"] = "lexical_only"
+    _envelope(out, run, step, full)
+    if full:
+        _audit(out["trace"], req.recall.query, items[:n_items],
+               [(items[i].head.ref, step.heads[i]) for i in range(n_items)]
+               + [(row.ref, q) for i in range(n_items) for row, q in excerpts[i][:excerpt_counts[i]]])
+        if run.kind != "items":
+            out["trace"]["sequence"] = sequence.trace(run.kind, run.passages, step.taken,
+                                                      [it.head.ref for it in items])
+    return _in_wire_order(out)
 
 
 def _item_steps(got: Any, quotes: list[Quote]) -> list[Step]:
@@ -235,13 +297,8 @@ def _graph_present(session: Any) -> bool:
     Our migrations always create them; a copied-in or hand-trimmed file may not
     have them, and reconstruct must not fail where recall would not.
     """
-    inspector = inspect(session.connection())  # dialect-neutral: PostgreSQL comes later
+    inspector = inspect(session.connection())  # the SQLAlchemy inspector answers on SQLite and PostgreSQL alike
     return all(inspector.has_table(name) for name in _GRAPH_TABLES)
-
-
-def _key(ref: str) -> tuple[str, int]:
-    kind, ident = ref.split(":")
-    return (kind, int(ident))
 
 
 def _quote_all(app: App, req: Request, items: list[Item], query_vector: bytes | None) -> tuple[list[Quote], list[list[tuple[Any, Quote]]]]:
@@ -266,10 +323,23 @@ def _quote_all(app: App, req: Request, items: list[Item], query_vector: bytes | 
     return quotes, excerpts
 
 
-def _envelope(out: dict[str, Any], req: Request, pool: Any, items: list[Item], returned: int, budget_cut: bool,
-              budget: int | None, budget_policy: Any, used: int, excerpt_counts: list[int],
-              excerpts: list[list[Any]], full: bool, cues: Cues, clusters: list[Any]) -> None:
+def _bounds(run: Run, items: list[Item]) -> Bounds:
+    """The request's bounds with which of them cut these items (RX-11, RX-22, RX-25); the request's own stay as parsed."""
+    cut = run.req.bounds
+    omitted = [name for name, hit in (("max_evidence", any(it.claims_omitted for it in items)),
+                                      ("max_hops", any(it.walk and it.walk.hops_cut for it in items))) if hit]
+    reached = [name for name, hit in (("top_k", run.top_k_reached),
+                                      ("max_evidence", any(it.walk and it.walk.evidence_reached for it in items)))
+               if hit]
+    return replace(cut, omitted=[*cut.omitted, *omitted], reached=[*cut.reached, *reached])
+
+
+def _envelope(out: dict[str, Any], run: Run, step: Step, full: bool) -> None:
     """RX-38 … RX-43: only the fields that say something (all of them under trace)."""
+    req, pool, clusters, excerpts = run.req, run.pool, run.clusters, run.excerpts
+    returned, excerpt_counts, used, budget = step.items, step.excerpt_counts, step.used, run.budget
+    items = run.items[:returned]
+    budget_cut = run.budget_cut and returned < len(run.items)
     reserved = sum(1 for it in items if it.held)
     window = returned - reserved
     gate_fallback = bool(pool.notices.get("gate_fallback"))
@@ -293,6 +363,7 @@ def _envelope(out: dict[str, Any], req: Request, pool: Any, items: list[Item], r
         if req.requested_count is not None or full:
             out["requested_count"] = req.requested_count
         out["count_policy"] = req.count_policy.as_dict()
+    budget_policy = run.budget_policy
     shown_policy = budget_policy is not None and (full or budget_policy.worth_showing())
     if shown_policy or full:
         out["requested_budget"] = req.requested_budget
@@ -303,14 +374,7 @@ def _envelope(out: dict[str, Any], req: Request, pool: Any, items: list[Item], r
     if (req.mode is None and cut) or full:  # RX-45: the mode shape has none; RX-43/48: trace has all
         out["effective_budget"], out["used_budget"] = (used if budget is None else budget), used
     if req.mode is None or full:
-        bounds = req.bounds
-        if any(it.claims_omitted for it in items) and "max_evidence" not in bounds.omitted:
-            bounds.omitted.append("max_evidence")
-        if any(it.walk and it.walk.hops_cut for it in items) and "max_hops" not in bounds.omitted:
-            bounds.omitted.append("max_hops")
-        if any(it.walk and it.walk.evidence_reached for it in items) and "max_evidence" not in bounds.reached:
-            bounds.reached.append("max_evidence")
-        shown = bounds.as_dict(always=full)
+        shown = _bounds(run, items).as_dict(always=full)
         if shown is not None:
             out["bounds"] = shown
     if pool.excluded_without_provenance or full:
@@ -325,6 +389,6 @@ def _envelope(out: dict[str, Any], req: Request, pool: Any, items: list[Item], r
             "candidate_refs": [c.ref for c in reversed(pool.candidates)],
             "clusters": [[m.ref for m in cl.members] for cl in reversed(clusters)],  # as candidate_refs: worst first
         }
-        if (cue_trace := cues.trace()) is not None:
+        if (cue_trace := run.cues.trace()) is not None:
             trace["cues"] = cue_trace
         out["trace"] = trace

@@ -35,7 +35,3 @@ def count_tokens(payload: Any) -> int:
     if exact is not None:
         return exact(text)
     return math.ceil(len(text.encode("utf-8")) / 3)
-
-
-def exact_tokens() -> bool:
-    return _encoder() is not None

@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 from cpersona.services.graph.associations import RelationRow
 from cpersona.services.reconstruct.bundle import Cluster
 from cpersona.services.graph.traverse import MAX_REACHED, _mentions, _recency_order, _walk
+from cpersona.services.refs import ref_key
 from cpersona.storage.models_associations import Entity, EntityMention
 from cpersona.storage.scope import Scope, predicates
 
@@ -117,8 +118,8 @@ def walk_items(session: Session, scope: Scope, items: list[Cluster], *, max_hops
             for ref in refs:
                 if ref in taken:
                     continue
-                kind, ident = ref.split(":")
-                key = (hop, recency[rel.id], int(ident), kind, rel.predicate)
+                kind, ident = ref_key(ref)
+                key = (hop, recency[rel.id], ident, kind, rel.predicate)
                 if ref not in best_key or key < best_key[ref]:
                     best_key[ref] = key
         for ref, key in sorted(best_key.items(), key=lambda kv: kv[1]):

@@ -29,7 +29,6 @@ from sqlalchemy import ColumnElement, Connection, delete, inspect, select, text,
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from cpersona.services.calibration import service as calibration
 from cpersona.services.records import remote_vectors
 from cpersona.services.app import App
 from cpersona.services.records.memories import embed_text
@@ -313,7 +312,7 @@ def _delete_declarations(conn: Connection, agent_id: str) -> None:
 
 def _forget_calibration(app: App, agent_id: str) -> None:
     """DAD-2: after commit, the agent's threshold, gate and beta leave memory and the sidecar."""
-    if not calibration.forget_agent(app, agent_id):
+    if not app.calibration.forget_agent(agent_id, app.settings):
         log.warning("delete_agent_data %s: the calibration sidecar could not be rewritten; the agent's "
                     "calibration is gone from this process but may come back from the file at restart", agent_id)
 

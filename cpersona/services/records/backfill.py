@@ -264,20 +264,18 @@ class BackfillWorker:
             )
 
 
-def install_backfill(app: App) -> BackfillWorker:
-    """The App's worker, created on first call. Until one is installed, recall
-    triggers nothing: background repair is the serving process's business, so
-    a library caller or a test is never surprised by rows changing under it."""
-    return app.extras.setdefault("backfill", BackfillWorker(app))
-
-
 def start_backfill(app: App, reason: str = "startup") -> bool:
-    """Install the worker and kick off a run (``cpersona serve`` calls this once the database is open)."""
-    return keeps_local_vectors(app) and install_backfill(app).trigger(reason)
+    """Build the worker and kick off a run (``cpersona serve`` calls this once the database is open).
+
+    Until ``App.backfill`` is built, recall triggers nothing: background repair
+    is the serving process's business, so a library caller or a test is never
+    surprised by rows changing under it.
+    """
+    return keeps_local_vectors(app) and app.backfill.trigger(reason)
 
 
 def stop_backfill(app: App, timeout: float = CLOSE_TIMEOUT_SECS) -> None:
-    worker: BackfillWorker | None = app.extras.get("backfill")
+    worker = App.backfill.if_built(app)
     if worker is not None:
         worker.close(timeout)
 
@@ -288,7 +286,7 @@ def on_query_embedded(app: App, *, recovered: bool) -> None:
     A recovery (success after failures) always triggers a run; otherwise the
     backlog is looked at no more than once per check interval.
     """
-    worker: BackfillWorker | None = app.extras.get("backfill")
+    worker = App.backfill.if_built(app)
     if worker is None or not keeps_local_vectors(app):
         return
     if recovered:

@@ -29,8 +29,8 @@ from sqlalchemy import select
 from cpersona.services import refs as record_refs
 from cpersona.services.app import App
 from cpersona.services.records.nodes import current_nodes
-from cpersona.services.recall.service import parse_source
 from cpersona.services.responses import ToolFailure
+from cpersona.services.sanitize import parse_stored_json
 from cpersona.storage.models import Episode, Memory
 from cpersona.storage.scope import Scope, predicates
 from cpersona.storage.search import Record, RowKey
@@ -160,7 +160,7 @@ def item_for(ref: Any, record: Record, content: str | None = None) -> dict[str, 
     if record.kind == "ep":
         item["source"] = {"System": "episode"}
     elif record.source:
-        item["source"] = parse_source(record.source)
+        item["source"] = parse_stored_json(record.source)
     if record.timestamp:
         item["timestamp"] = record.timestamp
     if record.msg_id:

@@ -30,7 +30,7 @@ from cpersona.services.records import remote_vectors
 from cpersona.services.app import App
 from cpersona.services.graph.associations import declare_for_record
 from cpersona.services.records.backfill import keeps_local_vectors
-from cpersona.services.records.nodes import QUEUED, queue_build, runs_past_window, token_reporter
+from cpersona.services.records.nodes import QUEUED, queue_build, runs_past_window
 from cpersona.services.operating_context import ProjectRefusal, resolve_project
 from cpersona.services.responses import failure
 from cpersona.services.sanitize import (
@@ -171,7 +171,7 @@ def _write(app: App, request: _Write, ahead: Any) -> dict[str, Any]:
     # A cheap look before embedding: a duplicate costs no embedding request.
     # Without an embedder or token reporter nothing runs between the two
     # probes, so the authoritative one under the write lock answers alone.
-    if keeps_local_vectors(app) or token_reporter(app) is not None:
+    if keeps_local_vectors(app) or app.token_reporter is not None:
         with app.db.read() as session:
             early = _probe(session.connection(), request)
         if early.result != "proceed":

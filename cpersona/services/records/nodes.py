@@ -33,7 +33,7 @@ from typing import Any
 from sqlalchemy import delete, insert, select
 from sqlalchemy.orm import Session
 
-from cpersona.embedding.tokens import TokenInfo, TokenReporter, build_token_reporter
+from cpersona.embedding.tokens import TokenInfo
 from cpersona.services.app import App
 from cpersona.services.operations.tasks import TaskFailed, Task, enqueue, register_handler
 from cpersona.storage.models import Episode, Memory
@@ -47,8 +47,6 @@ QUEUED = {"status": "queued"}  # what a write adds to its answer (OV-3)
 EMBED_BATCH = 32  # texts per embedding request while building (OV-8)
 MAX_NODES = 1024  # a record divided into more is not built (16,000 characters need ~40)
 MAX_MEASUREMENTS = 4096  # token reports one build may ask for
-_REPORTER_KEY = "token_reporter"
-_NO_REPORTER = object()
 
 # OV-9 boundary classes, tried in order. A cut falls at the END of a match, so
 # the separator stays with the earlier node. A half-width sentence mark counts
@@ -59,18 +57,6 @@ BOUNDARY_CLASSES = (
     re.compile(r"[。．！？]|[.!?](?=\s|\Z)"),  # a sentence end
     re.compile(r"\s"),  # any whitespace
 )
-
-
-# -- the token report -----------------------------------------------------------------------
-
-
-def token_reporter(app: App) -> TokenReporter | None:
-    """This App's token reporter, or None when the embedding mode has none (OV-1)."""
-    found = app.extras.get(_REPORTER_KEY)
-    if found is None:
-        found = build_token_reporter(app.embedder) or _NO_REPORTER
-        found = app.extras.setdefault(_REPORTER_KEY, found)
-    return None if found is _NO_REPORTER else found
 
 
 # -- write side (OV-3, OV-4) ----------------------------------------------------------------
@@ -84,7 +70,7 @@ def runs_past_window(app: App, text: str) -> bool:
     """
     if not app.settings.task_queue_enabled or not text:
         return False
-    reporter = token_reporter(app)
+    reporter = app.token_reporter
     if reporter is None:
         return False
     info = reporter.measure(text)
@@ -304,7 +290,7 @@ def build_record_nodes(app: App, kind: str, record_id: int) -> str:
             return "current"
         had_rows = bool(node_rows(session, kind, record_id))
 
-    reporter = token_reporter(app)
+    reporter = app.token_reporter
     if reporter is None or app.embedder is None:
         raise TaskFailed("no token report: node building needs http embeddings with a URL ending in /embed")
     try:

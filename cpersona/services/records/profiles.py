@@ -14,6 +14,7 @@ from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 
 from cpersona.services.app import App
+from cpersona.services.operations.tasks import Task, TaskFailed, register_handler
 from cpersona.services.responses import ToolFailure
 from cpersona.services.sanitize import find_lone_surrogate, nul_refusal, sanitize
 from cpersona.services.timestamps import sql_stamp
@@ -90,3 +91,16 @@ def _checked_profile(app: App, agent_id: Any, profile: Any) -> tuple[str, bool]:
     if cleaned.empty:
         raise _refuse("empty after sanitization")
     return cleaned.text, cleaned.truncated
+
+
+def _legacy_update_profile(app: App, task: Task) -> dict[str, Any] | None:
+    """A queued ``update_profile`` row an older version left behind (spec §11.2, Q-1).
+
+    The payload is the profile text, applied as ``update_profile`` would apply it.
+    """
+    if not isinstance(task.payload, str):
+        raise TaskFailed("update_profile payload is not a text")
+    return update_profile(app, agent_id=task.agent_id, profile=task.payload)
+
+
+register_handler("update_profile", _legacy_update_profile)

@@ -20,34 +20,16 @@ transaction has committed.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterable, Sequence
 
 from sqlalchemy import select
 
 from cpersona.embedding.client import EmbedOutcome
-from cpersona.embedding.remote import RemoteIndex, build_remote_index
-from cpersona.services.recall.advisory import embedding_health
 from cpersona.services.app import App
 from cpersona.services.records.backfill import on_query_embedded
 from cpersona.storage.models import Episode, Memory
 from cpersona.storage.search import MAX_QUERY_CHARS, Hit, SearchBackend
 from cpersona.storage.scope import Scope
-
-_EXTRAS_KEY = "remote_index"
-_build_lock = threading.Lock()
-
-
-def remote_index(app: App) -> RemoteIndex | None:
-    """The App's remote index client, built on first use; None outside remote mode."""
-    if app.settings.vector_search_mode != "remote":
-        return None
-    if _EXTRAS_KEY not in app.extras:
-        with _build_lock:
-            if _EXTRAS_KEY not in app.extras:
-                app.extras[_EXTRAS_KEY] = build_remote_index(app.settings, app.embedder)
-    return app.extras[_EXTRAS_KEY]
-
 
 # -- recall ------------------------------------------------------------------------------
 
@@ -63,7 +45,7 @@ def near_list(
     locally, which finds what local blobs exist. An answer — even an empty
     one — replaces the local scan, and no far list is read (EMB-6, VEC-7).
     """
-    index = remote_index(app)
+    index = app.remote_index
     if index is None or depth <= 0:
         return None
     answer = index.search(agent_id, text[:MAX_QUERY_CHARS], depth, threshold)
@@ -71,7 +53,7 @@ def near_list(
         return None
     if measure:
         # ADV-2: a remote-search answer counts as healthy.
-        recovered = embedding_health(app).observe(EmbedOutcome(True, True))
+        recovered = app.embedding_health.observe(EmbedOutcome(True, True))
         on_query_embedded(app, recovered=recovered)
     wanted = [hit for hit in answer.hits or [] if hit.score >= threshold and (hit.kind == "mem" or episodes_apply)]
     if not wanted:
@@ -88,7 +70,7 @@ def near_list(
 
 def push(app: App, agent_id: str, items: Sequence[tuple[str, str]]) -> bool:
     """Index ``(ref, text)`` pairs of one agent after commit; True when the service took them."""
-    index = remote_index(app)
+    index = app.remote_index
     if index is None or not items:
         return False
     return index.index(agent_id, items)
@@ -99,7 +81,7 @@ def push_rows(app: App, keys: Iterable[tuple[str, int]]) -> int:
 
     Reads the rows after the caller's commit, so a row deleted meanwhile is simply not sent.
     """
-    if remote_index(app) is None:
+    if app.remote_index is None:
         return 0
     wanted: dict[str, list[int]] = {"mem": [], "ep": []}
     for kind, row_id in keys:
@@ -116,7 +98,7 @@ def push_rows(app: App, keys: Iterable[tuple[str, int]]) -> int:
 
 def forget(app: App, agent_id: str, refs: Sequence[str]) -> bool:
     """Remove deleted rows' vectors from the agent's namespace (failure logged only)."""
-    index = remote_index(app)
+    index = app.remote_index
     if index is None or not refs:
         return False
     return index.remove(agent_id, refs)
@@ -133,5 +115,5 @@ def forget_rows(app: App, rows: Iterable[tuple[str, int, str]]) -> None:
 
 def purge(app: App, agent_id: str) -> bool:
     """Drop the agent's whole namespace (delete_agent_data, DAD-2; failure logged only)."""
-    index = remote_index(app)
+    index = app.remote_index
     return index.purge(agent_id) if index is not None else False

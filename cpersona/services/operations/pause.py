@@ -28,8 +28,6 @@ MAX_LIVE_PAUSES = 256  # P-4: a pause is never evicted to make room for another
 KEYLESS = ""
 TRANSPORT_KEY = "transport"  # C-7: a client that names its transport has declared no key
 
-_EXTRAS_KEY = "pause_buckets"
-
 
 def bucket_of(session_key: Any) -> str:
     """The bucket a ``session_key`` selects (spec C-7); KEYLESS for none.
@@ -114,17 +112,9 @@ class PauseBuckets:
             return self._deadlines.pop(bucket, None) is not None
 
 
-def buckets(app: App) -> PauseBuckets:
-    """This server's pause map, created on first use."""
-    found = app.extras.get(_EXTRAS_KEY)
-    if found is None:
-        found = app.extras.setdefault(_EXTRAS_KEY, PauseBuckets())
-    return found
-
-
 def pause_state(app: App, session_key: Any) -> PauseState:
     """Whether the bucket ``session_key`` selects is paused right now."""
-    return buckets(app).state(bucket_of(session_key), app.clock())
+    return app.pause_buckets.state(bucket_of(session_key), app.clock())
 
 
 def ttl_text(state: PauseState) -> str:
@@ -166,7 +156,7 @@ def pause_persistence(app: App, *, ttl_seconds: Any = DEFAULT_TTL_SECONDS, sessi
         return failure(str(exc))
     bucket = bucket_of(session_key)
     try:
-        deadline = buckets(app).arm(bucket, ttl, app.clock())
+        deadline = app.pause_buckets.arm(bucket, ttl, app.clock())
     except PauseCapacityFull as full:
         return failure(
             f"persistence was NOT paused: {MAX_LIVE_PAUSES} sessions already hold a live pause on this process, "
@@ -180,7 +170,7 @@ def pause_persistence(app: App, *, ttl_seconds: Any = DEFAULT_TTL_SECONDS, sessi
 def resume_persistence(app: App, *, session_key: Any = "") -> dict[str, Any]:
     """Clear the selected bucket only (spec §9.3)."""
     bucket = bucket_of(session_key)
-    was_active = buckets(app).clear(bucket, app.clock())
+    was_active = app.pause_buckets.clear(bucket, app.clock())
     return {"paused": False, "was_active": was_active, "scope": scope_of(bucket)}
 
 
