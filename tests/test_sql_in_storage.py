@@ -62,15 +62,6 @@ NOT_YET_MOVED = frozenset({
     "reconstruct/pool.py",
     "reconstruct/service.py",
     "reconstruct/walk.py",
-    "records/admin.py",
-    "records/backfill.py",
-    "records/contents.py",
-    "records/episodes.py",
-    "records/listing.py",
-    "records/memories.py",
-    "records/nodes.py",
-    "records/profiles.py",
-    "records/remote_vectors.py",
     "timestamps.py",
 })
 

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import TextClause, and_, bindparam, delete, or_, select, text
+from sqlalchemy import Connection, TextClause, and_, bindparam, delete, inspect, or_, select, text
 
 from cpersona.storage import dialect
 from cpersona.storage.models_associations import Entity, EntityAlias, EntityMention, Relation
@@ -48,6 +48,20 @@ _NAMED_IN_SCOPE = text(
     "SELECT id FROM entities WHERE agent_id = :agent AND project_id = :project AND channel = :channel "
     "AND normalized = :normalized")
 _ALIAS_OWNERS = text("SELECT entity_id FROM entity_aliases WHERE normalized = :normalized")
+
+
+# Declarations an agent owns outright, deleted by agent_id when their tables
+# exist (DAD-1). The association and folder revisions add these tables; their
+# triggers take aliases, mentions and memberships along.
+AGENT_DECLARATION_TABLES = ("relations", "entities", "folders")
+
+
+def delete_agent_declarations(conn: Connection, agent_id: str) -> None:
+    """Every declaration of ``agent_id`` in whichever of those tables this database has."""
+    present = set(inspect(conn).get_table_names())
+    for table in AGENT_DECLARATION_TABLES:
+        if table in present:
+            conn.execute(text(f"DELETE FROM {table} WHERE agent_id = :agent"), {"agent": agent_id})
 
 
 @functools.lru_cache(maxsize=16)

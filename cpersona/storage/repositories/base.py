@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, ClassVar
 
-from sqlalchemy import ColumnElement, Connection, Row, select
+from sqlalchemy import ColumnElement, Connection, Row, delete, select, text
 from sqlalchemy.orm import Session
 
 from cpersona.storage.scope import Scope, predicates
@@ -36,6 +36,7 @@ class Repository:
     """
 
     model: ClassVar[Any]
+    text_column: ClassVar[str] = ""  # the row's text (memories ``content``, episodes ``summary``)
 
     def __init__(self, session: Session | Connection, scope: Scope | None = None) -> None:
         self.session = session
@@ -67,3 +68,34 @@ class Repository:
         model = self.model
         return self.session.scalar(
             select(model.id).where(model.id == row_id, model.agent_id == agent_id)) is not None
+
+    def text_of(self, row_id: int) -> str | None:
+        """The row's text, or None when there is no such row."""
+        model = self.model
+        return self.session.scalar(select(getattr(model, self.text_column)).where(model.id == row_id))
+
+    def texts(self, ids: Iterable[int]) -> list[Row[Any]]:
+        """(id, agent_id, text) of the rows among ``ids`` that exist, unscoped, id order."""
+        model = self.model
+        return self.select_by_ids(ids, model.id, model.agent_id, getattr(model, self.text_column), scoped=False)
+
+    def delete_agent(self, agent_id: str) -> int:
+        """Every row of ``agent_id`` (delete_agent_data); rows removed."""
+        return self.session.execute(delete(self.model).where(self.model.agent_id == agent_id)).rowcount
+
+    # -- vectors of text rows (the backfill): plain SQL, the table named by the model
+
+    def unembedded_after(self, after: int, n: int) -> list[Row[Any]]:
+        """(id, body) of up to ``n`` rows past id ``after`` that have no vector, by id."""
+        table, column = self.model.__tablename__, self.text_column
+        return list(self.session.execute(text(
+            f"SELECT id, {column} AS body FROM {table}"
+            " WHERE embedding IS NULL AND id > :after ORDER BY id LIMIT :n"
+        ), {"after": after, "n": n}).all())
+
+    def set_embedding_if_unchanged(self, row_id: int, body: str, blob: bytes) -> int:
+        """Store ``blob`` unless the row gained a vector or its text changed since it was read."""
+        table, column = self.model.__tablename__, self.text_column
+        return self.session.execute(text(
+            f"UPDATE {table} SET embedding = :blob WHERE id = :id AND embedding IS NULL AND {column} = :body"
+        ), {"id": row_id, "body": body, "blob": blob}).rowcount or 0
