@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, TextClause, and_, bindparam, delete, inspect, or_, select, text
+from sqlalchemy import Connection, TextClause, and_, bindparam, delete, func, inspect, or_, select, text
 
 from cpersona.storage import dialect
 from cpersona.storage.models_associations import Entity, EntityAlias, EntityMention, Relation
@@ -116,6 +116,14 @@ class AssociationRepository(Repository):
         relations = self.session.execute(delete(Relation).where(Relation.agent_id == agent_id)).rowcount
         entities = self.session.execute(delete(Entity).where(Entity.agent_id == agent_id)).rowcount
         return {"entities": entities, "relations": relations}
+
+    def owned_counts(self, agent_id: str) -> dict[str, int]:
+        """How many entities and relations ``agent_id`` still owns."""
+        return {
+            name: self.session.execute(
+                select(func.count()).select_from(model).where(model.agent_id == agent_id)).scalar_one()
+            for name, model in (("entities", Entity), ("relations", Relation))
+        }
 
     # -- name resolution (unscoped: the caller names the buckets)
 

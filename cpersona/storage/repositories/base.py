@@ -83,6 +83,13 @@ class Repository:
         """Every row of ``agent_id`` (delete_agent_data); rows removed."""
         return self.session.execute(delete(self.model).where(self.model.agent_id == agent_id)).rowcount
 
+    def delete_by_ids(self, ids: Iterable[int], agent_id: str) -> int:
+        """Delete the rows among ``ids`` that belong to ``agent_id``, chunked; rows removed."""
+        model = self.model
+        return sum(
+            self.session.execute(delete(model).where(model.id.in_(chunk), model.agent_id == agent_id)).rowcount
+            for chunk in chunks(ids))
+
     # -- vectors of text rows (the backfill): plain SQL, the table named by the model
 
     def unembedded_after(self, after: int, n: int) -> list[Row[Any]]:
