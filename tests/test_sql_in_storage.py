@@ -47,8 +47,6 @@ NOT_YET_MOVED = frozenset({
     "health/integrity.py",
     "health/registry.py",
     "health/stats.py",
-    "operations/channel_axis.py",
-    "operations/tasks.py",
     "recall/confidence.py",
     "recall/counters.py",
     "recall/fused_gate.py",
