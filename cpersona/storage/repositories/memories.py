@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from sqlalchemy import ColumnElement, Row, delete, select, text, update
+from sqlalchemy import ColumnElement, Row, delete, func, select, text, update
 from sqlalchemy.orm import Session
 
 from cpersona.storage.models import Memory
@@ -82,6 +82,48 @@ class MemoryRepository(Repository):
     def content_rows(self, ids: Iterable[int]) -> list[Row[Any]]:
         """(id, content, source, timestamp, msg_id) of the readable rows among ``ids``."""
         return self.select_by_ids(ids, Memory.id, Memory.content, Memory.source, Memory.timestamp, Memory.msg_id)
+
+    # -- vectors (calibration)
+
+    def embedded_ids(self) -> list[int]:
+        """Ids of the scope's rows that carry a vector, ascending."""
+        return list(self.session.execute(
+            select(Memory.id).where(self.scoped(), Memory.embedding.is_not(None)).order_by(Memory.id)
+        ).scalars().all())
+
+    def embeddings(self, ids: Iterable[int]) -> list[Row[Any]]:
+        """(id, embedding) of the rows among ``ids``, unscoped, chunked."""
+        return self.select_by_ids(ids, Memory.id, Memory.embedding, scoped=False)
+
+    def embedded_stamps(self, width: int) -> list[Row[Any]]:
+        """(id, timestamp) of the scope's rows whose vector has ``width`` float32 components."""
+        return list(self.session.execute(
+            select(Memory.id, Memory.timestamp).where(
+                self.scoped(), Memory.embedding.is_not(None), func.length(Memory.embedding) == 4 * width,
+            )
+        ).all())
+
+    def modal_vector_bytes(self) -> int | None:
+        """The most common vector length in bytes over every agent (ties: the longer), or None."""
+        row = self.session.execute(
+            select(func.length(Memory.embedding).label("n"), func.count().label("c"))
+            .where(Memory.embedding.is_not(None))
+            .group_by(func.length(Memory.embedding))
+            .order_by(func.count().desc(), func.length(Memory.embedding).desc())
+            .limit(1)
+        ).first()
+        return None if row is None else row.n
+
+    def has_embedded(self, agent_id: str) -> bool:
+        return self.session.execute(
+            select(Memory.id).where(Memory.agent_id == agent_id, Memory.embedding.is_not(None)).limit(1)
+        ).first() is not None
+
+    def embedded_agents(self) -> list[str]:
+        """Every agent with at least one vector, ascending."""
+        return list(self.session.execute(
+            select(Memory.agent_id).where(Memory.embedding.is_not(None)).distinct().order_by(Memory.agent_id)
+        ).scalars().all())
 
 
 _UNEMBEDDED = text(
