@@ -49,10 +49,6 @@ NOT_YET_MOVED = frozenset({
     "recall/confidence.py",
     "recall/counters.py",
     "recall/fused_gate.py",
-    "reconstruct/cues.py",
-    "reconstruct/pool.py",
-    "reconstruct/service.py",
-    "reconstruct/walk.py",
     "timestamps.py",
 })
 

@@ -17,6 +17,12 @@ GRAPH_TABLES = ("entities", "entity_aliases", "entity_mentions", "relations")
 FOLDER_TABLES = ("folders", "folder_members")
 
 
+def has_graph_tables(conn: Connection) -> bool:
+    """Whether the association tables exist (a copied-in or hand-trimmed file may lack them)."""
+    inspector = inspect(conn)
+    return all(inspector.has_table(name) for name in GRAPH_TABLES)
+
+
 @dataclass(frozen=True)
 class Layout:
     memory_columns: frozenset[str]

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, TextClause, and_, bindparam, delete, func, inspect, or_, select, text
+from sqlalchemy import Connection, Row, TextClause, and_, bindparam, delete, func, inspect, literal, or_, select, text, union_all
 
 from cpersona.storage import dialect
 from cpersona.storage.models_associations import Entity, EntityAlias, EntityMention, Relation
@@ -209,6 +209,31 @@ class AssociationRepository(Repository):
         return list(self.session.scalars(
             select(EntityMention.entity_id).where(EntityMention.ref == canonical_ref)
             .order_by(EntityMention.entity_id)))
+
+    def names_in(self, folded: str, limit: int) -> list[Row[Any]]:
+        """(term, entity_id) of readable names and aliases occurring in ``folded``: longest first, ``limit`` rows.
+
+        The substring test runs in SQL so only matches leave the database.
+        instr() on SQLite, strpos() on PostgreSQL: a plain position test, no LIKE wildcards.
+        """
+        readable = self.scoped()
+        position = func.instr if dialect.is_sqlite(self.session) else func.strpos
+        names = select(Entity.normalized.label("term"), Entity.id.label("entity_id")).where(
+            readable, position(literal(folded), Entity.normalized) > 0)
+        aliases = (select(EntityAlias.normalized.label("term"), EntityAlias.entity_id.label("entity_id"))
+                   .join(Entity, Entity.id == EntityAlias.entity_id)
+                   .where(readable, position(literal(folded), EntityAlias.normalized) > 0))
+        both = union_all(names, aliases).subquery()
+        return list(self.session.execute(
+            select(both.c.term, both.c.entity_id).where(func.length(both.c.term) > 0)
+            .order_by(func.length(both.c.term).desc(), both.c.term, both.c.entity_id).limit(limit)
+        ).all())
+
+    def readable_mentions_of(self, refs: list[str]) -> list[Row[Any]]:
+        """(ref, entity_id) of each readable entity mentioning one of ``refs``, by entity id."""
+        return list(self.session.execute(
+            select(EntityMention.ref, EntityMention.entity_id).join(Entity, Entity.id == EntityMention.entity_id)
+            .where(EntityMention.ref.in_(refs), self.scoped()).order_by(EntityMention.entity_id)).all())
 
     def readable_mentions(self, source_id: str, with_episodes: bool, entity_ids: list[int],
                           limit: int) -> list[tuple[int, str, int, int]]:

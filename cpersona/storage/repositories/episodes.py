@@ -39,6 +39,11 @@ class EpisodeRepository(Repository):
         return self.select_by_ids(ids, Episode.id, Episode.summary, Episode.start_time, Episode.created_at,
                                   Episode.resolved)
 
+    def contexts(self, ids: Iterable[int]) -> list[Row[Any]]:
+        """(id, project_id, channel, start_time, end_time) of the rows among ``ids``, unscoped."""
+        return self.select_by_ids(ids, Episode.id, Episode.project_id, Episode.channel, Episode.start_time,
+                                  Episode.end_time, scoped=False)
+
     @staticmethod
     def _guards(episode_id: int, owner: str | None) -> list[ColumnElement[bool]]:
         return [Episode.id == episode_id] + ([Episode.agent_id == owner] if owner is not None else [])

@@ -83,6 +83,10 @@ class MemoryRepository(Repository):
         """(id, content, source, timestamp, msg_id) of the readable rows among ``ids``."""
         return self.select_by_ids(ids, Memory.id, Memory.content, Memory.source, Memory.timestamp, Memory.msg_id)
 
+    def contexts(self, ids: Iterable[int]) -> list[Row[Any]]:
+        """(id, project_id, channel) of the rows among ``ids``, unscoped."""
+        return self.select_by_ids(ids, Memory.id, Memory.project_id, Memory.channel, scoped=False)
+
     # -- vectors (calibration)
 
     def embedded_ids(self) -> list[int]:
