@@ -49,7 +49,6 @@ NOT_YET_MOVED = frozenset({
     "recall/confidence.py",
     "recall/counters.py",
     "recall/fused_gate.py",
-    "timestamps.py",
 })
 
 
