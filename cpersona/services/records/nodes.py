@@ -252,7 +252,8 @@ def current_nodes(session: Session, kind: str, record_id: int, text: str, *,
     return rows
 
 
-def _parent_text(session: Session, kind: str, record_id: int) -> str | None:
+def record_text(session: Session, kind: str, record_id: int) -> str | None:
+    """The stored text of ``kind:record_id`` (memory content, episode summary), or None when it is gone."""
     return (MemoryRepository if kind == "mem" else EpisodeRepository)(session).text_of(record_id)
 
 
@@ -278,7 +279,7 @@ def build_record_nodes(app: App, kind: str, record_id: int) -> str:
     """
     keys = accepted_model_keys(app)
     with app.db.read() as session:
-        text = _parent_text(session, kind, record_id)
+        text = record_text(session, kind, record_id)
         if text is None:
             return "gone"
         if current_nodes(session, kind, record_id, text, model_keys=keys) is not None:
@@ -304,7 +305,7 @@ def build_record_nodes(app: App, kind: str, record_id: int) -> str:
 
     with app.db.write() as session:
         # Write only what was divided: a record edited meanwhile keeps no stale offsets.
-        if _parent_text(session, kind, record_id) != text:
+        if record_text(session, kind, record_id) != text:
             return "changed"
         # One span: old nodes of another model or window go; the record now fits whole.
         NodeRepository(session).replace(kind, record_id, [] if len(spans) == 1 else [

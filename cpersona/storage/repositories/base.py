@@ -74,6 +74,11 @@ class Repository:
         model = self.model
         return self.session.scalar(select(getattr(model, self.text_column)).where(model.id == row_id))
 
+    def bucket_of(self, row_id: int) -> Row[Any] | None:
+        """(agent_id, project_id) of the row, or None."""
+        model = self.model
+        return self.session.execute(select(model.agent_id, model.project_id).where(model.id == row_id)).first()
+
     def texts(self, ids: Iterable[int]) -> list[Row[Any]]:
         """(id, agent_id, text) of the rows among ``ids`` that exist, unscoped, id order."""
         model = self.model

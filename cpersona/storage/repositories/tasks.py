@@ -46,6 +46,11 @@ class TaskRepository(Repository):
         return self.session.execute(
             select(PendingMemoryTask.__table__).order_by(PendingMemoryTask.id).limit(1)).first()
 
+    def payloads_of(self, task_type: str) -> list[str]:
+        """The raw payload of every waiting row of ``task_type``."""
+        return list(self.session.scalars(
+            select(PendingMemoryTask.payload).where(PendingMemoryTask.task_type == task_type)))
+
     def set_retries(self, task_id: int, retries: int) -> None:
         self.session.execute(update(PendingMemoryTask).where(PendingMemoryTask.id == task_id).values(retries=retries))
 
