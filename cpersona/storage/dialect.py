@@ -1,10 +1,10 @@
-"""SQL spellings that differ between SQLite and PostgreSQL, for services' raw SQL.
+"""SQL spellings that differ between SQLite and PostgreSQL, for storage's raw SQL.
 
-Services write dialect-neutral SQL wherever SQLAlchemy allows; where a raw
-statement needs a function that only one engine has (JSON access, time
-arithmetic, substring position), it asks here by the dialect of the session or
-connection it runs on, so no service branches on the engine itself. Isolation
-predicates are not here: they live in storage/scope.py.
+Repositories and probes write dialect-neutral SQL wherever SQLAlchemy allows;
+where a raw statement needs a function that only one engine has (JSON access,
+time arithmetic, substring position), it asks here by the dialect of the session
+or connection it runs on, so no statement branches on the engine itself.
+Isolation predicates are not here: they live in storage/scope.py.
 """
 
 from __future__ import annotations

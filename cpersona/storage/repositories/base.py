@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, ClassVar
 
-from sqlalchemy import ColumnElement, Connection, Row, delete, select, text
+from sqlalchemy import ColumnElement, Connection, Row, bindparam, delete, select, text
 from sqlalchemy.orm import Session
 
 from cpersona.storage.scope import Scope, predicates
@@ -37,6 +37,7 @@ class Repository:
 
     model: ClassVar[Any]
     text_column: ClassVar[str] = ""  # the row's text (memories ``content``, episodes ``summary``)
+    listed_columns: ClassVar[tuple[Any, ...]] = ()  # what a listing shows of a row
 
     def __init__(self, session: Session | Connection, scope: Scope | None = None) -> None:
         self.session = session
@@ -62,6 +63,13 @@ class Repository:
             found.extend(self.session.execute(
                 select(*wanted).where(model.id.in_(chunk), *conditions).order_by(model.id)).all())
         return found
+
+    def newest(self, limit: int) -> list[Row[Any]]:
+        """The scope's newest rows (``listed_columns``); same-second rows newest id first."""
+        model = self.model
+        return list(self.session.execute(
+            select(*self.listed_columns).where(self.scoped())
+            .order_by(model.created_at.desc(), model.id.desc()).limit(limit)).all())
 
     def owned_by(self, row_id: int, agent_id: str) -> bool:
         """Row ``row_id`` exists and belongs to ``agent_id`` (any project or channel)."""
@@ -94,6 +102,13 @@ class Repository:
         return sum(
             self.session.execute(delete(model).where(model.id.in_(chunk), model.agent_id == agent_id)).rowcount
             for chunk in chunks(ids))
+
+    def stored_vectors(self, ids: list[int]) -> list[Row[Any]]:
+        """(id, embedding) of the rows among ``ids`` that carry a vector (recall's candidate set: bounded)."""
+        sql = text(
+            f"SELECT id, embedding FROM {self.model.__tablename__} WHERE id IN :ids AND embedding IS NOT NULL"
+        ).bindparams(bindparam("ids", expanding=True))
+        return list(self.session.execute(sql, {"ids": ids}))
 
     # -- vectors of text rows (the backfill): plain SQL, the table named by the model
 

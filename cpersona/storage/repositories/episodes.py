@@ -19,13 +19,8 @@ LISTED_COLUMNS = (
 
 class EpisodeRepository(Repository):
     model = Episode
+    listed_columns = LISTED_COLUMNS
     text_column = "summary"
-
-    def newest(self, limit: int) -> list[Row[Any]]:
-        """The scope's newest rows (listed columns), newest id first at equal stamps."""
-        return list(self.session.execute(
-            select(*LISTED_COLUMNS).where(self.scoped())
-            .order_by(Episode.created_at.desc(), Episode.id.desc()).limit(limit)).all())
 
     def insert(self, **values: Any) -> int:
         """A new episode's id (flushed inside the caller's transaction)."""

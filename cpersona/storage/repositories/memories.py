@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from sqlalchemy import ColumnElement, Row, delete, func, select, text, update
+from sqlalchemy import ColumnElement, Row, case, delete, func, select, text, update
 from sqlalchemy.orm import Session
 
 from cpersona.storage.models import Memory
@@ -24,15 +24,8 @@ LISTED_COLUMNS = (
 
 class MemoryRepository(Repository):
     model = Memory
+    listed_columns = LISTED_COLUMNS
     text_column = "content"
-
-    def newest(self, limit: int) -> list[Row[Any]]:
-        """The scope's newest rows (listed columns); same-second rows newest id first."""
-        return list(self.session.execute(
-            select(*LISTED_COLUMNS).where(self.scoped())
-            .order_by(Memory.created_at.desc(), Memory.id.desc()).limit(limit)).all())
-
-    # -- one row, guarded (delete_memory, lock_memory, update_memory)
 
     def ownership(self, memory_id: int) -> Row[Any] | None:
         """(agent_id, project_id, channel, locked) of the row, or None."""
@@ -86,6 +79,27 @@ class MemoryRepository(Repository):
     def contexts(self, ids: Iterable[int]) -> list[Row[Any]]:
         """(id, project_id, channel) of the rows among ``ids``, unscoped."""
         return self.select_by_ids(ids, Memory.id, Memory.project_id, Memory.channel, scoped=False)
+
+    # -- recall's own writes and the gate's measurement
+
+    def bump_recall_counts(self, counts: dict[int, int], stamp: str) -> None:
+        """Add ``counts[id]`` to each row's recall_count and stamp last_recalled_at, in one statement."""
+        by_step: dict[int, list[int]] = {}
+        for memory_id, n in counts.items():
+            by_step.setdefault(n, []).append(memory_id)
+        step = case({i: n for n, group in by_step.items() for i in group}, value=Memory.id)
+        self.session.execute(
+            update(Memory).where(Memory.id.in_(list(counts)))
+            .values(recall_count=Memory.recall_count + step, last_recalled_at=stamp)
+        )
+
+    def embedded_with_text(self, agent_id: str) -> list[Row[Any]]:
+        """(id, timestamp) of the agent's rows that carry a vector and nonblank text, by id."""
+        return list(self.session.execute(select(Memory.id, Memory.timestamp).where(
+            Memory.agent_id == agent_id,
+            Memory.embedding.is_not(None),
+            func.length(func.trim(Memory.content)) > 0,
+        ).order_by(Memory.id)).all())
 
     # -- vectors (calibration)
 
