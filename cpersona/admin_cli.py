@@ -364,7 +364,7 @@ def collect_stats(path: Path) -> dict[str, Any]:
     """Figures about the database file at ``path``, read without changing it."""
     from sqlalchemy import text
 
-    from cpersona.services.portability.import_db import read_only_snapshot
+    from cpersona.storage.foreign import read_only_snapshot
     from cpersona.storage.migrate import head_revision, probe
 
     found = probe(path)

@@ -202,7 +202,7 @@ def test_export_counts_come_from_one_snapshot(app: App, db: Database, tmp_path: 
     # table is neither counted nor written; header counts equal the records.
     for i in range(5):
         add_memory(db, content=f"memory {i}")
-    monkeypatch.setattr("cpersona.services.portability.reader.PAGE_SIZE", 2)
+    monkeypatch.setattr("cpersona.storage.repositories.snapshot.PAGE_SIZE", 2)
     original = jsonl_module.memory_record
     calls = {"n": 0}
 

@@ -12,15 +12,13 @@ Julian day number such as ``2500000`` is a date far in the future to SQLite.
 from __future__ import annotations
 
 import logging
-import sqlite3
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-log = logging.getLogger(__name__)
+from cpersona.storage.dialect import sqlite_seconds
 
-_UNIX_EPOCH_JULIAN_DAY = 2440587.5
-_SECONDS_PER_DAY = 86400.0
+log = logging.getLogger(__name__)
 
 
 def parse_iso(stamp: str) -> datetime | None:
@@ -36,22 +34,6 @@ def parse_iso(stamp: str) -> datetime | None:
     return moment.astimezone(timezone.utc)
 
 
-def _sqlite_seconds(stamp: str) -> float | None:
-    """Unix seconds of ``stamp`` as SQLite's julianday() reads it, or None.
-
-    Only the date parser is wanted, so a throwaway in-memory database of the
-    standard library is enough (it coexists with the driver the engine uses).
-    """
-    try:
-        with sqlite3.connect(":memory:") as conn:
-            julian_day = conn.execute("SELECT julianday(?)", (stamp,)).fetchone()[0]
-    except (sqlite3.Error, ValueError, OverflowError):
-        return None
-    if julian_day is None:
-        return None
-    return (float(julian_day) - _UNIX_EPOCH_JULIAN_DAY) * _SECONDS_PER_DAY
-
-
 def instant_seconds(stamp: str) -> float | None:
     """Unix seconds of a caller stamp: ISO-8601 first, then SQLite's reading (FT-1)."""
     moment = parse_iso(stamp)
@@ -59,7 +41,7 @@ def instant_seconds(stamp: str) -> float | None:
         return moment.timestamp()
     if not isinstance(stamp, str) or not stamp.strip():
         return None
-    return _sqlite_seconds(stamp)
+    return sqlite_seconds(stamp)
 
 
 def sql_stamp(moment: datetime) -> str:

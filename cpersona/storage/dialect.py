@@ -1,14 +1,15 @@
-"""SQL spellings that differ between SQLite and PostgreSQL, for services' raw SQL.
+"""SQL spellings that differ between SQLite and PostgreSQL, for storage's raw SQL.
 
-Services write dialect-neutral SQL wherever SQLAlchemy allows; where a raw
-statement needs a function that only one engine has (JSON access, time
-arithmetic, substring position), it asks here by the dialect of the session or
-connection it runs on, so no service branches on the engine itself. Isolation
-predicates are not here: they live in storage/scope.py.
+Repositories and probes write dialect-neutral SQL wherever SQLAlchemy allows;
+where a raw statement needs a function that only one engine has (JSON access,
+time arithmetic, substring position), it asks here by the dialect of the session
+or connection it runs on, so no statement branches on the engine itself.
+Isolation predicates are not here: they live in storage/scope.py.
 """
 
 from __future__ import annotations
 
+import sqlite3
 from datetime import datetime, timezone
 from typing import Any
 
@@ -57,6 +58,22 @@ def instant_value(value: Any) -> datetime | None:
         return value.astimezone(timezone.utc)
     seconds = round((float(value) - UNIX_EPOCH_JULIAN_DAY) * 86400.0, 3)  # julianday() keeps milliseconds
     return datetime.fromtimestamp(seconds, tz=timezone.utc)
+
+
+def sqlite_seconds(stamp: str) -> float | None:
+    """Unix seconds of ``stamp`` as SQLite's julianday() reads it, or None.
+
+    Only the date parser is wanted, so a throwaway in-memory database of the
+    standard library is enough (it coexists with the driver the engine uses).
+    """
+    try:
+        with sqlite3.connect(":memory:") as conn:
+            julian_day = conn.execute("SELECT julianday(?)", (stamp,)).fetchone()[0]
+    except (sqlite3.Error, ValueError, OverflowError):
+        return None
+    if julian_day is None:
+        return None
+    return (float(julian_day) - UNIX_EPOCH_JULIAN_DAY) * 86400.0
 
 
 def position(bind: Any, haystack: str, needle: str) -> str:

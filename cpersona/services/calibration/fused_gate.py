@@ -25,13 +25,12 @@ from datetime import datetime
 from typing import Any
 
 import numpy as np
-from sqlalchemy import func, select
 
 from cpersona.services.calibration import statistics as cm
 from cpersona.services.app import App
 from cpersona.services.recall.gate import Candidate
 from cpersona.services.timestamps import parse_iso
-from cpersona.storage.models import Memory
+from cpersona.storage.repositories.memories import MemoryRepository
 
 log = logging.getLogger(__name__)
 
@@ -131,13 +130,8 @@ def measure_gate(app: App, agent_id: str, beta: float, rng: Any) -> GateMeasurem
 
 def _pseudo_query_pool(app: App, agent_id: str) -> list[tuple[int, datetime]]:
     """Embedded memories of the agent with text and a readable time: (id, time)."""
-    stmt = select(Memory.id, Memory.timestamp).where(
-        Memory.agent_id == agent_id,
-        Memory.embedding.is_not(None),
-        func.length(func.trim(Memory.content)) > 0,
-    ).order_by(Memory.id)
     with app.db.read() as session:
-        rows = session.execute(stmt).all()
+        rows = MemoryRepository(session).embedded_with_text(agent_id)
     pool = []
     for memory_id, stamp in rows:
         moment = parse_iso(stamp)
@@ -179,7 +173,7 @@ def _one_draw(
 def _scored_rows(app: App, agent_id: str, memory_id: int, signal: str) -> list[tuple[float, datetime | None]]:
     """(score, time) of every row a recall for this memory's text ranks on ``signal``, itself excluded."""
     with app.db.read() as session:
-        content = session.execute(select(Memory.content).where(Memory.id == memory_id)).scalar_one_or_none()
+        content = MemoryRepository(session).text_of(memory_id)
     if content is None:  # deleted meanwhile
         return []
     out = []

@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from sqlalchemy import func, select
 
 from cpersona.embedding.vectors import VectorError, from_blob
 from cpersona.services.calibration import statistics as cm
@@ -37,8 +36,8 @@ from cpersona.services.calibration.fused_gate import GateMeasurement, gate_signa
 from cpersona.services.recall.retrievers import vector_threshold
 from cpersona.services.responses import ToolFailure
 from cpersona.services.timestamps import parse_iso
-from cpersona.storage.models import Memory
-from cpersona.storage.scope import Scope, predicates
+from cpersona.storage.repositories.memories import MemoryRepository
+from cpersona.storage.scope import Scope
 
 __all__ = ["calibrate_threshold", "measure", "start_calibration", "vector_threshold"]
 
@@ -48,7 +47,6 @@ MIN_EMBEDDINGS = 10
 MIN_TEMPORAL_PAIRS = 10
 Z_FACTOR_BOUND = 10.0
 METHODS = ("separation", "percentile", "zscore")
-_FETCH_CHUNK = 500  # ids per IN (...) when reading sampled vectors
 
 
 # -- arguments ---------------------------------------------------------------------
@@ -118,9 +116,7 @@ class Sample:
 def draw_sample(app: App, scope: Scope, size: int, rng: Any) -> Sample:
     """Up to ``size`` random embedded memories of the scope, of one width (spec §5.18.1)."""
     with app.db.read() as session:
-        ids = session.execute(
-            select(Memory.id).where(predicates(Memory, scope), Memory.embedding.is_not(None)).order_by(Memory.id)
-        ).scalars().all()
+        ids = MemoryRepository(session, scope).embedded_ids()
     if len(ids) < MIN_EMBEDDINGS:
         raise ToolFailure(f"Need at least {MIN_EMBEDDINGS} embeddings, found {len(ids)}")
     chosen = sorted(rng.sample(list(ids), min(size, len(ids))))
@@ -137,18 +133,7 @@ def draw_sample(app: App, scope: Scope, size: int, rng: Any) -> Sample:
 
 def _read_vectors(app: App, ids: list[int]) -> list[np.ndarray]:
     """Decoded vectors of ``ids``; a corrupt blob (odd length, NaN/Inf) is left out."""
-    vectors: list[np.ndarray] = []
-    with app.db.read() as session:
-        for start in range(0, len(ids), _FETCH_CHUNK):
-            chunk = ids[start : start + _FETCH_CHUNK]
-            rows = session.execute(select(Memory.id, Memory.embedding).where(Memory.id.in_(chunk))
-                                   .order_by(Memory.id)).all()
-            for _, blob in rows:
-                try:
-                    vectors.append(from_blob(blob))
-                except (VectorError, TypeError):
-                    continue
-    return vectors
+    return [vector for vector in _read_vectors_by_id(app, ids) if vector is not None]
 
 
 def temporal_positives(app: App, scope: Scope, width: int, size: int, window_minutes: float) -> np.ndarray:
@@ -158,12 +143,7 @@ def temporal_positives(app: App, scope: Scope, width: int, size: int, window_min
     conversation, so their similarity is what related text looks like here.
     """
     with app.db.read() as session:
-        stamped = session.execute(
-            select(Memory.id, Memory.timestamp).where(
-                predicates(Memory, scope), Memory.embedding.is_not(None),
-                func.length(Memory.embedding) == 4 * width,
-            )
-        ).all()
+        stamped = MemoryRepository(session, scope).embedded_stamps(width)
     timed = [(moment, mid) for mid, stamp in stamped if (moment := parse_iso(stamp)) is not None]
     timed.sort(key=lambda pair: (pair[0], pair[1]))  # equal stamps: insertion order
     newest = timed[-size:]
@@ -180,30 +160,22 @@ def temporal_positives(app: App, scope: Scope, width: int, size: int, window_min
 
 
 def _read_vectors_by_id(app: App, ids: list[int]) -> list[np.ndarray | None]:
+    """Decoded vectors of ``ids`` in their order; None where a blob is corrupt (odd length, NaN/Inf)."""
     found: dict[int, np.ndarray] = {}
-    ordered = sorted(ids)
     with app.db.read() as session:
-        for start in range(0, len(ordered), _FETCH_CHUNK):
-            chunk = ordered[start : start + _FETCH_CHUNK]
-            for mid, blob in session.execute(select(Memory.id, Memory.embedding).where(Memory.id.in_(chunk))):
-                try:
-                    found[mid] = from_blob(blob)
-                except (VectorError, TypeError):
-                    continue
+        for mid, blob in MemoryRepository(session).embeddings(sorted(ids)):
+            try:
+                found[mid] = from_blob(blob)
+            except (VectorError, TypeError):
+                continue
     return [found.get(i) for i in ids]
 
 
 def corpus_width(app: App) -> int | None:
     """The modal vector width of every agent's memories (ties: the wider), or None."""
     with app.db.read() as session:
-        row = session.execute(
-            select(func.length(Memory.embedding).label("n"), func.count().label("c"))
-            .where(Memory.embedding.is_not(None))
-            .group_by(func.length(Memory.embedding))
-            .order_by(func.count().desc(), func.length(Memory.embedding).desc())
-            .limit(1)
-        ).first()
-    return None if row is None or not row.n or row.n % 4 else int(row.n) // 4
+        n = MemoryRepository(session).modal_vector_bytes()
+    return None if not n or n % 4 else int(n) // 4
 
 
 # -- measuring ------------------------------------------------------------------------
@@ -308,9 +280,7 @@ def apply(app: App, m: Measurement, extra: dict[Entry, float | None] | None = No
 
 def _has_embedded(app: App, agent_id: str) -> bool:
     with app.db.read() as session:
-        return session.execute(
-            select(Memory.id).where(Memory.agent_id == agent_id, Memory.embedding.is_not(None)).limit(1)
-        ).first() is not None
+        return MemoryRepository(session).has_embedded(agent_id)
 
 
 def response(app: App, m: Measurement, *, old_threshold: float, persisted: bool) -> dict[str, Any]:
@@ -454,9 +424,7 @@ def calibrate_everything(app: App, stop: threading.Event) -> str:
         log.info("global calibration skipped: %s", failure.message)
         return "global failed"
     with app.db.read() as session:
-        agents = session.execute(
-            select(Memory.agent_id).where(Memory.embedding.is_not(None)).distinct().order_by(Memory.agent_id)
-        ).scalars().all()
+        agents = MemoryRepository(session).embedded_agents()
     done = 0
     for agent in agents:
         if stop.is_set():

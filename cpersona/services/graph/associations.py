@@ -25,14 +25,12 @@ The read helpers at the end (:func:`resolve_visible`, :func:`readable_entities`,
 
 from __future__ import annotations
 
-import functools
 import logging
 import unicodedata
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import and_, delete, or_, select, text
 from sqlalchemy.orm import Session
 
 from cpersona.services import refs as record_refs
@@ -41,24 +39,17 @@ from cpersona.services.operating_context import ProjectRefusal, resolve_project
 from cpersona.services.refs import Ref, canonical_ref
 from cpersona.services.responses import failure
 from cpersona.services.sanitize import check_key_field, find_lone_surrogate, has_nul, nul_refusal
-from cpersona.storage.models import Episode, Memory
-from cpersona.storage.models_associations import (
-    DECLARED_BY_AGENT,
-    Entity,
-    EntityAlias,
-    EntityMention,
-    Relation,
-)
-from cpersona.storage.scope import Scope, predicates
+from cpersona.storage.models_associations import DECLARED_BY_AGENT
+from cpersona.storage.repositories.associations import ENTITY_KIND, AssociationRepository, RelationRow
+from cpersona.storage.repositories.episodes import EpisodeRepository
+from cpersona.storage.repositories.memories import MemoryRepository
+from cpersona.storage.scope import Scope
 
 log = logging.getLogger(__name__)
 
 MAX_ITEMS = 64  # entities, relations, retract.relations, retract.mentions (A-13, A-16, A-21)
 MAX_ALIASES = 32  # per entity item (A-14)
 MAX_TEXT = 256  # a name, alias, predicate or entity endpoint after trimming (A-3)
-
-RECORD_KINDS = ("mem", "ep")
-ENTITY_KIND = "entity"
 
 # Declared text is trimmed before it is read, so a ref in it may be padded up
 # to this many characters; a longer string is no ref (nor, once trimmed, text).
@@ -111,10 +102,8 @@ def record_of_agent(session: Session, ref: Ref, agent_id: str) -> bool:
     """A-8: ``ref`` names an existing record of ``agent_id`` (any project or channel)."""
     if not ref.in_range:
         return False
-    model = Memory if ref.kind == "mem" else Episode
-    return session.scalar(
-        select(model.id).where(model.id == ref.id, model.agent_id == agent_id)
-    ) is not None
+    repository = MemoryRepository if ref.kind == "mem" else EpisodeRepository
+    return repository(session).owned_by(ref.id, agent_id)
 
 
 def visible_scopes(project_id: str, channel: str) -> list[tuple[str, str]]:
@@ -124,23 +113,6 @@ def visible_scopes(project_id: str, channel: str) -> list[tuple[str, str]]:
         if scope not in ordered:
             ordered.append(scope)
     return ordered
-
-
-# -- insert-or-ignore, portable ------------------------------------------------------------
-
-
-@functools.lru_cache(maxsize=16)
-def _insert_ignore_sql(table: str, columns: tuple[str, ...]) -> Any:
-    # INSERT … ON CONFLICT DO NOTHING reads the same on SQLite (3.24+) and PostgreSQL.
-    names = ", ".join(f'"{c}"' for c in columns)
-    marks = ", ".join(f":{c}" for c in columns)
-    return text(f"INSERT INTO {table} ({names}) VALUES ({marks}) ON CONFLICT DO NOTHING")
-
-
-def _insert_ignore(session: Session, model: Any, values: Mapping[str, Any]) -> int:
-    """Insert unless the row's unique key is taken; returns rows inserted (0 or 1)."""
-    statement = _insert_ignore_sql(model.__tablename__, tuple(values))
-    return session.execute(statement, dict(values)).rowcount
 
 
 # -- the declaration -----------------------------------------------------------------------
@@ -179,6 +151,7 @@ class _Declaration:
     def __init__(self, session: Session, report: Report, *, agent_id: str, project_id: str, channel: str,
                  stamp: str) -> None:
         self.session = session
+        self.graph = AssociationRepository(session)
         self.report = report
         self.agent_id = agent_id
         self.project_id = project_id
@@ -193,12 +166,10 @@ class _Declaration:
         return resolve_in_scopes(self.session, self.agent_id, scopes, normalized)
 
     def register(self, name: str, normalized: str) -> int:
-        return self.session.execute(
-            Entity.__table__.insert().values(
-                agent_id=self.agent_id, project_id=self.project_id, channel=self.channel,
-                name=name, normalized=normalized, declared_by=DECLARED_BY_AGENT, created_at=self.stamp,
-            )
-        ).inserted_primary_key[0]
+        return self.graph.register_entity({
+            "agent_id": self.agent_id, "project_id": self.project_id, "channel": self.channel,
+            "name": name, "normalized": normalized, "declared_by": DECLARED_BY_AGENT, "created_at": self.stamp,
+        })
 
     def entity_for(self, name: str, normalized: str, *, exact_scope: bool) -> tuple[int, bool]:
         found = self.resolve(normalized, exact_scope=exact_scope)
@@ -263,13 +234,10 @@ class _Declaration:
             if problem is not None:
                 self.report.drop(alias_where, problem)
                 continue
-            _insert_ignore(self.session, EntityAlias,
-                           {"entity_id": entity_id, "alias": alias, "normalized": alias_normalized})
+            self.graph.add_alias(entity_id, alias, alias_normalized)
         self.report.entities.append({"id": entity_id, "name": name, "created": created})
         if anchor:
-            _insert_ignore(self.session, EntityMention, {
-                "entity_id": entity_id, "ref": anchor, "declared_by": DECLARED_BY_AGENT, "created_at": self.stamp,
-            })
+            self.graph.add_mention(entity_id, anchor, DECLARED_BY_AGENT, self.stamp)
             self.report.mentions += 1  # counts declarations, not new rows (A-15)
 
     def alias_candidates(self, where: str, aliases: Any) -> list[tuple[str, str, str, str | None]]:
@@ -327,11 +295,7 @@ class _Declaration:
             "subject_kind": subject_kind, "subject_id": subject_id, "predicate": predicate,
             "object_kind": object_kind, "object_id": object_id, "anchor_ref": anchor,
         }
-        _insert_ignore(self.session, Relation, {**key, "declared_by": DECLARED_BY_AGENT, "declared_at": self.stamp})
-        relation_id = self.session.scalar(
-            select(Relation.id).where(*(getattr(Relation, column) == value for column, value in key.items()))
-        )
-        self.report.relations.append(relation_id)
+        self.report.relations.append(self.graph.add_relation(key, DECLARED_BY_AGENT, self.stamp))
 
     def endpoint(self, where: str, value: Any) -> tuple[str, int] | None:
         """(kind, id) of one relation end, registering an entity name if new; None when dropped."""
@@ -359,6 +323,7 @@ class _Declaration:
 def _retract(session: Session, report: Report, agent_id: str, retract: Any) -> None:
     """A-20, A-21: relations by id and mentions by {entity, ref}, the caller's rows only."""
     counts = {"relations": 0, "mentions": 0}
+    graph = AssociationRepository(session)
     report.retracted = counts
     if not isinstance(retract, dict):
         report.drop("retract", NOT_AN_OBJECT)
@@ -374,14 +339,11 @@ def _retract(session: Session, report: Report, agent_id: str, retract: Any) -> N
             elif not _is_int(relation_id):
                 report.drop(where, BAD_RELATION_ID)
             else:
-                counts["relations"] += session.execute(
-                    delete(Relation).where(Relation.id == relation_id, Relation.agent_id == agent_id)
-                ).rowcount
+                counts["relations"] += graph.delete_relation(relation_id, agent_id)
     mentions = retract.get("mentions")
     if mentions is not None and not isinstance(mentions, list):
         report.drop("retract.mentions", NOT_A_LIST)
     elif mentions:
-        owned = select(Entity.id).where(Entity.agent_id == agent_id)
         for index, item in enumerate(mentions):
             where = f"retract.mentions[{index}]"
             if index >= MAX_ITEMS:
@@ -392,12 +354,7 @@ def _retract(session: Session, report: Report, agent_id: str, retract: Any) -> N
             if not _is_int(entity_id) or ref is None:
                 report.drop(where, BAD_MENTION)
                 continue
-            counts["mentions"] += session.execute(
-                delete(EntityMention).where(
-                    EntityMention.entity_id == entity_id, EntityMention.ref == ref.canonical,
-                    EntityMention.entity_id.in_(owned),
-                )
-            ).rowcount
+            counts["mentions"] += graph.delete_mention(entity_id, ref.canonical, agent_id)
 
 
 def _is_int(value: Any) -> bool:
@@ -487,30 +444,6 @@ def declare_for_record(
 # -- reads (traverse, reconstruct) -------------------------------------------------------
 
 
-# The two lookups every name resolution makes; plain SQL text, built once, because a
-# large declaration runs them a few thousand times.
-_NAMED_IN_SCOPE = text(
-    "SELECT id FROM entities WHERE agent_id = :agent AND project_id = :project AND channel = :channel "
-    "AND normalized = :normalized")
-_ALIAS_OWNERS = text("SELECT entity_id FROM entity_aliases WHERE normalized = :normalized")
-
-
-def aliased_entities(session: Session, normalized: str) -> list[Any]:
-    """(id, agent_id, project_id, channel) of every entity holding alias ``normalized``.
-
-    Looked up alias first, then by primary key: joined in one statement, SQLite
-    prefers walking all of an agent's entities (its covering unique index) to
-    the alias index.
-    """
-    owners = list(session.execute(_ALIAS_OWNERS, {"normalized": normalized}).scalars())
-    found = []
-    for start in range(0, len(owners), 500):
-        found.extend(session.execute(
-            select(Entity.id, Entity.agent_id, Entity.project_id, Entity.channel)
-            .where(Entity.id.in_(owners[start:start + 500]))).all())
-    return found
-
-
 def resolve_in_scopes(session: Session, agent_id: str, scopes: Sequence[tuple[str, str]],
                       normalized: str) -> int | None:
     """The entity ``normalized`` names in the first of ``scopes`` that has one (lowest id); else None.
@@ -520,14 +453,14 @@ def resolve_in_scopes(session: Session, agent_id: str, scopes: Sequence[tuple[st
     (agent, project, channel, normalized) key, one probe per scope; aliases
     through ``idx_entity_aliases_normalized``.
     """
+    graph = AssociationRepository(session)
     rank = {scope: i for i, scope in enumerate(scopes)}
     found: list[tuple[int, int]] = []
     for (project, channel), position in rank.items():
-        named = session.execute(_NAMED_IN_SCOPE, {
-            "agent": agent_id, "project": project, "channel": channel, "normalized": normalized}).scalar()
+        named = graph.named_in(agent_id, project, channel, normalized)
         if named is not None:
             found.append((position, named))
-    for row in aliased_entities(session, normalized):
+    for row in graph.aliased(normalized):
         if row.agent_id == agent_id and (row.project_id, row.channel) in rank:
             found.append((rank[(row.project_id, row.channel)], row.id))
     return min(found)[1] if found else None
@@ -551,31 +484,7 @@ def readable_entities(session: Session, scope: Scope, name: str) -> list[int]:
     normalized = normalize(name) if isinstance(name, str) else ""
     if not normalized:
         return []
-    ids = set(session.scalars(select(Entity.id).where(predicates(Entity, scope), Entity.normalized == normalized)))
-    aliased = [row.id for row in aliased_entities(session, normalized)]
-    for start in range(0, len(aliased), 500):
-        ids.update(session.scalars(
-            select(Entity.id).where(Entity.id.in_(aliased[start:start + 500]), predicates(Entity, scope))))
-    return sorted(ids)
-
-
-@dataclass(frozen=True, slots=True)
-class RelationRow:
-    id: int
-    subject_kind: str
-    subject_id: int
-    predicate: str
-    object_kind: str
-    object_id: int
-    anchor_ref: str
-    declared_by: str
-    declared_at: str
-
-
-_RELATION_COLUMNS = (
-    Relation.id, Relation.subject_kind, Relation.subject_id, Relation.predicate, Relation.object_kind,
-    Relation.object_id, Relation.anchor_ref, Relation.declared_by, Relation.declared_at,
-)
+    return AssociationRepository(session, scope).readable_named(normalized)
 
 
 def relations_between_entities(session: Session, scope: Scope, entity_ids: Iterable[int]) -> list[RelationRow]:
@@ -584,24 +493,7 @@ def relations_between_entities(session: Session, scope: Scope, entity_ids: Itera
     Only relations that ``scope`` can read and whose subject and object entities
     it can read too are returned, in id order.
     """
-    wanted = sorted(set(entity_ids))
-    if not wanted:
-        return []
-    readable = select(Entity.id).where(predicates(Entity, scope))
-    found: dict[int, RelationRow] = {}
-    # Chunked so a large frontier stays under every driver's bound-parameter limit.
-    for start in range(0, len(wanted), 500):
-        chunk = wanted[start:start + 500]
-        rows = session.execute(
-            select(*_RELATION_COLUMNS).where(
-                predicates(Relation, scope),
-                Relation.subject_kind == ENTITY_KIND, Relation.object_kind == ENTITY_KIND,
-                or_(Relation.subject_id.in_(chunk), Relation.object_id.in_(chunk)),
-                Relation.subject_id.in_(readable), Relation.object_id.in_(readable),
-            )
-        ).all()
-        found.update((row.id, RelationRow(*row)) for row in rows)
-    return [found[key] for key in sorted(found)]
+    return AssociationRepository(session, scope).relations_between_entities(entity_ids)
 
 
 def record_relations(session: Session, scope: Scope, refs: Iterable[str]) -> list[RelationRow]:
@@ -611,43 +503,17 @@ def record_relations(session: Session, scope: Scope, refs: Iterable[str]) -> lis
         parsed = parse_ref(ref)
         if parsed is not None and parsed.in_range:
             ends[parsed.kind].append(parsed.id)
-    side_clauses = []
-    for kind, ids in ends.items():
-        if ids:
-            side_clauses.append(and_(Relation.subject_kind == kind, Relation.subject_id.in_(ids)))
-            side_clauses.append(and_(Relation.object_kind == kind, Relation.object_id.in_(ids)))
-    if not side_clauses:
-        return []
-    rows = session.execute(
-        select(*_RELATION_COLUMNS).where(
-            predicates(Relation, scope),
-            Relation.subject_kind.in_(RECORD_KINDS), Relation.object_kind.in_(RECORD_KINDS),
-            or_(*side_clauses),
-        ).order_by(Relation.id)
-    ).all()
-    return [RelationRow(*row) for row in rows]
+    return AssociationRepository(session, scope).record_relations(ends)
 
 
 def entity_rows(session: Session, entity_ids: Iterable[int]) -> dict[int, tuple[str, list[str]]]:
     """id → (name, aliases as written, ordered by normalized form) for the given entities."""
-    ids = sorted(set(entity_ids))
-    out: dict[int, tuple[str, list[str]]] = {}
-    for start in range(0, len(ids), 500):
-        chunk = ids[start:start + 500]
-        names = dict(session.execute(select(Entity.id, Entity.name).where(Entity.id.in_(chunk))).all())
-        aliases: dict[int, list[str]] = {i: [] for i in names}
-        for entity_id, alias in session.execute(
-            select(EntityAlias.entity_id, EntityAlias.alias)
-            .where(EntityAlias.entity_id.in_(chunk)).order_by(EntityAlias.entity_id, EntityAlias.normalized)
-        ):
-            aliases.setdefault(entity_id, []).append(alias)
-        out.update((i, (names[i], aliases[i])) for i in names)
-    return out
+    return AssociationRepository(session).names_and_aliases(entity_ids)
 
 
 def mentions_of(session: Session, entity_id: int) -> list[str]:
     """Refs of every record declared to mention the entity (no readability filter; see traverse)."""
-    return list(session.scalars(select(EntityMention.ref).where(EntityMention.entity_id == entity_id)))
+    return AssociationRepository(session).mentions_of(entity_id)
 
 
 def entities_mentioned_by(session: Session, ref: str) -> list[int]:
@@ -655,9 +521,7 @@ def entities_mentioned_by(session: Session, ref: str) -> list[int]:
     parsed = parse_ref(ref)
     if parsed is None:
         return []
-    return list(session.scalars(
-        select(EntityMention.entity_id).where(EntityMention.ref == parsed.canonical).order_by(EntityMention.entity_id)
-    ))
+    return AssociationRepository(session).entities_mentioned_by(parsed.canonical)
 
 
 # -- bulk removal ------------------------------------------------------------------------------
@@ -669,9 +533,7 @@ def delete_agent_associations(session: Session, agent_id: str) -> dict[str, int]
     Run inside the caller's write transaction (``delete_agent_data``). Returns
     the rows removed directly: ``{entities, relations}``.
     """
-    relations = session.execute(delete(Relation).where(Relation.agent_id == agent_id)).rowcount
-    entities = session.execute(delete(Entity).where(Entity.agent_id == agent_id)).rowcount
-    return {"entities": entities, "relations": relations}
+    return AssociationRepository(session).delete_agent(agent_id)
 
 
 __all__ = [

@@ -26,7 +26,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import bindparam, text
 from sqlalchemy.orm import Session
 
 from cpersona.services.app import App
@@ -38,8 +37,8 @@ from cpersona.services.graph.associations import (
 )
 from cpersona.services.operating_context import resolve_project
 from cpersona.services.responses import failure
-from cpersona.storage.scope import Scope, sql_fragment
-from cpersona.storage import dialect
+from cpersona.storage.repositories.associations import AssociationRepository
+from cpersona.storage.scope import Scope
 
 MAX_HOPS = 5  # schema bound (TV-2)
 DEFAULT_HOPS = 1
@@ -152,33 +151,10 @@ def _mentions(session: Session, scope: Scope, source_id: str, channel: str, enti
     """TV-7: per entity, the first ``limit`` readable mentioning refs and how many readable ones exist."""
     if not entity_ids:
         return {}
-    m_where, params = sql_fragment(scope, "m")
-    e_where, _ = sql_fragment(scope, "e")
-    by_source, source_params = dialect.source_filter(session, source_id, "m")
-    arms = [
-        "SELECT em.entity_id AS entity_id, 'mem' AS kind, m.id AS record_id FROM entity_mentions em "
-        "JOIN memories m ON m.id = "
-        "CASE WHEN substr(em.ref, 1, 4) = 'mem:' THEN CAST(substr(em.ref, 5) AS BIGINT) END "
-        f"WHERE em.entity_id IN :entities AND substr(em.ref, 1, 4) = 'mem:' AND {m_where} AND {by_source}"
-    ]
-    if not source_id or channel:  # ISO-4: episodes carry no per-user source
-        arms.append(
-            "SELECT em.entity_id, 'ep', e.id FROM entity_mentions em "
-            "JOIN episodes e ON e.id = "
-            "CASE WHEN substr(em.ref, 1, 3) = 'ep:' THEN CAST(substr(em.ref, 4) AS BIGINT) END "
-            f"WHERE em.entity_id IN :entities AND substr(em.ref, 1, 3) = 'ep:' AND {e_where}"
-        )
-    # Record id ascending; at equal id 'ep' sorts before 'mem' (TV-7).
-    sql = text(
-        "SELECT entity_id, kind, record_id, total FROM ("
-        " SELECT entity_id, kind, record_id,"
-        "  ROW_NUMBER() OVER (PARTITION BY entity_id ORDER BY record_id, kind) AS position,"
-        "  COUNT(*) OVER (PARTITION BY entity_id) AS total"
-        f" FROM ({' UNION '.join(arms)}) readable"
-        ") ranked WHERE position <= :limit ORDER BY entity_id, position"
-    ).bindparams(bindparam("entities", expanding=True))
+    # ISO-4: episodes carry no per-user source, so a source-filtered read skips them.
+    rows = AssociationRepository(session, scope).readable_mentions(
+        source_id, not source_id or bool(channel), entity_ids, limit)
     out: dict[int, tuple[list[str], int]] = {}
-    rows = session.execute(sql, {**params, **source_params, "entities": entity_ids, "limit": limit})
     for entity_id, kind, record_id, total in rows:
         refs, _ = out.get(entity_id, ([], 0))
         refs.append(f"{kind}:{record_id}")

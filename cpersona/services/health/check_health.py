@@ -12,7 +12,7 @@ from cpersona.services.health.registry import (
     Check, Ctx, Issue, Prep, dedupe, names, registry, run_checks, severity_summary, unknown_names,
     unknown_refusal, verdict,
 )
-from cpersona.services.health.stats import storage_stats
+from cpersona.storage.health_probes import storage_stats
 from cpersona.services.operations.update_check import update_notice
 
 NULL_CHECKS = {"null_embedding": "memories", "null_episode_embedding": "episodes"}

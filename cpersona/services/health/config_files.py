@@ -17,7 +17,7 @@ from cpersona.services.health import derived
 from cpersona.services.health.registry import Check, Ctx, Issue
 from cpersona.services.operating_context import SUMMARY_SIZE_HINT, read_state
 from cpersona.services.calibration.sidecar import glob_escape
-from cpersona.storage import dialect
+from cpersona.storage import health_probes as probes
 
 
 def _nothing(ctx: Ctx) -> list[Issue]:
@@ -42,10 +42,7 @@ def detect_vector_fallback(ctx: Ctx) -> list[Issue]:
     s = ctx.settings
     if s.vector_search_mode != "remote" or s.store_blob:
         return []
-    where, params = ctx.where()
-    r = ctx.rows(f"SELECT COUNT(*) AS n, COALESCE({dialect.count_if('embedding IS NOT NULL')}, 0) AS e "
-                 f"FROM memories WHERE {where}",
-                 **params)[0]
+    r = probes.local_vector_counts(ctx.conn, ctx.agent_id)
     return [{"type": "no_local_vector_fallback", "vector_search_mode": s.vector_search_mode,
              "store_blob": s.store_blob, "memories": r.n, "memories_with_local_embedding": int(r.e),
              "hint": "no local vectors are kept: a remote /search outage would leave keyword-only recall; set "

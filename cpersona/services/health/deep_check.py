@@ -8,17 +8,16 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from sqlalchemy import Connection, text
+from sqlalchemy import Connection
 
 from cpersona.services.records import remote_vectors
 from cpersona.services.app import App
 from cpersona.services.calibration.sidecar import read_sidecar, scoring_version
-from cpersona.services.health.hygiene import sentinel_sql
 from cpersona.storage import dialect
+from cpersona.storage import health_probes as probes
 from cpersona.services.health.registry import dedupe, unknown_names, unknown_refusal
 from cpersona.services.timestamps import instant_seconds
 
-CHUNK = 500
 STALE_PROFILE_DAYS = 30
 STALE_CALIBRATION_DAYS = 90
 NEVER_CALIBRATED_MIN_ROWS = 50
@@ -38,15 +37,6 @@ class DeepCtx:
         self.removed: list[str] = []  # refs of the agent's rows deleted, for the remote index after commit
         dialect.JsonSql(conn).prepare(conn)  # the sentinel test reads JSON on PostgreSQL
 
-    def rows(self, sql: str, **params: Any) -> list[Any]:
-        return list(self.conn.execute(text(sql), {"agent": self.agent_id, **params}))
-
-    def scalar(self, sql: str, **params: Any) -> Any:
-        return self.conn.execute(text(sql), {"agent": self.agent_id, **params}).scalar()
-
-    def run(self, sql: str, **params: Any) -> int:
-        return self.conn.execute(text(sql), {"agent": self.agent_id, **params}).rowcount
-
 
 # -- anonymous_source (DC-5) ---------------------------------------------------------------------
 
@@ -65,8 +55,7 @@ def recovered_name(content: str) -> str | None:
 
 
 def anonymous_source(ctx: DeepCtx) -> dict[str, Any]:
-    rows = ctx.rows(f"SELECT id, content, locked FROM memories WHERE agent_id = :agent "
-                    f"AND {sentinel_sql(ctx.conn)} ORDER BY id")
+    rows = probes.sentinel_rows(ctx.conn, ctx.agent_id)
     found = [(r, recovered_name(r.content)) for r in rows]
     good = [(r, n) for r, n in found if n]
     bad = [r for r, n in found if not n]
@@ -76,7 +65,7 @@ def anonymous_source(ctx: DeepCtx) -> dict[str, Any]:
         for r, name in good:
             if not r.locked:
                 source = '{"type": "User", "id": "", "name": ' + _json_str(name) + "}"
-                fixed += ctx.run("UPDATE memories SET source = :s WHERE id = :i AND locked = 0", s=source, i=r.id)
+                fixed += probes.set_source(ctx.conn, r.id, source)
         out["fixed"] = fixed
         locked = sum(1 for r, _ in good if r.locked)
         if locked:
@@ -102,8 +91,7 @@ def weighted_length(value: str) -> int:
 
 def _short_rows(ctx: DeepCtx) -> list[Any]:
     # A weighted length <= 5 implies at most 5 characters, so SQL narrows the scan first.
-    rows = ctx.rows("SELECT id, content, locked FROM memories WHERE agent_id = :agent "
-                    "AND length(trim(content)) <= 5 ORDER BY id")
+    rows = probes.short_rows(ctx.conn, ctx.agent_id, 5)
     return [r for r in rows if weighted_length(r.content.strip(" ")) <= 5]
 
 
@@ -112,10 +100,7 @@ def short_content(ctx: DeepCtx) -> dict[str, Any]:
     out: dict[str, Any] = {"count": len(rows)}
     if ctx.fix:
         ids = [r.id for r in rows if not r.locked]
-        fixed = 0
-        for start in range(0, len(ids), CHUNK):
-            marks = ", ".join(str(i) for i in ids[start:start + CHUNK])
-            fixed += ctx.run(f"DELETE FROM memories WHERE locked = 0 AND id IN ({marks})")
+        fixed = probes.delete_unlocked_memories(ctx.conn, ids)
         ctx.removed.extend(f"mem:{i}" for i in ids)
         out["fixed"] = fixed
     if rows:
@@ -127,14 +112,14 @@ def short_content(ctx: DeepCtx) -> dict[str, Any]:
 
 
 def stale_profile(ctx: DeepCtx) -> dict[str, Any]:
-    row = ctx.rows("SELECT updated_at FROM profiles WHERE agent_id = :agent AND user_id = ''")
+    found, updated_at = probes.profile_updated_at(ctx.conn, ctx.agent_id)
     out: dict[str, Any] = {"count": 0, "threshold_days": STALE_PROFILE_DAYS}
-    if row:
-        seconds = instant_seconds(row[0].updated_at or "")
+    if found:
+        seconds = instant_seconds(updated_at or "")
         now = ctx.app.clock().timestamp()
         if seconds is not None and now - seconds > STALE_PROFILE_DAYS * 86400:
             out["count"] = 1
-            out["last_updated"] = row[0].updated_at
+            out["last_updated"] = updated_at
     return out
 
 
@@ -142,13 +127,7 @@ def stale_profile(ctx: DeepCtx) -> dict[str, Any]:
 
 
 def orphaned_episodes(ctx: DeepCtx) -> dict[str, Any]:
-    start, end = dialect.instant(ctx.conn, "e.start_time"), dialect.instant(ctx.conn, "e.end_time")
-    rows = ctx.rows(
-        "SELECT e.id, e.summary, e.start_time, e.end_time FROM episodes e WHERE e.agent_id = :agent "
-        "AND e.start_time IS NOT NULL AND e.start_time != '' AND e.end_time IS NOT NULL AND e.end_time != '' "
-        f"AND ({start} IS NULL OR {end} IS NULL OR NOT EXISTS ("
-        " SELECT 1 FROM memories m WHERE m.agent_id = :agent"
-        f" AND {dialect.instant(ctx.conn, 'm.timestamp')} BETWEEN {start} AND {end})) ORDER BY e.id")
+    rows = probes.orphaned_episode_rows(ctx.conn, ctx.agent_id)
     out: dict[str, Any] = {"count": len(rows)}
     if rows:
         out["samples"] = [{"id": r.id, "summary": r.summary[:80], "start": r.start_time, "end": r.end_time}
@@ -168,7 +147,7 @@ def calibration_staleness(ctx: DeepCtx) -> dict[str, Any]:
         return {"status": "unreadable", "hint": f"the calibration sidecar cannot be parsed ({stored.error}); "
                 "run calibrate_threshold to write a fresh one"}
     if stored.status == "missing":
-        embedded = int(ctx.scalar("SELECT COUNT(*) FROM memories WHERE agent_id = :agent AND embedding IS NOT NULL"))
+        embedded = probes.embedded_count(ctx.conn, ctx.agent_id)
         if embedded >= NEVER_CALIBRATED_MIN_ROWS:
             return {"status": "never_calibrated", "embedded_rows": embedded, "hint": "run calibrate_threshold"}
         return {"status": "ok", "reason": f"corpus too small to matter ({embedded} embedded rows)"}
@@ -195,8 +174,7 @@ def calibration_staleness(ctx: DeepCtx) -> dict[str, Any]:
 
 def near_duplicate(ctx: DeepCtx) -> dict[str, Any]:
     cap = int(ctx.app.settings.near_duplicate_row_cap)
-    rows = ctx.rows("SELECT id, content, embedding FROM memories WHERE agent_id = :agent AND embedding IS NOT NULL "
-                    "ORDER BY id DESC LIMIT :n", n=cap)
+    rows = probes.newest_embedded_memories(ctx.conn, ctx.agent_id, cap)
     kept, vectors, excluded = [], [], 0
     for r in rows:
         blob = bytes(r.embedding)
@@ -258,9 +236,8 @@ def decomposed(value: str) -> list[str]:
 def unnormalized_content(ctx: DeepCtx) -> dict[str, Any]:
     cap = int(ctx.app.settings.normalization_scan_cap)
     by_table, scanned, samples, complete = {}, {}, [], True
-    for table, column in (("memories", "content"), ("episodes", "summary")):
-        rows = ctx.rows(f"SELECT id, {column} AS body FROM {table} WHERE agent_id = :agent ORDER BY id DESC "
-                        f"LIMIT :n", n=cap + 1)
+    for table in ("memories", "episodes"):
+        rows = probes.newest_texts(ctx.conn, table, ctx.agent_id, cap + 1)
         if len(rows) > cap:
             complete, rows = False, rows[:cap]
         bad = [r for r in rows if isinstance(r.body, str) and unicodedata.normalize("NFC", r.body) != r.body]
@@ -280,8 +257,7 @@ def unnormalized_content(ctx: DeepCtx) -> dict[str, Any]:
 def embedding_norm(ctx: DeepCtx) -> dict[str, Any]:
     by_table, scanned, samples, complete = {}, {}, [], True
     for table in ("memories", "episodes"):
-        rows = ctx.rows(f"SELECT id, embedding FROM {table} WHERE agent_id = :agent AND embedding IS NOT NULL "
-                        f"ORDER BY id DESC LIMIT :n", n=NORM_SCAN_ROWS + 1)
+        rows = probes.newest_vectors(ctx.conn, table, ctx.agent_id, NORM_SCAN_ROWS + 1)
         if len(rows) > NORM_SCAN_ROWS:
             complete, rows = False, rows[:NORM_SCAN_ROWS]
         bad = 0

@@ -17,18 +17,18 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from sqlalchemy import text
-
 from cpersona.services.records import nodes
 from cpersona.services.app import App
 from cpersona.services.health.registry import Check, Ctx, Issue, Prep
 from cpersona.services.operations.tasks import enqueue
-from cpersona.storage.scope import Scope, sql_fragment
+from cpersona.storage import health_probes as probes
+from cpersona.storage.repositories.episodes import EpisodeRepository
+from cpersona.storage.repositories.memories import MemoryRepository
+from cpersona.storage.repositories.tasks import TaskRepository
 
 BUILD_CAP = 50  # records one fix run queues (R-49)
 REPORT_BATCH = 256  # texts per token-report request
 MEASURE_CAP = 20000  # records measured per run and table; past it the count is a lower bound
-TABLES = (("mem", "memories", "content"), ("ep", "episodes", "summary"))
 
 HINT_UNKNOWN = ("the embedding backend did not return token counts, so records past the window cannot be "
                 "told apart; check that its count_tokens route answers, then re-run")
@@ -54,17 +54,13 @@ def measure(app: App, prep: Prep, agent_id: str) -> None:
         return  # no backend reports tokens: the feature is off and nothing is expected
     scan = NodeScan(model_keys=nodes.accepted_model_keys(app))
     candidates: list[tuple[str, int, str, str, str]] = []
-    where, params = sql_fragment(Scope(agent_id=agent_id or None), "")
     with app.db.read() as session:
-        for kind, table, column in TABLES:
-            rows = session.execute(text(
-                f"SELECT id, agent_id, project_id, {column} AS body FROM {table} "
-                f"WHERE {where} AND length({column}) > 0 ORDER BY id LIMIT :cap"),
-                {**params, "cap": MEASURE_CAP + 1}).all()
+        conn = session.connection()
+        for kind in nodes.KINDS:
+            rows = probes.texts_to_measure(conn, kind, agent_id, MEASURE_CAP + 1)
             if len(rows) > MEASURE_CAP:
                 scan.complete, rows = False, rows[:MEASURE_CAP]
-            noded = {r[0] for r in session.execute(
-                text("SELECT DISTINCT parent_id FROM record_nodes WHERE parent_kind = :k"), {"k": kind})}
+            noded = probes.noded_parents(conn, kind)
             for row in rows:
                 if row.id in noded and nodes.current_nodes(session, kind, row.id, row.body,
                                                            model_keys=scan.model_keys) is not None:
@@ -83,7 +79,7 @@ def measure(app: App, prep: Prep, agent_id: str) -> None:
 def _queued_ids(ctx: Ctx) -> set[tuple[str, int]]:
     """Records that already have a build waiting, so a second fix does not queue them twice."""
     found: set[tuple[str, int]] = set()
-    for (payload,) in ctx.rows("SELECT payload FROM pending_memory_tasks WHERE task_type = :t", t=nodes.TASK_TYPE):
+    for payload in TaskRepository(ctx.conn).payloads_of(nodes.TASK_TYPE):
         try:
             body = json.loads(payload)
         except (TypeError, ValueError):
@@ -98,8 +94,7 @@ def _still_missing(ctx: Ctx, scan: NodeScan) -> list[tuple[str, int, str, str, s
     out = []
     for record in scan.past:
         kind, record_id, *_, body = record
-        table, column = ("memories", "content") if kind == "mem" else ("episodes", "summary")
-        if ctx.scalar(f"SELECT {column} FROM {table} WHERE id = :i", i=record_id) != body:
+        if nodes.record_text(ctx.conn, kind, record_id) != body:
             continue  # deleted or rewritten since it was measured: its own write queued a build
         if nodes.current_nodes(ctx.conn, kind, record_id, body, model_keys=scan.model_keys) is None:
             out.append(record)
@@ -167,7 +162,7 @@ def queue_after_rewrites(app: App, rewritten: set[tuple[str, int]]) -> int:
         return 0
     wanted = sorted(rewritten)[:MEASURE_CAP]
     with app.db.read() as session:
-        records = [(kind, rid, nodes._parent_text(session, kind, rid)) for kind, rid in wanted]
+        records = [(kind, rid, nodes.record_text(session, kind, rid)) for kind, rid in wanted]
     records = [r for r in records if r[2]]
     past: list[tuple[str, int, str]] = []
     for start in range(0, len(records), REPORT_BATCH):
@@ -179,11 +174,9 @@ def queue_after_rewrites(app: App, rewritten: set[tuple[str, int]]) -> int:
     queued = 0
     with app.db.write() as session:
         for kind, record_id, body in past:
-            if nodes._parent_text(session, kind, record_id) != body:
+            if nodes.record_text(session, kind, record_id) != body:
                 continue  # changed again since: that write queued its own build
-            table = "memories" if kind == "mem" else "episodes"
-            owner = session.execute(text(f"SELECT agent_id, project_id FROM {table} WHERE id = :i"),
-                                    {"i": record_id}).first()
+            owner = (MemoryRepository if kind == "mem" else EpisodeRepository)(session).bucket_of(record_id)
             queued += nodes.queue_build(app, session, kind, record_id, agent_id=owner.agent_id,
                                         project_id=owner.project_id)
     return queued

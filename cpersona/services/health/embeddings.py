@@ -11,17 +11,18 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from sqlalchemy import inspect, text
 
 from cpersona.services.app import App
 from cpersona.services.health.registry import Check, Ctx, Issue, Prep
-from cpersona.storage import dialect
-from cpersona.storage.scope import Scope, sql_fragment
+from cpersona.storage import health_probes as probes
+from cpersona.storage.repositories.base import Repository
+from cpersona.storage.repositories.episodes import EpisodeRepository
+from cpersona.storage.repositories.memories import MemoryRepository
 
-TABLES = {"memories": "content", "episodes": "summary"}
+TABLES = probes.VECTOR_TABLES
+_REPOSITORIES: dict[str, type[Repository]] = {"memories": MemoryRepository, "episodes": EpisodeRepository}
 EMBED_BATCH = 32  # texts per request while re-embedding (H-4)
 PAGE = 100  # vectors read per page by the non-finite scan (R-18)
-CHUNK = 500
 
 HINT_MODE_NONE = (
     "Nothing to repair: CPERSONA_EMBEDDING_MODE is 'none', so no embeddings are produced and a NULL blob is "
@@ -65,11 +66,8 @@ def probe(app: App, prep: Prep) -> None:
 
 
 def null_rows(app: App, table: str, agent_id: str, limit: int) -> list[tuple[int, str]]:
-    where, params = sql_fragment(Scope(agent_id=agent_id or None))
-    column = TABLES[table]
     with app.db.read() as session:
-        rows = session.execute(text(f"SELECT id, {column} AS body FROM {table} WHERE embedding IS NULL "
-                                    f"AND {where} ORDER BY id LIMIT :n"), {**params, "n": limit}).all()
+        rows = probes.null_vector_rows(session.connection(), table, agent_id, limit)
     return [(r.id, r.body) for r in rows if isinstance(r.body, str) and r.body.strip()]
 
 
@@ -103,9 +101,8 @@ def precompute(app: App, prep: Prep, agent_id: str, tables: list[str]) -> None:
 
 def write_vectors(conn: Any, table: str, vectors: list[tuple[int, str, bytes]]) -> int:
     """Write precomputed vectors where the row is still NULL and its text unchanged (R-21)."""
-    column = TABLES[table]
-    stmt = text(f"UPDATE {table} SET embedding = :blob WHERE id = :id AND embedding IS NULL AND {column} = :body")
-    return sum(conn.execute(stmt, {"id": i, "body": b, "blob": v}).rowcount or 0 for i, b, v in vectors)
+    rows = _REPOSITORIES[table](conn)
+    return sum(rows.set_embedding_if_unchanged(i, b, v) for i, b, v in vectors)
 
 
 def second_pass(app: App, agent_id: str, table: str, budget: int) -> int:
@@ -123,9 +120,7 @@ def second_pass(app: App, agent_id: str, table: str, budget: int) -> int:
 
 
 def _mismatch_counts(ctx: Ctx, dim: int) -> dict[str, int]:
-    where, params = ctx.where()
-    return {t: int(ctx.scalar(f"SELECT COUNT(*) FROM {t} WHERE {where} AND embedding IS NOT NULL "
-                              f"AND length(embedding) != :w", w=dim * 4, **params)) for t in TABLES}
+    return {t: probes.wrong_width_count(ctx.conn, t, ctx.agent_id, dim * 4) for t in TABLES}
 
 
 def detect_dimension(ctx: Ctx) -> list[Issue]:
@@ -141,10 +136,8 @@ def detect_dimension(ctx: Ctx) -> list[Issue]:
 
 
 def repair_dimension(ctx: Ctx, issues: list[Issue]) -> None:
-    where, params = ctx.where()
     for table in TABLES:
-        if ctx.run(f"UPDATE {table} SET embedding = NULL WHERE {where} AND embedding IS NOT NULL "
-                   f"AND length(embedding) != :w", w=ctx.prep.dimension * 4, **params):
+        if probes.clear_wrong_width(ctx.conn, table, ctx.agent_id, ctx.prep.dimension * 4):
             ctx.nulled.add(table)
 
 
@@ -152,12 +145,10 @@ def repair_dimension(ctx: Ctx, issues: list[Issue]) -> None:
 
 
 def nonfinite_ids(ctx: Ctx, table: str) -> list[int]:
-    where, params = ctx.where()
     found: list[int] = []
     after = 0
     while True:
-        rows = ctx.rows(f"SELECT id, embedding FROM {table} WHERE {where} AND embedding IS NOT NULL "
-                        f"AND id > :after ORDER BY id LIMIT {PAGE}", after=after, **params)
+        rows = probes.vector_page(ctx.conn, table, ctx.agent_id, after, PAGE)
         if not rows:
             return found
         after = rows[-1].id
@@ -178,10 +169,7 @@ def detect_nonfinite(ctx: Ctx) -> list[Issue]:
 
 def repair_nonfinite(ctx: Ctx, issues: list[Issue]) -> None:
     for issue in issues:
-        ids = nonfinite_ids(ctx, issue["table"])
-        for start in range(0, len(ids), CHUNK):
-            marks = ", ".join(str(i) for i in ids[start:start + CHUNK])
-            ctx.run(f"UPDATE {issue['table']} SET embedding = NULL WHERE id IN ({marks})")
+        probes.clear_vectors(ctx.conn, issue["table"], nonfinite_ids(ctx, issue["table"]))
         ctx.nulled.add(issue["table"])
 
 
@@ -231,29 +219,19 @@ def detect_backend(ctx: Ctx) -> list[Issue]:
 # -- 8: embedding_model (report-only) -------------------------------------------------------------
 
 
-def _label_columns(ctx: Ctx) -> list[str]:
-    inspector = inspect(ctx.conn)
-    return [t for t in TABLES if any(c["name"] == "embedding_model" for c in inspector.get_columns(t))]
-
-
 def detect_model(ctx: Ctx) -> list[Issue]:
     embedder = ctx.app.embedder
     mode = ctx.settings.embedding_model_mode
     current = getattr(embedder, "model_label", "") if embedder is not None else ""
-    tables = _label_columns(ctx)
+    tables = probes.labelled_tables(ctx.conn)
     # R-20: nothing to compare without labels on the rows or a known current identity.
     if mode == "off" or not current or not tables:
         return []
     accepted = {current, getattr(embedder, "model", "")} - {""}
-    where, params = ctx.where()
     counts: dict[str, int] = {"memories": 0, "episodes": 0}
     labels: dict[str, int] = {}
-    marks = ", ".join(f":a{i}" for i in range(len(accepted)))
-    bind = {f"a{i}": v for i, v in enumerate(sorted(accepted))}
     for table in tables:
-        for r in ctx.rows(f"SELECT embedding_model AS label, COUNT(*) AS n FROM {table} WHERE {where} "
-                          f"AND embedding IS NOT NULL AND embedding_model != '' AND embedding_model NOT IN ({marks}) "
-                          f"GROUP BY embedding_model", **params, **bind):
+        for r in probes.foreign_labels(ctx.conn, table, ctx.agent_id, accepted):
             counts[table] += r.n
             labels[r.label] = labels.get(r.label, 0) + r.n
     total = sum(counts.values())
@@ -274,9 +252,7 @@ def detect_model(ctx: Ctx) -> list[Issue]:
 
 def _null_check(name: str, table: str) -> Check:
     def detect(ctx: Ctx) -> list[Issue]:
-        where, params = ctx.where()
-        row = ctx.rows(f"SELECT COUNT(*) AS total, COALESCE({dialect.count_if('embedding IS NULL')}, 0) AS nulls "
-                       f"FROM {table} WHERE {where}", **params)[0]
+        row = probes.null_vector_counts(ctx.conn, table, ctx.agent_id)
         count = int(row.nulls)
         if not count:
             return []

@@ -14,26 +14,11 @@ from cpersona.services.health.content import delete_unlocked
 from cpersona.services.health.registry import Check, Ctx, Issue
 from cpersona.services.sanitize import CANONICAL_TYPES, normalize_source
 from cpersona.services.timestamps import instant_seconds
-from cpersona.storage import dialect
+from cpersona.storage import health_probes as probes
 
-PAGE = 1000
 STALE_TASK_AGE = timedelta(hours=1)
 _OFFSET = re.compile(r"[+-]\d{2}:?\d{2}$")
 
-
-
-def sentinel_sql(conn: Any) -> str:
-    """The anonymous User sentinel (R-41, DC-5): type User, empty id and name, nothing else."""
-    j = dialect.JsonSql(conn)
-    return (f"({j.valid('source')} AND {j.type_is('source', 'object')} "
-            f"AND {j.text_at('source', 'type')} = 'User' AND {j.text_at('source', 'id')} = '' "
-            f"AND {j.text_at('source', 'name')} = '' AND {j.key_count('source')} = 3)")
-
-
-def unattributed_sql(conn: Any) -> str:
-    j = dialect.JsonSql(conn)
-    return (f"({j.valid('source')} AND ({j.type_is('source', 'null')} OR ({j.type_is('source', 'object')} "
-            f"AND {j.key_count('source')} = 0)))")
 
 
 def canonical_utc(stamp: str | None) -> str | None:
@@ -53,17 +38,6 @@ def _ahead(ctx: Ctx, stamp: str | None) -> bool:
     return seconds is not None and seconds > _boundary(ctx)
 
 
-def _paged(ctx: Ctx, sql: str, **params: Any) -> Any:
-    """Rows of ``sql`` (which must select id and filter ``id > :after``) a page at a time."""
-    after = 0
-    while True:
-        rows = ctx.rows(f"{sql} ORDER BY id LIMIT {PAGE}", after=after, **params)
-        if not rows:
-            return
-        yield from rows
-        after = rows[-1].id
-
-
 # -- 16: axis_hygiene ---------------------------------------------------------------------------
 
 
@@ -73,10 +47,8 @@ def bucket_key(project_id: str) -> str:
 
 
 def detect_axis(ctx: Ctx) -> list[Issue]:
-    where, params = ctx.where()
     groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for r in ctx.rows(f"SELECT project_id, COUNT(*) AS n FROM memories WHERE {where} AND project_id != '' "
-                      f"GROUP BY project_id ORDER BY n DESC, project_id", **params):
+    for r in probes.project_counts(ctx.conn, ctx.agent_id):
         key = bucket_key(r.project_id)
         if key:
             groups[key].append({"project_id": r.project_id, "count": r.n})
@@ -107,28 +79,16 @@ def reencode_json(raw: str | None) -> str:
 
 
 def detect_json(ctx: Ctx) -> list[Issue]:
-    where, params = ctx.where()
-    j = dialect.JsonSql(ctx.conn)
-    bad_source, bad_metadata = f"NOT {j.valid('source')}", f"NOT {j.valid('metadata')}"
-    r = ctx.rows(f"SELECT COALESCE({dialect.count_if(bad_source)}, 0) AS s, "
-                 f"COALESCE({dialect.count_if(bad_metadata)}, 0) AS m, "
-                 f"COALESCE({dialect.count_if(f'locked = 0 AND ({bad_source} OR {bad_metadata})')}, 0) AS u "
-                 f"FROM memories WHERE {where}", **params)[0]
+    r = probes.invalid_json_counts(ctx.conn, ctx.agent_id)
     if not (r.s or r.m):
         return []
     return [{"type": "invalid_json", "bad_source": int(r.s), "bad_metadata": int(r.m), "repairable": int(r.u)}]
 
 
 def repair_json(ctx: Ctx, issues: list[Issue]) -> None:
-    where, params = ctx.where()
-    j = dialect.JsonSql(ctx.conn)
-    rows = ctx.rows(f"SELECT id, source, metadata, {j.valid('source')} AS vs, {j.valid('metadata')} AS vm "
-                    f"FROM memories WHERE {where} AND locked = 0 "
-                    f"AND (NOT {j.valid('source')} OR NOT {j.valid('metadata')})", **params)
-    for r in rows:
-        ctx.run("UPDATE memories SET source = :s, metadata = :m WHERE id = :i AND locked = 0",
-                s=r.source if r.vs else reencode_json(r.source), m=r.metadata if r.vm else reencode_json(r.metadata),
-                i=r.id)
+    for r in probes.invalid_json_rows(ctx.conn, ctx.agent_id):
+        probes.set_source_and_metadata(ctx.conn, r.id, r.source if r.vs else reencode_json(r.source),
+                                       r.metadata if r.vm else reencode_json(r.metadata))
 
 
 # -- 18, 19: memory timestamps ------------------------------------------------------------------
@@ -142,14 +102,12 @@ def _iso(stamp: str) -> datetime | None:
 
 
 def _sqlite_reads(ctx: Ctx, stamp: str) -> bool:
-    return bool(ctx.scalar(f"SELECT {dialect.instant(ctx.conn, ':s')} IS NOT NULL", s=stamp))
+    return probes.engine_reads_instant(ctx.conn, stamp)
 
 
 def _invalid_rows(ctx: Ctx) -> list[Any]:
-    where, params = ctx.where()
     out = []
-    for r in _paged(ctx, f"SELECT id, timestamp, created_at, locked, {dialect.instant(ctx.conn, 'timestamp')} IS NOT NULL AS sq "
-                         f"FROM memories WHERE {where} AND id > :after AND timestamp != ''", **params):
+    for r in probes.checked_memory_stamps(ctx.conn, ctx.agent_id):
         if not r.sq:
             out.append(r)
         elif _iso(r.timestamp) is None and not _ahead(ctx, r.timestamp):
@@ -178,13 +136,11 @@ def repair_invalid_ts(ctx: Ctx, issues: list[Issue]) -> None:
     for r in _invalid_rows(ctx):
         new = None if r.locked else _respelled(ctx, r)
         if new is not None:
-            ctx.run("UPDATE memories SET timestamp = :t WHERE id = :i AND locked = 0", t=new, i=r.id)
+            probes.set_memory_timestamp(ctx.conn, r.id, new)
 
 
 def _future_rows(ctx: Ctx) -> list[Any]:
-    where, params = ctx.where()
-    return [r for r in _paged(ctx, f"SELECT id, timestamp, created_at, locked FROM memories WHERE {where} "
-                                   f"AND id > :after AND timestamp != ''", **params) if _ahead(ctx, r.timestamp)]
+    return [r for r in probes.memory_stamps(ctx.conn, ctx.agent_id) if _ahead(ctx, r.timestamp)]
 
 
 def _future_fix(ctx: Ctx, created_at: str) -> str | None:
@@ -203,16 +159,14 @@ def repair_future(ctx: Ctx, issues: list[Issue]) -> None:
     for r in _future_rows(ctx):
         new = None if r.locked else _future_fix(ctx, r.created_at)
         if new:
-            ctx.run("UPDATE memories SET timestamp = :t WHERE id = :i AND locked = 0", t=new, i=r.id)
+            probes.set_memory_timestamp(ctx.conn, r.id, new)
 
 
 # -- 20: missing_episode_start_time ---------------------------------------------------------------
 
 
 def _missing_start(ctx: Ctx) -> list[Any]:
-    where, params = ctx.where()
-    return ctx.rows(f"SELECT id, created_at FROM episodes WHERE {where} AND (start_time IS NULL OR start_time = '')",
-                    **params)
+    return probes.episodes_without_start(ctx.conn, ctx.agent_id)
 
 
 def detect_missing_start(ctx: Ctx) -> list[Issue]:
@@ -227,7 +181,7 @@ def detect_missing_start(ctx: Ctx) -> list[Issue]:
 def repair_missing_start(ctx: Ctx, issues: list[Issue]) -> None:
     for r in _missing_start(ctx):
         if stamp := canonical_utc(r.created_at):
-            ctx.run("UPDATE episodes SET start_time = :t WHERE id = :i", t=stamp, i=r.id)
+            probes.set_episode_stamp(ctx.conn, r.id, "start_time", stamp)
 
 
 # -- 21, 22: format drift -----------------------------------------------------------------------
@@ -250,9 +204,7 @@ def to_utc(stamp: str) -> str | None:
 
 
 def _memory_stamps(ctx: Ctx) -> list[Any]:
-    where, params = ctx.where()
-    return list(_paged(ctx, f"SELECT id, timestamp, locked FROM memories WHERE {where} AND id > :after "
-                            f"AND timestamp != ''", **params))
+    return list(probes.memory_stamps(ctx.conn, ctx.agent_id))
 
 
 def _classes(stamps: list[str]) -> dict[str, int]:
@@ -286,17 +238,15 @@ def repair_memory_drift(ctx: Ctx, issues: list[Issue]) -> None:
     written = 0
     for r in _memory_stamps(ctx):
         if stamp_class(r.timestamp) == "aware" and not r.locked and (utc := to_utc(r.timestamp)):
-            written += ctx.run("UPDATE memories SET timestamp = :t WHERE id = :i AND locked = 0", t=utc, i=r.id)
+            written += probes.set_memory_timestamp(ctx.conn, r.id, utc)
     for issue in issues:
         issue["normalized"] = written
 
 
 def _episode_values(ctx: Ctx) -> list[tuple[int, str, str, str | None]]:
     """(episode id, column, value, replacement or None) for every non-empty start/end value."""
-    where, params = ctx.where()
     out = []
-    for r in _paged(ctx, f"SELECT id, start_time, end_time, created_at FROM episodes WHERE {where} "
-                         f"AND id > :after", **params):
+    for r in probes.episode_stamps(ctx.conn, ctx.agent_id):
         for column in ("start_time", "end_time"):
             value = getattr(r, column)
             if not value:
@@ -330,7 +280,7 @@ def repair_episode_drift(ctx: Ctx, issues: list[Issue]) -> None:
     written = 0
     for row_id, column, _, fix in _episode_values(ctx):
         if fix is not None:
-            written += ctx.run(f"UPDATE episodes SET {column} = :t WHERE id = :i", t=fix, i=row_id)
+            written += probes.set_episode_stamp(ctx.conn, row_id, column, fix)
     for issue in issues:
         issue["normalized"] = written
 
@@ -339,9 +289,7 @@ def repair_episode_drift(ctx: Ctx, issues: list[Issue]) -> None:
 
 
 def _future_episodes(ctx: Ctx) -> list[Any]:
-    where, params = ctx.where()
-    return [r for r in _paged(ctx, f"SELECT id, start_time, end_time, created_at FROM episodes WHERE {where} "
-                                   f"AND id > :after", **params)
+    return [r for r in probes.episode_stamps(ctx.conn, ctx.agent_id)
             if _ahead(ctx, r.start_time) or _ahead(ctx, r.end_time)]
 
 
@@ -360,67 +308,45 @@ def repair_future_episode(ctx: Ctx, issues: list[Issue]) -> None:
             continue
         for column in ("start_time", "end_time"):
             if _ahead(ctx, getattr(r, column)):
-                ctx.run(f"UPDATE episodes SET {column} = :t WHERE id = :i", t=stamp, i=r.id)
+                probes.set_episode_stamp(ctx.conn, r.id, column, stamp)
 
 
 # -- 24: stale_pending_tasks ----------------------------------------------------------------------
 
 
-def _stale_where(ctx: Ctx) -> tuple[str, dict[str, Any]]:
-    where, params = ctx.where()
-    cutoff = (ctx.now - STALE_TASK_AGE).astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
-    older = f"{dialect.instant(ctx.conn, 'created_at')} < {dialect.instant(ctx.conn, ':cutoff')}"
-    return f"{where} AND {older}", {**params, "cutoff": cutoff}
+def _stale_cutoff(ctx: Ctx) -> str:
+    return (ctx.now - STALE_TASK_AGE).astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
 
 
 def detect_stale_tasks(ctx: Ctx) -> list[Issue]:
-    where, params = _stale_where(ctx)
-    count = int(ctx.scalar(f"SELECT COUNT(*) FROM pending_memory_tasks WHERE {where}", **params))
+    count = probes.tasks_older_than(ctx.conn, ctx.agent_id, _stale_cutoff(ctx))
     return [{"type": "stale_pending_tasks", "count": count, "repairable": count}] if count else []
 
 
 def repair_stale_tasks(ctx: Ctx, issues: list[Issue]) -> None:
-    where, params = _stale_where(ctx)
-    ctx.run(f"DELETE FROM pending_memory_tasks WHERE {where}", **params)
+    probes.delete_tasks_older_than(ctx.conn, ctx.agent_id, _stale_cutoff(ctx))
 
 
 # -- 25: missing_profile --------------------------------------------------------------------------
 
 
 def detect_missing_profile(ctx: Ctx) -> list[Issue]:
-    where, params = ctx.where("m")
-    agents = [r.agent_id for r in ctx.rows(
-        f"SELECT DISTINCT m.agent_id FROM memories m WHERE {where} AND NOT EXISTS "
-        f"(SELECT 1 FROM profiles p WHERE p.agent_id = m.agent_id) ORDER BY m.agent_id", **params)]
+    agents = probes.agents_without_profile(ctx.conn, ctx.agent_id)
     return [{"type": "missing_profile", "count": len(agents), "agents": agents}] if agents else []
 
 
 # -- 26: empty_content ----------------------------------------------------------------------------
 
-_BLANK = "trim(content, :blank_chars) = ''"
-
-
 def detect_empty(ctx: Ctx) -> list[Issue]:
-    where, params = ctx.where()
-    r = ctx.rows(f"SELECT COUNT(*) AS n, COALESCE({dialect.count_if('locked = 0')}, 0) AS u FROM memories "
-                 f"WHERE {where} AND {_BLANK}", blank_chars=dialect.BLANK_CHARS, **params)[0]
+    r = probes.blank_counts(ctx.conn, ctx.agent_id)
     return [{"type": "empty_content", "count": r.n, "repairable": int(r.u)}] if r.n else []
 
 
 def repair_empty(ctx: Ctx, issues: list[Issue]) -> None:
-    where, params = ctx.where()
-    delete_unlocked(ctx, [r.id for r in ctx.rows(f"SELECT id FROM memories WHERE {where} AND locked = 0 AND {_BLANK}",
-                                                 blank_chars=dialect.BLANK_CHARS, **params)])
+    delete_unlocked(ctx, probes.blank_unlocked_ids(ctx.conn, ctx.agent_id))
 
 
 # -- 27: invalid_source_type ----------------------------------------------------------------------
-
-
-def _bad_type_sql(conn: Any) -> str:
-    j = dialect.JsonSql(conn)
-    return (f"{j.valid('source')} AND NOT {unattributed_sql(conn)} "
-            f"AND (NOT {j.type_is('source', 'object')} OR {j.type_is_not('source', 'text', 'type')} "
-            f"OR {j.text_at('source', 'type')} NOT IN ('User', 'Agent', 'System'))")
 
 
 def mapped_source(raw: str) -> str | None:
@@ -436,18 +362,11 @@ def mapped_source(raw: str) -> str | None:
 
 
 def _offenders(ctx: Ctx, *, unlocked: bool, limit: int | None = None) -> list[Any]:
-    where, params = ctx.where()
-    lock = " AND locked = 0" if unlocked else ""
-    tail = f" ORDER BY id LIMIT {int(limit)}" if limit is not None else ""
-    return ctx.rows(f"SELECT id, source FROM memories WHERE {where}{lock} AND {_bad_type_sql(ctx.conn)}{tail}",
-                    **params)
+    return probes.bad_source_rows(ctx.conn, ctx.agent_id, unlocked=unlocked, limit=limit)
 
 
 def _count_offenders(ctx: Ctx, *, unlocked: bool) -> int:
-    where, params = ctx.where()
-    lock = " AND locked = 0" if unlocked else ""
-    return int(ctx.scalar(f"SELECT COUNT(*) FROM memories WHERE {where}{lock} AND {_bad_type_sql(ctx.conn)}",
-                          **params))
+    return probes.bad_source_count(ctx.conn, ctx.agent_id, unlocked=unlocked)
 
 
 def detect_source_type(ctx: Ctx) -> list[Issue]:
@@ -475,7 +394,7 @@ def repair_source_type(ctx: Ctx, issues: list[Issue]) -> None:
         if shaped is None:
             unmapped += 1
         else:
-            mapped += ctx.run("UPDATE memories SET source = :s WHERE id = :i AND locked = 0", s=shaped, i=r.id)
+            mapped += probes.set_source(ctx.conn, r.id, shaped)
     total = _count_offenders(ctx, unlocked=False)
     remaining = _count_offenders(ctx, unlocked=True)
     locked = total - remaining
@@ -496,26 +415,20 @@ def repair_source_type(ctx: Ctx, issues: list[Issue]) -> None:
 
 
 def detect_oversized_profile(ctx: Ctx) -> list[Issue]:
-    where, params = ctx.where()
     cap = int(ctx.settings.max_profile_length)
-    n = int(ctx.scalar(f"SELECT COUNT(*) FROM profiles WHERE {where} AND length(content) > :cap", cap=cap, **params))
+    n = probes.oversized_profile_count(ctx.conn, ctx.agent_id, cap)
     return [{"type": "oversized_profile", "count": n, "max_len": cap, "repairable": n}] if n else []
 
 
 def repair_oversized_profile(ctx: Ctx, issues: list[Issue]) -> None:
-    where, params = ctx.where()
-    ctx.run(f"UPDATE profiles SET content = substr(content, 1, :cap) WHERE {where} AND length(content) > :cap",
-            cap=int(ctx.settings.max_profile_length), **params)
+    probes.truncate_profiles(ctx.conn, ctx.agent_id, int(ctx.settings.max_profile_length))
 
 
 # -- 29: anonymous_source -------------------------------------------------------------------------
 
 
 def detect_anonymous(ctx: Ctx) -> list[Issue]:
-    where, params = ctx.where()
-    r = ctx.rows(f"SELECT COALESCE({dialect.count_if(sentinel_sql(ctx.conn))}, 0) AS s, "
-                 f"COALESCE({dialect.count_if(unattributed_sql(ctx.conn))}, 0) AS u "
-                 f"FROM memories WHERE {where}", **params)[0]
+    r = probes.anonymous_counts(ctx.conn, ctx.agent_id)
     sentinel, unattributed = int(r.s), int(r.u)
     if not (sentinel or unattributed):
         return []

@@ -16,7 +16,8 @@ from typing import Any
 from sqlalchemy.exc import DBAPIError
 
 from cpersona.services.health.registry import Check, Ctx, Issue, has_object
-from cpersona.storage.engine import sqlite_module
+from cpersona.storage import health_probes as probes
+from cpersona.storage.foreign import schema_version
 from cpersona.storage.migrate import REFERENCE_VERSION, _script
 
 FTS = {"memories_fts": "memories", "episodes_fts": "episodes"}
@@ -48,56 +49,13 @@ def _sqlite(ctx: Ctx) -> bool:
 # -- 11: fts_integrity --------------------------------------------------------------------------
 
 
-def _integrity_statements(fts: str) -> tuple[str, str]:
-    return (f"INSERT INTO {fts} ({fts}, rank) VALUES ('integrity-check', 1)",
-            f"INSERT INTO {fts} ({fts}) VALUES ('integrity-check')")
-
-
-def _verify_on(execute: Any, fts: str) -> bool:
-    """True when the index verifies; a structural check stands in where the content form fails to run."""
-    full, structural = _integrity_statements(fts)
-    try:
-        execute(full)
-        return True
-    except Exception as exc:  # noqa: BLE001 — the message tells corruption from "unsupported"
-        message = str(exc).lower()
-        if "corrupt" in message or "malformed" in message:
-            return False
-        if "readonly" in message:
-            # A read-only open (the report-only checkup, CLI-3) cannot run the command at all:
-            # unavailable, so skipped (R-23) rather than read as a damaged index.
-            return True
-    try:
-        execute(structural)
-    except Exception:  # noqa: BLE001
-        return False
-    return True
-
-
-def _verify_report(ctx: Ctx, fts: str) -> bool:
-    # H-13: the statement opens an implicit write transaction; on its own autocommit
-    # connection it ends with the statement instead of holding the lock for the run.
-    raw = ctx.app.db.engine.raw_connection()
-    try:
-        return _verify_on(lambda sql: raw.driver_connection.execute(sql), fts)
-    finally:
-        raw.close()
-
-
-def _verify_fix(ctx: Ctx, fts: str) -> bool:
-    def execute(sql: str) -> None:
-        with ctx.conn.begin_nested():
-            ctx.conn.exec_driver_sql(sql)
-    return _verify_on(execute, fts)
-
-
 def detect_fts(ctx: Ctx) -> list[Issue]:
     if not ctx.settings.fts_enabled or not _sqlite(ctx):
         return []
     issues = []
     for fts, table in (*FTS.items(), *WORD_FTS.items()):
         if has_object(ctx.conn, "table", fts):
-            ok = _verify_fix(ctx, fts) if ctx.fix else _verify_report(ctx, fts)
+            ok = probes.fts_verifies(ctx.conn, fts) if ctx.fix else probes.fts_verifies_alone(ctx.app.db.engine, fts)
             if ok:
                 continue
         issue = {"type": "fts_integrity_failure", "table": table, "severity": "critical", "repairable": 1}
@@ -114,10 +72,8 @@ def repair_fts(ctx: Ctx, issues: list[Issue]) -> None:
     for issue in issues:
         fts = issue.get("index") or f"{issue['table']}_fts"
         try:
-            with ctx.conn.begin_nested():
-                ctx.conn.exec_driver_sql(ddl[fts])
-                ctx.conn.exec_driver_sql(f"INSERT INTO {fts} ({fts}) VALUES ('rebuild')")
-            issue["fixed"] = _verify_fix(ctx, fts)
+            probes.rebuild_fts(ctx.conn, fts, ddl[fts])
+            issue["fixed"] = probes.fts_verifies(ctx.conn, fts)
         except DBAPIError as exc:
             issue["fixed"], issue["fix_error"] = False, str(exc.orig)
 
@@ -127,7 +83,7 @@ def repair_fts(ctx: Ctx, issues: list[Issue]) -> None:
 
 def detect_schema_version(ctx: Ctx) -> list[Issue]:
     # R-24: an unreadable version raises (the runner reports check_crashed), never reads as current.
-    version = ctx.scalar("SELECT MAX(version) FROM schema_version")
+    version = schema_version(ctx.conn)
     if version is None or int(version) != REFERENCE_VERSION:
         return [{"type": "schema_version_mismatch", "db_version": version, "expected": REFERENCE_VERSION}]
     return []
@@ -147,15 +103,11 @@ def detect_msg_id_index(ctx: Ctx) -> list[Issue]:
 def repair_msg_id_index(ctx: Ctx, issues: list[Issue]) -> None:
     # R-25, every agent: keep the msg_id of the highest-id locked row (else the highest id)
     # and blank it on the other unlocked rows of the group. No row is deleted.
-    ctx.run(
-        "UPDATE memories SET msg_id = '' WHERE locked = 0 AND msg_id != '' AND id != ("
-        " SELECT k.id FROM memories k WHERE k.agent_id = memories.agent_id AND k.project_id = memories.project_id"
-        " AND k.msg_id = memories.msg_id ORDER BY k.locked DESC, k.id DESC LIMIT 1)")
+    probes.blank_colliding_msg_ids(ctx.conn)
     statement = next(s for s in _canonical_statements().values() if s.name == MSG_ID_INDEX).sql
     for issue in issues:
         try:
-            with ctx.conn.begin_nested():
-                ctx.conn.exec_driver_sql(statement)
+            probes.create_object(ctx.conn, statement)
             issue["fixed"] = True
         except DBAPIError as exc:
             issue["fixed"], issue["fix_error"] = False, f"locked rows still collide on msg_id: {exc.orig}"
@@ -269,7 +221,7 @@ def expected_objects(ctx: Ctx) -> list[Canonical]:
 def _drift(ctx: Ctx) -> list[tuple[Canonical, str, str | None]]:
     out = []
     for obj in expected_objects(ctx):
-        stored = ctx.scalar("SELECT sql FROM sqlite_master WHERE type = :k AND name = :n", k=obj.kind, n=obj.name)
+        stored = probes.stored_definition(ctx.conn, obj.kind, obj.name)
         if stored is None:
             out.append((obj, "missing", None))
         elif canonical_form(stored) != canonical_form(obj.sql):
@@ -284,18 +236,6 @@ def detect_schema_objects(ctx: Ctx) -> list[Issue]:
              "severity": obj.severity, "repairable": 1} for obj, state, _ in _drift(ctx)]
 
 
-def _duplicate_groups(ctx: Ctx, obj: Canonical) -> int:
-    if obj.name == "idx_memories_dedup_content":
-        sql = ("SELECT COUNT(*) FROM (SELECT 1 FROM memories GROUP BY agent_id, project_id, channel, content "
-               "HAVING COUNT(*) > 1)")
-    elif obj.name == MSG_ID_INDEX:
-        sql = ("SELECT COUNT(*) FROM (SELECT 1 FROM memories WHERE msg_id != '' "
-               "GROUP BY agent_id, project_id, msg_id HAVING COUNT(*) > 1)")
-    else:
-        return 0
-    return int(ctx.scalar(sql))
-
-
 def repair_schema_objects(ctx: Ctx, issues: list[Issue]) -> None:
     drifted = {obj.name: (obj, stored) for obj, _, stored in _drift(ctx)}
     for issue in issues:
@@ -303,16 +243,13 @@ def repair_schema_objects(ctx: Ctx, issues: list[Issue]) -> None:
         if obj is None:
             issue["fixed"] = True  # repaired earlier in this run (dedup_msg_id_index)
             continue
-        if obj.unique and (groups := _duplicate_groups(ctx, obj)):
+        if obj.unique and (groups := probes.duplicate_groups(ctx.conn, obj.name)):
             issue["fixed"] = False
             issue["fix_error"] = (f"{groups} duplicate group(s) across all agents would violate {obj.name}; "
                                   "resolve them (duplicate_content / dedup_msg_id_index) first")
             continue
         try:
-            with ctx.conn.begin_nested():
-                if stored is not None:
-                    ctx.conn.exec_driver_sql(f"DROP {obj.kind.upper()} IF EXISTS {obj.name}")
-                ctx.conn.exec_driver_sql(obj.sql)
+            probes.create_object(ctx.conn, obj.sql, replacing=None if stored is None else (obj.kind, obj.name))
             issue["fixed"] = True
         except DBAPIError as exc:
             # The savepoint undid the drop too, so the previous definition is back in place.
@@ -324,20 +261,11 @@ def repair_schema_objects(ctx: Ctx, issues: list[Issue]) -> None:
 # -- 15: sqlite_integrity -----------------------------------------------------------------------
 
 
-def _quick_check_fresh(path: Any) -> list[str]:
-    module = sqlite_module()
-    conn = module.connect(f"file:{path}?mode=ro", uri=True)
-    try:
-        return [str(r[0]) for r in conn.execute("PRAGMA quick_check").fetchall()]
-    finally:
-        conn.close()
-
-
 def detect_sqlite_integrity(ctx: Ctx) -> list[Issue]:
     if not _sqlite(ctx):
         return []
     try:
-        messages = [str(r[0]) for r in ctx.rows("PRAGMA quick_check")]
+        messages = probes.quick_check(ctx.conn)
     except DBAPIError as exc:
         messages = [str(exc.orig)]
     if messages == ["ok"]:
@@ -345,7 +273,7 @@ def detect_sqlite_integrity(ctx: Ctx) -> list[Issue]:
     # R-27: rule out a stale structure cache of this connection before reporting damage.
     if ctx.app.db.path is not None:
         try:
-            messages = _quick_check_fresh(ctx.app.db.path)
+            messages = probes.quick_check_file(ctx.app.db.path)
         except Exception as exc:  # noqa: BLE001 — an unreadable file is the finding itself
             messages = [str(exc)]
         if messages == ["ok"]:

@@ -17,11 +17,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, text
+from sqlalchemy import Connection
 
 from cpersona.services.app import App
 from cpersona.storage import dialect
-from cpersona.storage.scope import Scope, sql_fragment
 from cpersona.storage import errors as storage_errors
 
 log = logging.getLogger(__name__)
@@ -87,19 +86,6 @@ class Ctx:
     @property
     def scoped(self) -> bool:
         return self.agent_id != ""
-
-    def where(self, alias: str = "") -> tuple[str, dict[str, Any]]:
-        """The agent predicate (isolation module) for agent-scoped data."""
-        return sql_fragment(Scope(agent_id=self.agent_id if self.scoped else None), alias)
-
-    def rows(self, sql: str, **params: Any) -> list[Any]:
-        return list(self.conn.execute(text(sql), params))
-
-    def scalar(self, sql: str, **params: Any) -> Any:
-        return self.conn.execute(text(sql), params).scalar()
-
-    def run(self, sql: str, **params: Any) -> int:
-        return self.conn.execute(text(sql), params).rowcount
 
     def has_table(self, name: str) -> bool:
         return has_object(self.conn, "table", name)

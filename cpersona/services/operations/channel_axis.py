@@ -27,13 +27,12 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, inspect, select, text
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy import Connection
 
 from cpersona.services.app import App
 from cpersona.services.responses import failure
-from cpersona.storage.models import Memory
-from cpersona.storage.scope import Scope, predicates
+from cpersona.storage.repositories.channel_move import BridgeDeclarations, bridge_pages, rechannel
+from cpersona.storage.scope import Scope
 
 BRIDGE_CHANNEL = "discord"
 SAMPLE_LIMIT = 5  # MC-5
@@ -155,18 +154,8 @@ def migrate_channel_axis(
 
 def _pages(conn: Connection, scope: Scope) -> Iterator[list[_Row]]:
     """The scope's ``discord`` rows in id order, a page at a time (bounded memory)."""
-    last = 0
-    while True:
-        page = conn.execute(
-            select(Memory.id, Memory.agent_id, Memory.project_id, Memory.metadata_)
-            .where(predicates(Memory, scope), Memory.channel == BRIDGE_CHANNEL, Memory.id > last)
-            .order_by(Memory.id)
-            .limit(PAGE_SIZE)
-        ).all()
-        if not page:
-            return
+    for page in bridge_pages(conn, scope, BRIDGE_CHANNEL, PAGE_SIZE):
         yield [classify(r.id, r.agent_id, r.project_id, r.metadata) for r in page]
-        last = page[-1].id
 
 
 def _rechannel(conn: Connection, ids: Sequence[int], channel: str) -> list[int]:
@@ -175,29 +164,7 @@ def _rechannel(conn: Connection, ids: Sequence[int], channel: str) -> list[int]:
     A row whose target bucket already holds the same text keeps its place
     (the dedup index forbids the move; it is skipped, not failed: MC-3).
     """
-    if not ids:
-        return []
-    params = {"channel": channel, "ids": list(ids), "bridge": BRIDGE_CHANNEL}
-    if conn.dialect.name == "sqlite":
-        # One statement per page and channel; OR IGNORE skips exactly the clashing rows.
-        conn.execute(text("UPDATE OR IGNORE memories SET channel = :channel "
-                          "WHERE id IN :ids AND channel = :bridge").bindparams(bindparam("ids", expanding=True)),
-                     params)
-        return list(conn.execute(text("SELECT id FROM memories WHERE id IN :ids AND channel = :channel ORDER BY id")
-                                 .bindparams(bindparam("ids", expanding=True)), params).scalars())
-    moved: list[int] = []
-    for row_id in ids:  # elsewhere: a savepoint per row turns a clash into a skip
-        try:
-            with conn.begin_nested():
-                changed = conn.execute(
-                    text("UPDATE memories SET channel = :channel WHERE id = :id AND channel = :bridge"),
-                    {"channel": channel, "id": row_id, "bridge": BRIDGE_CHANNEL},
-                ).rowcount
-        except IntegrityError:
-            changed = 0
-        if changed:
-            moved.append(row_id)
-    return moved
+    return rechannel(conn, ids, channel, BRIDGE_CHANNEL)
 
 
 def _move_recoverable(conn: Connection, page: list[_Row]) -> list[tuple[_Row, str]]:
@@ -230,14 +197,13 @@ class _Declarations:
     """
 
     def __init__(self, conn: Connection, now: str) -> None:
-        self.conn = conn
+        self.rows = BridgeDeclarations(conn, BRIDGE_CHANNEL)
         self.now = now
         self._copies: dict[tuple[int, str], int] = {}  # (bridge entity id, channel) → copy id
 
     @classmethod
     def of(cls, conn: Connection, app: App) -> _Declarations | None:
-        tables = set(inspect(conn).get_table_names())
-        if not {"entities", "entity_aliases", "entity_mentions", "relations"} <= tables:
+        if not BridgeDeclarations.available(conn):
             return None
         return cls(conn, app.now_iso())
 
@@ -248,30 +214,17 @@ class _Declarations:
             touched |= self._carry_mentions(row, channel, ref)
             touched |= self._carry_relations(row, channel, ref)
         for entity_id in sorted(touched):
-            self._drop_if_orphaned(entity_id)
+            self.rows.drop_if_orphaned(entity_id)
 
     def _carry_mentions(self, row: _Row, channel: str, ref: str) -> set[int]:
-        mentions = self.conn.execute(text(
-            "SELECT m.entity_id, m.declared_by, m.created_at FROM entity_mentions m "
-            "JOIN entities e ON e.id = m.entity_id "
-            "WHERE m.ref = :ref AND e.agent_id = :agent AND e.project_id = :project AND e.channel = :bridge"),
-            {"ref": ref, "agent": row.agent_id, "project": row.project_id, "bridge": BRIDGE_CHANNEL}).all()
+        mentions = self.rows.mentions_of(ref, row.agent_id, row.project_id)
         for entity_id, declared_by, created_at in mentions:
             copy = self._entity_copy(entity_id, channel)
-            self.conn.execute(text(
-                "INSERT INTO entity_mentions (entity_id, ref, declared_by, created_at) "
-                "VALUES (:entity, :ref, :by, :at) ON CONFLICT DO NOTHING"), {"entity": copy, "ref": ref, "by": declared_by, "at": created_at})
-            self.conn.execute(text("DELETE FROM entity_mentions WHERE entity_id = :entity AND ref = :ref"),
-                              {"entity": entity_id, "ref": ref})
+            self.rows.move_mention(entity_id, copy, ref, declared_by, created_at)
         return {m.entity_id for m in mentions}
 
     def _carry_relations(self, row: _Row, channel: str, ref: str) -> set[int]:
-        relations = self.conn.execute(text(
-            "SELECT * FROM relations WHERE agent_id = :agent AND project_id = :project AND channel = :bridge "
-            "AND ((subject_kind = 'mem' AND subject_id = :id) OR (object_kind = 'mem' AND object_id = :id) "
-            "OR anchor_ref = :ref) ORDER BY id"),
-            {"agent": row.agent_id, "project": row.project_id, "bridge": BRIDGE_CHANNEL, "id": row.id,
-             "ref": ref}).mappings().all()
+        relations = self.rows.relations_about(row.agent_id, row.project_id, row.id, ref)
         touched: set[int] = set()
         for rel in relations:
             values = dict(rel)
@@ -281,48 +234,17 @@ class _Declarations:
                     values[f"{end}_id"] = self._entity_copy(values[f"{end}_id"], channel)
             values["channel"] = channel
             # The same declaration may already exist there: then the original simply goes.
-            self.conn.execute(text(
-                "INSERT INTO relations (agent_id, project_id, channel, subject_kind, subject_id, "
-                "predicate, object_kind, object_id, anchor_ref, declared_by, declared_at) VALUES (:agent_id, "
-                ":project_id, :channel, :subject_kind, :subject_id, :predicate, :object_kind, :object_id, "
-                ":anchor_ref, :declared_by, :declared_at) ON CONFLICT DO NOTHING"), values)
-            self.conn.execute(text("DELETE FROM relations WHERE id = :id"), {"id": rel["id"]})
+            self.rows.replace_relation(rel["id"], values)
         return touched
 
     def _entity_copy(self, entity_id: int, channel: str) -> int:
         key = (entity_id, channel)
         if key in self._copies:
             return self._copies[key]
-        original = self.conn.execute(text("SELECT * FROM entities WHERE id = :id"), {"id": entity_id}).mappings().one()
+        original = self.rows.entity(entity_id)
         if original["channel"] != BRIDGE_CHANNEL:
             self._copies[key] = entity_id  # an entity of another channel (e.g. global) is named as is
             return entity_id
-        found = self.conn.execute(text(
-            "SELECT id FROM entities WHERE agent_id = :agent AND project_id = :project AND channel = :channel "
-            "AND normalized = :normalized"),
-            {"agent": original["agent_id"], "project": original["project_id"], "channel": channel,
-             "normalized": original["normalized"]}).scalar()
-        if found is None:
-            found = self.conn.execute(text(
-                "INSERT INTO entities (agent_id, project_id, channel, name, normalized, declared_by, created_at) "
-                "VALUES (:agent, :project, :channel, :name, :normalized, :by, :at) RETURNING id"),
-                {"agent": original["agent_id"], "project": original["project_id"], "channel": channel,
-                 "name": original["name"], "normalized": original["normalized"],
-                 "by": original["declared_by"], "at": original["created_at"]}).scalar_one()
-        self.conn.execute(text(
-            "INSERT INTO entity_aliases (entity_id, alias, normalized) "
-            "SELECT :copy, alias, normalized FROM entity_aliases WHERE entity_id = :original "
-            "ON CONFLICT DO NOTHING"),
-            {"copy": found, "original": entity_id})
+        found = self.rows.copy_entity(original, channel)
         self._copies[key] = found
         return found
-
-    def _drop_if_orphaned(self, entity_id: int) -> None:
-        still_used = self.conn.execute(text(
-            "SELECT 1 FROM entity_mentions WHERE entity_id = :id UNION ALL "
-            "SELECT 1 FROM relations WHERE (subject_kind = 'entity' AND subject_id = :id) "
-            "OR (object_kind = 'entity' AND object_id = :id) LIMIT 1"), {"id": entity_id}).first()
-        if still_used is None:
-            self.conn.execute(text("DELETE FROM entities WHERE id = :id AND channel = :bridge"),
-                              {"id": entity_id, "bridge": BRIDGE_CHANNEL})
-

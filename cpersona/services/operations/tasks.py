@@ -37,12 +37,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, delete, event, func, insert, select, update
+from sqlalchemy import Connection
 from sqlalchemy.orm import Session
 
 from cpersona.services.app import App
 from cpersona.services.operations.pause import pause_state
-from cpersona.storage.models import PendingMemoryTask
+from cpersona.storage.repositories.tasks import TaskRepository, wake_after_commit
 
 log = logging.getLogger(__name__)
 
@@ -109,43 +109,17 @@ def enqueue(
     The row commits or rolls back with the caller's work. The worker is woken
     only after that commit, so it never looks before the row is visible.
     """
-    conn = session.connection() if isinstance(session, Session) else session
-    task_id = conn.execute(
-        insert(PendingMemoryTask)
-        .values(task_type=task_type, agent_id=agent_id, project_id=project_id,
-                payload=json.dumps(payload, ensure_ascii=False))
-        .returning(PendingMemoryTask.id)
-    ).scalar_one()
+    task_id = TaskRepository(session).add(task_type, agent_id, project_id, json.dumps(payload, ensure_ascii=False))
     queue = app.task_queue
     queue.attribute(task_id, session_key)
-    _wake_after_commit(conn, queue)
+    # The worker is woken after the commit, so it never looks before the row is visible.
+    wake_after_commit(session, queue)
     return task_id
-
-
-_WAKE_KEY = "cpersona.task_queue.wake"
-
-
-def _wake_after_commit(conn: Connection, queue: TaskQueue) -> None:
-    """Wake the worker once this connection goes back to the pool, i.e. after its commit.
-
-    SQLAlchemy's "commit" event fires before the database commits; a worker
-    woken then could look too early, find nothing and go back to sleep.
-    """
-    conn.info[_WAKE_KEY] = queue  # the pooled connection's own dict
-    if not event.contains(conn.engine, "checkin", _on_checkin):
-        event.listen(conn.engine, "checkin", _on_checkin)
-
-
-def _on_checkin(dbapi_connection: Any, record: Any) -> None:
-    queue = record.info.pop(_WAKE_KEY, None) if record is not None else None
-    if queue is not None:
-        queue.wake()
 
 
 def complete_task(session: Session | Connection, task_id: int) -> bool:
     """Delete the task row in the caller's transaction; False when it was already gone."""
-    conn = session.connection() if isinstance(session, Session) else session
-    return conn.execute(delete(PendingMemoryTask).where(PendingMemoryTask.id == task_id)).rowcount == 1
+    return TaskRepository(session).remove(task_id)
 
 
 # -- the tool -----------------------------------------------------------------------------
@@ -157,7 +131,7 @@ def get_queue_status(app: App) -> dict[str, Any]:
     pending = 0
     if settings.task_queue_enabled:
         with app.db.read() as session:
-            pending = session.scalar(select(func.count()).select_from(PendingMemoryTask)) or 0
+            pending = TaskRepository(session).count()
     return {
         "enabled": settings.task_queue_enabled,
         "pending": pending,
@@ -280,9 +254,7 @@ class TaskQueue:
 
     def _head(self) -> Any:
         with self.app.db.read() as session:
-            return session.execute(
-                select(PendingMemoryTask.__table__).order_by(PendingMemoryTask.id).limit(1)
-            ).first()
+            return TaskRepository(session).head()
 
     def _process(self, row: Any) -> str:
         registered = _HANDLERS.get(row.task_type)
@@ -323,25 +295,18 @@ class TaskQueue:
         with self.app.db.write() as session:
             if registered.derived and self._legacy_waiting(session):
                 # Derived work is rebuildable; it must not hold up older, one-off work.
-                new_id = session.execute(
-                    insert(PendingMemoryTask)
-                    .values(task_type=row.task_type, agent_id=row.agent_id, project_id=row.project_id,
-                            payload=row.payload, retries=attempts, created_at=row.created_at)
-                    .returning(PendingMemoryTask.id)
-                ).scalar_one()
-                session.execute(delete(PendingMemoryTask).where(PendingMemoryTask.id == row.id))
+                tasks = TaskRepository(session)
+                new_id = tasks.add(row.task_type, row.agent_id, row.project_id, row.payload,
+                                   retries=attempts, created_at=row.created_at)
+                tasks.remove(row.id)
                 self.attribute(new_id, self._session_of(row.id, forget=True))
                 return _Step.NEXT
-            session.execute(
-                update(PendingMemoryTask).where(PendingMemoryTask.id == row.id).values(retries=attempts)
-            )
+            TaskRepository(session).set_retries(row.id, attempts)
         return _Step.WAIT
 
     def _legacy_waiting(self, session: Session) -> bool:
         derived = [name for name, reg in _HANDLERS.items() if reg.derived]
-        return session.scalar(
-            select(PendingMemoryTask.id).where(PendingMemoryTask.task_type.not_in(derived)).limit(1)
-        ) is not None
+        return TaskRepository(session).any_other_than(derived)
 
     def _settle(self, task_id: int) -> str:
         with self.app.db.write() as session:

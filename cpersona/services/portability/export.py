@@ -19,9 +19,9 @@ from sqlalchemy.exc import SQLAlchemyError
 from cpersona.services.app import App
 from cpersona.services.portability import jsonl
 from cpersona.services.portability.graph import GraphCounts, GraphReader
-from cpersona.services.portability.layout import Layout
+from cpersona.storage.layout import Layout
 from cpersona.services.portability.paths import output_target, write_atomically
-from cpersona.services.portability.reader import SnapshotReader
+from cpersona.storage.repositories.snapshot import SnapshotReader
 from cpersona.services.responses import ToolFailure, failure
 from cpersona.storage import errors as storage_errors
 

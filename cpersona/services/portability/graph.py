@@ -21,16 +21,15 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, text
+from sqlalchemy import Connection
 
 from cpersona.services import refs as record_refs
 from cpersona.services.graph.associations import MAX_TEXT, normalize
 from cpersona.services.portability import coerce
 from cpersona.services.portability.coerce import LineRefused
 from cpersona.services.refs import Ref, canonical_ref
-from cpersona.storage.scope import Scope, sql_fragment
+from cpersona.storage.repositories.association_transfer import AssociationPages, AssociationWrites
 
-PAGE_SIZE = 500
 KINDS = ("entity", "mention", "relation")
 
 
@@ -111,95 +110,28 @@ class GraphReader:
     """The declarations of one agent (None: every agent), as export records."""
 
     def __init__(self, conn: Connection, agent_id: str | None) -> None:
-        self.conn = conn
-        self._entities_where, self._params = sql_fragment(Scope(agent_id=agent_id), "e")
-        self._relations_where, _ = sql_fragment(Scope(agent_id=agent_id), "r")
+        self._pages = AssociationPages(conn, agent_id)
 
     def counts(self) -> GraphCounts:
-        one = lambda sql: self.conn.execute(text(sql), self._params).scalar_one()  # noqa: E731
-        return GraphCounts(
-            entities=one(f"SELECT count(*) FROM entities e WHERE {self._entities_where}"),
-            mentions=one(
-                "SELECT count(*) FROM entity_mentions m JOIN entities e ON e.id = m.entity_id "
-                f"WHERE {self._entities_where}"
-            ),
-            relations=one(f"SELECT count(*) FROM relations r WHERE {self._relations_where}"),
-        )
+        entities, mentions, relations = self._pages.counts()
+        return GraphCounts(entities=entities, mentions=mentions, relations=relations)
 
     def records(self) -> Iterator[dict[str, Any]]:
         """Entities (ascending id), mentions (entity id, ref), relations (id): JL-2."""
-        yield from self._entities()
-        yield from self._mentions()
-        yield from self._relations()
-
-    def _entities(self) -> Iterator[dict[str, Any]]:
-        aliases_of = text(
-            "SELECT entity_id, alias FROM entity_aliases WHERE entity_id IN :ids "
-            "ORDER BY entity_id, normalized"
-        ).bindparams(bindparam("ids", expanding=True))
-        last = 0
-        while True:
-            page = self.conn.execute(
-                text(
-                    "SELECT e.id, e.agent_id, e.project_id, e.channel, e.name, e.declared_by, "
-                    f"e.created_at FROM entities e WHERE {self._entities_where} AND e.id > :last "
-                    "ORDER BY e.id LIMIT :n"
-                ),
-                {**self._params, "last": last, "n": PAGE_SIZE},
-            ).all()
-            aliases: dict[int, list[str]] = {row.id: [] for row in page}
-            if page:
-                for entity_id, alias in self.conn.execute(aliases_of, {"ids": list(aliases)}):
-                    aliases[entity_id].append(alias)
-            for row in page:
-                yield {
-                    "_type": "entity", "id": row.id, "agent_id": row.agent_id,
-                    "project_id": row.project_id, "channel": row.channel, "name": row.name,
-                    "declared_by": row.declared_by, "created_at": row.created_at,
-                    "aliases": aliases[row.id],
-                }
-            if len(page) < PAGE_SIZE:
-                return
-            last = page[-1].id
-
-    def _mentions(self) -> Iterator[dict[str, Any]]:
-        after: tuple[int, str] = (0, "")
-        while True:
-            page = self.conn.execute(
-                text(
-                    "SELECT m.entity_id, m.ref, m.declared_by, m.created_at FROM entity_mentions m "
-                    f"JOIN entities e ON e.id = m.entity_id WHERE {self._entities_where} "
-                    "AND (m.entity_id > :e OR (m.entity_id = :e AND m.ref > :r)) "
-                    "ORDER BY m.entity_id, m.ref LIMIT :n"
-                ),
-                {**self._params, "e": after[0], "r": after[1], "n": PAGE_SIZE},
-            ).all()
-            for row in page:
-                yield {
-                    "_type": "mention", "entity": row.entity_id, "ref": row.ref,
-                    "declared_by": row.declared_by, "created_at": row.created_at,
-                }
-            if len(page) < PAGE_SIZE:
-                return
-            after = (page[-1].entity_id, page[-1].ref)
-
-    def _relations(self) -> Iterator[dict[str, Any]]:
-        last = 0
-        while True:
-            page = self.conn.execute(
-                text(
-                    "SELECT r.id, r.agent_id, r.project_id, r.channel, r.subject_kind, "
-                    "r.subject_id, r.predicate, r.object_kind, r.object_id, r.anchor_ref, "
-                    f"r.declared_by, r.declared_at FROM relations r WHERE {self._relations_where} "
-                    "AND r.id > :last ORDER BY r.id LIMIT :n"
-                ),
-                {**self._params, "last": last, "n": PAGE_SIZE},
-            ).all()
-            for row in page:
-                yield {"_type": "relation", **row._asdict()}
-            if len(page) < PAGE_SIZE:
-                return
-            last = page[-1].id
+        for row, aliases in self._pages.entities():
+            yield {
+                "_type": "entity", "id": row.id, "agent_id": row.agent_id,
+                "project_id": row.project_id, "channel": row.channel, "name": row.name,
+                "declared_by": row.declared_by, "created_at": row.created_at,
+                "aliases": aliases,
+            }
+        for row in self._pages.mentions():
+            yield {
+                "_type": "mention", "entity": row.entity_id, "ref": row.ref,
+                "declared_by": row.declared_by, "created_at": row.created_at,
+            }
+        for row in self._pages.relations():
+            yield {"_type": "relation", **row._asdict()}
 
 
 # --- carrying (import, merge, the 2.6 copier) -------------------------------
@@ -261,7 +193,7 @@ class GraphCarrier:
     """Collects graph records while records are restored, then writes them through a RefMap."""
 
     def __init__(self, conn: Connection, *, supported: bool, dry_run: bool, now: str) -> None:
-        self.conn = conn
+        self.rows = AssociationWrites(conn)
         self.supported = supported
         self.dry_run = dry_run
         self.now = now
@@ -402,20 +334,13 @@ class GraphCarrier:
         key = (item.agent_id, item.project_id, item.channel, norm)
         entity_id = self._names.get(key)
         if entity_id is None:
-            entity_id = self.conn.execute(
-                text(
-                    "SELECT id FROM entities WHERE agent_id = :a AND project_id = :p "
-                    "AND channel = :c AND normalized = :n"
-                ),
-                {"a": key[0], "p": key[1], "c": key[2], "n": norm},
-            ).scalar()
+            entity_id = self.rows.entity_named(*key)
         if entity_id is None:
-            entity_id = self._insert(
-                "INSERT INTO entities (agent_id, project_id, channel, name, normalized, "
-                "declared_by, created_at) VALUES (:a, :p, :c, :name, :n, :by, :at) RETURNING id",
-                {"a": key[0], "p": key[1], "c": key[2], "name": item.name, "n": norm,
-                 "by": item.declared_by, "at": item.created_at},
-            )
+            if self.dry_run:
+                self._stand_in -= 1
+                entity_id = self._stand_in
+            else:
+                entity_id = self.rows.insert_entity(*key[:3], item.name, norm, item.declared_by, item.created_at)
         self._names[key] = entity_id
         if item.source_id is not None:
             self._entity_ids[item.source_id] = entity_id
@@ -437,29 +362,12 @@ class GraphCarrier:
         # row of the source: written insert-or-ignore, as declare_associations
         # writes it (A-7), so export -> import keeps every alias.
         if not self.dry_run:
-            self.conn.execute(
-                text(
-                    "INSERT INTO entity_aliases (entity_id, alias, normalized) "
-                    "VALUES (:e, :alias, :n) ON CONFLICT DO NOTHING"
-                ),
-                {"e": entity_id, "alias": written, "n": norm},
-            )
+            self.rows.insert_alias(entity_id, written, norm)
         self._aliases[(item.agent_id, item.project_id, item.channel, norm)] = entity_id
 
     def _alias_owner(self, item: _Entity, norm: str) -> int | None:
         """The entity this normalized string already names from the item's scope (A-4, A-5)."""
-        stored = self.conn.execute(
-            text(
-                "SELECT min(id) FROM ("
-                " SELECT e.id FROM entities e WHERE e.agent_id = :a AND e.project_id IN (:p, '')"
-                "  AND e.channel IN (:c, '') AND e.normalized = :n"
-                " UNION ALL"
-                " SELECT e.id FROM entity_aliases x JOIN entities e ON e.id = x.entity_id"
-                "  WHERE e.agent_id = :a AND e.project_id IN (:p, '') AND e.channel IN (:c, '')"
-                "  AND x.normalized = :n) AS named"
-            ),
-            {"a": item.agent_id, "p": item.project_id, "c": item.channel, "n": norm},
-        ).scalar()
+        stored = self.rows.visible_owner(item.agent_id, item.project_id, item.channel, norm)
         if stored is not None:
             return stored
         # A dry run wrote nothing: what this run registered lives only here.
@@ -487,13 +395,7 @@ class GraphCarrier:
             self.result.dropped.add("mention")
             return
         if not self.dry_run:
-            self.conn.execute(
-                text(
-                    "INSERT INTO entity_mentions (entity_id, ref, declared_by, created_at) "
-                    "VALUES (:e, :ref, :by, :at) ON CONFLICT DO NOTHING"
-                ),
-                {"e": entity_id, "ref": ref, "by": by, "at": at},
-            )
+            self.rows.insert_mention(entity_id, ref, by, at)
         self.result.carried.add("mention")
 
     def _endpoint(self, kind: Any, ident: Any, refs: RefMap) -> int | None:
@@ -526,19 +428,5 @@ class GraphCarrier:
             self.result.dropped.add("relation")
             return
         if not self.dry_run:
-            self.conn.execute(
-                text(
-                    "INSERT INTO relations (agent_id, project_id, channel, subject_kind, "
-                    "subject_id, predicate, object_kind, object_id, anchor_ref, declared_by, "
-                    "declared_at) VALUES (:a, :p, :c, :sk, :si, :pred, :ok, :oi, :anchor, :by, :at) "
-                    "ON CONFLICT DO NOTHING"
-                ),
-                values,
-            )
+            self.rows.insert_relation(values)
         self.result.carried.add("relation")
-
-    def _insert(self, sql: str, params: dict[str, Any]) -> int:
-        if self.dry_run:
-            self._stand_in -= 1
-            return self._stand_in
-        return self.conn.execute(text(sql), params).scalar_one()

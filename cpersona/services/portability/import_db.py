@@ -18,23 +18,20 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Connection, create_engine, event, text
 from sqlalchemy.exc import SQLAlchemyError
-from sqlalchemy.pool import NullPool
 
 from cpersona.services.app import App
 from cpersona.services.portability import jsonl
 from cpersona.services.portability.graph import GraphReader, RefMap
 from cpersona.services.portability.importer import ErrorLog, RecordImporter
-from cpersona.services.portability.layout import Layout
-from cpersona.services.portability.reader import SnapshotReader
+from cpersona.storage.layout import Layout
+from cpersona.storage.repositories.snapshot import SnapshotReader
 from cpersona.services.responses import ToolFailure, failure
-from cpersona.storage.engine import read_only_uri, sqlite_module
+from cpersona.storage.foreign import read_only_snapshot, row_count, schema_version
 from cpersona.storage import errors as storage_errors
 
 log = logging.getLogger(__name__)
@@ -45,35 +42,6 @@ NOT_COPIED = {
     "folders": "folders",
     "folder_members": "folder_members",
 }
-
-
-@contextmanager
-def read_only_snapshot(path: Path) -> Iterator[Connection]:
-    """A connection that cannot write to ``path``, inside one read transaction."""
-    uri = read_only_uri(path)  # immutable where SQLite could not read the file otherwise
-    engine = create_engine(
-        "sqlite+pysqlite://",
-        module=sqlite_module(),
-        creator=lambda: sqlite_module().connect(uri, uri=True, check_same_thread=False),
-        poolclass=NullPool,
-    )
-
-    @event.listens_for(engine, "connect")
-    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
-        dbapi_conn.isolation_level = None  # our BEGIN below, not the driver's
-        dbapi_conn.execute("PRAGMA query_only = ON")
-        dbapi_conn.execute("PRAGMA busy_timeout = 5000")
-
-    @event.listens_for(engine, "begin")
-    def _on_begin(conn: Connection) -> None:
-        conn.exec_driver_sql("BEGIN")
-
-    try:
-        with engine.connect() as conn, conn.begin() as txn:
-            yield conn
-            txn.rollback()
-    finally:
-        engine.dispose()
 
 
 def vet_source(source_path: Any, ours: Path | None) -> Path:
@@ -120,7 +88,7 @@ def _copy(app: App, path: Path, progress: Progress) -> dict[str, Any]:
         if not {"memories", "episodes", "profiles"} <= layout.tables:
             raise ToolFailure(f"{path} is not a CPersona database (no memories/episodes/profiles tables)")
         version = (
-            source.execute(text("SELECT max(version) FROM schema_version")).scalar()
+            schema_version(source)
             if "schema_version" in layout.tables else None
         )
         reader = SnapshotReader(source, layout, None)
@@ -128,7 +96,7 @@ def _copy(app: App, path: Path, progress: Progress) -> dict[str, Any]:
         refs = RefMap()
         for record in graph.records() if graph else ():
             refs.want_from(record)
-        sizes = {table: source.execute(text(f"SELECT count(*) FROM {table}")).scalar_one()
+        sizes = {table: row_count(source, table)
                  for table in ("memories", "episodes", "profiles")}
         progress(f"{path} (schema_version {version}): " + ", ".join(f"{n} {t}" for t, n in sizes.items()))
 
@@ -159,7 +127,7 @@ def _copy(app: App, path: Path, progress: Progress) -> dict[str, Any]:
             extra = importer.finish()
             progress("committing")
         not_copied = {
-            label: source.execute(text(f"SELECT count(*) FROM {table}")).scalar_one()
+            label: row_count(source, table)
             for label, table in NOT_COPIED.items() if table in layout.tables
         }
 

@@ -34,7 +34,7 @@ from cpersona.services.portability import coerce, jsonl
 from cpersona.services.portability.batches import Run, restore_run, stopped_message
 from cpersona.services.portability.coerce import LineRefused, VectorRejected
 from cpersona.services.portability.graph import GraphCarrier, RefMap
-from cpersona.services.portability.layout import Layout
+from cpersona.storage.layout import Layout
 from cpersona.services.portability.paths import vet_input_file
 from cpersona.services.portability.writer import EpisodeRow, MemoryRow, ProfileRow, RecordWriter
 from cpersona.services.refs import canonical_ref

@@ -22,21 +22,25 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, delete, text
+from sqlalchemy import Connection
 from sqlalchemy.exc import SQLAlchemyError
 
 from cpersona.services.records import remote_vectors
 from cpersona.services.app import App
 from cpersona.services.portability.batches import Run, restore_run, stopped_message
 from cpersona.services.portability.graph import CarryResult, GraphCarrier, GraphReader, RefMap
-from cpersona.services.portability.layout import Layout
-from cpersona.services.portability.reader import SnapshotReader
+from cpersona.storage.layout import Layout
+from cpersona.storage.repositories.snapshot import SnapshotReader
 from cpersona.services.portability.writer import EpisodeRow, MemoryRow, ProfileRow, RecordWriter
 from cpersona.services.responses import ToolFailure, failure
 from cpersona.storage import dialect
 from cpersona.storage import errors as storage_errors
 from cpersona.storage.errors import DatabaseBusy
-from cpersona.storage.models import Episode, Memory, PendingMemoryTask, Profile
+from cpersona.storage.repositories.associations import AssociationRepository
+from cpersona.storage.repositories.episodes import EpisodeRepository
+from cpersona.storage.repositories.memories import MemoryRepository
+from cpersona.storage.repositories.profiles import ProfileRepository
+from cpersona.storage.repositories.tasks import TaskRepository
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +50,6 @@ STRATEGIES = ("skip",)
 # check_health's missing_nodes repair instead of making one call take minutes.
 NODE_FOLLOWUP_LIMIT = 1000
 MODES = ("copy", "move")
-DELETE_CHUNK = 500
 
 
 def validate_merge(source_agent_id: Any, target_agent_id: Any, strategy: Any, mode: Any) -> None:
@@ -139,8 +142,8 @@ class _Merge:
             self._delete_copied(name, ready)
 
     def _delete_copied(self, name: str, ids: list[int]) -> None:
-        model = {"memories": Memory, "episodes": Episode, "profiles": Profile}[name]
-        self.deleted[name] += self._delete_ids(model, ids)
+        repository = {"memories": MemoryRepository, "episodes": EpisodeRepository, "profiles": ProfileRepository}[name]
+        self.deleted[name] += repository(self.conn).delete_by_ids(ids, self.source)
         self._deleting[name] += ids
 
     def _committed(self) -> None:
@@ -246,18 +249,12 @@ class _Merge:
         left_at_source = {"memories": left["memory"], "episodes": left["episode"], "profiles": left["profile"]}
         deleted_tasks = 0
         if not any(left_at_source.values()):
-            deleted_tasks = self.conn.execute(
-                delete(PendingMemoryTask).where(PendingMemoryTask.agent_id == self.source)
-            ).rowcount
+            deleted_tasks = TaskRepository(self.conn).delete_agent(self.source)
             if graph_complete:
-                self.conn.execute(text("DELETE FROM relations WHERE agent_id = :a"), {"a": self.source})
                 # The entities trigger removes their aliases and mentions (LR-2).
-                self.conn.execute(text("DELETE FROM entities WHERE agent_id = :a"), {"a": self.source})
+                AssociationRepository(self.conn).delete_agent(self.source)
         if self.layout.has_graph:
-            for name in ("entities", "relations"):
-                remaining = self.conn.execute(
-                    text(f"SELECT count(*) FROM {name} WHERE agent_id = :a"), {"a": self.source}
-                ).scalar_one()
+            for name, remaining in AssociationRepository(self.conn).owned_counts(self.source).items():
                 if remaining:
                     left_at_source[name] = remaining
         return {
@@ -271,15 +268,6 @@ class _Merge:
             },
             "left_at_source": left_at_source,
         }
-
-    def _delete_ids(self, model: Any, ids: list[int]) -> int:
-        total = 0
-        for start in range(0, len(ids), DELETE_CHUNK):
-            chunk = ids[start:start + DELETE_CHUNK]
-            total += self.conn.execute(
-                delete(model).where(model.id.in_(chunk), model.agent_id == self.source)
-            ).rowcount
-        return total
 
 
 def merge_memories(

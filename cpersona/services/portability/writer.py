@@ -23,10 +23,10 @@ import hashlib
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, column, select, table, update
+from sqlalchemy import Connection
 
-from cpersona.services.portability.layout import Layout
-from cpersona.storage.models import Episode, Memory, Profile
+from cpersona.storage.layout import Layout
+from cpersona.storage.repositories.restore import RestoreRows
 
 
 @dataclass
@@ -71,28 +71,6 @@ class ProfileRow:
     updated_at: str
 
 
-# Built once: a bulk restore runs these per record, and building a statement
-# costs far more than executing its cached compiled form.
-_MEMORY_BY_MSG_ID = select(Memory.id).where(
-    Memory.agent_id == bindparam("agent_id"),
-    Memory.project_id == bindparam("project_id"),
-    Memory.msg_id == bindparam("msg_id"),
-    Memory.msg_id != "",  # lets SQLite use the partial unique index
-).limit(1)
-_MEMORY_BY_CONTENT = select(Memory.id).where(
-    Memory.agent_id == bindparam("agent_id"),
-    Memory.project_id == bindparam("project_id"),
-    Memory.channel == bindparam("channel"),
-    Memory.content == bindparam("content"),
-).limit(1)
-_EPISODE_BY_SUMMARY = select(Episode.id).where(
-    Episode.agent_id == bindparam("agent_id"),
-    Episode.project_id == bindparam("project_id"),
-    Episode.channel == bindparam("channel"),
-    Episode.summary == bindparam("summary"),
-).limit(1)
-
-
 def _digest(*parts: str) -> bytes:
     h = hashlib.blake2b(digest_size=16)
     for part in parts:
@@ -104,16 +82,10 @@ def _digest(*parts: str) -> bytes:
 
 class RecordWriter:
     def __init__(self, conn: Connection, layout: Layout, *, dry_run: bool) -> None:
-        self.conn = conn
         self.dry_run = dry_run
         memory_cols = [c for c in asdict(_EMPTY_MEMORY) if c != "embedding_model" or layout.memory_labels]
         episode_cols = [c for c in asdict(_EMPTY_EPISODE) if c != "embedding_model" or layout.episode_labels]
-        # Lightweight tables so an optional column (embedding_model, 2.6 v18)
-        # is written exactly when this database has it.
-        memories = table("memories", column("id"), *(column(c) for c in memory_cols))
-        episodes = table("episodes", column("id"), *(column(c) for c in episode_cols))
-        self._insert_memory = memories.insert().returning(memories.c.id)
-        self._insert_episode = episodes.insert().returning(episodes.c.id)
+        self.rows = RestoreRows(conn, memory_cols, episode_cols)
         self._memory_cols = memory_cols
         self._episode_cols = episode_cols
         self._seen: dict[bytes, int] = {}
@@ -125,18 +97,12 @@ class RecordWriter:
     def find_memory(self, row: MemoryRow) -> int | None:
         """The id of the row that already holds this memory, if any."""
         if row.msg_id:
-            found = self._remembered("msg", row.agent_id, row.project_id, row.msg_id) or self.conn.execute(
-                _MEMORY_BY_MSG_ID,
-                {"agent_id": row.agent_id, "project_id": row.project_id, "msg_id": row.msg_id},
-            ).scalar()
+            found = self._remembered("msg", row.agent_id, row.project_id, row.msg_id) or self.rows.memory_by_msg_id(
+                row.agent_id, row.project_id, row.msg_id)
             if found is not None:
                 return found
         content_key = ("content", row.agent_id, row.project_id, row.channel, row.content)
-        return self._remembered(*content_key) or self.conn.execute(
-            _MEMORY_BY_CONTENT,
-            {"agent_id": row.agent_id, "project_id": row.project_id,
-             "channel": row.channel, "content": row.content},
-        ).scalar()
+        return self._remembered(*content_key) or self.rows.memory_by_content(*content_key[1:])
 
     def put_memory(self, row: MemoryRow) -> tuple[bool, int]:
         """(inserted?, id of the row holding it): insert unless a duplicate exists."""
@@ -150,17 +116,13 @@ class RecordWriter:
             self._remember(new_id, "content", row.agent_id, row.project_id, row.channel, row.content)
             return True, new_id
         values = {c: getattr(row, c) for c in self._memory_cols}
-        return True, self.conn.execute(self._insert_memory, values).scalar_one()
+        return True, self.rows.insert_memory(values)
 
     # -- episodes
 
     def put_episode(self, row: EpisodeRow) -> tuple[bool, int]:
         key = ("episode", row.agent_id, row.project_id, row.channel, row.summary)
-        existing = self._remembered(*key) or self.conn.execute(
-            _EPISODE_BY_SUMMARY,
-            {"agent_id": row.agent_id, "project_id": row.project_id,
-             "channel": row.channel, "summary": row.summary},
-        ).scalar()
+        existing = self._remembered(*key) or self.rows.episode_by_summary(*key[1:])
         if existing is not None:
             return False, existing
         if self.dry_run:
@@ -168,7 +130,7 @@ class RecordWriter:
             self._remember(new_id, *key)
             return True, new_id
         values = {c: getattr(row, c) for c in self._episode_cols}
-        return True, self.conn.execute(self._insert_episode, values).scalar_one()
+        return True, self.rows.insert_episode(values)
 
     # -- what a dry run would have written (real runs ask the database)
 
@@ -183,11 +145,7 @@ class RecordWriter:
     def stored_profile(self, agent_id: str, user_id: str) -> ProfileRow | None:
         if (agent_id, user_id) in self._profiles:
             return self._profiles[(agent_id, user_id)]
-        found = self.conn.execute(
-            select(Profile.project_id, Profile.content, Profile.updated_at).where(
-                Profile.agent_id == agent_id, Profile.user_id == user_id
-            )
-        ).first()
+        found = self.rows.profile(agent_id, user_id)
         if found is None:
             return None
         return ProfileRow(agent_id, user_id, found.project_id, found.content, found.updated_at)
@@ -202,17 +160,9 @@ class RecordWriter:
             "project_id": row.project_id, "content": row.content, "updated_at": row.updated_at,
         }
         if exists:
-            self.conn.execute(
-                update(Profile)
-                .where(Profile.agent_id == row.agent_id, Profile.user_id == row.user_id)
-                .values(values)
-            )
+            self.rows.update_profile(row.agent_id, row.user_id, values)
         else:
-            self.conn.execute(
-                Profile.__table__.insert().values(
-                    agent_id=row.agent_id, user_id=row.user_id, **values
-                )
-            )
+            self.rows.insert_profile(row.agent_id, row.user_id, values)
 
     def _next_stand_in(self) -> int:
         self._stand_in -= 1

@@ -27,12 +27,14 @@ from datetime import datetime
 from typing import Any
 
 import numpy as np
-from sqlalchemy import bindparam, text
 from sqlalchemy.orm import Session
 
 from cpersona.embedding.vectors import FLOAT32, VectorError, from_blob
 from cpersona.services.recall.gate import Candidate
 from cpersona.services.timestamps import parse_iso
+from cpersona.storage.repositories.base import Repository
+from cpersona.storage.repositories.episodes import EpisodeRepository
+from cpersona.storage.repositories.memories import MemoryRepository
 from cpersona.storage.scope import Scope
 from cpersona.storage.search import Record, RowKey, SearchBackend
 
@@ -174,7 +176,7 @@ def record_confidence(
 # -- cosine from stored vectors (spec §5.9.4) -----------------------------------------
 
 
-_TABLES = {"mem": "memories", "ep": "episodes"}
+_REPOSITORIES: dict[str, type[Repository]] = {"mem": MemoryRepository, "ep": EpisodeRepository}
 
 
 def stored_cosines(session: Session, query_vector: bytes | None, keys: Iterable[RowKey]) -> dict[RowKey, float]:
@@ -192,15 +194,12 @@ def stored_cosines(session: Session, query_vector: bytes | None, keys: Iterable[
         return {}
     wanted: dict[str, list[int]] = {}
     for kind, row_id in keys:
-        if kind in _TABLES and isinstance(row_id, int) and row_id > 0:
+        if kind in _REPOSITORIES and isinstance(row_id, int) and row_id > 0:
             wanted.setdefault(kind, []).append(row_id)
     width = len(query_vector)
     found: dict[RowKey, float] = {}
     for kind, ids in wanted.items():
-        sql = text(
-            f"SELECT id, embedding FROM {_TABLES[kind]} WHERE id IN :ids AND embedding IS NOT NULL"
-        ).bindparams(bindparam("ids", expanding=True))
-        for row_id, blob in session.execute(sql, {"ids": ids}):
+        for row_id, blob in _REPOSITORIES[kind](session).stored_vectors(ids):
             if blob is None or len(blob) != width:
                 continue
             try:

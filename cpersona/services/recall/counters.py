@@ -21,11 +21,9 @@ from collections import Counter
 from collections.abc import Sequence
 from datetime import timezone
 
-from sqlalchemy import case, update
-
 from cpersona.services.app import App
 from cpersona.storage.errors import DatabaseBusy
-from cpersona.storage.models import Memory
+from cpersona.storage.repositories.memories import MemoryRepository
 
 log = logging.getLogger(__name__)
 
@@ -78,17 +76,9 @@ def _write(app: App, backlog: CounterBacklog, *, wait: float | None) -> bool:
     counts, stamp = backlog.take()
     if not counts:
         return True
-    by_step: dict[int, list[int]] = {}
-    for memory_id, n in counts.items():
-        by_step.setdefault(n, []).append(memory_id)
     try:
         with app.db.write(wait=wait) as session:
-            ids = list(counts)
-            step = case({i: n for n, group in by_step.items() for i in group}, value=Memory.id)
-            session.execute(
-                update(Memory).where(Memory.id.in_(ids))
-                .values(recall_count=Memory.recall_count + step, last_recalled_at=stamp)
-            )
+            MemoryRepository(session).bump_recall_counts(counts, stamp)
     except DatabaseBusy:
         backlog.give_back(counts)
         return False

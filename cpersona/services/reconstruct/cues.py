@@ -9,12 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sqlalchemy import func, literal, select, union_all
 from sqlalchemy.orm import Session
 
 from cpersona.services.graph.associations import entity_rows, normalize
-from cpersona.storage.models_associations import Entity, EntityAlias
-from cpersona.storage.scope import Scope, predicates
+from cpersona.storage.repositories.associations import AssociationRepository
+from cpersona.storage.scope import Scope
 
 MAX_MATCHES = 64
 MAX_TERMS = 32
@@ -55,20 +54,7 @@ def cue_terms(session: Session, scope: Scope, query: str) -> Cues:
     cues = Cues()
     if not folded:
         return cues
-    readable = predicates(Entity, scope)
-    # Substring tests run in SQL so only matches leave the database (bounded by MAX_MATCHES).
-    # instr() on SQLite, strpos() on PostgreSQL: a plain position test, no LIKE wildcards.
-    position = func.instr if session.get_bind().dialect.name == "sqlite" else func.strpos
-    names = select(Entity.normalized.label("term"), Entity.id.label("entity_id")).where(
-        readable, position(literal(folded), Entity.normalized) > 0)
-    aliases = (select(EntityAlias.normalized.label("term"), EntityAlias.entity_id.label("entity_id"))
-               .join(Entity, Entity.id == EntityAlias.entity_id)
-               .where(readable, position(literal(folded), EntityAlias.normalized) > 0))
-    both = union_all(names, aliases).subquery()
-    matches = session.execute(
-        select(both.c.term, both.c.entity_id).where(func.length(both.c.term) > 0)
-        .order_by(func.length(both.c.term).desc(), both.c.term, both.c.entity_id).limit(MAX_MATCHES)
-    ).all()
+    matches = AssociationRepository(session, scope).names_in(folded, MAX_MATCHES)
     counted_terms: set[str] = set()
     claimed: list[tuple[int, int]] = []
     matched: list[int] = []

@@ -14,8 +14,6 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select
-
 from cpersona.services.recall.advisory import advisory
 from cpersona.services.app import App
 from cpersona.services.recall.cue_arm import CueOutcome, lift, search_period, seat_records
@@ -25,7 +23,8 @@ from cpersona.services.recall.service import RecallRequest, depth_for, fuse, gat
 from cpersona.services.recall.retrievers import Retrieval, exclusion, retrieve, search_backend
 from cpersona.services.operations.update_check import recall_update_notice
 from cpersona.services.sanitize import parse_stored_json
-from cpersona.storage.models import Episode, Memory
+from cpersona.storage.repositories.episodes import EpisodeRepository
+from cpersona.storage.repositories.memories import MemoryRepository
 from cpersona.storage.search import Record
 
 LEXICAL = ("episodes", "memories")
@@ -144,11 +143,8 @@ def _read_context(app: App, candidates: list[Candidate]) -> None:
     mem_ids = [c.record.id for c in candidates if c.kind == "mem"]
     ep_ids = [c.record.id for c in candidates if c.kind == "ep"]
     with app.db.read() as session:
-        mems = {row.id: row for row in session.execute(
-            select(Memory.id, Memory.project_id, Memory.channel).where(Memory.id.in_(mem_ids)))} if mem_ids else {}
-        eps = {row.id: row for row in session.execute(
-            select(Episode.id, Episode.project_id, Episode.channel, Episode.start_time, Episode.end_time)
-            .where(Episode.id.in_(ep_ids)))} if ep_ids else {}
+        mems = {row.id: row for row in MemoryRepository(session).contexts(mem_ids)}
+        eps = {row.id: row for row in EpisodeRepository(session).contexts(ep_ids)}
     for cand in candidates:
         row = (mems if cand.kind == "mem" else eps).get(cand.record.id)
         cand.stamp = parse_instant(cand.record.timestamp) if cand.record.timestamp else None

@@ -12,8 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from sqlalchemy import inspect
-
 from cpersona.services.app import App
 from cpersona.services.graph.associations import RelationRow, record_relations
 from cpersona.services.operating_context import resolve_project
@@ -32,6 +30,7 @@ from cpersona.services.reconstruct.walk import ItemWalk, walk_items
 from cpersona.services.refs import ref_key
 from cpersona.services.responses import ToolFailure
 from cpersona.services.recall.retrievers import search_backend
+from cpersona.storage.layout import has_graph_tables
 
 
 def reconstruct(app: App, **arguments: Any) -> dict[str, Any]:
@@ -288,17 +287,13 @@ def _capped(build: Any, steps: list[Step], mode: str) -> dict[str, Any] | None:
     return None if found is None else found[0]
 
 
-_GRAPH_TABLES = ("entities", "entity_aliases", "entity_mentions", "relations")
-
-
 def _graph_present(session: Any) -> bool:
     """RX-51: a database without the association tables answers as one where nothing is declared.
 
     Our migrations always create them; a copied-in or hand-trimmed file may not
     have them, and reconstruct must not fail where recall would not.
     """
-    inspector = inspect(session.connection())  # the SQLAlchemy inspector answers on SQLite and PostgreSQL alike
-    return all(inspector.has_table(name) for name in _GRAPH_TABLES)
+    return has_graph_tables(session.connection())
 
 
 def _quote_all(app: App, req: Request, items: list[Item], query_vector: bytes | None) -> tuple[list[Quote], list[list[tuple[Any, Quote]]]]:

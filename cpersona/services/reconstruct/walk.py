@@ -8,15 +8,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from cpersona.services.graph.associations import RelationRow
 from cpersona.services.reconstruct.bundle import Cluster
 from cpersona.services.graph.traverse import MAX_REACHED, _mentions, _recency_order, _walk
 from cpersona.services.refs import ref_key
-from cpersona.storage.models_associations import Entity, EntityMention
-from cpersona.storage.scope import Scope, predicates
+from cpersona.storage.scope import Scope
+from cpersona.storage.repositories.associations import AssociationRepository
 
 
 @dataclass(slots=True)
@@ -38,10 +37,7 @@ def _mentioned(session: Session, scope: Scope, refs: list[str]) -> dict[str, lis
     out: dict[str, list[int]] = {}
     if not refs:
         return out
-    rows = session.execute(
-        select(EntityMention.ref, EntityMention.entity_id).join(Entity, Entity.id == EntityMention.entity_id)
-        .where(EntityMention.ref.in_(refs), predicates(Entity, scope)).order_by(EntityMention.entity_id))
-    for ref, entity_id in rows:
+    for ref, entity_id in AssociationRepository(session, scope).readable_mentions_of(refs):
         out.setdefault(ref, []).append(entity_id)
     return out
 

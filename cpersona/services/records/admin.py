@@ -25,7 +25,6 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, delete, inspect, select, text, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -35,7 +34,11 @@ from cpersona.services.records.memories import embed_text
 from cpersona.services.records.nodes import QUEUED, queue_build, runs_past_window
 from cpersona.services.responses import ToolFailure, failure
 from cpersona.services.sanitize import find_lone_surrogate, nul_refusal, sanitize
-from cpersona.storage.models import Episode, Memory, PendingMemoryTask, Profile
+from cpersona.storage.repositories.associations import delete_agent_declarations
+from cpersona.storage.repositories.episodes import EpisodeRepository
+from cpersona.storage.repositories.memories import MemoryRepository
+from cpersona.storage.repositories.profiles import ProfileRepository
+from cpersona.storage.repositories.tasks import TaskRepository
 
 log = logging.getLogger(__name__)
 
@@ -101,20 +104,8 @@ def _absent(memory_id: int, owner: str | None) -> ToolFailure:
     return ToolFailure(_not_found_or_foreign(memory_id) if owner is not None else f"Memory {memory_id} not found")
 
 
-def _memory_guards(memory_id: int, owner: str | None, *, respect_lock: bool) -> list[ColumnElement[bool]]:
-    """The same conditions, written into the mutating statement itself (OWN-4)."""
-    guards = [Memory.id == memory_id]
-    if owner is not None:
-        guards.append(Memory.agent_id == owner)
-    if respect_lock:
-        guards.append(Memory.locked == 0)
-    return guards
-
-
 def _memory_row(session: Session, memory_id: int) -> Any:
-    return session.execute(
-        select(Memory.agent_id, Memory.project_id, Memory.channel, Memory.locked).where(Memory.id == memory_id)
-    ).first()
+    return MemoryRepository(session).ownership(memory_id)
 
 
 def _checked_memory(session: Session, memory_id: int, owner: str | None, *, refused_if_locked: str | None) -> Any:
@@ -150,7 +141,7 @@ def delete_memory(app: App, *, memory_id: Any, agent_id: Any = "", session_key: 
             raise _absent(row_id, owner)
         with app.db.write() as session:
             row = _checked_memory(session, row_id, owner, refused_if_locked="deleted")
-            gone = session.execute(delete(Memory).where(*_memory_guards(row_id, owner, respect_lock=True))).rowcount
+            gone = MemoryRepository(session).delete_unlocked(row_id, owner)
             if gone != 1:
                 raise _unmatched(session, row_id, owner, "deleted")
         # After commit, from the owner read before the delete; a failure is logged only.
@@ -169,9 +160,7 @@ def _set_lock(app: App, tool: str, answer_key: str, memory_id: Any, agent_id: An
         with app.db.write() as session:
             _checked_memory(session, row_id, owner, refused_if_locked=None)
             # LK-1: setting the flag it already has still matches the row, so it still succeeds.
-            matched = session.execute(
-                update(Memory).where(*_memory_guards(row_id, owner, respect_lock=False)).values(locked=value)
-            ).rowcount
+            matched = MemoryRepository(session).set_locked(row_id, owner, value)
             if matched != 1:
                 raise _unmatched(session, row_id, owner, None)
         return {"ok": True, answer_key: row_id}
@@ -193,13 +182,7 @@ def unlock_memory(app: App, *, memory_id: Any, agent_id: Any = "", session_key: 
 
 def _holder_of(session: Session, row: Any, content: str, memory_id: int) -> int | None:
     """Another memory of the row's exact (agent, project, channel) bucket holding ``content`` (UM-5)."""
-    return session.scalar(
-        select(Memory.id)
-        .where(Memory.agent_id == row.agent_id, Memory.project_id == row.project_id,
-               Memory.channel == row.channel, Memory.content == content, Memory.id != memory_id)
-        .order_by(Memory.id)
-        .limit(1)
-    )
+    return MemoryRepository(session).holder_of(row.agent_id, row.project_id, row.channel, content, memory_id)
 
 
 def _copy_kept(memory_id: int, holder: int | None) -> ToolFailure:
@@ -246,11 +229,8 @@ def update_memory(
                 raise _copy_kept(row_id, holder)
             try:
                 with session.begin_nested():
-                    matched = session.execute(
-                        update(Memory)
-                        .where(*_memory_guards(row_id, owner, respect_lock=True))
-                        .values(content=cleaned.text, embedding=embedding)
-                    ).rowcount
+                    matched = MemoryRepository(session).replace_text_unlocked(
+                        row_id, owner, cleaned.text, embedding)
             except IntegrityError:
                 # The unique (agent, project, channel, content) index has the last word.
                 raise _copy_kept(row_id, _holder_of(session, row, cleaned.text, row_id)) from None
@@ -283,10 +263,10 @@ def delete_episode(app: App, *, episode_id: Any, agent_id: Any = "", session_key
         refusal = ToolFailure(f"Episode {row_id} not found or not owned by agent")
         if not _in_range(row_id):
             raise refusal
-        guards = [Episode.id == row_id] + ([Episode.agent_id == owner] if owner is not None else [])
         with app.db.write() as session:
-            episode_owner = session.scalar(select(Episode.agent_id).where(*guards))  # DE-2: read before the delete
-            if session.execute(delete(Episode).where(*guards)).rowcount != 1:
+            episodes = EpisodeRepository(session)
+            episode_owner = episodes.owner_of(row_id, owner)  # DE-2: read before the delete
+            if episodes.delete_one(row_id, owner) != 1:
                 raise refusal
         remote_vectors.forget(app, episode_owner or "", [f"ep:{row_id}"])
         return {"ok": True, "deleted_id": row_id}
@@ -295,20 +275,6 @@ def delete_episode(app: App, *, episode_id: Any, agent_id: Any = "", session_key
 
 
 # -- delete_agent_data (§5) -------------------------------------------------------------
-
-# Declarations an agent owns outright, deleted by agent_id when their tables
-# exist (DAD-1). The association and folder revisions add these tables; their
-# triggers take aliases, mentions and memberships along. Records go first so
-# that their own triggers clear what hangs on them.
-AGENT_DECLARATION_TABLES = ("relations", "entities", "folders")
-
-
-def _delete_declarations(conn: Connection, agent_id: str) -> None:
-    present = set(inspect(conn).get_table_names())
-    for table in AGENT_DECLARATION_TABLES:
-        if table in present:
-            conn.execute(text(f"DELETE FROM {table} WHERE agent_id = :agent"), {"agent": agent_id})
-
 
 def _forget_calibration(app: App, agent_id: str) -> None:
     """DAD-2: after commit, the agent's threshold, gate and beta leave memory and the sidecar."""
@@ -324,15 +290,14 @@ def delete_agent_data(app: App, *, agent_id: Any = None, session_key: Any = "") 
     if not isinstance(agent_id, str):
         return failure("agent_id must be a string")
     with app.db.write() as session:
+        # Records go first so that their own triggers clear what hangs on them.
         counts = {
-            "deleted_memories": session.execute(delete(Memory).where(Memory.agent_id == agent_id)).rowcount,
-            "deleted_profiles": session.execute(delete(Profile).where(Profile.agent_id == agent_id)).rowcount,
-            "deleted_episodes": session.execute(delete(Episode).where(Episode.agent_id == agent_id)).rowcount,
-            "deleted_pending_tasks": session.execute(
-                delete(PendingMemoryTask).where(PendingMemoryTask.agent_id == agent_id)
-            ).rowcount,
+            "deleted_memories": MemoryRepository(session).delete_agent(agent_id),
+            "deleted_profiles": ProfileRepository(session).delete_agent(agent_id),
+            "deleted_episodes": EpisodeRepository(session).delete_agent(agent_id),
+            "deleted_pending_tasks": TaskRepository(session).delete_agent(agent_id),
         }
-        _delete_declarations(session.connection(), agent_id)
+        delete_agent_declarations(session.connection(), agent_id)
     _forget_calibration(app, agent_id)
     remote_vectors.purge(app, agent_id)  # DAD-2: the agent's remote namespace; failure logged only
     # DAD-4: the four counters always, zeros for an agent that had nothing.

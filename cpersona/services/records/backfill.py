@@ -34,10 +34,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import text
-
 from cpersona.services.app import App
 from cpersona.services.records.vector_identity import reconcile
+from cpersona.storage.repositories.base import Repository
+from cpersona.storage.repositories.episodes import EpisodeRepository
+from cpersona.storage.repositories.memories import MemoryRepository, unembedded_total
 
 log = logging.getLogger(__name__)
 
@@ -45,9 +46,9 @@ BATCH_SIZE = 32  # texts per embedding request (health's re-embed uses the same)
 CHECK_INTERVAL_SECS = 60.0  # how often a healthy recall may look for a backlog
 CLOSE_TIMEOUT_SECS = 10.0
 
-# kind -> (table, text column): the text the row's vector is made from
+# kind -> its rows; the vector is made from the repository's text column
 # (store embeds the sanitized content, archive_episode the summary).
-_TABLES = {"mem": ("memories", "content"), "ep": ("episodes", "summary")}
+_REPOSITORIES: dict[str, type[Repository]] = {"mem": MemoryRepository, "ep": EpisodeRepository}
 
 
 @dataclass
@@ -73,12 +74,8 @@ def keeps_local_vectors(app: App) -> bool:
 
 def unembedded_count(app: App) -> int:
     """Memories plus episodes without a vector (served by the partial lost-embedding indexes)."""
-    sql = text(
-        "SELECT (SELECT count(*) FROM memories WHERE embedding IS NULL)"
-        " + (SELECT count(*) FROM episodes WHERE embedding IS NULL)"
-    )
     with app.db.read() as session:
-        return int(session.execute(sql).scalar_one())
+        return unembedded_total(session)
 
 
 def backfill_pass(
@@ -122,21 +119,14 @@ def _fill_table(
     report: BackfillReport,
     should_stop: Callable[[], bool],
 ) -> tuple[int, str | None]:
-    table, column = _TABLES[kind]
-    select = text(
-        f"SELECT id, {column} AS body FROM {table}"
-        " WHERE embedding IS NULL AND id > :after ORDER BY id LIMIT :n"
-    )
-    update = text(
-        f"UPDATE {table} SET embedding = :blob WHERE id = :id AND embedding IS NULL AND {column} = :body"
-    )
+    repository = _REPOSITORIES[kind]
     embedder = app.embedder
     after, done, seen = 0, 0, 0
     while seen < cap:
         if should_stop():
             return done, "shutting down"
         with app.db.read() as session:
-            rows = session.execute(select, {"after": after, "n": min(batch_size, cap - seen)}).all()
+            rows = repository(session).unembedded_after(after, min(batch_size, cap - seen))
         if not rows:
             break
         after = rows[-1].id
@@ -150,15 +140,16 @@ def _fill_table(
                 return done, "the embedding backend is unavailable"
             # The backend answers, so something in this batch is refused: one by one.
             blobs = [embedder.embed_many([r.body])[0] for r in rows]
-        updates = [{"id": r.id, "body": r.body, "blob": b} for r, b in zip(rows, blobs) if b is not None]
+        updates = [(r.id, r.body, b) for r, b in zip(rows, blobs) if b is not None]
         for r, b in zip(rows, blobs):
             if b is None:
                 skip.add((kind, r.id))
                 report.refused.append((kind, r.id))
         if updates:
             with app.db.write() as session:
-                for params in updates:
-                    done += session.execute(update, params).rowcount or 0
+                writer = repository(session)
+                for row_id, body, blob in updates:
+                    done += writer.set_embedding_if_unchanged(row_id, body, blob)
     return done, None
 
 

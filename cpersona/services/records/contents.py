@@ -24,15 +24,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import select
-
 from cpersona.services import refs as record_refs
 from cpersona.services.app import App
 from cpersona.services.records.nodes import current_nodes
 from cpersona.services.responses import ToolFailure
 from cpersona.services.sanitize import parse_stored_json
-from cpersona.storage.models import Episode, Memory
-from cpersona.storage.scope import Scope, predicates
+from cpersona.storage.scope import Scope
+from cpersona.storage.repositories.episodes import EpisodeRepository
+from cpersona.storage.repositories.memories import MemoryRepository
 from cpersona.storage.search import Record, RowKey
 
 MAX_REFS = 20  # spec GC-1
@@ -134,23 +133,15 @@ def load_rows(app: App, agent_id: str, keys: Iterable[RowKey]) -> dict[RowKey, R
     scope = Scope(agent_id=agent_id)
     found: dict[RowKey, Record] = {}
     with app.db.read() as session:
-        if ids["mem"]:
-            query = select(Memory.id, Memory.content, Memory.source, Memory.timestamp, Memory.msg_id).where(
-                Memory.id.in_(ids["mem"]), predicates(Memory, scope)
+        for row in MemoryRepository(session, scope).content_rows(sorted(ids["mem"])):
+            found[("mem", row.id)] = Record(
+                "mem", row.id, row.content or "", row.source or "", row.timestamp or "", msg_id=row.msg_id or ""
             )
-            for row in session.execute(query):
-                found[("mem", row.id)] = Record(
-                    "mem", row.id, row.content or "", row.source or "", row.timestamp or "", msg_id=row.msg_id or ""
-                )
-        if ids["ep"]:
-            query = select(Episode.id, Episode.summary, Episode.start_time, Episode.created_at, Episode.resolved).where(
-                Episode.id.in_(ids["ep"]), predicates(Episode, scope)
-            )
-            for row in session.execute(query):
-                found[("ep", row.id)] = Record(
-                    "ep", row.id, row.summary or "", "", row.start_time or row.created_at or "",
-                    resolved=bool(row.resolved),
-                )  # fmt: skip
+        for row in EpisodeRepository(session, scope).content_rows(sorted(ids["ep"])):
+            found[("ep", row.id)] = Record(
+                "ep", row.id, row.summary or "", "", row.start_time or row.created_at or "",
+                resolved=bool(row.resolved),
+            )  # fmt: skip
     return found
 
 

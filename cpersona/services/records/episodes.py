@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import select
-
 from cpersona.services.records import remote_vectors
 from cpersona.services.app import App
 from cpersona.services.records.listing import ListBounds, bounded_response, fetch_capped, listing_scope
@@ -21,8 +19,7 @@ from cpersona.services.operating_context import ProjectRefusal, resolve_project
 from cpersona.services.responses import ToolFailure
 from cpersona.services.sanitize import check_key_field, find_lone_surrogate, nul_refusal, sanitize
 from cpersona.services.timestamps import FuturePolicy, parse_iso, sql_stamp
-from cpersona.storage.models import Episode
-from cpersona.storage.scope import predicates
+from cpersona.storage.repositories.episodes import EpisodeRepository
 
 EPISODE_ROW_CAP = 200
 EPISODE_CHAR_BUDGET = 800_000
@@ -111,7 +108,7 @@ def _archive(app: App, *, agent_id: Any, summary: Any, history: Any, keywords: A
     long_text = runs_past_window(app, clean_summary.text)  # OV-4: a network ask too, so before the lock
 
     with app.db.write() as session:
-        row = Episode(
+        episode_id = EpisodeRepository(session).insert(
             agent_id=agent_id,
             project_id=project_id,
             summary=clean_summary.text,
@@ -123,9 +120,6 @@ def _archive(app: App, *, agent_id: Any, summary: Any, history: Any, keywords: A
             channel=channel,
             created_at=sql_stamp(app.clock()),
         )
-        session.add(row)
-        session.flush()
-        episode_id = row.id
         nodes_queued = long_text and queue_build(app, session, "ep", episode_id, agent_id=agent_id,
                                                  project_id=project_id)
 
@@ -162,23 +156,12 @@ def history_span(history: list[Any]) -> tuple[str | None, str | None]:
 
 # -- list_episodes ------------------------------------------------------------------------------
 
-_EPISODE_COLUMNS = (
-    Episode.id, Episode.agent_id, Episode.project_id, Episode.summary, Episode.keywords,
-    Episode.start_time, Episode.end_time, Episode.created_at,
-)
-
-
 def list_episodes(app: App, *, agent_id: Any = None, limit: Any = 50, project_id: Any = None) -> dict[str, Any]:
     """The newest episodes, every agent's when ``agent_id`` is omitted or '' (spec §3.10)."""
     resolution = resolve_project(app, "list_episodes", project_id, agent_id=agent_id)  # never refuses a read
     try:
         scope = listing_scope(agent_id, resolution.project_id)
-        query = (
-            select(*_EPISODE_COLUMNS)
-            .where(predicates(Episode, scope))
-            .order_by(Episode.created_at.desc(), Episode.id.desc())
-        )
-        rows, capped = fetch_capped(app, query, limit, EPISODE_BOUNDS.row_cap)
+        rows, capped = fetch_capped(app, EpisodeRepository, scope, limit, EPISODE_BOUNDS.row_cap)
     except ToolFailure as refusal:
         return refusal.as_response() | {"episodes": [], "count": 0}
     # No channel and no resolved flag in a listed episode (spec §3.10).

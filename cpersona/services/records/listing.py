@@ -13,14 +13,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Select, select
-
 from cpersona.services.app import App
 from cpersona.services.operating_context import resolve_project
 from cpersona.services.responses import ToolFailure
 from cpersona.services.sanitize import parse_stored_json
-from cpersona.storage.models import Memory
-from cpersona.storage.scope import Scope, predicates
+from cpersona.storage.repositories.base import Repository
+from cpersona.storage.repositories.memories import MemoryRepository
+from cpersona.storage.scope import Scope
 
 MEMORY_ROW_CAP = 500
 MEMORY_CHAR_BUDGET = 1_000_000
@@ -39,13 +38,6 @@ class ListBounds:
 MEMORY_BOUNDS = ListBounds(MEMORY_ROW_CAP, MEMORY_CHAR_BUDGET, ("content",), "mem")
 
 
-# Listed columns only: the embedding blob is never needed here.
-_MEMORY_COLUMNS = (
-    Memory.id, Memory.agent_id, Memory.project_id, Memory.content, Memory.source,
-    Memory.timestamp, Memory.created_at, Memory.locked, Memory.channel,
-)
-
-
 def list_memories(app: App, *, agent_id: Any = None, limit: Any = 100, project_id: Any = None) -> dict[str, Any]:
     """The newest memories, every agent's when ``agent_id`` is omitted or ''."""
     resolution = resolve_project(app, "list_memories", project_id, agent_id=agent_id)  # never refuses a read
@@ -53,12 +45,7 @@ def list_memories(app: App, *, agent_id: Any = None, limit: Any = 100, project_i
         scope = listing_scope(agent_id, resolution.project_id)
         # Newest first; same-second rows newest id first (spec §6 item 6: the
         # reference lists them oldest first, which is not "newest first").
-        query = (
-            select(*_MEMORY_COLUMNS)
-            .where(predicates(Memory, scope))
-            .order_by(Memory.created_at.desc(), Memory.id.desc())
-        )
-        rows, capped = fetch_capped(app, query, limit, MEMORY_BOUNDS.row_cap)
+        rows, capped = fetch_capped(app, MemoryRepository, scope, limit, MEMORY_BOUNDS.row_cap)
     except ToolFailure as refusal:
         return refusal.as_response() | {"memories": [], "count": 0}
     memories = [_memory_row(row) for row in rows]
@@ -102,7 +89,8 @@ def checked_limit(limit: Any) -> int:
     return max(limit, 0)
 
 
-def fetch_capped(app: App, query: Select, limit: Any, row_cap: int) -> tuple[list[Any], bool]:
+def fetch_capped(app: App, repository: type[Repository], scope: Scope, limit: Any,
+                 row_cap: int) -> tuple[list[Any], bool]:
     """Up to ``min(limit, row_cap)`` rows, and whether the cap hid more the caller asked for.
 
     One row past the cap is read only to learn whether it exists, so that
@@ -114,7 +102,7 @@ def fetch_capped(app: App, query: Select, limit: Any, row_cap: int) -> tuple[lis
     if probe == 0:
         return [], False
     with app.db.read() as session:
-        rows = session.execute(query.limit(probe)).all()
+        rows = repository(session, scope).newest(probe)
     capped = len(rows) > take
     return rows[:take], capped
 

@@ -22,7 +22,6 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import update
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
@@ -46,7 +45,7 @@ from cpersona.services.sanitize import (
     to_json,
 )
 from cpersona.services.timestamps import FuturePolicy, sql_stamp
-from cpersona.storage.models import Memory
+from cpersona.storage.repositories.memories import MemoryRepository
 from cpersona.storage.memory_writes import dedup_candidates, insert_memory
 
 log = logging.getLogger(__name__)
@@ -354,8 +353,7 @@ def _finish_probe(conn: Connection, request: _Write, probe: _Probe) -> dict[str,
     locked = False
     if probe.result == "skipped" and request.lock and probe.row_id is not None:
         # ST-12: the row the store resolved to is the one that gets locked.
-        changed = conn.execute(update(Memory).where(Memory.id == probe.row_id).values(locked=1))
-        locked = changed.rowcount == 1
+        locked = MemoryRepository(conn).lock(probe.row_id) == 1
     return _probe_answer(request, probe, locked=locked)
 
 

@@ -30,14 +30,14 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import delete, insert, select
 from sqlalchemy.orm import Session
 
 from cpersona.embedding.tokens import TokenInfo
 from cpersona.services.app import App
 from cpersona.services.operations.tasks import TaskFailed, Task, enqueue, register_handler
-from cpersona.storage.models import Episode, Memory
-from cpersona.storage.models_associations import RecordNode
+from cpersona.storage.repositories.episodes import EpisodeRepository
+from cpersona.storage.repositories.memories import MemoryRepository
+from cpersona.storage.repositories.nodes import NodeRepository, NodeRow
 
 log = logging.getLogger(__name__)
 
@@ -169,26 +169,9 @@ def divide(text: str, measure: Callable[[str], TokenInfo | None]) -> list[Span]:
 # -- read side (OV-2) -----------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class NodeRow:
-    index: int
-    start: int
-    end: int
-    token_count: int
-    window: int
-    embedding: bytes | None
-    embedding_model: str
-
-
 def node_rows(session: Session, kind: str, record_id: int) -> list[NodeRow]:
     """A record's node rows in index order (whatever state they are in)."""
-    rows = session.execute(
-        select(RecordNode.node_index, RecordNode.start_char, RecordNode.end_char, RecordNode.token_count,
-               RecordNode.window, RecordNode.embedding, RecordNode.embedding_model)
-        .where(RecordNode.parent_kind == kind, RecordNode.parent_id == record_id)
-        .order_by(RecordNode.node_index)
-    ).all()
-    return [NodeRow(*row) for row in rows]
+    return NodeRepository(session).of_record(kind, record_id)
 
 
 def partitions(rows: Sequence[NodeRow], length: int) -> bool:
@@ -255,10 +238,9 @@ def current_nodes(session: Session, kind: str, record_id: int, text: str, *,
     return rows
 
 
-def _parent_text(session: Session, kind: str, record_id: int) -> str | None:
-    if kind == "mem":
-        return session.scalar(select(Memory.content).where(Memory.id == record_id))
-    return session.scalar(select(Episode.summary).where(Episode.id == record_id))
+def record_text(session: Session, kind: str, record_id: int) -> str | None:
+    """The stored text of ``kind:record_id`` (memory content, episode summary), or None when it is gone."""
+    return (MemoryRepository if kind == "mem" else EpisodeRepository)(session).text_of(record_id)
 
 
 # -- the build task (OV-8) ------------------------------------------------------------------
@@ -283,7 +265,7 @@ def build_record_nodes(app: App, kind: str, record_id: int) -> str:
     """
     keys = accepted_model_keys(app)
     with app.db.read() as session:
-        text = _parent_text(session, kind, record_id)
+        text = record_text(session, kind, record_id)
         if text is None:
             return "gone"
         if current_nodes(session, kind, record_id, text, model_keys=keys) is not None:
@@ -309,18 +291,15 @@ def build_record_nodes(app: App, kind: str, record_id: int) -> str:
 
     with app.db.write() as session:
         # Write only what was divided: a record edited meanwhile keeps no stale offsets.
-        if _parent_text(session, kind, record_id) != text:
+        if record_text(session, kind, record_id) != text:
             return "changed"
-        session.execute(delete(RecordNode).where(RecordNode.parent_kind == kind, RecordNode.parent_id == record_id))
-        if len(spans) == 1:
-            return "fits"  # old nodes of another model or window removed; the record now fits whole
-        session.execute(insert(RecordNode), [
-            {"parent_kind": kind, "parent_id": record_id, "node_index": index, "start_char": span.start,
-             "end_char": span.end, "token_count": span.token_count, "window": span.window,
-             "embedding": vector, "embedding_model": model_key}
+        # One span: old nodes of another model or window go; the record now fits whole.
+        NodeRepository(session).replace(kind, record_id, [] if len(spans) == 1 else [
+            {"node_index": index, "start_char": span.start, "end_char": span.end, "token_count": span.token_count,
+             "window": span.window, "embedding": vector, "embedding_model": model_key}
             for index, (span, vector) in enumerate(zip(spans, vectors))
         ])
-    return "built"
+    return "fits" if len(spans) == 1 else "built"
 
 
 def build_nodes(app: App, task: Task) -> dict[str, Any] | None:

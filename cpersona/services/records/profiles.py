@@ -10,15 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import select, update
-from sqlalchemy.exc import IntegrityError
-
 from cpersona.services.app import App
 from cpersona.services.operations.tasks import Task, TaskFailed, register_handler
 from cpersona.services.responses import ToolFailure
 from cpersona.services.sanitize import find_lone_surrogate, nul_refusal, sanitize
 from cpersona.services.timestamps import sql_stamp
-from cpersona.storage.models import Profile
+from cpersona.storage.repositories.profiles import ProfileRepository
 
 
 def get_profile(app: App, *, agent_id: Any = None) -> dict[str, Any]:
@@ -26,14 +23,7 @@ def get_profile(app: App, *, agent_id: Any = None) -> dict[str, Any]:
     if not isinstance(agent_id, str):
         return ToolFailure("agent_id is required" if agent_id is None else "agent_id must be a string").as_response()
     with app.db.read() as session:
-        text = session.scalar(
-            select(Profile.content)
-            .where(Profile.agent_id == agent_id)
-            # Our writes use user_id ''; an older file may hold a row under
-            # another user_id, which is still this agent's profile.
-            .order_by((Profile.user_id == "").desc(), Profile.updated_at.desc(), Profile.id.desc())
-            .limit(1)
-        )
+        text = ProfileRepository(session).current(agent_id)
     return {"profile": text or ""}
 
 
@@ -46,23 +36,7 @@ def update_profile(app: App, *, agent_id: Any = None, profile: Any = None, sessi
 
     now = sql_stamp(app.clock())
     with app.db.write() as session:
-        replaced = session.execute(
-            update(Profile)
-            .where(Profile.agent_id == agent_id, Profile.user_id == "")
-            .values(content=text, updated_at=now)
-        ).rowcount
-        if not replaced:
-            try:
-                with session.begin_nested():
-                    session.add(Profile(agent_id=agent_id, user_id="", content=text, updated_at=now))
-                    session.flush()
-            except IntegrityError:
-                # Another process created the row since our update looked: replace it.
-                session.execute(
-                    update(Profile)
-                    .where(Profile.agent_id == agent_id, Profile.user_id == "")
-                    .values(content=text, updated_at=now)
-                )
+        ProfileRepository(session).replace(agent_id, text, now)
 
     response: dict[str, Any] = {"ok": True, "profiles_updated": 1}
     if truncated:

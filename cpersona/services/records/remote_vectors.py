@@ -22,12 +22,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from sqlalchemy import select
-
 from cpersona.embedding.client import EmbedOutcome
 from cpersona.services.app import App
 from cpersona.services.records.backfill import on_query_embedded
-from cpersona.storage.models import Episode, Memory
+from cpersona.storage.repositories.episodes import EpisodeRepository
+from cpersona.storage.repositories.memories import MemoryRepository
 from cpersona.storage.search import MAX_QUERY_CHARS, Hit, SearchBackend
 from cpersona.storage.scope import Scope
 
@@ -88,11 +87,9 @@ def push_rows(app: App, keys: Iterable[tuple[str, int]]) -> int:
         wanted[kind].append(int(row_id))
     by_agent: dict[str, list[tuple[str, str]]] = {}
     with app.db.read() as session:
-        for kind, model, column in (("mem", Memory, Memory.content), ("ep", Episode, Episode.summary)):
-            if wanted[kind]:
-                for row_id, agent_id, text in session.execute(
-                        select(model.id, model.agent_id, column).where(model.id.in_(wanted[kind]))):
-                    by_agent.setdefault(agent_id, []).append((f"{kind}:{row_id}", text))
+        for kind, repository in (("mem", MemoryRepository), ("ep", EpisodeRepository)):
+            for row_id, agent_id, text in repository(session).texts(wanted[kind]):
+                by_agent.setdefault(agent_id, []).append((f"{kind}:{row_id}", text))
     return sum(len(items) for agent_id, items in by_agent.items() if push(app, agent_id, items))
 
 

@@ -25,14 +25,10 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import text
-
 from cpersona.services.app import App
+from cpersona.storage.repositories.embedding_identity import EmbeddingIdentityRepository
 
 log = logging.getLogger(__name__)
-
-_TABLES = ("memories", "episodes")
-
 
 @dataclass(frozen=True)
 class Reconciled:
@@ -59,8 +55,7 @@ def live_identity(embedder: Any) -> tuple[str, int | None] | None:
 
 def recorded_identity(app: App) -> tuple[str, int | None] | None:
     with app.db.read() as session:
-        row = session.execute(text("SELECT label, dimension FROM embedding_identity WHERE id = 1")).first()
-    return None if row is None else (row.label, row.dimension)
+        return EmbeddingIdentityRepository(session).recorded()
 
 
 def reconcile(app: App) -> Reconciled:
@@ -70,22 +65,20 @@ def reconcile(app: App) -> Reconciled:
         return Reconciled("unknown")
     label, dimension = live
     now = datetime.now(timezone.utc).isoformat()
-    params = {"label": label, "dimension": dimension, "at": now}
     with app.db.write() as session:
-        row = session.execute(text("SELECT label, dimension FROM embedding_identity WHERE id = 1")).first()
-        if row is None:
-            session.execute(text("INSERT INTO embedding_identity (id, label, dimension, recorded_at) "
-                                 "VALUES (1, :label, :dimension, :at)"), params)
+        identity = EmbeddingIdentityRepository(session)
+        recorded = identity.recorded()
+        if recorded is None:
+            identity.record(label, dimension, now)
             return Reconciled("recorded", label)
-        if row.label == label:
-            if dimension is not None and row.dimension != dimension:
-                session.execute(text("UPDATE embedding_identity SET dimension = :dimension WHERE id = 1"), params)
+        previous, recorded_dimension = recorded
+        if previous == label:
+            if dimension is not None and recorded_dimension != dimension:
+                identity.set_dimension(dimension)
             return Reconciled("unchanged", label)
-        cleared = sum(session.execute(text(f"UPDATE {table} SET embedding = NULL WHERE embedding IS NOT NULL"))
-                      .rowcount or 0 for table in _TABLES)
-        session.execute(text("UPDATE embedding_identity SET label = :label, dimension = :dimension, "
-                             "recorded_at = :at WHERE id = 1"), params)
+        cleared = identity.clear_vectors()
+        identity.replace(label, dimension, now)
     log.warning("the embedding model changed from %s to %s: %d stored vector(s) cleared; the backfill "
                 "re-embeds those rows with the new model (keyword search finds them meanwhile)",
-                row.label, label, cleared)
-    return Reconciled("cleared", label, row.label, cleared)
+                previous, label, cleared)
+    return Reconciled("cleared", label, previous, cleared)

@@ -3,8 +3,8 @@
 Our own tables are the v13 layout today; later revisions add the association
 tables (spec storage.md §6.2) and perhaps the ``embedding_model`` labels (§6.4).
 A 2.6 database being copied may have either. Export, import, merge and the
-2.6 copier look here instead of assuming, so each of those additions switches
-the matching code path on without touching this package.
+2.6 copier (services/portability) look here instead of assuming, so each of
+those additions switches the matching code path on without touching them.
 """
 
 from __future__ import annotations
@@ -14,6 +14,12 @@ from dataclasses import dataclass
 from sqlalchemy import Connection, inspect
 
 GRAPH_TABLES = ("entities", "entity_aliases", "entity_mentions", "relations")
+
+
+def has_graph_tables(conn: Connection) -> bool:
+    """Whether the association tables exist (a copied-in or hand-trimmed file may lack them)."""
+    inspector = inspect(conn)
+    return all(inspector.has_table(name) for name in GRAPH_TABLES)
 
 
 @dataclass(frozen=True)

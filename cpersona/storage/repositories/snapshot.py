@@ -1,4 +1,4 @@
-"""Reading records out of a database in pages, inside the caller's snapshot.
+"""Memories, episodes and profiles read out of a database in pages, inside the caller's snapshot.
 
 Used by export (our database), merge (the source agent in our database) and the
 2.6 copier (a foreign database). The caller opens one read transaction and
@@ -18,7 +18,7 @@ from typing import Any
 from sqlalchemy import Connection, ColumnElement, and_, column, func, literal, or_, select, table
 from sqlalchemy.engine import Row
 
-from cpersona.services.portability.layout import Layout
+from cpersona.storage.layout import Layout
 from cpersona.storage.scope import Scope, predicates
 
 PAGE_SIZE = 500
