@@ -370,7 +370,9 @@ async def test_delete_agent_data_removes_everything_the_agent_owns(app):  # spec
         assert count("SELECT count(*) FROM relations") == 0
     assert fts_hits(app, "memories_fts", "three") == []
     assert row(app, survivor) is not None
-    assert await recalled(app, "b keeps", agent="b") == ["b keeps this"]
+    # b's rows are all still found: its memory first, then its episode (the word channel
+    # matches the one-letter word "b" in "an episode of b").
+    assert await recalled(app, "b keeps", agent="b") == ["b keeps this", "[Episode] an episode of b"]
 
     # DAD-4: an agent with nothing left is not an error.
     assert await call(app, "delete_agent_data", agent_id="a") == {
