@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from cpersona.storage.dialect import sqlite_seconds
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +40,9 @@ def instant_seconds(stamp: str) -> float | None:
         return moment.timestamp()
     if not isinstance(stamp, str) or not stamp.strip():
         return None
+    # dialect imports both search backends: a stdio start on SQLite loads it only when a stamp needs it
+    from cpersona.storage.dialect import sqlite_seconds
+
     return sqlite_seconds(stamp)
 
 

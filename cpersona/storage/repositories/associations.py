@@ -15,7 +15,6 @@ from typing import Any
 
 from sqlalchemy import Connection, Row, TextClause, and_, bindparam, delete, func, inspect, literal, or_, select, text, union_all
 
-from cpersona.storage import dialect
 from cpersona.storage.models_associations import Entity, EntityAlias, EntityMention, Relation
 from cpersona.storage.repositories.base import Repository, chunks
 from cpersona.storage.scope import sql_fragment
@@ -217,7 +216,9 @@ class AssociationRepository(Repository):
         instr() on SQLite, strpos() on PostgreSQL: a plain position test, no LIKE wildcards.
         """
         readable = self.scoped()
-        position = func.instr if dialect.is_sqlite(self.session) else func.strpos
+        from cpersona.storage.dialect import is_sqlite  # dialect loads both backends: not on every start
+
+        position = func.instr if is_sqlite(self.session) else func.strpos
         names = select(Entity.normalized.label("term"), Entity.id.label("entity_id")).where(
             readable, position(literal(folded), Entity.normalized) > 0)
         aliases = (select(EntityAlias.normalized.label("term"), EntityAlias.entity_id.label("entity_id"))
@@ -244,7 +245,9 @@ class AssociationRepository(Repository):
         """
         m_where, params = sql_fragment(self.scope, "m")
         e_where, _ = sql_fragment(self.scope, "e")
-        by_source, source_params = dialect.source_filter(self.session, source_id, "m")
+        from cpersona.storage.dialect import source_filter
+
+        by_source, source_params = source_filter(self.session, source_id, "m")
         arms = [
             "SELECT em.entity_id AS entity_id, 'mem' AS kind, m.id AS record_id FROM entity_mentions em "
             "JOIN memories m ON m.id = "
