@@ -4,9 +4,10 @@ Three parts, each in one place:
 
 - the ACL file: parsing and validation (ACL-1..ACL-7), the token table and the
   constant-time lookup of a presented bearer credential (ACL-8);
-- the tool classification of §4.4: :data:`CLASSIFICATION` maps every tool to a
+- the demands of §4.4: each tool's declaration carries an :class:`Access`, a
   function turning its arguments into *demands* ("read on alice",
-  "read-write on every agent"); a tool missing from it is denied (ACL-14);
+  "read-write on every agent"), or leaves it to its annotations
+  (:func:`access_for`: read-only reads the named agent, anything else writes it);
 - :class:`AclGate`, the gate (see :mod:`cpersona.mcp.gates`) that checks the
   demands of every call against the caller's grants, answers a denial in the
   ACL-15 shape, and fills in an omitted ``store`` agent (ACL-17/18).
@@ -374,34 +375,47 @@ def _import(arguments: Mapping[str, Any], settings: Any) -> list[Demand]:
     return demands
 
 
-# Every tool of the reference, with its demand (spec §4.4). A tool not listed is denied.
-CLASSIFICATION: dict[str, Classifier] = {
-    "persistence_status": _any_principal,
-    "get_queue_status": _any_principal,
-    "get_operating_context": _any_principal,
-    "pause_persistence": _pause_bucket("pause", "stops writes"),
-    "resume_persistence": _pause_bucket("resume", "restarts writes"),
-    "get_session_findings": _findings,
-    "check_update": _check_update,
-    **{name: _read_agent for name in (
-        "recall", "recall_with_context", "reconstruct", "traverse", "get_contents", "get_profile",
-        "get_recall_precision", "list_memories", "list_episodes")},
-    **{name: _write_agent for name in (
-        "store", "declare_associations", "update_profile", "archive_episode", "update_memory", "lock_memory",
-        "unlock_memory", "delete_memory", "delete_episode", "delete_agent_data", "calibrate_threshold",
-        "set_recall_precision", "migrate_channel_axis", "organize_folders")},
-    "merge_memories": _merge,
-    "check_health": _check_health,
-    "deep_check": _deep_check,
-    "export_memories": _export,
-    "import_memories": _import,
-}
+@dataclass(frozen=True)
+class Access:
+    """A tool's ACL demand, declared on its :class:`~cpersona.mcp.registry.ToolSpec` (spec §4.4).
 
-# Tools whose demand depends on the contents of a file (run off the event loop).
-_READS_FILES = frozenset({"export_memories", "import_memories"})
+    ``reads_files``: the demands depend on a file's contents, so they are worked
+    out off the event loop. ``fills_agent``: an omitted ``agent_id`` becomes the
+    one agent the client may write to (ACL-17/18). ``says_rejected``: a denial
+    also says the write was not made (``result: "rejected"``, and ``locked:
+    false`` when a lock was asked for; ACL-15).
+    """
 
-# Tools whose denial also says the write was not made (ACL-15).
-_REJECTED_RESULT = frozenset({"store", "declare_associations"})
+    demands: Classifier
+    reads_files: bool = False
+    fills_agent: bool = False
+    says_rejected: bool = False
+
+
+ANY_PRINCIPAL = Access(_any_principal)
+READ_AGENT = Access(_read_agent)
+WRITE_AGENT = Access(_write_agent)
+PAUSE_BUCKET = Access(_pause_bucket("pause", "stops writes"))
+RESUME_BUCKET = Access(_pause_bucket("resume", "restarts writes"))
+FINDINGS = Access(_findings)
+CHECK_UPDATE = Access(_check_update)
+CHECK_HEALTH = Access(_check_health)
+DEEP_CHECK = Access(_deep_check)
+MERGE = Access(_merge)
+EXPORT = Access(_export, reads_files=True)
+IMPORT = Access(_import, reads_files=True)
+
+
+def access_for(spec: Any) -> Access:
+    """The tool's declared demand, else the one its annotations imply.
+
+    A read-only tool reads the agent it names; any other tool writes it. An
+    argument that does not name one agent demands every agent (ACL-13), so a
+    tool that declares nothing is never let through more widely than it writes.
+    """
+    if spec.access is not None:
+        return spec.access
+    return READ_AGENT if spec.annotations.read_only is True else WRITE_AGENT
 
 
 # --- files that name agents (export/import under CPERSONA_EXPORT_DIR) -------------
@@ -484,9 +498,7 @@ class AclGate:
         if principal is None:
             log.error("ACL: no principal resolved for a call of %s; denied", tool)
             return self._deny(call, None, "?", detail="no principal resolved")
-        classifier = CLASSIFICATION.get(tool)
-        if classifier is None:
-            return self._deny(call, None, principal.client_id, detail="tool not classified for ACL enforcement")
+        access = access_for(call.spec)
         client = self.policy.client(principal.client_id)
         arguments = dict(call.arguments)
         sentinel = next((name for name in _SCOPE_ARGUMENTS if arguments.get(name) == ME), None)
@@ -497,15 +509,15 @@ class AclGate:
                 f'{sentinel} was sent as "@me", a sentinel honoured only for a per_subject client; this client '
                 "has no per-subject partition, so name the agent itself"))
         resolved = None
-        if tool == "store" and "agent_id" not in arguments and client is not None:
+        if access.fills_agent and "agent_id" not in arguments and client is not None:
             resolved = client.connection_agent()
             if resolved is not None:
                 arguments["agent_id"] = resolved
-        if tool in _READS_FILES:
+        if access.reads_files:
             # Reading an import file's agents can take a while; the event loop keeps serving meanwhile.
-            demands = await anyio.to_thread.run_sync(classifier, arguments, self.settings)
+            demands = await anyio.to_thread.run_sync(access.demands, arguments, self.settings)
         else:
-            demands = classifier(arguments, self.settings)
+            demands = access.demands(arguments, self.settings)
         for demand in demands:
             if client is None:
                 return self._deny(call, demand, principal.client_id, detail=(
@@ -528,9 +540,9 @@ class AclGate:
             extra["agent_id"] = demand.agent
             extra["required"] = LEVEL_NAMES[demand.level]
         extra["client_id"] = client_id
-        if tool in _REJECTED_RESULT:
+        if access_for(call.spec).says_rejected:
             extra["result"] = "rejected"
-            if tool == "store" and call.arguments.get("lock") is True:
+            if call.arguments.get("lock") is True:
                 extra["locked"] = False
         if detail is not None:
             extra["detail"] = detail

@@ -6,9 +6,10 @@ call and either answers it itself (a refusal, or a no-op such as a paused
 write) or hands it, possibly amended, to the next gate with ``call_next``.
 The last step of the chain runs the service.
 
-The chain is empty today. The no-persist pause (spec G-7) and the ACL check
-(transport-and-config §4) plug in here, so that "which calls may write, and
-who may call what" is decided in this one place for every tool and transport.
+The chain is the ACL check (transport-and-config §4, when a policy is loaded)
+then the no-persist pause (spec G-7), so that "who may call what, and which
+calls may write" is decided in this one place for every tool and transport.
+What each gate decides for a tool is read from the tool's declaration.
 """
 
 from __future__ import annotations

@@ -1,25 +1,45 @@
-"""The tool table: what each MCP tool is called, what it accepts, and which service runs it.
+"""The tool table: each MCP tool is one :class:`ToolSpec`, and that declaration is the whole tool.
 
-A tool is data (:class:`ToolSpec`); the single call path that runs any of them
-lives in :mod:`cpersona.mcp.dispatch`. Adding a tool means adding one
-declaration to a module under :mod:`cpersona.mcp.tools` — nothing else changes.
+A declaration holds everything the server knows about a tool, in one place:
+
+- what clients see: name, description, input schema, annotations, ``_meta``;
+- ``request``: the dataclass its validated arguments are parsed into, once, by
+  :mod:`cpersona.mcp.dispatch` (the service never re-checks their types);
+- ``project``: its axis of the operating context (``@auto`` resolution and the
+  registry check, spec OC-7..OC-11), applied by dispatch, not by the service;
+- ``access``: its ACL demand (:mod:`cpersona.mcp.acl`), derived from the
+  annotations unless they do not say enough;
+- ``paused``: what it does under a no-persist pause and the answer it then
+  gives (:mod:`cpersona.mcp.pause_gate`), next to its success shape;
+- ``refusal``: the shape of its ``ok: false`` answers;
+- ``contracts``: where its numbered contract points are specified;
+- ``service``: the function that does the work, ``fn(app, request) -> dict``.
+
+Nothing else names a tool: adding one is adding one declaration to a module
+under :mod:`cpersona.mcp.tools` (tests/test_registry.py walks the table).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-import importlib
-import inspect
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
-from cpersona.services.responses import failure
+from cpersona.services.operating_context import ProjectRefusal, resolve_project
+from cpersona.services.requests import Request
+from cpersona.services.responses import ToolFailure, failure
 
-ServiceFn = Callable[..., dict[str, Any]]
-# Builds the tool's own failure object for a refusal that happens before the
-# service runs (spec G-6: each tool refuses in the shape its callers branch on).
-# It sees the raw arguments (store adds locked:false when lock was asked for).
+if TYPE_CHECKING:
+    from cpersona.mcp.acl import Access
+    from cpersona.mcp.pause_gate import Rule
+    from cpersona.services.app import App
+
+ServiceFn = Callable[["App", Any], dict[str, Any]]
+# Builds the tool's own failure object (spec G-6: each tool refuses in the shape
+# its callers branch on). It sees the raw arguments (store adds locked:false
+# when lock was asked for).
 Refusal = Callable[[str, Mapping[str, Any]], dict[str, Any]]
 
 
@@ -45,48 +65,102 @@ class Annotations:
 READ_ONLY = Annotations(read_only=True)
 
 
-@functools.cache
-def _import_service(path: str) -> ServiceFn:
-    module_name, _, attr = path.partition(":")
-    return getattr(importlib.import_module(module_name), attr)
+@dataclass(frozen=True)
+class ProjectAxis:
+    """Whether, and how, the operating context's Hard layer applies to a tool's ``project_id``.
+
+    ``writes``: a write may be refused by the registry (``enforce = "reject"``);
+    a read is warned at most (spec AX-5).
+    """
+
+    name: str
+    applies: bool
+    writes: bool = False
+
+    def resolve(self, app: App, project_id: Any, agent_id: Any) -> tuple[Any, dict[str, Any]]:
+        """The project to use and the keys the answer gains (OC-11); raises ToolFailure when refused."""
+        if not self.applies:
+            return project_id, {}
+        resolution = resolve_project(app, project_id, agent_id=agent_id, writes=self.writes)
+        if isinstance(resolution, ProjectRefusal):
+            raise ToolFailure(resolution.message, **resolution.fields)
+        return resolution.project_id, resolution.annotations
 
 
-@functools.cache
-def _keyword_parameters(fn: ServiceFn) -> frozenset[str] | None:
-    params = list(inspect.signature(fn).parameters.values())[1:]  # the first one is the App
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
-        return None
-    return frozenset(p.name for p in params
-                     if p.kind in (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD))
+NO_PROJECT = ProjectAxis("none", applies=False)
+READ_PROJECT = ProjectAxis("read", applies=True)
+WRITE_PROJECT = ProjectAxis("write", applies=True, writes=True)
 
 
 @dataclass(frozen=True)
 class ToolSpec:
-    """One MCP tool: its public declaration and the service function behind it.
-
-    ``service`` is a ``"module:function"`` path, imported on first use so that a
-    tool table can be built (and listed) without importing every service; a
-    function object is taken as is.
-    """
+    """One MCP tool: its public declaration, its rules, and the service behind it."""
 
     name: str
     description: str
     input_schema: Mapping[str, Any]
     annotations: Annotations
-    service: str | ServiceFn
+    service: ServiceFn
+    request: type[Request]
+    project: ProjectAxis = NO_PROJECT
+    access: Access | None = None  # None: derived from the annotations (see cpersona.mcp.acl.access_for)
+    paused: Rule | None = None  # None: a read-only tool runs as usual (PassThrough); a write must say
     refusal: Refusal = error_refusal
     meta: Mapping[str, Any] | None = None
-
-    def service_function(self) -> ServiceFn:
-        return self.service if callable(self.service) else _import_service(self.service)
-
-    def accepted_arguments(self) -> frozenset[str] | None:
-        """Argument names the service takes, or None when it takes any (``**kwargs``)."""
-        return _keyword_parameters(self.service_function())
+    contracts: str | None = None  # where its numbered contract points live in the specification (docs/tools.md)
+    # Checks on the raw arguments that come before the project axis and the
+    # pause (store's ST-2 steps 1-2); raise ToolFailure to refuse.
+    precheck: Callable[[Mapping[str, Any]], None] | None = None
+    # Declared arguments this server does not carry out: a call that sets one
+    # to anything but its default is refused, never silently ignored.
+    unsupported: frozenset[str] = field(default_factory=frozenset)
 
     @property
     def properties(self) -> Mapping[str, Any]:
         return self.input_schema.get("properties", {})
+
+    def refuse(self, refused: ToolFailure, arguments: Mapping[str, Any]) -> dict[str, Any]:
+        """The one way a refusal becomes an answer: the tool's shape, plus what the refusal adds."""
+        answer = {**self.refusal(refused.message, arguments), **refused.extra}
+        if refused.key != "error" and refused.key not in answer:  # a refusal naming its own key keeps it
+            answer.pop("error", None)
+            answer[refused.key] = refused.message
+        return answer
+
+
+def request_fields(request: type[Request]) -> frozenset[str]:
+    return frozenset(f.name for f in dataclasses.fields(request) if f.init)
+
+
+@functools.cache
+def keyword_request(name: str, properties: tuple[str, ...]) -> type[Request]:
+    """A request carrying ``properties`` as is, for a service that still takes them as keywords."""
+    fields = [(prop, Any, dataclasses.field(default=Request.OMITTED)) for prop in properties]
+    return dataclasses.make_dataclass(f"{name}_request", fields, bases=(Request,), frozen=True)
+
+
+def by_keywords(fn: Callable[..., dict[str, Any]]) -> ServiceFn:
+    """``fn(app, request)`` for a service still written as ``fn(app, **arguments)``.
+
+    The arguments a caller left out stay out, so the service's own defaults
+    apply, exactly as when it is called as a library function.
+    """
+
+    @functools.wraps(fn)
+    def call(app: App, request: Request) -> dict[str, Any]:
+        return fn(app, **request.given())
+
+    call.by_keywords = True  # type: ignore[attr-defined]  # the registry test lists these
+    return call
+
+
+def keyword_tool(*, name: str, input_schema: Mapping[str, Any], service: Callable[..., dict[str, Any]],
+                 **declaration: Any) -> ToolSpec:
+    """A declaration whose service takes keyword arguments (see :func:`by_keywords`)."""
+    unsupported = declaration.get("unsupported", frozenset())
+    properties = tuple(p for p in input_schema.get("properties", {}) if p not in unsupported)
+    return ToolSpec(name=name, input_schema=input_schema, service=by_keywords(service),
+                    request=keyword_request(name, properties), **declaration)
 
 
 class Registry:
@@ -102,6 +176,12 @@ class Registry:
             raise ValueError(f"tool {spec.name!r} is declared twice")
         if spec.input_schema.get("type") != "object":
             raise ValueError(f"tool {spec.name!r}: the input schema must describe an object")
+        carried = request_fields(spec.request) | spec.unsupported
+        if set(spec.properties) != carried:
+            raise ValueError(f"tool {spec.name!r}: its request carries {sorted(carried)}, "
+                             f"its schema declares {sorted(spec.properties)}")
+        if spec.annotations.read_only is not True and spec.paused is None:
+            raise ValueError(f"tool {spec.name!r} writes, so it must declare what it does while paused")
         self._specs[spec.name] = spec
 
     def get(self, name: str) -> ToolSpec | None:

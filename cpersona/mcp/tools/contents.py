@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from cpersona.mcp.registry import READ_ONLY, ToolSpec
+from cpersona.mcp.registry import READ_ONLY, keyword_tool
 from cpersona.mcp.tools.common import object_schema
+from cpersona.services.records.contents import get_contents
 
 DESCRIPTION = (
     "Read the full, uncut text behind refs that a preview-tier recall (or a listing) handed out. Expand only the "
@@ -38,8 +39,9 @@ _INDEX_OR_PAIR: dict[str, Any] = {
     ]
 }
 
-GET_CONTENTS = ToolSpec(
+GET_CONTENTS = keyword_tool(
     name="get_contents",
+    contracts="memory-and-recall.md §3.4, associations-and-reconstruct.md §7",
     description=DESCRIPTION,
     input_schema=object_schema({
         "agent_id": {
@@ -79,7 +81,7 @@ GET_CONTENTS = ToolSpec(
         },
     }, required=["agent_id", "refs"]),
     annotations=READ_ONLY,
-    service="cpersona.services.records.contents:get_contents",
+    service=get_contents,
 )
 
 TOOLS = [GET_CONTENTS]

@@ -7,10 +7,15 @@ registry itself, so the text cannot drift from what runs (spec health.md §8).
 from __future__ import annotations
 
 from cpersona.config import Settings
-from cpersona.mcp.registry import READ_ONLY, Annotations, ToolSpec
+from cpersona.mcp.acl import CHECK_HEALTH, DEEP_CHECK, FINDINGS
+from cpersona.mcp.pause_gate import DowngradeFix
+from cpersona.mcp.registry import READ_ONLY, Annotations, keyword_tool
 from cpersona.mcp.tools.common import object_schema
 from cpersona.services.health.deep_check import DEEP_CHECKS, FIXABLE as DEEP_FIXABLE
 from cpersona.services.health.registry import cross_agent_names, registry
+from cpersona.services.health.check_health import check_health
+from cpersona.services.health.deep_check import deep_check
+from cpersona.services.health.findings import get_session_findings
 
 
 def _default(name: str) -> int:
@@ -69,8 +74,9 @@ def _deep_check_description() -> str:
     )
 
 
-CHECK_HEALTH = ToolSpec(
+CHECK_HEALTH = keyword_tool(
     name="check_health",
+    contracts="health.md §2",
     description=_check_health_description(),
     input_schema=object_schema({
         "agent_id": {"type": "string", "description": "The agent to check; empty checks every agent."},
@@ -80,11 +86,14 @@ CHECK_HEALTH = ToolSpec(
         "session_key": _SESSION_KEY,
     }),
     annotations=Annotations(read_only=False),
-    service="cpersona.services.health.check_health:check_health",
+    service=check_health,
+    access=CHECK_HEALTH,
+    paused=DowngradeFix(),  # P-11: it reports, it does not repair
 )
 
-DEEP_CHECK = ToolSpec(
+DEEP_CHECK = keyword_tool(
     name="deep_check",
+    contracts="health.md §5",
     description=_deep_check_description(),
     input_schema=object_schema({
         "agent_id": {"type": "string", "description": "The agent to analyse (required; '' is the empty-agent bucket)."},
@@ -94,11 +103,14 @@ DEEP_CHECK = ToolSpec(
         "session_key": _SESSION_KEY,
     }, required=["agent_id"]),
     annotations=Annotations(read_only=False),
-    service="cpersona.services.health.deep_check:deep_check",
+    service=deep_check,
+    access=DEEP_CHECK,
+    paused=DowngradeFix(),
 )
 
-GET_SESSION_FINDINGS = ToolSpec(
+GET_SESSION_FINDINGS = keyword_tool(
     name="get_session_findings",
+    contracts="health.md §6",
     description=(
         "Pull the storage findings on demand: the same detector as check_health(fix=false), run over the whole "
         "database, read-only, never repairing. Each finding has `kind` (a registry check name, or an escalation "
@@ -124,7 +136,8 @@ GET_SESSION_FINDINGS = ToolSpec(
                             "when reading the answer by machine.", "default": True},
     }),
     annotations=READ_ONLY,
-    service="cpersona.services.health.findings:get_session_findings",
+    service=get_session_findings,
+    access=FINDINGS,
 )
 
 TOOLS = [CHECK_HEALTH, GET_SESSION_FINDINGS, DEEP_CHECK]  # the reference's order

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
-from cpersona.mcp.registry import Annotations, ToolSpec
+import dataclasses
+
+from cpersona.mcp.acl import WRITE_AGENT
+from cpersona.mcp.pause_gate import NO_PERSIST, Skip, const
+from cpersona.mcp.registry import WRITE_PROJECT, Annotations, keyword_tool
 from cpersona.mcp.tools.common import (
-    AGENT_ID, CHANNEL_FOR_WRITE, KEY_FIELD_MAX, PROJECT_ID_FOR_WRITE, SESSION_KEY, object_schema, prop,
+    AGENT_ID, CHANNEL_FOR_WRITE, KEY_FIELD_MAX, PROJECT_ID_FOR_WRITE, SESSION_KEY, lock_flag, object_schema, prop,
     store_refusal,
 )
+from cpersona.services.records.memories import check_boundary, store
 
 STORE_DESCRIPTION = (
     "Save one memory so a later recall can find it; the text goes in content. "
@@ -44,8 +49,9 @@ _MESSAGE_FORM = {
     },
 }
 
-STORE = ToolSpec(
+STORE = keyword_tool(
     name="store",
+    contracts="memory-and-recall.md §3.1",
     description=STORE_DESCRIPTION,
     input_schema=object_schema({
         "content": {
@@ -118,7 +124,13 @@ STORE = ToolSpec(
         },
     }),
     annotations=Annotations(read_only=False, destructive=False, idempotent=True),
-    service="cpersona.services.records.memories:store",
+    service=store,
+    precheck=check_boundary,  # ST-2 steps 1-2, ahead of the project registry and the pause
+    project=WRITE_PROJECT,
+    # ACL-17/18: an omitted agent is the client's one writable agent; ACL-15: a denial says rejected.
+    access=dataclasses.replace(WRITE_AGENT, fills_agent=True, says_rejected=True),
+    paused=Skip(const({"ok": True, "result": "skipped", "id": NO_PERSIST, "embedded": False}),
+                after=lock_flag),
     refusal=store_refusal,
     meta={"anthropic/alwaysLoad": True},
 )

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
-from cpersona.mcp.registry import READ_ONLY, Annotations, ToolSpec
+from cpersona.mcp.acl import ANY_PRINCIPAL, PAUSE_BUCKET, RESUME_BUCKET
+from cpersona.mcp.pause_gate import PassThrough
+from cpersona.mcp.registry import READ_ONLY, Annotations, keyword_tool
 from cpersona.mcp.tools.common import SESSION_KEY, object_schema, prop
+from cpersona.services.operations.persistence import pause_persistence, persistence_status, resume_persistence
 
 _SESSION_KEY = prop(SESSION_KEY, description=(
     "A session name you choose. It selects which pause bucket this call arms, clears or reports; it is not a "
     "credential and filters no data. Omit it to use the one bucket shared by every caller that omits it."
 ))
 
-PAUSE_PERSISTENCE = ToolSpec(
+PAUSE_PERSISTENCE = keyword_tool(
     name="pause_persistence",
+    contracts="admin-and-safety.md §9.2",
     description=(
         "Stop this server from writing for a while: the pause lasts ttl_seconds (default 1800, at most 86400) "
         "and ends by itself. While it lasts every write tool (store, declare_associations, archive_episode, "
@@ -42,11 +46,14 @@ PAUSE_PERSISTENCE = ToolSpec(
         "session_key": _SESSION_KEY,
     }),
     annotations=Annotations(read_only=False, destructive=False, idempotent=True),
-    service="cpersona.services.operations.persistence:pause_persistence",
+    service=pause_persistence,
+    access=PAUSE_BUCKET,
+    paused=PassThrough(),  # the pause tools manage the pause itself (P-12)
 )
 
-RESUME_PERSISTENCE = ToolSpec(
+RESUME_PERSISTENCE = keyword_tool(
     name="resume_persistence",
+    contracts="admin-and-safety.md §9.3",
     description=(
         "End a pause now, so writes persist again. Only the bucket session_key selects is cleared (the "
         "answer's scope): with a key, your own pause and nobody else's; without one, the bucket all keyless "
@@ -55,11 +62,14 @@ RESUME_PERSISTENCE = ToolSpec(
     ),
     input_schema=object_schema({"session_key": _SESSION_KEY}),
     annotations=Annotations(read_only=False, destructive=False, idempotent=True),
-    service="cpersona.services.operations.persistence:resume_persistence",
+    service=resume_persistence,
+    access=RESUME_BUCKET,
+    paused=PassThrough(),
 )
 
-PERSISTENCE_STATUS = ToolSpec(
+PERSISTENCE_STATUS = keyword_tool(
     name="persistence_status",
+    contracts="admin-and-safety.md §9.4",
     description=(
         "Say whether writes are paused and how many seconds of the pause remain (ttl_remaining_seconds). "
         "It answers for the bucket session_key selects (the answer's scope), not for the whole server: with "
@@ -69,7 +79,8 @@ PERSISTENCE_STATUS = ToolSpec(
     ),
     input_schema=object_schema({"session_key": _SESSION_KEY}),
     annotations=READ_ONLY,
-    service="cpersona.services.operations.persistence:persistence_status",
+    service=persistence_status,
+    access=ANY_PRINCIPAL,
 )
 
 TOOLS = [PAUSE_PERSISTENCE, RESUME_PERSISTENCE, PERSISTENCE_STATUS]

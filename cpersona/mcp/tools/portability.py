@@ -2,11 +2,25 @@
 
 from __future__ import annotations
 
-from cpersona.mcp.registry import Annotations, ToolSpec
-from cpersona.mcp.tools.common import SESSION_KEY, object_schema
+from collections.abc import Mapping
+from typing import Any
 
-EXPORT_MEMORIES = ToolSpec(
+from cpersona.mcp.acl import EXPORT, IMPORT, MERGE
+from cpersona.mcp.pause_gate import PassThrough, Skip
+from cpersona.mcp.registry import Annotations, keyword_tool
+from cpersona.mcp.tools.common import SESSION_KEY, object_schema
+from cpersona.services import portability
+from cpersona.services.portability import export_memories, import_memories, merge_memories
+
+
+def _merge_arguments(args: Mapping[str, Any]) -> tuple[Any, Any, Any, Any]:
+    return (args.get("source_agent_id"), args.get("target_agent_id"),
+            args.get("strategy", "skip"), args.get("mode", "copy"))
+
+
+EXPORT_MEMORIES = keyword_tool(
     name="export_memories",
+    contracts="admin-and-safety.md §6",
     description=(
         "Write an agent's memories, episodes, profile and declared associations (entities with their "
         "aliases, mentions and relations) to a JSONL file on the server, as a backup or to carry them to "
@@ -24,11 +38,14 @@ EXPORT_MEMORIES = ToolSpec(
         },
     }, required=["agent_id", "output_path"]),
     annotations=Annotations(read_only=False, destructive=True),
-    service="cpersona.services.portability:export_memories",
+    service=export_memories,
+    access=EXPORT,
+    paused=PassThrough(),  # P-12: it writes a file, not a record
 )
 
-IMPORT_MEMORIES = ToolSpec(
+IMPORT_MEMORIES = keyword_tool(
     name="import_memories",
+    contracts="admin-and-safety.md §7",
     description=(
         "Read a JSONL file written by export_memories and restore its memories, episodes, profiles and "
         "declared associations; each association is pointed at the record it names as restored here. "
@@ -51,11 +68,16 @@ IMPORT_MEMORIES = ToolSpec(
         "session_key": SESSION_KEY,
     }, required=["input_path"]),
     annotations=Annotations(read_only=False, destructive=True, idempotent=True),
-    service="cpersona.services.portability:import_memories",
+    service=import_memories,
+    access=IMPORT,
+    # IM-1 (the file is vetted) comes before the pause (IM-2); a dry run still runs.
+    paused=Skip(lambda _app, _args: portability.paused_import_body(),
+                before=lambda app, args: portability.vet_import(app, args.get("input_path")), unless_dry_run=True),
 )
 
-MERGE_MEMORIES = ToolSpec(
+MERGE_MEMORIES = keyword_tool(
     name="merge_memories",
+    contracts="admin-and-safety.md §8",
     description=(
         "Copy one agent's memories, episodes, profile and declared associations into another agent: the same "
         "result as an export followed by an import, without a file. It commits in batches, so other clients "
@@ -84,7 +106,11 @@ MERGE_MEMORIES = ToolSpec(
         "session_key": SESSION_KEY,
     }, required=["source_agent_id", "target_agent_id"]),
     annotations=Annotations(read_only=False, destructive=True, idempotent=True),
-    service="cpersona.services.portability:merge_memories",
+    service=merge_memories,
+    access=MERGE,
+    # MG-1 (the arguments) comes before the pause (MG-2); a dry run still runs.
+    paused=Skip(lambda _app, args: portability.paused_merge_body(*_merge_arguments(args)),
+                before=lambda _app, args: portability.validate_merge(*_merge_arguments(args)), unless_dry_run=True),
 )
 
 TOOLS = [EXPORT_MEMORIES, IMPORT_MEMORIES, MERGE_MEMORIES]

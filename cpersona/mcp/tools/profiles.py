@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
-from cpersona.mcp.registry import READ_ONLY, Annotations, ToolSpec
+from cpersona.mcp.pause_gate import Skip, const
+from cpersona.mcp.registry import READ_ONLY, Annotations, keyword_tool
 from cpersona.mcp.tools.common import AGENT_ID, SESSION_KEY, object_schema, profile_update_refusal
+from cpersona.services.records.profiles import get_profile, update_profile
 
-GET_PROFILE = ToolSpec(
+GET_PROFILE = keyword_tool(
     name="get_profile",
+    contracts="memory-and-recall.md §3.7",
     description="Read an agent's current profile ('' when it has none).",
     input_schema=object_schema({"agent_id": AGENT_ID}, required=["agent_id"]),
     annotations=READ_ONLY,
-    service="cpersona.services.records.profiles:get_profile",
+    service=get_profile,
 )
 
-UPDATE_PROFILE = ToolSpec(
+UPDATE_PROFILE = keyword_tool(
     name="update_profile",
+    contracts="memory-and-recall.md §3.8",
     description=(
         "Replace an agent's profile with text the caller has already written. The text is cleaned the same "
         "way store cleans content, against the profile's own limit: at most 2000 characters "
@@ -33,7 +37,8 @@ UPDATE_PROFILE = ToolSpec(
         "session_key": SESSION_KEY,
     }, required=["agent_id", "profile"]),
     annotations=Annotations(read_only=False, destructive=False),
-    service="cpersona.services.records.profiles:update_profile",
+    service=update_profile,
+    paused=Skip(const({"ok": True, "profiles_updated": 0})),
     refusal=profile_update_refusal,
 )
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from cpersona.mcp.registry import READ_ONLY, ToolSpec
+from cpersona.mcp.registry import READ_ONLY, READ_PROJECT, keyword_tool
 from cpersona.mcp.tools.common import AGENT_ID, PROJECT_ID_FILTER, SESSION_KEY, object_schema, prop, recall_refusal
+from cpersona.services.recall.service import recall
 
 RECALL_DESCRIPTION = (
     "Search an agent's memories and episodes with several retrievers at once (vector similarity, FTS5 "
@@ -68,8 +69,9 @@ _TIME_CUE = {
     "additionalProperties": False,
 }
 
-RECALL = ToolSpec(
+RECALL = keyword_tool(
     name="recall",
+    contracts="memory-and-recall.md §3.2",
     description=RECALL_DESCRIPTION,
     input_schema=object_schema({
         "agent_id": AGENT_ID,
@@ -143,7 +145,9 @@ RECALL = ToolSpec(
         "time_cue": _TIME_CUE,
     }, required=["agent_id", "query"]),
     annotations=READ_ONLY,
-    service="cpersona.services.recall.service:recall",
+    service=recall,
+    project=READ_PROJECT,
+    unsupported=frozenset({"trace"}),  # refused when set, rather than answered as if absent
     refusal=recall_refusal,
 )
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from cpersona.mcp.registry import READ_ONLY, ToolSpec
+from cpersona.mcp.registry import READ_ONLY, READ_PROJECT, keyword_tool
 from cpersona.mcp.tools.common import AGENT_ID, PROJECT_ID_FILTER, SESSION_KEY, object_schema, prop, recall_refusal
+from cpersona.services.recall.with_context import recall_with_context
 
 DESCRIPTION = (
     "Run a recall and merge its rows with conversation turns you already hold, returning one list sorted by time "
@@ -27,8 +28,9 @@ DESCRIPTION = (
 
 _STRING_FIELD = " A string; any other value is treated as absent and reported in context_field_issues."
 
-RECALL_WITH_CONTEXT = ToolSpec(
+RECALL_WITH_CONTEXT = keyword_tool(
     name="recall_with_context",
+    contracts="memory-and-recall.md §3.3",
     description=DESCRIPTION,
     input_schema=object_schema({
         "agent_id": AGENT_ID,
@@ -97,7 +99,8 @@ RECALL_WITH_CONTEXT = ToolSpec(
             "It never filters stored data. Callers that omit it share one bucket.")),
     }, required=["agent_id", "query"]),
     annotations=READ_ONLY,
-    service="cpersona.services.recall.with_context:recall_with_context",
+    service=recall_with_context,
+    project=READ_PROJECT,
     refusal=recall_refusal,
 )
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from cpersona.mcp.registry import READ_ONLY, ToolSpec
+from cpersona.mcp.registry import READ_ONLY, READ_PROJECT, keyword_tool
 from cpersona.mcp.tools.common import AGENT_ID, PROJECT_ID_FILTER, object_schema
 from cpersona.services.responses import failure
+from cpersona.services.reconstruct import reconstruct
 
 DESCRIPTION = (
     "The recommended way to answer a question from memory. Returns up to count items; each item quotes, word "
@@ -39,8 +40,9 @@ def reconstruct_refusal(message: str, arguments: Mapping[str, Any]) -> dict[str,
     return failure(message, items=[], returned_count=0)
 
 
-RECONSTRUCT = ToolSpec(
+RECONSTRUCT = keyword_tool(
     name="reconstruct",
+    contracts="associations-and-reconstruct.md §8",
     description=DESCRIPTION,
     input_schema=object_schema({
         "agent_id": AGENT_ID,
@@ -68,7 +70,8 @@ RECONSTRUCT = ToolSpec(
         "lite": {"type": "boolean", "description": "Older spelling of mode 'lite'; not together with mode."},
     }, required=["agent_id", "query"]),
     annotations=READ_ONLY,
-    service="cpersona.services.reconstruct:reconstruct",
+    service=reconstruct,
+    project=READ_PROJECT,
     refusal=reconstruct_refusal,
     meta={"anthropic/alwaysLoad": True},
 )

@@ -18,7 +18,10 @@ row the vector channel scored carries its cosine into the gate and
 :mod:`cpersona.services.recall.advisory`.
 
 :func:`run_recall` is the library entry (steps up to the response, no preview
-cut), reused by ``recall_with_context``; :func:`recall` is the tool.
+cut); :func:`recalled` runs it on one read snapshot, for ``recall`` and
+``recall_with_context`` alike; :func:`recall` is the tool. The operating
+context's ``@auto`` (OC-7..OC-11) is applied by the facade before either tool
+runs, from the tool's declaration.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import json
 import logging
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
@@ -52,7 +55,6 @@ from cpersona.services.recall.gate import (
     autocut,
     calibrated_gate_for,
 )
-from cpersona.services.operating_context import resolve_project
 from cpersona.services.recall.prior import apply_prior, prior_applies
 from cpersona.services.recall.preview import (
     FULL_CONTENT_BUDGET,
@@ -361,6 +363,12 @@ def _attach_advisory(app: App, req: RecallRequest, extras: dict[str, Any]) -> No
         extras["advisory"] = notice
 
 
+def recalled(app: App, req: RecallRequest) -> RecallOutcome:
+    """:func:`run_recall` on one read session for the pipeline's five or six reads."""
+    with app.db.snapshot():
+        return run_recall(app, req)
+
+
 def run_recall(app: App, req: RecallRequest) -> RecallOutcome:
     """Steps 2–15 of the pipeline for a validated request (no preview cut)."""
     settings = app.settings
@@ -418,22 +426,22 @@ def recall(
     project_id: Any = None,
     source_id: Any = "",
     full_content: Any = False,
-    trace: Any = False,
     time_cue: Any = None,
 ) -> dict[str, Any]:
-    """The ``recall`` tool: ``{messages: [...]}`` worst → best, plus optional keys."""
+    """The ``recall`` tool: ``{messages: [...]}`` worst → best, plus optional keys.
+
+    ``trace`` is declared by the schema but not carried out: the facade refuses
+    ``trace: true`` (the declaration lists it as unsupported) rather than answer
+    as if it had not been asked.
+    """
     arguments = dict(
         agent_id=agent_id, query=query, limit=limit, deep=deep, channel=channel,
         exclude_contents=exclude_contents, session_key=session_key, project_id=project_id,
-        source_id=source_id, full_content=full_content, trace=trace, time_cue=time_cue,
+        source_id=source_id, full_content=full_content, time_cue=time_cue,
     )  # fmt: skip
     try:
         req = parse_request(app, arguments)
-        # The operating context's Hard layer: '@auto' and the registry warn, never refuse a read.
-        resolution = resolve_project(app, "recall", req.project_id, agent_id=req.agent_id)
-        req = replace(req, project_id=resolution.project_id)
-        with app.db.snapshot():  # one read session for the pipeline's five or six reads
-            outcome = run_recall(app, req)
+        outcome = recalled(app, req)
     except ToolFailure as failure:
         return failure.as_response()
     settings = app.settings
@@ -445,7 +453,6 @@ def recall(
     elif apply_full_content_budget(outcome.messages, **cut):
         response["full_content_budget_chars"] = FULL_CONTENT_BUDGET
     response.update(outcome.extras)
-    response.update(resolution.annotations)  # OC-11
     if (notice := recall_update_notice(app, req.session_key)) is not None:
         response["update"] = notice  # a newer or withdrawn release, told once per session (UP-10)
     return response

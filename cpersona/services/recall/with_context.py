@@ -11,7 +11,8 @@ read as absent; ``CPERSONA_EXTERNAL_CONTEXT_MODE`` decides whether that is
 reported (``warn``), refused before any search (``reject``) or passed over in
 silence (``off``) (RWC-6).
 
-The recall itself is :func:`cpersona.services.recall.service.run_recall`; the preview
+The recall itself is :func:`cpersona.services.recall.service.recalled`, recall's own
+(one read snapshot; ``@auto`` is resolved by the facade for both tools); the preview
 tier and the full-content budget are applied to the merged list, so the budget
 is spent from its chronological end (RWC-9).
 """
@@ -24,7 +25,7 @@ from typing import Any
 
 from cpersona.services.app import App
 from cpersona.services.recall.preview import FULL_CONTENT_BUDGET, apply_full_content_budget, apply_preview_tier
-from cpersona.services.recall.service import parse_instant, parse_request, run_recall
+from cpersona.services.recall.service import parse_instant, parse_request, recalled
 from cpersona.services.responses import ToolFailure
 from cpersona.services.sanitize import find_lone_surrogate
 
@@ -195,7 +196,7 @@ def recall_with_context(
         if find_lone_surrogate([v for e in entries for v in (e.role, e.name, e.user_id, e.timestamp) if v]):
             raise ToolFailure("external_context contains an unpaired UTF-16 surrogate, which is not valid text",
                               messages=[])  # fmt: skip
-        outcome = run_recall(app, req)
+        outcome = recalled(app, req)
     except ToolFailure as failure:  # spec RWC-10: a refused recall is the answer
         return failure.as_response()
 

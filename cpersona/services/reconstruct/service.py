@@ -9,14 +9,13 @@ row changes (RX-50) — the candidate recall is composed without its counters.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import inspect
 
 from cpersona.services.app import App
 from cpersona.services.graph.associations import record_relations
-from cpersona.services.operating_context import resolve_project
 from cpersona.services.reconstruct import bundle as bundling
 from cpersona.services.reconstruct import sequence
 from cpersona.services.reconstruct.audit import NODE_ORDER_DEPTH, coverage
@@ -32,17 +31,38 @@ from cpersona.services.responses import ToolFailure
 from cpersona.services.recall.retrievers import search_backend
 
 
-def reconstruct(app: App, **arguments: Any) -> dict[str, Any]:
-    """The ``reconstruct`` tool."""
+def reconstruct(
+    app: App,
+    *,
+    agent_id: Any = None,
+    query: Any = None,
+    count: Any = None,
+    top_k: Any = None,
+    max_hops: Any = None,
+    max_evidence: Any = None,
+    deep: Any = None,
+    channel: Any = None,
+    project_id: Any = None,
+    source_id: Any = None,
+    trace: Any = None,
+    budget: Any = None,
+    session_key: Any = None,
+    time_cue: Any = None,
+    mode: Any = None,
+    lite: Any = None,
+) -> dict[str, Any]:
+    """The ``reconstruct`` tool; every argument it declares, and only those (the facade applies ``@auto``)."""
+    arguments = {
+        "agent_id": agent_id, "query": query, "count": count, "top_k": top_k, "max_hops": max_hops,
+        "max_evidence": max_evidence, "deep": deep, "channel": channel, "project_id": project_id,
+        "source_id": source_id, "trace": trace, "budget": budget, "session_key": session_key,
+        "time_cue": time_cue, "mode": mode, "lite": lite,
+    }
     try:
-        req = parse(app, arguments)
-        resolution = resolve_project(app, "reconstruct", req.recall.project_id, agent_id=req.recall.agent_id)
-        req.recall = replace(req.recall, project_id=resolution.project_id)
-        response = _run(app, req)
+        req = parse(app, {key: value for key, value in arguments.items() if value is not None})
+        return _run(app, req)
     except ToolFailure as failure:
         return failure.as_response()
-    response.update(resolution.annotations)
-    return response
 
 
 def _run(app: App, req: Request) -> dict[str, Any]:
