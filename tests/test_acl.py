@@ -16,7 +16,7 @@ from cpersona.mcp.acl import (ALL, READ, access_for, READ_WRITE, AclConfigError,
                               load_acl_file, parse_acl)
 from cpersona.mcp.dispatch import call_tool
 from cpersona.mcp.gates import GateChain, ToolCall
-from cpersona.mcp.registry import READ_ONLY, Annotations, ToolSpec, keyword_tool
+from cpersona.mcp.registry import Annotations, ToolSpec, keyword_tool
 from cpersona.mcp.tools import default_registry
 from test_http_transport import HttpServer, mcp_call
 

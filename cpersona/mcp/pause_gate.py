@@ -71,8 +71,9 @@ class Rule(ABC):
 class Skip(Rule):
     """A write answered by a no-op while paused.
 
-    ``before`` runs the checks the spec places ahead of the pause and raises
-    :class:`ToolFailure` to refuse (answered in the tool's own refusal shape);
+    The declaration's ``precheck`` and then ``before`` run the checks the spec
+    places ahead of the pause and raise :class:`ToolFailure` to refuse (answered
+    in the tool's own refusal shape);
     then the operating context's project check runs when the tool has a project
     axis (the same one dispatch applies); then ``body`` builds the tool's success shape, which may also refuse (a
     body computed from validated arguments). ``unless_dry_run`` lets a caller's

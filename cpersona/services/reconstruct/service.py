@@ -9,7 +9,7 @@ row changes (RX-50) — the candidate recall is composed without its counters.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sqlalchemy import inspect
