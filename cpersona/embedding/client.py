@@ -34,8 +34,6 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from cpersona.embedding.cache import EmbeddingCache
 from cpersona.embedding.endpoints import redact, safe_endpoint, sibling_url, url_problem
 from cpersona.embedding.identity import BackendIdentity, IdentityTracker, parse_capabilities
@@ -52,6 +50,7 @@ from cpersona.embedding.vectors import FLOAT32
 
 if TYPE_CHECKING:
     import httpx
+    import numpy as np  # imported where a vector is made (see cpersona.embedding.vectors)
 
 log = logging.getLogger(__name__)
 
@@ -247,6 +246,8 @@ class Embedder:
         """One text with the outcome the advisory needs (cache hit, attempted, error)."""
         if not isinstance(text, str):
             return QueryEmbedding(None, None, EmbedOutcome(False, False, error="text is not a string"))
+        import numpy as np
+
         cached = self._cache.get(text)
         if cached is not None:
             vector = np.frombuffer(cached, dtype=FLOAT32)

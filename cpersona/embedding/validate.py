@@ -12,11 +12,12 @@ process. The first failed step raises ``EmbeddingResponseError`` naming it.
 from __future__ import annotations
 
 import json
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from cpersona.embedding.vectors import FLOAT32, l2_normalised
+
+if TYPE_CHECKING:
+    import numpy as np  # imported where vectors are read (see cpersona.embedding.vectors)
 
 MAX_RESPONSE_BYTES = 64 * 1024 * 1024
 MAX_VECTORS = 512
@@ -84,6 +85,8 @@ def check_vector(raw: Any, position: int) -> np.ndarray:
             raise EmbeddingResponseError(
                 f"vector {position} holds {describe(value)}, expected numbers only"
             )
+    import numpy as np
+
     try:
         vector = np.array(raw, dtype=np.float64)
     except OverflowError:

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 from sqlalchemy import TextClause, text
 
 from cpersona.embedding.vectors import FLOAT32
@@ -51,6 +50,8 @@ def usable_query(blob: bytes | None) -> bool:
     """
     if not blob or len(blob) % 4:
         return False
+    import numpy as np  # only once there is a vector (see cpersona.embedding.vectors)
+
     vector = np.frombuffer(blob, dtype=FLOAT32)
     return bool(np.isfinite(vector).all()) and float(np.dot(vector, vector)) > 0.0
 

@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-import numpy as np
 from sqlalchemy.orm import Session
 
 from cpersona.embedding.vectors import FLOAT32, VectorError, from_blob
@@ -196,6 +195,8 @@ def stored_cosines(session: Session, query_vector: bytes | None, keys: Iterable[
     for kind, row_id in keys:
         if kind in _REPOSITORIES and isinstance(row_id, int) and row_id > 0:
             wanted.setdefault(kind, []).append(row_id)
+    import numpy as np  # only once there is a vector (see cpersona.embedding.vectors)
+
     width = len(query_vector)
     found: dict[RowKey, float] = {}
     for kind, ids in wanted.items():
