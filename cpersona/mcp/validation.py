@@ -21,12 +21,15 @@ import functools
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
-
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import best_match
+from typing import TYPE_CHECKING, Any
 
 from cpersona.services.sanitize import has_lone_surrogate, nul_message
+
+if TYPE_CHECKING:
+    # Imported where a schema is first compiled: the stdio readers (and so the
+    # proxy, which validates nothing) take MAX_REQUEST_BYTES from here, and
+    # jsonschema with its referencing, rpds and attrs costs ~60 ms CPU.
+    from jsonschema import Draft202012Validator
 
 # Far above any legitimate call (a 16,000-char memory with 8,000 chars of
 # metadata, or recall_with_context carrying a few hundred turns) and far below
@@ -111,6 +114,8 @@ def inspect_arguments(arguments: Mapping[str, Any]) -> ArgumentReport:
 @functools.lru_cache(maxsize=None)
 def _validator(schema_json: str) -> Draft202012Validator:
     # Keyed by the schema's JSON text: compiling costs far more than validating.
+    from jsonschema import Draft202012Validator
+
     schema = json.loads(schema_json)
     Draft202012Validator.check_schema(schema)
     return Draft202012Validator(schema)
@@ -136,6 +141,8 @@ def validator_for(schema: Mapping[str, Any]) -> Draft202012Validator:
 
 def schema_violation(schema: Mapping[str, Any], arguments: Mapping[str, Any]) -> str | None:
     """jsonschema's best-matching complaint about ``arguments``, or None when they conform."""
+    from jsonschema.exceptions import best_match
+
     error = best_match(validator_for(schema).iter_errors(arguments))
     if error is None:
         return None
