@@ -82,6 +82,26 @@ def test_models_match_the_migrated_schema(pg_db):
     assert [d for d in diffs if not (d[0] == "modify_nullable" and (d[2], d[3]) in primary_keys)] == []
 
 
+def test_a_postgresql_engine_gives_the_models_partial_indexes_the_migrated_predicates(pg_db):
+    # The models say each partial index's predicate once (SQLite's option, so a
+    # SQLite start never loads the PostgreSQL dialect); a PostgreSQL engine adds
+    # it as PostgreSQL's own. The drift comparison ignores predicates, so this
+    # holds the models to the migrated indexes directly.
+    from sqlalchemy.schema import CreateIndex
+
+    partial = {index.name: index for table in Base.metadata.tables.values() for index in table.indexes
+               if index.dialect_options["sqlite"]["where"] is not None}
+    assert sorted(partial) == ["idx_episodes_lost_embedding", "idx_memories_dedup_msg_id",
+                               "idx_memories_lost_embedding"]
+    migrated = dict(q(pg_db, "SELECT indexname, indexdef FROM pg_indexes WHERE indexname = ANY(:names)",
+                      names=list(partial)))
+    for name, index in partial.items():
+        model_ddl = str(CreateIndex(index).compile(dialect=pg_db.engine.dialect))
+        column = str(index.dialect_options["sqlite"]["where"]).split()[0]
+        assert f" WHERE {column} " in model_ddl, model_ddl
+        assert f"WHERE ({column} " in migrated[name], migrated[name]
+
+
 def test_defaults_ids_and_dedup_rules(pg_db):
     with pg_db.write_connection() as conn:
         long_text = "x" * 20_000  # beyond a B-tree entry: dedup is over md5(content)

@@ -28,13 +28,18 @@ HERE = Path(__file__).resolve().parent
 
 # Modules a stdio start must not load: the HTTP transport, OAuth and ACL code
 # (no ACL file is set), Alembic (the database is at head), the 2.6 and JSONL
-# importers, the health services (no health tool was called), and httpx
-# (embeddings are off; the SDK itself brings httpx2, not httpx).
+# importers, the health services (no health tool was called), httpx
+# (embeddings are off; the SDK itself brings httpx2, not httpx), and numpy with
+# the sqlite_vec package that imports it (no vector is compared with embeddings
+# off; the extension itself is found and loaded without the package), and the
+# standard library's sqlite3 (a second SQLite: the engine's driver is sqlean),
+# and SQLAlchemy's PostgreSQL dialect (see cpersona.storage.models._partial).
 NOT_ON_A_STDIO_START = (
     "alembic", "mako", "cpersona.mcp.http", "cpersona.mcp.oauth", "cpersona.mcp.acl", "jwt",
     "cpersona.services.portability", "cpersona.services.portability.importer",
     "cpersona.services.portability.import_db", "cpersona.services.health.registry",
     "cpersona.services.health.deep_check", "cpersona.storage.vectors_postgres", "httpx",
+    "numpy", "sqlite_vec", "sqlite3", "sqlalchemy.dialects.postgresql",
 )
 
 

@@ -32,7 +32,6 @@ import importlib.resources
 import logging
 import os
 import shlex
-import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,7 +42,7 @@ from urllib.parse import quote
 from sqlalchemy import Connection, text
 from sqlalchemy.exc import DBAPIError
 
-from cpersona.storage.engine import Database, open_database, open_sqlite
+from cpersona.storage.engine import Database, open_database, open_sqlite, sqlite_module
 from cpersona.storage import errors as storage_errors
 
 if TYPE_CHECKING:
@@ -252,14 +251,16 @@ def probe(path: Path | str) -> Probe | None:
     resolved = path.resolve()
     side_files = any(resolved.with_name(resolved.name + suffix).exists() for suffix in ("-wal", "-shm"))
     uri = f"file:{quote(str(resolved))}?mode=ro" + ("" if side_files else "&immutable=1")
+    # The engine's own driver: the standard library's sqlite3 would load a second SQLite.
+    driver = sqlite_module()
     try:
-        conn = sqlite3.connect(uri, uri=True)
-    except sqlite3.Error as exc:
+        conn = driver.connect(uri, uri=True)
+    except driver.Error as exc:
         raise MigrationError(f"cannot open {path} read-only to check its version: "
                              f"{storage_errors.reason(exc, str(path))}") from exc
     try:
         return _probe_rows(lambda sql: conn.execute(sql).fetchall())
-    except sqlite3.DatabaseError as exc:
+    except driver.DatabaseError as exc:
         raise MigrationError(storage_errors.reason(exc, str(path))) from exc
     finally:
         conn.close()
