@@ -136,6 +136,22 @@ def proxy_settings(environ: Mapping[str, str] | None = None) -> ProxySettings:
     )
 
 
+def tls_verification(url: str) -> Any:
+    """What the proxy's client verifies TLS with: the default CA bundle for an https URL.
+
+    For a plain-http URL (the usual loopback server, and every server --spawn
+    starts) no bundle is loaded: reading certifi's file cost this process more
+    CPU than the rest of a proxied call. The context given instead still demands
+    a verified certificate and holds no authority to verify one with, so an
+    https hop it was never meant for fails rather than trusting anyone.
+    """
+    if url.strip().lower().startswith("https:"):
+        return True
+    import ssl
+
+    return ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+
+
 class Unreachable(Exception):
     """The request never reached the server (nothing listens, or the connection was refused)."""
 
@@ -156,7 +172,8 @@ class Proxy:
         self.url = settings.remote_url
         self.token = settings.auth_token
         self._spawner = spawner
-        self._http = httpx.AsyncClient(timeout=httpx.Timeout(READ_TIMEOUT_SECONDS, connect=CONNECT_TIMEOUT_SECONDS))
+        self._http = httpx.AsyncClient(timeout=httpx.Timeout(READ_TIMEOUT_SECONDS, connect=CONNECT_TIMEOUT_SECONDS),
+                                       verify=tls_verification(settings.remote_url))
         self._room = asyncio.Semaphore(settings.max_inflight)
         self._tasks: set[asyncio.Task[None]] = set()
         self._session_id: str | None = None

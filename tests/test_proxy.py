@@ -22,7 +22,7 @@ from mcp import Client, StdioServerParameters
 
 from cpersona.config import ConfigError, load_settings
 from cpersona.proxy_spawn import Endpoint, answers, database_file
-from cpersona.proxy_stdio import ProxyConfigError, proxy_settings
+from cpersona.proxy_stdio import ProxyConfigError, proxy_settings, tls_verification
 
 sys.path.insert(0, str(Path(__file__).parent / "e2e"))
 from stdio_harness import RawSession, server_env  # noqa: E402
@@ -110,9 +110,26 @@ def test_the_proxy_process_loads_neither_the_sdk_nor_the_database_code(http_serv
     assert session.close() == 0
     loaded = set(modules_file.read_text(encoding="utf-8").split())
     assert "httpx" in loaded  # the file is the proxy's
+    # jsonschema: the stdio reader shares its size bound with the argument checks, not their validator.
     heavy = {"mcp", "mcp_types", "pydantic", "pydantic_settings", "sqlalchemy", "numpy", "cpersona.config",
-             "cpersona.storage.engine", "cpersona.services.app"}
+             "cpersona.storage.engine", "cpersona.services.app", "jsonschema"}
     assert sorted(loaded & heavy) == []
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:8402/mcp", "HTTP://localhost/mcp", " http://[::1]:9/mcp"])
+def test_a_plain_http_url_reads_no_ca_bundle_and_still_trusts_no_certificate(url: str) -> None:
+    import ssl
+
+    context = tls_verification(url)
+    assert isinstance(context, ssl.SSLContext)
+    assert context.cert_store_stats()["x509_ca"] == 0  # certifi's bundle was not read
+    # Should the client ever be sent to https with it, it verifies and has no authority to trust.
+    assert context.verify_mode == ssl.CERT_REQUIRED and context.check_hostname
+
+
+@pytest.mark.parametrize("url", ["https://memory.example/mcp", "HTTPS://memory.example/mcp"])
+def test_an_https_url_verifies_against_the_default_bundle(url: str) -> None:
+    assert tls_verification(url) is True  # httpx's own default: certifi's bundle, SSL_CERT_FILE/DIR honoured
 
 
 def test_a_call_in_flight_when_the_server_dies_gets_an_error_and_a_restart_serves_again(
