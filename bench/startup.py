@@ -13,13 +13,24 @@ builds its own once: the reference's files are of the 2.6 line). The proxy's
 server is started once before the runs, on the proxy's database, and warmed;
 its cost is not the proxy's.
 
+Ours runs as installed, not from this checkout: the package (with its
+migrations, as the wheel ships them) is copied into a scratch virtual
+environment that borrows .venv's dependencies, and byte-compiled as pip does
+when it installs a wheel. Run from the checkout, an editable install's import
+hook (~25 ms) and, where PYTHONDONTWRITEBYTECODE is set (it is on the shared
+machine), compiling ~100 modules from source on every start (~0.1-0.2 s) would
+be charged to ours; no installed copy pays either, and the reference's venv
+does not. ``--editable`` measures the checkout as it is.
+
     .venv/bin/python bench/startup.py --runs 5
 """
 
 from __future__ import annotations
 
 import argparse
+import compileall
 import json
+import math
 import os
 import shutil
 import socket
@@ -101,6 +112,23 @@ def one_run(command: list[str], env: dict[str, str]) -> dict[str, float]:
             "cpu_s": cpu, "peak_rss_mib": rss}
 
 
+def floor_run(python: Path) -> dict[str, float]:
+    """The SDK's own import, alone: a process that runs ``import mcp`` and exits (CPU and peak RSS only).
+
+    Importing any part of the SDK runs its package ``__init__``, which imports
+    its client and server halves whole, so this is the least any server built on
+    it can cost.
+    """
+    proc = subprocess.Popen([str(python), "-c", "import mcp"], cwd=tempfile.gettempdir(),
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _, status, usage = os.wait4(proc.pid, 0)
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise RuntimeError(f"{python} -c 'import mcp' failed")
+    nan = float("nan")
+    return {"initialize_s": nan, "recall_s": nan, "exit_after_close_s": nan,
+            "cpu_s": usage.ru_utime + usage.ru_stime, "peak_rss_mib": usage.ru_maxrss / 1024}
+
+
 def seed(command: list[str], env: dict[str, str]) -> None:
     wire = Wire(command, env)
     wire.send(INITIALIZE)
@@ -113,21 +141,44 @@ def seed(command: list[str], env: dict[str, str]) -> None:
     wire.finish()
 
 
+def installed_python(source: Path, target: Path) -> Path:
+    """A python that imports ``source``'s cpersona as pip installs it, with .venv's dependencies.
+
+    A venv without pip whose site-packages holds the copied, byte-compiled package
+    and a .pth naming .venv's site-packages. Paths a .pth adds are not site
+    directories, so .venv's editable-install hook never runs here.
+    """
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(target)], check=True)
+    ours_site = subprocess.run([str(PYTHONS["ours"]), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                               check=True, capture_output=True, text=True).stdout.strip()
+    python = target / "bin" / "python"
+    site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                               check=True, capture_output=True, text=True).stdout.strip())
+    skip = shutil.ignore_patterns("__pycache__", "*.pyc")
+    shutil.copytree(source / "cpersona", site / "cpersona", ignore=skip)
+    if (source / "migrations").is_dir():  # the wheel ships them as cpersona.migrations (pyproject.toml)
+        shutil.copytree(source / "migrations", site / "cpersona" / "migrations", ignore=skip)
+    (site / "cpersona-deps.pth").write_text(ours_site + "\n")
+    if not compileall.compile_dir(str(site / "cpersona"), quiet=1):
+        raise SystemExit(f"byte-compiling {site / 'cpersona'} failed")
+    return python
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
 
 
-def start_warm_server(db_path: Path) -> tuple[subprocess.Popen[bytes], str]:
+def start_warm_server(python: Path, db_path: Path) -> tuple[subprocess.Popen[bytes], str]:
     sys.path.insert(0, str(REPO_DIR))
     from cpersona.proxy_spawn import Endpoint, answers
 
     port = free_port()
     env = base_env(db_path)
     env.update(CPERSONA_TRANSPORT="streamable-http", CPERSONA_HTTP_PORT=str(port), CPERSONA_AUTH_TOKEN=TOKEN)
-    proc = subprocess.Popen([str(PYTHONS["ours"]), "-m", "cpersona"], env=env, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen([str(python), "-m", "cpersona"], env=env, cwd=db_path.parent, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # cwd: as Wire's
     endpoint = Endpoint(f"http://127.0.0.1:{port}/mcp", TOKEN)
     deadline = time.monotonic() + TIMEOUT
     while not answers(endpoint, timeout=2):
@@ -141,14 +192,14 @@ def median_table(results: dict[str, list[dict[str, float]]]) -> tuple[dict[str, 
     metrics = ("initialize_s", "recall_s", "exit_after_close_s", "cpu_s", "peak_rss_mib")
     medians = {kind: {m: statistics.median(r[m] for r in runs) for m in metrics} for kind, runs in results.items()}
     ref = medians.get("ref")
-    compared = [k for k in ("old", "ours", "proxy") if k in medians]
+    compared = [k for k in ("old", "ours", "old-proxy", "proxy", "floor", "ref-floor") if k in medians]
     lines = ["| | " + " | ".join(medians) + " | " + " | ".join(f"{k}/ref" for k in compared) + " |",
              "|---|" + "---|" * (len(medians) + len(compared))]
     for metric in metrics:
         cells = [f"{medians[k][metric]:.2f}" for k in medians]
         ratios = []
         for kind in compared:
-            if ref and kind in medians and ref[metric] > 0:
+            if ref and kind in medians and ref[metric] > 0 and not math.isnan(medians[kind][metric]):
                 ratios.append(f"{medians[kind][metric] / ref[metric]:.2f}×")
             else:
                 ratios.append("—")
@@ -159,42 +210,64 @@ def median_table(results: dict[str, list[dict[str, float]]]) -> tuple[dict[str, 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--kinds", default="ours,ref,proxy", help="comma-separated: ours, ref, proxy, old")
+    parser.add_argument("--kinds", default="ours,ref,proxy",
+                        help="comma-separated: ours, ref, proxy, old, old-proxy (the earlier proxy, to the same "
+                        "warm server), floor and ref-floor (`import mcp` alone with each interpreter)")
     parser.add_argument("--old-src", type=Path, help="a checkout of an earlier cpersona, run as kind 'old' "
-                        "(our interpreter, that source first on PYTHONPATH): the before of a before/after")
+                        "(installed as ours is): the before of a before/after")
+    parser.add_argument("--editable", action="store_true",
+                        help="run ours and the proxy from this checkout's .venv as it is (and 'old' with its "
+                        "source first on PYTHONPATH) instead of from installed, byte-compiled copies")
     args = parser.parse_args(argv)
     kinds = [k for k in args.kinds.split(",") if k]
-    if "old" in kinds and args.old_src is None:
-        raise SystemExit("kind 'old' needs --old-src")
+    if {"old", "old-proxy"} & set(kinds) and args.old_src is None:
+        raise SystemExit("kinds 'old' and 'old-proxy' need --old-src")
+    proxies = [k for k in kinds if k in ("proxy", "old-proxy")]
 
     def env_for(kind: str, db_path: Path) -> dict[str, str]:
         env = base_env(db_path)
-        if kind == "old":
+        if kind == "old" and args.editable:
             env["PYTHONPATH"] = str(args.old_src.resolve())
         return env
 
     work = Path(tempfile.mkdtemp(prefix="cpersona-bench-startup-"))
     warm = None
     try:
+        for kind, python in PYTHONS.items():
+            if kind in kinds or (kind == "ours" and set(kinds) & {"proxy", "old", "old-proxy", "floor"}) or (
+                    kind == "ref" and "ref-floor" in kinds):
+                if not python.exists():
+                    raise SystemExit(f"{kind}: {python} does not exist (bench/.venvs, see COMMON.md)")
+        pythons = {"ref": PYTHONS["ref"], "ours": PYTHONS["ours"], "old": PYTHONS["ours"]}
+        if not args.editable:
+            pythons["ours"] = installed_python(REPO_DIR, work / "venv-ours")
+            if {"old", "old-proxy"} & set(kinds):
+                pythons["old"] = installed_python(args.old_src.resolve(), work / "venv-old")
+        pythons["proxy"] = pythons["ours"]
+        pythons["old-proxy"] = pythons["old"]
         commands: dict[str, tuple[list[str], Path]] = {}
         for kind in kinds:
-            python = PYTHONS["ours" if kind in ("proxy", "old") else kind]
-            if not python.exists():
-                raise SystemExit(f"{kind}: {python} does not exist (bench/.venvs, see COMMON.md)")
+            if kind in ("old-proxy", "floor", "ref-floor"):
+                continue  # old-proxy shares the proxy's database and warm server; a floor has no database
+            python = pythons[kind]
             seed_db = work / f"seed-{kind}" / "memory.db"
             seed_db.parent.mkdir(parents=True)
             seed([str(python), "-m", "cpersona"], env_for(kind, seed_db))
             commands[kind] = ([str(python), "-m", "cpersona"], seed_db)
-        if "proxy" in kinds:
-            warm, url = start_warm_server(commands["proxy"][1])
+        if proxies:
+            if "proxy" not in commands:
+                raise SystemExit("kind 'old-proxy' is measured beside 'proxy'")
+            warm, url = start_warm_server(pythons["ours"], commands["proxy"][1])
             proxy_env = {k: v for k, v in os.environ.items() if not k.startswith("CPERSONA_")}
             proxy_env.update(CPERSONA_REMOTE_URL=url, CPERSONA_AUTH_TOKEN=TOKEN)
-            one_run([str(PYTHONS["ours"]), "-m", "cpersona", "proxy"], proxy_env)  # warms the server, not measured
+            one_run([str(pythons["proxy"]), "-m", "cpersona", "proxy"], proxy_env)  # warms the server, not measured
         results: dict[str, list[dict[str, float]]] = {kind: [] for kind in kinds}
         for n in range(args.runs):
             for kind in kinds:
-                if kind == "proxy":
-                    run = one_run([str(PYTHONS["ours"]), "-m", "cpersona", "proxy"], proxy_env)
+                if kind in ("floor", "ref-floor"):
+                    run = floor_run(pythons["ours" if kind == "floor" else "ref"])
+                elif kind in proxies:
+                    run = one_run([str(pythons[kind]), "-m", "cpersona", "proxy"], proxy_env)
                 else:
                     command, seed_db = commands[kind]
                     run_db = work / f"run-{kind}-{n}" / "memory.db"
@@ -204,11 +277,13 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"run {n + 1} {kind}: " + ", ".join(f"{k} {v:.2f}" for k, v in run.items()), flush=True)
         medians, table = median_table(results)
         load = os.getloadavg()
-        print(f"\nmedians of {args.runs} runs, load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}\n")
+        mode = "editable checkout" if args.editable else "installed, byte-compiled copies"
+        print(f"\nmedians of {args.runs} runs ({mode}), load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}\n")
         print(table)
         RESULTS_DIR.mkdir(exist_ok=True)
         out = RESULTS_DIR / f"startup-{time.strftime('%Y%m%d-%H%M%S')}.json"
-        out.write_text(json.dumps({"runs": results, "medians": medians, "load": load}, indent=2))
+        out.write_text(json.dumps({"runs": results, "medians": medians, "load": load, "editable": args.editable},
+                                  indent=2))
         print(f"\nwritten: {out}")
     finally:
         if warm is not None:
