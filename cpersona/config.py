@@ -403,7 +403,7 @@ class Settings(BaseSettings):
     http_max_connections: int = _f(0, NET, "Most HTTP connections open at once; 0 derives it from the file limit (RLIMIT_NOFILE: three quarters of what is left after 128 descriptors of reserve, at most 4096). A larger value is lowered to that bound.", lo=0, out_of_range="error", shown="from the file limit")
     remote_url: str = _f("http://localhost:8402/mcp", NET, "Server the stdio proxy forwards to.")
     proxy_max_inflight: int = _f(8, NET, "Unanswered messages the stdio proxy keeps in flight.", lo=1)
-    proxy_spawn: bool = _f(False, NET, "`cpersona proxy` starts the shared HTTP server itself when nothing answers (as `--spawn`): on 127.0.0.1, a free port, a random token in a 0600 file beside the database.")
+    proxy_spawn: bool = _f(False, NET, "`cpersona proxy` starts the shared HTTP server itself when nothing answers (as `--spawn`): on 127.0.0.1, a free port, a random token in a 0600 file beside the database; under `CPERSONA_ACL_FILE` it enforces that file, and each proxy presents its own `CPERSONA_AUTH_TOKEN`.")
     proxy_server_idle_seconds: float = _f(600.0, NET, "How long a server started by `cpersona proxy --spawn` keeps running with no proxy connected, in seconds (0: until stopped).", lo=0, out_of_range="error")
     http_idle_exit_seconds: float = _f(0.0, NET, "The HTTP server stops by itself after this many seconds without a request (0: never); `cpersona proxy --spawn` sets it for the server it starts.", lo=0, out_of_range="error")
 
