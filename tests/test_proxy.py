@@ -152,19 +152,9 @@ def test_two_proxies_starting_at_once_start_one_server(tmp_path: Path) -> None:
         assert state["url"].startswith("http://127.0.0.1:")
         server_log = db_path.with_name(db_path.name + ".server.log").read_text()
         assert server_log.count("serving streamable-http") == 1  # one server for both
-        for session in sessions:
-            assert session.close() == 0
-        # With no proxy left, the server stops by itself after its idle time.
-        deadline = time.monotonic() + 60
-        while _alive(state["pid"]):
-            assert time.monotonic() < deadline, "the spawned server outlived its proxies"
-            time.sleep(0.5)
+        _close_and_see_the_server_idle_out(sessions, state["pid"])
     finally:
-        for session in sessions:
-            if session.proc.poll() is None:
-                session.proc.kill()
-        if state_path.exists() and _alive(json.loads(state_path.read_text())["pid"]):
-            os.kill(json.loads(state_path.read_text())["pid"], signal.SIGKILL)
+        _kill_leftovers(sessions, state_path)
 
 
 ACL = {"clients": [
@@ -218,18 +208,27 @@ def test_spawn_under_an_acl_file_starts_a_server_that_enforces_it_for_every_prox
         assert other.returncode == 1 and "runs enforcing CPERSONA_ACL_FILE" in other.stderr, other.stderr
         assert db_path.with_name(db_path.name + ".server.log").read_text().count("serving streamable-http") == 1
 
-        for session in sessions:
-            assert session.close() == 0
-        deadline = time.monotonic() + 60
-        while _alive(state["pid"]):
-            assert time.monotonic() < deadline, "the spawned server outlived its proxies"
-            time.sleep(0.5)
+        _close_and_see_the_server_idle_out(sessions, state["pid"])
     finally:
-        for session in sessions:
-            if session.proc.poll() is None:
-                session.proc.kill()
-        if state_path.exists() and _alive(json.loads(state_path.read_text())["pid"]):
-            os.kill(json.loads(state_path.read_text())["pid"], signal.SIGKILL)
+        _kill_leftovers(sessions, state_path)
+
+
+def _close_and_see_the_server_idle_out(sessions: list[RawSession], pid: int) -> None:
+    for session in sessions:
+        assert session.close() == 0
+    # With no proxy left, the server stops by itself after its idle time.
+    deadline = time.monotonic() + 60
+    while _alive(pid):
+        assert time.monotonic() < deadline, "the spawned server outlived its proxies"
+        time.sleep(0.5)
+
+
+def _kill_leftovers(sessions: list[RawSession], state_path: Path) -> None:
+    for session in sessions:
+        if session.proc.poll() is None:
+            session.proc.kill()
+    if state_path.exists() and _alive(json.loads(state_path.read_text())["pid"]):
+        os.kill(json.loads(state_path.read_text())["pid"], signal.SIGKILL)
 
 
 def _alive(pid: int) -> bool:
