@@ -19,7 +19,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from cpersona import __version__, admin_cli, checkup, model_cli
+from cpersona import DISTRIBUTION, __version__, admin_cli, checkup, model_cli
 
 log = logging.getLogger("cpersona")
 
@@ -36,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Persistent memory for LLM agents over MCP. Configuration comes from CPERSONA_* "
                     "environment variables (see docs/configuration.md).",
     )
-    parser.add_argument("--version", action="version", version=f"cpersona {__version__}")
+    parser.add_argument("--version", action="version", version=f"cpersona {__version__} ({DISTRIBUTION})")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     commands.add_parser("serve", help="serve MCP on the transport CPERSONA_TRANSPORT names (the default command)")
     proxy = commands.add_parser(

@@ -35,6 +35,8 @@ from pydantic import Field, SecretStr, ValidationError, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from cpersona import DISTRIBUTION
+
 __all__ = ["ConfigError", "EMBEDDING_MODE_NEEDS", "LEFT_OUT", "Rule", "Settings", "SECTIONS", "check_startup",
            "env_name", "field_kind", "field_rule", "load_settings", "unknown_variables",
            "warn_unknown_variables"]
@@ -67,7 +69,7 @@ LEFT_OUT = ("CPERSONA_DECLARED_FOLDERS", "CPERSONA_FOLDER_MAX_DEPTH", "CPERSONA_
 # CPERSONA_* variables read outside the Settings model (the test suite, the
 # benchmarks, CI): they are ours, so they never draw the unknown-variable warning.
 READ_ELSEWHERE = ("CPERSONA_TEST_PG_URL", "CPERSONA_TEST_REFERENCE_BIN", "CPERSONA_PG_BINDIR", "CPERSONA_CI_NO_PG",
-                  "CPERSONA_BENCH_PG_URL", "CPERSONA_TEST_MODULES_FILE")
+                  "CPERSONA_BENCH_PG_URL", "CPERSONA_TEST_MODULES_FILE", "CPERSONA_TEST_DOCKER_BASE")
 READ_ELSEWHERE_PREFIXES = ("CPERSONA_BENCH_",)  # CPERSONA_BENCH_<SERVER>_PYTHON (bench/mcp_driver.py)
 
 # What each embedding mode cannot start without: the field to set and what it
@@ -275,7 +277,7 @@ class Settings(BaseSettings):
     scope_stats_ttl_seconds: float = _f(60.0, CORE, "Seconds a cached scope statistic may be reused while other processes write (0: never reused).", lo=0, out_of_range="error")
 
     # --- §8.2 embeddings and vector search ---
-    embedding_mode: Literal["none", "http", "api", "local"] = _f("none", EMB, "Where vectors come from: `none` (keyword search only), `http` (an embedding server such as `cpersona embed-server`), `api` (an OpenAI-compatible service; billed per request at the default URL), `local` (the model runs inside this process; needs `pip install 'cpersona[local]'`).", alias="EMBEDDING_MODE")
+    embedding_mode: Literal["none", "http", "api", "local"] = _f("none", EMB, f"Where vectors come from: `none` (keyword search only), `http` (an embedding server such as `cpersona embed-server`), `api` (an OpenAI-compatible service; billed per request at the default URL), `local` (the model runs inside this process; needs `pip install '{DISTRIBUTION}[local]'`).", alias="EMBEDDING_MODE")
     embedding_url: str | None = _f(None, EMB, "Embedding server endpoint for `http` mode, e.g. `http://127.0.0.1:8401/embed`.", alias="EMBEDDING_HTTP_URL")
     embedding_api_url: str = _f("https://api.openai.com/v1/embeddings", EMB, "Endpoint for `api` mode.", alias="EMBEDDING_API_URL")
     embedding_api_key: SecretStr | None = _f(None, EMB, "Bearer key sent in `api` mode.", alias="EMBEDDING_API_KEY")
@@ -401,7 +403,7 @@ class Settings(BaseSettings):
     http_max_connections: int = _f(0, NET, "Most HTTP connections open at once; 0 derives it from the file limit (RLIMIT_NOFILE: three quarters of what is left after 128 descriptors of reserve, at most 4096). A larger value is lowered to that bound.", lo=0, out_of_range="error", shown="from the file limit")
     remote_url: str = _f("http://localhost:8402/mcp", NET, "Server the stdio proxy forwards to.")
     proxy_max_inflight: int = _f(8, NET, "Unanswered messages the stdio proxy keeps in flight.", lo=1)
-    proxy_spawn: bool = _f(False, NET, "`cpersona proxy` starts the shared HTTP server itself when nothing answers (as `--spawn`): on 127.0.0.1, a free port, a random token in a 0600 file beside the database.")
+    proxy_spawn: bool = _f(False, NET, "`cpersona proxy` starts the shared HTTP server itself when nothing answers (as `--spawn`): on 127.0.0.1, a free port, a random token in a 0600 file beside the database; under `CPERSONA_ACL_FILE` it enforces that file, and each proxy presents its own `CPERSONA_AUTH_TOKEN`.")
     proxy_server_idle_seconds: float = _f(600.0, NET, "How long a server started by `cpersona proxy --spawn` keeps running with no proxy connected, in seconds (0: until stopped).", lo=0, out_of_range="error")
     http_idle_exit_seconds: float = _f(0.0, NET, "The HTTP server stops by itself after this many seconds without a request (0: never); `cpersona proxy --spawn` sets it for the server it starts.", lo=0, out_of_range="error")
 
@@ -410,7 +412,7 @@ class Settings(BaseSettings):
     operating_context_path: Path = _f(Path("~/.cpersona/operating-context.toml"), OPS, "Operating-context file; `~` is expanded.")
     update_check: bool = _f(True, OPS, "Ask the package index once per start whether a newer or withdrawn release exists (cached); false turns off the request, the cache and the notices.")
     update_check_interval_seconds: int = _f(86400, OPS, "How long a cached update verdict stays fresh, in seconds.", lo=0, out_of_range="error")
-    update_check_url: str = _f("https://pypi.org/simple/cpersona/", OPS, "PEP 691 JSON index page the update check reads (the project page of the `cpersona` distribution on PyPI by default); point it at a mirror or a private index.")
+    update_check_url: str = _f(f"https://pypi.org/simple/{DISTRIBUTION}/", OPS, f"PEP 691 JSON index page the update check reads (the project page of the `{DISTRIBUTION}` distribution on PyPI by default; `cpersona` there is CPersona 2.6, another program); point it at a mirror or a private index. Only a page naming `{DISTRIBUTION}` counts.")
 
     def __init__(self, **values: Any) -> None:
         try:

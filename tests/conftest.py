@@ -37,6 +37,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "sqlite_only(reason): about SQLite itself; not run on PostgreSQL in a both_backends module")
     config.addinivalue_line("markers", "postgres: the PostgreSQL half of a both_backends test")
+    config.addinivalue_line("markers", "docker: builds and runs the Dockerfile; skipped when no docker daemon answers")
     config.addinivalue_line(
         "markers", "xfail_on_postgres(reason): a known behavioural difference; the PostgreSQL half must fail")
 

@@ -180,7 +180,7 @@ def test_without_the_extra_local_mode_and_embed_server_refuse_with_the_install_c
     done = subprocess.run([sys.executable, "-c", launch], env=env, capture_output=True, text=True, timeout=60,
                           stdin=subprocess.DEVNULL)
     assert done.returncode == 2
-    assert "onnxruntime" in done.stderr and "pip install 'cpersona[local]'" in done.stderr
+    assert "onnxruntime" in done.stderr and "pip install 'cpersona-server[local]'" in done.stderr
     assert not (tmp_path / "x.db").exists()  # refused before the database was touched
 
 
@@ -195,7 +195,7 @@ def refuse_local(settings) -> None:
 
 def test_the_settings_refuse_local_mode_without_the_extra(monkeypatch, model_folder):
     monkeypatch.setitem(sys.modules, "tokenizers", None)
-    with pytest.raises(ConfigError, match=r"needs tokenizers, which are not installed: run pip install 'cpersona\[local\]'"):
+    with pytest.raises(ConfigError, match=r"needs tokenizers, which are not installed: run pip install 'cpersona-server\[local\]'"):
         refuse_local(load_settings({"CPERSONA_EMBEDDING_MODE": "local",
                                     "CPERSONA_EMBEDDING_MODEL_PATH": str(model_folder)}))
     # Every other mode does not care.

@@ -169,19 +169,83 @@ def test_two_proxies_starting_at_once_start_one_server(tmp_path: Path) -> None:
         assert state["url"].startswith("http://127.0.0.1:")
         server_log = db_path.with_name(db_path.name + ".server.log").read_text()
         assert server_log.count("serving streamable-http") == 1  # one server for both
-        for session in sessions:
-            assert session.close() == 0
-        # With no proxy left, the server stops by itself after its idle time.
-        deadline = time.monotonic() + 60
-        while _alive(state["pid"]):
-            assert time.monotonic() < deadline, "the spawned server outlived its proxies"
-            time.sleep(0.5)
+        _close_and_see_the_server_idle_out(sessions, state["pid"])
     finally:
+        _kill_leftovers(sessions, state_path)
+
+
+ACL = {"clients": [
+    {"client_id": "writer", "token": "tok-writer", "grants": {"alice": "read-write"}},
+    {"client_id": "reader", "token": "tok-reader", "grants": {"alice": "read"}},
+]}
+
+
+def _tool_answer(reply: dict) -> dict:
+    return json.loads(reply["result"]["content"][0]["text"])
+
+
+def _proxy_once(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "cpersona", "proxy", "--spawn"], env=env, stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=150)
+
+
+def test_spawn_under_an_acl_file_starts_a_server_that_enforces_it_for_every_proxy(tmp_path: Path) -> None:
+    acl_path = tmp_path / "acl.json"
+    acl_path.write_text(json.dumps(ACL))
+    acl_path.chmod(0o600)
+    db_path = tmp_path / "spawned" / "memory.db"
+    env = server_env(db_path, CPERSONA_EMBEDDING_MODE="none", CPERSONA_PROXY_SERVER_IDLE_SECONDS="3",
+                     CPERSONA_ACL_FILE=str(acl_path))
+    state_path = db_path.with_name(db_path.name + ".server.json")
+    sessions = [RawSession({**env, "CPERSONA_AUTH_TOKEN": token}, args=["-m", "cpersona", "proxy", "--spawn"])
+                for token in ("tok-writer", "tok-reader")]
+    writer, reader = sessions
+    try:
         for session in sessions:
-            if session.proc.poll() is None:
-                session.proc.kill()
-        if state_path.exists() and _alive(json.loads(state_path.read_text())["pid"]):
-            os.kill(json.loads(state_path.read_text())["pid"], signal.SIGKILL)
+            session.initialize()
+        assert _tool_answer(writer.call("store", '{"agent_id":"alice","content":"the writer wrote this"}',
+                                        timeout=60))["ok"] is True
+        denied = _tool_answer(reader.call("store", '{"agent_id":"alice","content":"no"}', timeout=60))
+        assert (denied["error"], denied["client_id"]) == ("permission_denied", "reader")  # the file holds
+        found = _tool_answer(reader.call("recall", '{"agent_id":"alice","query":"writer wrote"}', timeout=60))
+        assert [m["content"] for m in found["messages"]] == ["the writer wrote this"]
+
+        state = json.loads(state_path.read_text())
+        assert (state["token"], state["acl_file"]) == (None, str(acl_path))  # no credential written down
+        server_log = db_path.with_name(db_path.name + ".server.log").read_text()
+        assert server_log.count("serving streamable-http") == 1  # one server for both
+
+        # Proxies that cannot be served say why at once, and join nothing.
+        no_token = _proxy_once(env)
+        assert no_token.returncode == 1 and "set CPERSONA_AUTH_TOKEN" in no_token.stderr, no_token.stderr
+        wrong = _proxy_once({**env, "CPERSONA_AUTH_TOKEN": "tok-nobody"})
+        assert wrong.returncode == 1 and "refused this proxy's CPERSONA_AUTH_TOKEN" in wrong.stderr, wrong.stderr
+        without_acl = {k: v for k, v in env.items() if k != "CPERSONA_ACL_FILE"}
+        other = _proxy_once(without_acl)
+        assert other.returncode == 1 and "runs enforcing CPERSONA_ACL_FILE" in other.stderr, other.stderr
+        assert db_path.with_name(db_path.name + ".server.log").read_text().count("serving streamable-http") == 1
+
+        _close_and_see_the_server_idle_out(sessions, state["pid"])
+    finally:
+        _kill_leftovers(sessions, state_path)
+
+
+def _close_and_see_the_server_idle_out(sessions: list[RawSession], pid: int) -> None:
+    for session in sessions:
+        assert session.close() == 0
+    # With no proxy left, the server stops by itself after its idle time.
+    deadline = time.monotonic() + 60
+    while _alive(pid):
+        assert time.monotonic() < deadline, "the spawned server outlived its proxies"
+        time.sleep(0.5)
+
+
+def _kill_leftovers(sessions: list[RawSession], state_path: Path) -> None:
+    for session in sessions:
+        if session.proc.poll() is None:
+            session.proc.kill()
+    if state_path.exists() and _alive(json.loads(state_path.read_text())["pid"]):
+        os.kill(json.loads(state_path.read_text())["pid"], signal.SIGKILL)
 
 
 def _alive(pid: int) -> bool:

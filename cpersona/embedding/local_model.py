@@ -22,12 +22,13 @@ from typing import Any
 
 import numpy as np
 
+from cpersona import DISTRIBUTION
 from cpersona.embedding.profiles import TOKENIZER_FILE, ModelConfig, ModelFolderError, read_sums
 from cpersona.embedding.tokens import TokenInfo
 from cpersona.embedding.vectors import FLOAT32, MIN_NORM
 
 EXTRA_PACKAGES = ("onnxruntime", "tokenizers")
-INSTALL_HINT = "pip install 'cpersona[local]'"
+INSTALL_HINT = f"pip install '{DISTRIBUTION}[local]'"
 GROUP = 4  # at most this many texts per forward pass ...
 PASS_TOKENS = 256  # ... and at most this many padded tokens
 HASH_CHUNK = 1 << 20

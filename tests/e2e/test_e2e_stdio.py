@@ -118,7 +118,7 @@ async def test_a_bad_call_does_not_stop_the_process(stdio_params):  # spec G-3, 
 def test_version_prints_our_version(e2e_db_path):
     done = run_cli("--version", env=server_env(e2e_db_path))
     assert done.returncode == 0
-    assert done.stdout.strip() == f"cpersona {cpersona.__version__}"
+    assert done.stdout.strip() == f"cpersona {cpersona.__version__} ({cpersona.DISTRIBUTION})"
     assert not e2e_db_path.exists()  # --version touches nothing
 
 
@@ -128,7 +128,7 @@ def test_console_script_is_installed_and_answers_version(e2e_db_path):
     assert script.exists(), f"{script} is missing: reinstall with pip install -e ."
     import subprocess
     done = subprocess.run([str(script), "--version"], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0 and done.stdout.strip() == f"cpersona {cpersona.__version__}"
+    assert done.returncode == 0 and done.stdout.strip() == f"cpersona {cpersona.__version__} ({cpersona.DISTRIBUTION})"
 
 
 def test_help_lists_the_serve_command(e2e_db_path):

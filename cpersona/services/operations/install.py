@@ -2,12 +2,14 @@
 
     uvx       the interpreter lives in a uv tool cache entry (``…/archive-v0/<hash>``):
               an install there is discarded at the next launch, so the update
-              belongs in the client's launch arguments; never applied here
+              belongs in the client's launch arguments; never applied here.
+              The command is ``uvx --from cpersona-server==X cpersona``; the
+              short ``uvx cpersona@X`` would run CPersona 2.6, another program
     checkout  the package is not under site-packages: a git working tree.
               On a branch: ``git pull`` then reinstall (editable stays editable);
               parked at a tag (detached HEAD): the fetch-and-checkout form, shown
               but never applied
-    pip       anything else: ``python -m pip install --upgrade cpersona==X``
+    pip       anything else: ``python -m pip install --upgrade cpersona-server==X``
     unknown   the package location cannot be told: no command
 
 Steps run as argv lists, never through a shell, and only when a caller asks.
@@ -29,7 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-DISTRIBUTION = "cpersona"
+from cpersona import DISTRIBUTION
+
+COMMAND = "cpersona"  # the console script; the distribution that provides it is DISTRIBUTION
 OUTPUT_TAIL_LINES = 40  # UP-8
 # A version string from the network reaches a command only if it looks like one (UP-6).
 SAFE_VERSION = re.compile(r"^[0-9A-Za-z.+!-]+$")
@@ -63,7 +67,8 @@ class Installation:
                 return [["git", "-C", repo, "fetch", "--tags"], ["git", "-C", repo, "checkout", tag], reinstall]
             return [["git", "-C", repo, "pull"], reinstall]
         if self.method == "uvx":
-            return [["uvx", f"{DISTRIBUTION}@{version}" if version else f"{DISTRIBUTION}@latest"]]
+            source = f"{DISTRIBUTION}=={version}" if version else f"{DISTRIBUTION}@latest"
+            return [["uvx", "--from", source, COMMAND]]
         return []
 
     def command(self, available: str | None) -> str:

@@ -15,6 +15,12 @@ The index is a PEP 691 JSON simple page. Which page is a deployment decision
 of this distribution's name on pypi.org. A version the page does not list is
 ``unlisted`` (a development build), which is never announced.
 
+Only releases of this program count. ``cpersona`` on PyPI is CPersona 2.6, a
+different program: a page that names another project, and files of another
+distribution on our page, are not ours. When the check cannot tell (index
+unreachable, an answer that is not our project's page) the state stays
+``unknown`` with ``unknown_reason`` saying why; nothing is announced.
+
 ``CPERSONA_UPDATE_CHECK=false`` turns every part off: no request, no cache file
 read or written, and the tool answers ``state: "disabled"`` (UP-1).
 """
@@ -24,6 +30,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import threading
 import time
 from collections import OrderedDict
@@ -32,19 +39,19 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from cpersona import __version__
+from cpersona import DISTRIBUTION, __version__
 from cpersona.services.app import App
 from cpersona.services.operations.install import Installation, detect_install, run_steps
 from cpersona.services.operations.versions import Version, parse_version
 
 log = logging.getLogger(__name__)
 
-DISTRIBUTION = "cpersona"
 FETCH_BUDGET_SECONDS = 3.0  # UP-2, end to end
 MAX_INDEX_BYTES = 1 << 20  # UP-2
 REASON_MAX_CHARS = 200  # UP-3
 ACCEPT = "application/vnd.pypi.simple.v1+json"
-RELEASE_NOTES = "https://github.com/Cloto-dev/cpersona/releases/tag/v{version}"
+# Our release's own page (its description carries the changes); never the reference's repository.
+RELEASE_NOTES = f"https://pypi.org/project/{DISTRIBUTION}/{{version}}/"
 STATES = ("ok", "newer", "yanked", "unlisted", "unknown", "disabled")
 
 
@@ -60,15 +67,43 @@ class Verdict:
 # -- deciding (UP-3) -----------------------------------------------------------------------------
 
 
+def project_key(name: str) -> str:
+    """PEP 503 normalized form: ``Cpersona_Server`` and ``cpersona-server`` are one project."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+OURS = project_key(DISTRIBUTION)
+
+
 def _file_version(filename: str) -> Version | None:
-    """The version a distribution file is for: wheels ``name-ver-…whl``, sdists ``name-ver.tar.gz``."""
+    """The version a distribution file of ours is for (wheels ``name-ver-…whl``, sdists ``name-ver.tar.gz``).
+
+    A file of another distribution is None: a mirror's page or a renamed file must not pass
+    another program's release off as ours.
+    """
     if filename.endswith(".whl"):
         parts = filename[:-4].split("-")
-        return parse_version(parts[1]) if len(parts) >= 5 else None
+        return parse_version(parts[1]) if len(parts) >= 5 and project_key(parts[0]) == OURS else None
     for suffix in (".tar.gz", ".zip", ".tar.bz2", ".tgz"):
         if filename.endswith(suffix):
             stem = filename[: -len(suffix)]
-            return parse_version(stem.rsplit("-", 1)[1]) if "-" in stem else None
+            if "-" not in stem:
+                return None
+            name, version = stem.rsplit("-", 1)
+            return parse_version(version) if project_key(name) == OURS else None
+    return None
+
+
+def not_ours(document: Any) -> str | None:
+    """Why an index document is not our project's page (a sentence), or None when it is."""
+    if not isinstance(document, dict) or not isinstance(document.get("files", []), list):
+        return "the index answered something that is not a PEP 691 project page"
+    name = document.get("name")
+    if not isinstance(name, str):
+        return "the index page does not name its project"
+    if project_key(name) != OURS:
+        return (f"the index page is for the project {name[:100]!r}, not {DISTRIBUTION}; releases of another "
+                "program are never offered")
     return None
 
 
@@ -79,8 +114,8 @@ def _yank_text(value: Any) -> str | None:
 
 
 def decide(document: Any, running: str) -> Verdict | None:
-    """The verdict an index document gives for ``running``; None when the document is unusable."""
-    if not isinstance(document, dict) or not isinstance(document.get("files", []), list):
+    """The verdict an index document gives for ``running``; None when the document is not our usable page."""
+    if not_ours(document) is not None:
         return None
     current = parse_version(running)
     if current is None:
@@ -115,8 +150,12 @@ def decide(document: Any, running: str) -> Verdict | None:
 # -- fetching (UP-2) -------------------------------------------------------------------------------
 
 
+class IndexUnreadable(Exception):
+    """The index page could not be had; the message says why, for ``unknown_reason``."""
+
+
 def fetch_index(url: str, budget: float = FETCH_BUDGET_SECONDS) -> Any:
-    """GET the index page within ``budget`` seconds and 1 MiB; the parsed JSON, or None on any failure."""
+    """GET the index page within ``budget`` seconds and 1 MiB; the parsed JSON, or IndexUnreadable."""
     import httpx  # here: every recall imports this module for its notice, few ever fetch
 
     deadline = time.monotonic() + budget
@@ -124,21 +163,31 @@ def fetch_index(url: str, budget: float = FETCH_BUDGET_SECONDS) -> Any:
         with httpx.Client(timeout=httpx.Timeout(budget), follow_redirects=True) as client:
             with client.stream("GET", url, headers={"Accept": ACCEPT}) as response:
                 if response.status_code != 200:
-                    log.info("update check: %s answered %d", url, response.status_code)
-                    return None
+                    raise IndexUnreadable(f"{url} answered HTTP {response.status_code}")
                 body = bytearray()
                 for chunk in response.iter_bytes():
                     body += chunk
                     if len(body) > MAX_INDEX_BYTES:
-                        log.info("update check: the index page is larger than %d bytes", MAX_INDEX_BYTES)
-                        return None
+                        raise IndexUnreadable(f"the index page is larger than {MAX_INDEX_BYTES} bytes")
                     if time.monotonic() > deadline:
-                        log.info("update check: the index did not answer within %.0f s", budget)
-                        return None
+                        raise IndexUnreadable(f"the index did not answer within {budget:.0f} s")
         return json.loads(bytes(body))
-    except (httpx.HTTPError, ValueError, OSError) as exc:
-        log.info("update check: %s could not be read: %s", url, exc)
-        return None
+    except ValueError as exc:
+        raise IndexUnreadable(f"{url} did not answer JSON") from exc
+    except (httpx.HTTPError, OSError) as exc:
+        raise IndexUnreadable(f"{url} could not be read: {type(exc).__name__}") from exc
+
+
+def _read_verdict(url: str, running: str) -> Verdict | str:
+    """One fetch and decision: the verdict, or why there is none (a sentence)."""
+    try:
+        document = fetch_index(url)
+    except IndexUnreadable as exc:
+        return str(exc)
+    verdict = decide(document, running)
+    if verdict is None:
+        return not_ours(document) or f"the running version {running!r} is not a PEP 440 version"
+    return verdict
 
 
 # -- the checker ----------------------------------------------------------------------------------
@@ -162,6 +211,7 @@ class UpdateChecker:
         self._lock = threading.Lock()
         self._verdict: Verdict | None = None
         self._checked_at: str | None = None
+        self._unknown_reason: str | None = None  # why the last check gave no verdict
         self._issued = 0  # fetch sequence numbers (UP-4: a later fetch's verdict wins)
         self._applied_from = 0
         self._apply_lock = threading.Lock()
@@ -175,6 +225,11 @@ class UpdateChecker:
             if self._verdict is None:
                 return Verdict("unknown", self.running), None
             return self._verdict, self._checked_at
+
+    def unknown_reason(self) -> str | None:
+        """Why the state is ``unknown`` after a check ran (None before any check, or once a verdict is known)."""
+        with self._lock:
+            return self._unknown_reason if self.enabled and self._verdict is None else None
 
     def _adopt(self, verdict: Verdict, checked_at: str, issued: int) -> bool:
         with self._lock:
@@ -206,7 +261,8 @@ class UpdateChecker:
             doc = json.loads(self.cache_path.read_text(encoding="utf-8"))
             fetched_at = doc["fetched_at"]
             age = (datetime.now(timezone.utc) - datetime.fromisoformat(fetched_at)).total_seconds()
-            if doc.get("running") != self.running or not 0 <= age <= self.interval:
+            # A verdict read from another page (an earlier build read the `cpersona` one) is not ours.
+            if doc.get("running") != self.running or doc.get("url") != self.url or not 0 <= age <= self.interval:
                 return None
             raw = doc["verdict"]
             verdict = Verdict(raw["state"], raw["running"], raw.get("kind"), raw.get("available"), raw.get("reason"))
@@ -217,7 +273,7 @@ class UpdateChecker:
             return None
 
     def _write_cache(self, verdict: Verdict, fetched_at: str) -> None:
-        doc = {"fetched_at": fetched_at, "running": self.running, "verdict": asdict(verdict)}
+        doc = {"fetched_at": fetched_at, "running": self.running, "url": self.url, "verdict": asdict(verdict)}
         temp = self.cache_path.with_name(f".{self.cache_path.name}.{os.getpid()}.tmp")
         try:
             fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -237,11 +293,15 @@ class UpdateChecker:
             self._issued += 1
             issued = self._issued
         result: dict[str, Any] = {}
-        worker = threading.Thread(target=lambda: result.update(doc=fetch_index(self.url)), daemon=True)
+        worker = threading.Thread(target=lambda: result.update(out=_read_verdict(self.url, self.running)),
+                                  daemon=True)
         worker.start()
         worker.join(FETCH_BUDGET_SECONDS + 0.5)  # nothing waits longer, whatever the network does
-        verdict = decide(result.get("doc"), self.running) if not worker.is_alive() else None
-        if verdict is None:
+        verdict = result.get("out", f"the index did not answer within {FETCH_BUDGET_SECONDS:.0f} s")
+        if isinstance(verdict, str):
+            log.info("update check: cannot tell: %s", verdict)
+            with self._lock:
+                self._unknown_reason = verdict[:REASON_MAX_CHARS * 2]
             return False
         fetched_at = _iso_now()
         if not self._adopt(verdict, fetched_at, issued):
@@ -310,6 +370,7 @@ def check_update(app: App, *, refresh: Any = False, apply: Any = False) -> dict[
         "available": verdict.available,
         "reason": verdict.reason,
         "checked_at": checked_at,
+        "unknown_reason": checker.unknown_reason(),
         "refreshed": refresh is True,
         "install": install,
         "_meta": {"server_version": __version__},
