@@ -15,7 +15,6 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import anyio
-import pytest
 from starlette.testclient import TestClient
 
 from cpersona.config import load_settings
@@ -45,7 +44,9 @@ def seed(app: App) -> dict[str, int]:
                               "entities": [{"name": "MizEye"}, {"name": "<b>Kirari</b>"}],
                               "relations": [{"subject": "<b>Kirari</b>", "predicate": "maintains",
                                              "object": "MizEye"}]})["id"]
-    ids["plain"] = tool(app, "store", agent_id="alice", content="The deploy window is Friday noon")["id"]
+    ids["plain"] = tool(app, "store", agent_id="alice", content="The deploy window is Friday noon", associations={
+        "relations": [{"subject": "MizEye", "predicate": "depends_on", "object": "OpenCV"},
+                      {"subject": "OpenCV", "predicate": "written_in", "object": "C++"}]})["id"]
     ids["bob"] = tool(app, "store", agent_id="bob", content="Bob prefers green tea", channel="ops")["id"]
     ids["episode"] = tool(app, "archive_episode", agent_id="alice", summary=f"Talked about MizEye {HOSTILE}",
                           keywords="mizeye")["episode_id"]
@@ -143,7 +144,7 @@ def test_search_is_the_recall_tool_with_match_reason_and_notices(app):
     client = client_for(app)
     text = client.get("/?q=deploy+window&agent=alice").text
     assert f'href="/record/mem/{ids["plain"]}"' in text and "Friday noon" in text
-    assert "match_reason" in text and "&quot;signal&quot;" in text
+    assert "match_reason" in text and '<span class="chip">signal rrf</span>' in text
     assert "advisory" in text and "keyword" in text  # the no-embedder notice recall gives an agent
     assert "Bob prefers" not in client.get("/?q=tea&agent=alice").text  # isolation: alice's recall
     assert "Bob prefers" in client.get("/?q=tea&agent=bob").text
@@ -151,13 +152,18 @@ def test_search_is_the_recall_tool_with_match_reason_and_notices(app):
     assert refused.status_code == 200
 
 
-def test_a_search_from_the_page_leaves_recall_counters_alone(app):
+def test_a_search_from_the_page_leaves_recall_counters_alone(db):
+    app = App(db=db, settings=load_settings({"CPERSONA_DB_PATH": str(db.path), "CPERSONA_CONFIDENCE_ENABLED": "true"}))
     ids = seed(app)
     client = client_for(app)
     for _ in range(3):
         assert "Friday noon" in client.get("/?q=deploy+window&agent=alice").text
-    app.recall_counters.flush() if hasattr(app.recall_counters, "flush") else None
-    assert "recalled 0 time(s)" in client.get(f"/record/mem/{ids['plain']}").text
+    assert "recalled 0 time(s); last never" in client.get(f"/record/mem/{ids['plain']}").text
+    # An agent's recall counts, and the record's history and the charts show it.
+    assert tool(app, "recall", agent_id="alice", query="deploy window")["messages"]
+    assert "recalled 1 time(s); last 20" in client.get(f"/record/mem/{ids['plain']}").text
+    charts = client.get("/stats").text
+    assert f'href="/record/mem/{ids["plain"]}"' in charts.split("Most recalled memories")[1]
 
 
 def test_the_timeline_filters_by_agent_project_channel_kind_and_date(app):
@@ -202,7 +208,7 @@ def test_profile_graph_health_and_charts_show_their_tools_answers(app):
     assert "Alice, engineer" in client.get("/profile?agent=alice").text
     assert "no profile for bob" in client.get("/profile?agent=bob").text
     graph = client.get("/graph?agent=alice&entity=MizEye").text
-    assert '<svg id="graph"' in graph and graph.count('class="node') == 2 and 'class="edge"' in graph
+    assert '<svg id="graph"' in graph and graph.count('class="node') == 5 and graph.count('class="edge"') == 3
     health = client.get("/health").text
     assert "null_embedding" in health and "CPERSONA_EMBEDDING_MODE" in health  # a finding with its fix hint
     charts = client.get("/stats").text

@@ -57,6 +57,7 @@ def run(args: argparse.Namespace) -> int:
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         listener.bind((HOST, args.port))
+        listener.listen(128)  # a browser opening the printed link at once waits in the backlog, not refused
     except OSError as exc:
         listener.close()
         return _fail(f"cannot listen on {HOST}:{args.port}: {exc.strerror or exc}", 1)

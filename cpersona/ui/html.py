@@ -116,23 +116,52 @@ def bar_chart(pairs: Sequence[tuple[Any, int | float]], *, title: str, unit: str
             full=text, short=text if len(text) <= 22 else text[:21] + "…", v=value, u=unit,
             lx=label_w - 8, ty=y + bar_h - 4, bx=label_w, y=y, w=w, h=bar_h, vx=label_w + w + 6))
     return html('<figure class="chart"><figcaption>{t}</figcaption>'
-                '<svg viewBox="0 0 {W} {H}" width="{W}" height="{H}" role="img" aria-label="{t}">{bars}</svg>'
+                '<svg viewBox="0 0 {W} {H}" role="img" aria-label="{t}">{bars}</svg>'
                 '</figure>', t=title, W=width, H=height, bars=join(bars))
+
+
+def column_chart(pairs: Sequence[tuple[Any, int | float]], *, title: str) -> Safe:
+    """A vertical bar per (day, value), oldest left; every few days labelled so the labels never overlap."""
+    if not pairs:
+        return html('<figure class="chart"><figcaption>{t}</figcaption><p class="empty">no rows yet</p></figure>',
+                    t=title)
+    width, height, left, bottom, top = 560, 200, 36, 34, 14
+    peak = max(float(v) for _, v in pairs) or 1.0
+    step = (width - left - 8) / len(pairs)
+    every = max(1, math.ceil(len(pairs) / 6))
+    bars = [html('<text x="{x}" y="{y}" class="value">{p:g}</text>'
+                 '<line x1="{left}" y1="{base}" x2="{w}" y2="{base}" class="axis"></line>',
+                 x=4, y=top + 4, p=peak, left=left, base=height - bottom, w=width - 8)]
+    for i, (day, value) in enumerate(pairs):
+        h = max(1.0, (height - bottom - top) * float(value) / peak)
+        x = left + i * step
+        label = html('<text x="{cx:.1f}" y="{ly}" class="tick">{d}</text>', cx=x + step / 2, ly=height - bottom + 16,
+                     d=str(day)[5:] if len(str(day)) == 10 else day) if i % every == 0 or i == len(pairs) - 1 else ""
+        bars.append(html('<g><title>{d}: {v}</title><rect x="{x:.1f}" y="{y:.1f}" width="{bw:.1f}" height="{h:.1f}" '
+                         'rx="2"></rect>{label}</g>', d=day, v=value, x=x + step * 0.12, y=height - bottom - h,
+                         bw=max(1.0, step * 0.76), h=h, label=label))
+    return html('<figure class="chart"><figcaption>{t}</figcaption>'
+                '<svg viewBox="0 0 {W} {H}" role="img" aria-label="{t}">{bars}</svg></figure>',
+                t=title, W=width, H=height, bars=join(bars))
 
 
 def graph_svg(entities: Sequence[dict[str, Any]], relations: Sequence[dict[str, Any]]) -> Safe:
     """The traverse answer drawn: the named entity in the middle, each hop on a ring further out."""
-    size, ring = 640, 120
+    size = 640
     centre = size / 2
     by_hops: dict[int, list[dict[str, Any]]] = {}
     for entity in entities:
         by_hops.setdefault(int(entity.get("hops", 0)), []).append(entity)
-    place: dict[int, tuple[float, float]] = {}
+    ring = (centre - 70) / max(1, max(by_hops, default=1))  # the outermost ring keeps its labels inside
+    start: dict[int, tuple[float, float]] = {}
     for hops, group in sorted(by_hops.items()):
-        radius = ring * hops if hops else (0 if len(group) == 1 else 40)
+        radius = ring * hops if hops else (0 if len(group) == 1 else min(60.0, ring / 2))
         for i, entity in enumerate(group):
             angle = 2 * math.pi * i / len(group) - math.pi / 2 + hops * 0.4
-            place[entity["id"]] = (centre + radius * math.cos(angle), centre + radius * math.sin(angle))
+            start[entity["id"]] = (centre + radius * math.cos(angle), centre + radius * math.sin(angle))
+    links = [(r.get("subject"), r.get("object")) for r in relations
+             if r.get("subject") in start and r.get("object") in start]
+    place = _spread(start, links, size)
     edges, nodes = [], []
     for rel in relations:
         a, b = place.get(rel.get("subject")), place.get(rel.get("object"))
@@ -159,6 +188,57 @@ def graph_svg(entities: Sequence[dict[str, Any]], relations: Sequence[dict[str, 
         '<defs><marker id="arrow" viewBox="0 0 10 10" refX="22" refY="5" markerWidth="7" markerHeight="7" '
         'orient="auto-start-reverse"><path d="M 0 0 L 10 5 L 0 10 z"></path></marker></defs>{edges}{nodes}</svg>',
         S=size, edges=join(edges), nodes=join(nodes))
+
+
+def _spread(start: dict[int, tuple[float, float]], links: Sequence[tuple[Any, Any]], size: int,
+            rounds: int = 150) -> dict[int, tuple[float, float]]:
+    """Fruchterman-Reingold from the ring layout: linked nodes pull together, all push apart.
+
+    Deterministic (the same answer draws the same picture) and bounded: a
+    traverse answer holds at most a few dozen entities, so rounds × n² stays small.
+    """
+    ids = list(start)
+    if len(ids) < 2:
+        return {i: (size / 2, size / 2) for i in ids}
+    pos = {i: list(start[i]) for i in ids}
+    k = 0.9 * math.sqrt(size * size / len(ids))
+    heat = size / 8
+    for _ in range(rounds):
+        move = {i: [0.0, 0.0] for i in ids}
+        for n, a in enumerate(ids):
+            for b in ids[n + 1:]:
+                dx, dy = pos[a][0] - pos[b][0], pos[a][1] - pos[b][1]
+                d = max(1.0, math.hypot(dx, dy))
+                push = k * k / d
+                move[a][0] += dx / d * push
+                move[a][1] += dy / d * push
+                move[b][0] -= dx / d * push
+                move[b][1] -= dy / d * push
+        for a, b in links:
+            dx, dy = pos[a][0] - pos[b][0], pos[a][1] - pos[b][1]
+            d = max(1.0, math.hypot(dx, dy))
+            pull = d * d / k
+            move[a][0] -= dx / d * pull
+            move[a][1] -= dy / d * pull
+            move[b][0] += dx / d * pull
+            move[b][1] += dy / d * pull
+        for i in ids:
+            # Gravity keeps separate components in one picture instead of drifting apart.
+            move[i][0] -= (pos[i][0] - size / 2) * 0.1 * k / size * 10
+            move[i][1] -= (pos[i][1] - size / 2) * 0.1 * k / size * 10
+            length = max(1e-9, math.hypot(*move[i]))
+            step = min(length, heat)
+            pos[i][0] = min(size, max(0.0, pos[i][0] + move[i][0] / length * step))
+            pos[i][1] = min(size, max(0.0, pos[i][1] + move[i][1] / length * step))
+        heat *= 0.97
+    # Fit the drawing into the frame, leaving room for the labels.
+    xs, ys = [p[0] for p in pos.values()], [p[1] for p in pos.values()]
+    margin = 70
+    span = max(max(xs) - min(xs), max(ys) - min(ys), 1.0)
+    scale = (size - 2 * margin) / span
+    ox = (size - (max(xs) - min(xs)) * scale) / 2
+    oy = (size - (max(ys) - min(ys)) * scale) / 2
+    return {i: (ox + (p[0] - min(xs)) * scale, oy + (p[1] - min(ys)) * scale) for i, p in pos.items()}
 
 
 def _name(entities: Sequence[dict[str, Any]], entity_id: Any) -> str:

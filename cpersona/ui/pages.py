@@ -19,7 +19,7 @@ from starlette.responses import HTMLResponse, Response
 
 from cpersona.services.records import browse
 from cpersona.storage.repositories.browse import KINDS, TimelineFilter
-from cpersona.ui.html import (GLOBAL, Safe, axis_value, bar_chart, escape, graph_svg, hidden_csrf, html, join, layout, options,
+from cpersona.ui.html import (GLOBAL, Safe, axis_value, bar_chart, column_chart, escape, graph_svg, hidden_csrf, html, join, layout, options,
                               table)
 from cpersona.ui.server import UiState, WriteRefused
 
@@ -50,16 +50,29 @@ def _preview(text: str, limit: int = TEXT_PREVIEW) -> str:
     return text if len(text) <= limit else text[:limit] + "…"
 
 
+def _value(value: Any) -> Safe:
+    """A JSON value as nested lists: strings keep their line breaks, every leaf escaped."""
+    if isinstance(value, dict):
+        return html('<dl class="kv">{items}</dl>', items=join(
+            html("<dt>{k}</dt><dd>{v}</dd>", k=k, v=_value(v)) for k, v in value.items()))
+    if isinstance(value, list):
+        return html("<ol>{items}</ol>", items=join(html("<li>{v}</li>", v=_value(v)) for v in value))
+    if isinstance(value, str):
+        return html('<span class="text">{v}</span>', v=value)
+    return html("<code>{v}</code>", v=json.dumps(value, default=str))
+
+
 def _answer_box(answer: dict[str, Any], *, skip: tuple[str, ...] = ()) -> Safe:
-    """A tool answer's keys (its notices and verdicts), as readable JSON, every value escaped."""
+    """A tool answer's keys (its notices and verdicts), every value escaped."""
     shown = {k: v for k, v in answer.items() if k not in skip}
     if not shown:
         return Safe("")
-    rows = join(html('<dt>{k}</dt><dd><pre>{v}</pre></dd>', k=key,
-                     v=value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, indent=2,
-                                                                      default=str))
-                for key, value in shown.items())
-    return html('<dl class="notices">{rows}</dl>', rows=rows)
+    return html('<div class="notices">{v}</div>', v=_value(shown))
+
+
+def _reason(reason: dict[str, Any]) -> Safe:
+    return join(html('<span class="chip">{k} {v}</span>', k=k, v=f"{v:.4g}" if isinstance(v, float) else v)
+                for k, v in reason.items())
 
 
 def _refusal(answer: dict[str, Any]) -> Safe:
@@ -108,9 +121,9 @@ async def search(request: Request, state: UiState) -> Response:
         reason = message.get("match_reason") or {}
         items.append(html(
             '<li class="hit"><div class="meta"><span class="rank">#{rank}</span> {link} · {ts}</div>'
-            '<div class="content">{content}</div><div class="reason">match_reason: <code>{reason}</code></div></li>',
+            '<div class="content">{content}</div><div class="reason">match_reason {reason}</div></li>',
             rank=rank, link=link, ts=message.get("timestamp", ""), content=message.get("content", ""),
-            reason=json.dumps(reason, ensure_ascii=False, default=str)))
+            reason=_reason(reason)))
     results = (html('<ol class="hits">{i}</ol>', i=join(items)) if items
                else html('<p class="empty">recall returned no rows</p>'))
     notices = _answer_box(answer, skip=("messages",))
@@ -208,6 +221,14 @@ def _write_controls(state: UiState, kind: str, record_id: int, fields: dict[str,
     return html('<section class="actions"><h2>Change</h2>{p}</section>', p=join(parts))
 
 
+def _field(value: Any) -> Any:
+    if value is None:
+        return "—"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return value if isinstance(value, (str, int, float)) else json.dumps(value, ensure_ascii=False)
+
+
 async def record(request: Request, state: UiState) -> Response:
     key = _record_key(request)
     found = await state.read(browse.record, *key) if key else None
@@ -217,9 +238,7 @@ async def record(request: Request, state: UiState) -> Response:
     fields = found["fields"]
     text = fields["content"] if kind == "mem" else fields["summary"]
     shown = {k: v for k, v in fields.items() if k not in ("content", "summary")}
-    details = table(("field", "value"), [(k, v if isinstance(v, (str, int, float)) or v is None
-                                          else json.dumps(v, ensure_ascii=False)) for k, v in shown.items()],
-                    cls="fields")
+    details = table(("field", "value"), [(k, _field(v)) for k, v in shown.items()], cls="fields")
     ranges = (table(("node", "chars", "tokens", "window", "vector", "text"),
                     [(r["index"], f'{r["start"]}–{r["end"]}', r["tokens"], r["window"],
                       r["embedding_model"] or ("yes" if r["embedded"] else "no"), r["text"])
@@ -362,8 +381,8 @@ async def graph(request: Request, state: UiState) -> Response:
     entities = answer.get("entities") or []
     drawing = (graph_svg(entities, answer.get("relations") or []) if entities
                else html('<p class="empty">no entity named {e} is readable by {a}</p>', e=entity, a=agent))
-    legend = html('<p class="hint">{n} entities, {r} relations; the named entity in the middle, each hop a ring '
-                  'further out. Hover a node to follow its relations.</p>', n=len(entities),
+    legend = html('<p class="hint">{n} entities, {r} relations; the entity named is red (one node per project and '
+                  'channel it is declared in), farther hops paler. Hover a node to follow its relations.</p>', n=len(entities),
                   r=len(answer.get("relations") or []))
     mentions = join(html("<li>{n}: {refs}</li>", n=e.get("name", ""), refs=join(
         (_ref_link(*m.split(":", 1)) if m.split(":", 1)[0] in KINDS else escape(m) for m in e.get("mentions", [])),
@@ -403,8 +422,8 @@ async def stats(request: Request, state: UiState) -> Response:
         '<p class="status">database size: <strong>{mb:.2f} MB</strong> ({b} bytes)</p><div class="charts">'
         '{a}{b2}{c}{d}{e}</div><h2>Most recalled memories</h2>{t}',
         mb=size / 1e6, b=size,
-        a=bar_chart(figures["memories_per_day"], title="memories stored per day"),
-        b2=bar_chart(figures["episodes_per_day"], title="episodes archived per day"),
+        a=column_chart(figures["memories_per_day"], title="memories stored per day"),
+        b2=column_chart(figures["episodes_per_day"], title="episodes archived per day"),
         c=bar_chart(figures["memories_per_agent"], title="memories per agent"),
         d=bar_chart(figures["episodes_per_agent"], title="episodes per agent"),
         e=bar_chart(figures["recalls_per_agent"], title="recalls per agent (sum of recall counts)"),

@@ -9,6 +9,7 @@ not "recalled": its counters stay as they are), and return plain dicts.
 
 from __future__ import annotations
 
+from datetime import timedelta, timezone
 from typing import Any
 
 from cpersona.services.app import App
@@ -20,7 +21,7 @@ from cpersona.storage.repositories.nodes import NodeRepository
 
 TIMELINE_MAX_ROWS = 500
 FACET_VALUES = 200
-CHART_DAYS = 60
+CHART_DAYS = 30
 CHART_AGENTS = 20
 NODE_PREVIEW_CHARS = 160
 
@@ -95,12 +96,19 @@ def record(app: App, kind: str, record_id: int) -> dict[str, Any] | None:
 
 
 def activity(app: App) -> dict[str, Any]:
-    """What the charts draw: rows per day and per agent, recall counts, the database's size."""
+    """What the charts draw: rows per day (the last CHART_DAYS days) and per agent, recall counts, the size."""
+    today = app.clock().astimezone(timezone.utc).date()
+    days = [(today - timedelta(days=back)).isoformat() for back in range(CHART_DAYS - 1, -1, -1)]
+
+    def per_day(rows: list[Any]) -> list[tuple[str, int]]:
+        counts = {row.day: row.n for row in rows}
+        return [(day, counts.get(day, 0)) for day in days]  # a quiet day is a zero, not a gap
+
     with app.db.read() as session:
         repo = BrowseRepository(session)
         return {
-            "memories_per_day": [tuple(r) for r in repo.rows_per_day("mem", CHART_DAYS)],
-            "episodes_per_day": [tuple(r) for r in repo.rows_per_day("ep", CHART_DAYS)],
+            "memories_per_day": per_day(repo.rows_per_day("mem", days[0])),
+            "episodes_per_day": per_day(repo.rows_per_day("ep", days[0])),
             "memories_per_agent": [tuple(r) for r in repo.rows_per_agent("mem", CHART_AGENTS)],
             "episodes_per_agent": [tuple(r) for r in repo.rows_per_agent("ep", CHART_AGENTS)],
             "recalls_per_agent": [tuple(r) for r in repo.recall_counts_per_agent(CHART_AGENTS)],

@@ -112,13 +112,12 @@ class BrowseRepository:
 
     # -- activity: what the charts draw
 
-    def rows_per_day(self, kind: str, days: int) -> list[Row[Any]]:
-        """(day, count) of the ``days`` most recent days that have rows, oldest first."""
+    def rows_per_day(self, kind: str, since: str) -> list[Row[Any]]:
+        """(day, count) of each day from ``since`` (YYYY-MM-DD) on that has rows, oldest first."""
         model = Memory if kind == "mem" else Episode
         day = _day(model.created_at).label("day")
-        rows = self.session.execute(
-            select(day, func.count().label("n")).group_by(day).order_by(desc(day)).limit(days)).all()
-        return list(reversed(rows))
+        return list(self.session.execute(
+            select(day, func.count().label("n")).where(day >= since).group_by(day).order_by(day)).all())
 
     def rows_per_agent(self, kind: str, limit: int) -> list[Row[Any]]:
         """(agent_id, count), most rows first."""
