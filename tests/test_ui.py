@@ -8,13 +8,18 @@ change made here is a tool call with every rule of the tools.
 from __future__ import annotations
 
 import json
+import os
 import re
+import socket
+import subprocess
+import sys
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import anyio
+import pytest
 from starlette.testclient import TestClient
 
 from cpersona.config import load_settings
@@ -291,6 +296,36 @@ def test_the_acl_grants_of_local_apply_to_the_page(tmp_path, db):
 def seed_without_acl(db: Any, app: App) -> dict[str, int]:
     """The seed written by an App without the ACL file (bob's row needs a writer local is not)."""
     return seed(App(db=db, settings=load_settings({"CPERSONA_DB_PATH": str(db.path)})))
+
+
+def _ui_process(*argv: str, db: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CPERSONA_")}
+    if db is not None:
+        env["CPERSONA_DB_PATH"] = db
+    return subprocess.run([sys.executable, "-m", "cpersona", "ui", *argv], env=env, capture_output=True, text=True,
+                          timeout=120, stdin=subprocess.DEVNULL)
+
+
+@pytest.mark.parametrize("target", ["directory", "text file", "missing file"])
+def test_ui_refuses_a_bad_database_in_one_line(tmp_path, target):
+    path = {"directory": tmp_path, "text file": tmp_path / "notes.txt", "missing file": tmp_path / "none.db"}[target]
+    if target == "text file":
+        path.write_text("not a database\n" * 50)
+    for argv, db in ((["--db", str(path), "--port", "0"], None), (["--port", "0"], str(path))):
+        done = _ui_process(*argv, db=db)
+        assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1 and done.stdout == "", done.stderr
+    assert target != "missing file" or not path.exists()  # the page never creates a database
+
+
+def test_ui_refuses_a_bad_or_busy_port_in_one_line(db):
+    done = _ui_process("--db", str(db.path), "--port", "70000")
+    assert done.returncode == 2 and "not a port number" in done.stderr and done.stdout == ""
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        done = _ui_process("--db", str(db.path), "--port", str(busy.getsockname()[1]))
+    assert done.returncode == 1 and "cannot listen on 127.0.0.1" in done.stderr and "Traceback" not in done.stderr
 
 
 def test_ui_files_ship_in_the_package():

@@ -53,14 +53,9 @@ def run(args: argparse.Namespace) -> int:
         gates, context = _gates(settings)
     except ConfigError as exc:
         return _fail(str(exc), 2)
-    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        listener.bind((HOST, args.port))
-        listener.listen(128)  # a browser opening the printed link at once waits in the backlog, not refused
-    except OSError as exc:
-        listener.close()
-        return _fail(f"cannot listen on {HOST}:{args.port}: {exc.strerror or exc}", 1)
+    if settings.database_url is None and not Path(settings.db_file).is_file():
+        # The page looks at a memory that exists; it never creates one (a mistyped path would look empty).
+        return _fail(f"no database at {settings.db_file} (--db or CPERSONA_DB_PATH)", 1)
 
     from cpersona.embedding.client import build_embedder
     from cpersona.storage.migrate import MigrationError, TooNewDatabase, open_database_and_upgrade
@@ -68,17 +63,22 @@ def run(args: argparse.Namespace) -> int:
     try:
         embedder = build_embedder(settings)
     except ValueError as exc:
-        listener.close()
         return _fail(str(exc), 2)
     try:
         db = open_database_and_upgrade(settings)
     except TooNewDatabase as exc:
-        listener.close()
         return _fail(str(exc), 3)
     except (MigrationError, OSError) as exc:
-        listener.close()
         return _fail(f"cannot open the database {settings.db_file}: {exc}", 1)
     try:
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a restart right after a stop binds again
+        try:
+            listener.bind((HOST, args.port))
+            listener.listen(128)  # a browser opening the printed link at once waits in the backlog, not refused
+        except OSError as exc:
+            listener.close()
+            return _fail(f"cannot listen on {HOST}:{args.port}: {exc.strerror or exc}", 1)
         return _serve(listener, db, settings, embedder, gates, context, token=secrets.token_urlsafe(24),
                       write=args.write)
     finally:
