@@ -22,7 +22,7 @@ import anyio
 import pytest
 from starlette.testclient import TestClient
 
-from cpersona.config import load_settings
+from conftest import make_app
 from cpersona.mcp.dispatch import call_tool
 from cpersona.mcp.tools import default_registry
 from cpersona.services.app import App
@@ -31,6 +31,8 @@ from cpersona.storage.repositories.nodes import NodeRepository
 from cpersona.ui import pages
 from cpersona.ui.cli import _gates
 from cpersona.ui.server import COOKIE, SECURITY_HEADERS, UiState, build_ui_app
+
+pytestmark = pytest.mark.both_backends  # the browse repository's SQL runs on SQLite and PostgreSQL
 
 TOKEN = "test-token-not-secret"
 HOSTILE = '<script>document.title="pwned"</script><img src=x onerror="alert(1)">'
@@ -158,7 +160,7 @@ def test_search_is_the_recall_tool_with_match_reason_and_notices(app):
 
 
 def test_a_search_from_the_page_leaves_recall_counters_alone(db):
-    app = App(db=db, settings=load_settings({"CPERSONA_DB_PATH": str(db.path), "CPERSONA_CONFIDENCE_ENABLED": "true"}))
+    app = make_app(db, CONFIDENCE_ENABLED="true")
     ids = seed(app)
     client = client_for(app)
     for _ in range(3):
@@ -282,7 +284,7 @@ def test_the_acl_grants_of_local_apply_to_the_page(tmp_path, db):
     acl = tmp_path / "acl.json"
     acl.write_text(json.dumps({"clients": [{"client_id": "local", "grants": {"alice": "read-write", "bob": "read"}}]}))
     acl.chmod(0o600)
-    app = App(db=db, settings=load_settings({"CPERSONA_DB_PATH": str(db.path), "CPERSONA_ACL_FILE": str(acl)}))
+    app = make_app(db, ACL_FILE=str(acl))
     ids = seed_without_acl(db, app)
     client = client_for(app, write=True)
     csrf = UiState(app=app, registry=default_registry(), gates=None, token=TOKEN).csrf
@@ -295,7 +297,7 @@ def test_the_acl_grants_of_local_apply_to_the_page(tmp_path, db):
 
 def seed_without_acl(db: Any, app: App) -> dict[str, int]:
     """The seed written by an App without the ACL file (bob's row needs a writer local is not)."""
-    return seed(App(db=db, settings=load_settings({"CPERSONA_DB_PATH": str(db.path)})))
+    return seed(make_app(db))
 
 
 def _ui_process(*argv: str, db: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -318,6 +320,7 @@ def test_ui_refuses_a_bad_database_in_one_line(tmp_path, target):
     assert target != "missing file" or not path.exists()  # the page never creates a database
 
 
+@pytest.mark.sqlite_only  # the command line names the file
 def test_ui_refuses_a_bad_or_busy_port_in_one_line(db):
     done = _ui_process("--db", str(db.path), "--port", "70000")
     assert done.returncode == 2 and "not a port number" in done.stderr and done.stdout == ""
