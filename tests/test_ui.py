@@ -16,7 +16,7 @@ import sys
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urlencode, urlsplit
 
 import anyio
 import pytest
@@ -36,6 +36,7 @@ pytestmark = pytest.mark.both_backends  # the browse repository's SQL runs on SQ
 
 TOKEN = "test-token-not-secret"
 HOSTILE = '<script>document.title="pwned"</script><img src=x onerror="alert(1)">'
+HOSTILE_AGENT = "<i>eve</i>"
 
 
 def tool(app: App, name: str, **arguments: Any) -> dict[str, Any]:
@@ -55,6 +56,8 @@ def seed(app: App) -> dict[str, int]:
         "relations": [{"subject": "MizEye", "predicate": "depends_on", "object": "OpenCV"},
                       {"subject": "OpenCV", "predicate": "written_in", "object": "C++"}]})["id"]
     ids["bob"] = tool(app, "store", agent_id="bob", content="Bob prefers green tea", channel="ops")["id"]
+    ids["eve"] = tool(app, "store", agent_id=HOSTILE_AGENT, content="Eve was here", project_id="<u>p</u>",
+                      channel="<s>c</s>")["id"]  # names are stored text too: filters, tables and charts show them
     ids["episode"] = tool(app, "archive_episode", agent_id="alice", summary=f"Talked about MizEye {HOSTILE}",
                           keywords="mizeye")["episode_id"]
     assert tool(app, "update_profile", agent_id="alice", profile=f"Alice, engineer {HOSTILE}")["ok"] is True
@@ -140,10 +143,14 @@ def test_every_page_escapes_stored_text(app):
     for url in page_urls(ids):
         text = client.get(url).text
         assert "<script>document" not in text and "<img src=x" not in text and "<b>Kirari" not in text, url
+        assert "<i>eve" not in text and "<u>p</u>" not in text and "<s>c</s>" not in text, url
     # Shown, as text, where the page shows that record.
     for url in page_urls(ids)[:5]:
         assert "&lt;script&gt;document.title=&quot;pwned&quot;&lt;/script&gt;" in client.get(url).text, url
     assert "&lt;b&gt;Kirari&lt;/b&gt;" in client.get("/graph?agent=alice&entity=MizEye").text
+    timeline = client.get("/timeline").text
+    assert all(name in timeline for name in ("&lt;i&gt;eve&lt;/i&gt;", "&lt;u&gt;p&lt;/u&gt;", "&lt;s&gt;c&lt;/s&gt;"))
+    assert "&lt;i&gt;eve&lt;/i&gt;" in client.get("/stats").text
 
 
 def test_search_is_the_recall_tool_with_match_reason_and_notices(app):
@@ -180,9 +187,9 @@ def test_the_timeline_filters_by_agent_project_channel_kind_and_date(app):
     def refs(query: str) -> set[str]:
         return set(re.findall(r'href="/record/(mem|ep)/(\d+)"', client.get(f"/timeline?{query}").text))
 
-    hostile, plain, bob, episode = (("mem", str(ids["hostile"])), ("mem", str(ids["plain"])),
-                                    ("mem", str(ids["bob"])), ("ep", str(ids["episode"])))
-    assert refs("") == {hostile, plain, bob, episode}
+    hostile, plain, bob, episode, eve = (("mem", str(ids["hostile"])), ("mem", str(ids["plain"])),
+                                         ("mem", str(ids["bob"])), ("ep", str(ids["episode"])), ("mem", str(ids["eve"])))
+    assert refs("") == {hostile, plain, bob, episode, eve}
     assert refs("agent=alice") == {hostile, plain, episode}
     assert refs("agent=bob") == {bob}
     assert refs("channel=dev") == {hostile}
@@ -192,10 +199,11 @@ def test_the_timeline_filters_by_agent_project_channel_kind_and_date(app):
     assert refs("kind=ep") == {episode}
     assert refs("agent=alice&kind=mem") == {hostile, plain}
     today = datetime.now(timezone.utc).date()
-    assert refs(f"since={today}&until={today}") == {hostile, plain, bob, episode}
+    assert refs(f"since={today}&until={today}") == {hostile, plain, bob, episode, eve}
     assert refs(f"since={today + timedelta(days=1)}") == set()
     assert refs(f"until={today - timedelta(days=1)}") == set()
-    assert refs("since=not-a-date") == {hostile, plain, bob, episode}  # an unreadable date filters nothing
+    assert refs("since=not-a-date") == {hostile, plain, bob, episode, eve}  # an unreadable date filters nothing
+    assert refs(urlencode({"agent": HOSTILE_AGENT, "channel": "<s>c</s>", "project": "<u>p</u>"})) == {eve}
 
 
 def test_a_record_shows_its_ranges_entities_relations_and_recall_history(app):

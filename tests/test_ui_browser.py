@@ -133,6 +133,7 @@ def test_every_page_in_chromium_read_only(seeded, browser):
         shots = [shot(driver, "01-search-empty")]
 
         # Search: the real recall answer, best first, with its match_reason and notices.
+        Select(driver.find_element(By.NAME, "agent")).select_by_visible_text("alice")
         box = driver.find_element(By.NAME, "q")
         box.send_keys("deploy window")
         box.submit()
@@ -151,7 +152,8 @@ def test_every_page_in_chromium_read_only(seeded, browser):
 
         # Timeline: every row, then a filter chosen in the form narrows it.
         driver.get(ui.base + "/timeline")
-        assert len(driver.find_elements(By.CSS_SELECTOR, "table.timeline tbody tr")) == 4
+        assert len(driver.find_elements(By.CSS_SELECTOR, "table.timeline tbody tr")) == 5
+        assert "<i>eve</i>" in driver.find_element(By.CSS_SELECTOR, "table.timeline").text
         shots.append(shot(driver, "03-timeline"))
         Select(driver.find_element(By.NAME, "channel")).select_by_visible_text("dev")  # the page submits on change
         wait_for(driver, lambda d: "channel=dev" in d.current_url)
@@ -161,7 +163,7 @@ def test_every_page_in_chromium_read_only(seeded, browser):
         shots.append(shot(driver, "04-timeline-filtered"))
         driver.find_element(By.LINK_TEXT, "stored today").click()
         wait_for(driver, lambda d: "since=" in d.current_url)
-        assert len(driver.find_elements(By.CSS_SELECTOR, "table.timeline tbody tr")) == 4
+        assert len(driver.find_elements(By.CSS_SELECTOR, "table.timeline tbody tr")) == 5
 
         # One record; read-only offers no change and refuses one forced on it.
         driver.get(f"{ui.base}/record/mem/{ids['hostile']}")
@@ -207,16 +209,17 @@ def test_write_actions_work_with_write_in_chromium(seeded, browser):
         driver.get(ui.url)
         record = f"{ui.base}/record/mem/{ids['plain']}"
         driver.get(record)
+        shot(driver, "11-record-with-write")
         driver.find_element(By.XPATH, "//button[text()='Lock']").click()
         wait_for(driver, lambda d: "lock_memory: done" in d.find_element(By.TAG_NAME, "main").text)
         driver.get(record)
         driver.find_element(By.LINK_TEXT, "Delete…").click()
         wait_for(driver, lambda d: d.title.startswith("Confirm delete"))
-        shot(driver, "11-confirm-delete")
+        shot(driver, "12-confirm-delete")
         driver.find_element(By.XPATH, "//button[text()='Yes, delete it']").click()
         wait_for(driver, lambda d: "delete_memory: not done" in d.find_element(By.TAG_NAME, "main").text)
         assert "locked" in driver.find_element(By.TAG_NAME, "main").text  # the lock holds, as for an agent
-        shot(driver, "12-delete-refused-locked")
+        shot(driver, "13-delete-refused-locked")
         driver.get(record)
         driver.find_element(By.XPATH, "//button[text()='Unlock']").click()
         wait_for(driver, lambda d: "unlock_memory: done" in d.find_element(By.TAG_NAME, "main").text)

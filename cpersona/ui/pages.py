@@ -81,20 +81,28 @@ def _refusal(answer: dict[str, Any]) -> Safe:
     return Safe("")
 
 
+def _chosen_agent(request: Request, facets: dict[str, list[str]]) -> str:
+    """The agent a tool page acts for: the one asked for, else the first stored (GLOBAL is the empty id)."""
+    asked = axis_value(_arg(request, "agent"))
+    if asked is not None:
+        return asked
+    return facets["agent_id"][0] if facets["agent_id"] else ""
+
+
 def _agent_picker(facets: dict[str, list[str]], chosen: str) -> Safe:
     return html('<label>agent <select name="agent" required>{o}</select></label>',
-                o=options(facets["agent_id"], chosen, blank=None if facets["agent_id"] else "(none stored)"))
+                o=options(facets["agent_id"], chosen or GLOBAL, blank=None if facets["agent_id"] else "(none stored)"))
 
 
 # -- search ------------------------------------------------------------------------------------
 
 
 async def search(request: Request, state: UiState) -> Response:
-    query, agent = _arg(request, "q"), _arg(request, "agent")
+    query = _arg(request, "q")
     limit = _int(_arg(request, "limit", "10"), 10, 1, 100)
     channel, project = _arg(request, "channel"), _arg(request, "project")
     facets = await state.read(browse.facets)
-    agent = agent or (facets["agent_id"][0] if facets["agent_id"] else "")
+    agent = _chosen_agent(request, facets)
     form = html(
         '<form class="filters" method="get" action="/">'
         '<label class="grow">query <input type="search" name="q" value="{q}" autofocus></label>{agent}'
@@ -346,7 +354,7 @@ def refused_write(state: UiState, tool: str) -> HTMLResponse:
 
 async def profile(request: Request, state: UiState) -> Response:
     facets = await state.read(browse.facets)
-    agent = _arg(request, "agent") or (facets["agent_id"][0] if facets["agent_id"] else "")
+    agent = _chosen_agent(request, facets)
     form = html('<form class="filters" method="get" action="/profile">{a}<button type="submit">Show</button></form>',
                 a=_agent_picker(facets, agent))
     if not agent:
@@ -361,7 +369,7 @@ async def profile(request: Request, state: UiState) -> Response:
 
 async def graph(request: Request, state: UiState) -> Response:
     facets = await state.read(browse.facets)
-    agent = _arg(request, "agent") or (facets["agent_id"][0] if facets["agent_id"] else "")
+    agent = _chosen_agent(request, facets)
     entity = _arg(request, "entity")
     hops = _int(_arg(request, "hops", "2"), 2, 1, 3)
     names = await state.read(browse.entity_names, agent or None)
