@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from cpersona import DISTRIBUTION, __version__, admin_cli, checkup, model_cli
+from cpersona.ui import cli as ui_cli
 
 log = logging.getLogger("cpersona")
 
@@ -47,6 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     checkup.add_arguments(commands.add_parser(
         "checkup", help="run the health registry against the database (exit 2 on critical, 1 with --strict on warn)"))
     model_cli.add_subcommands(commands)  # fetch-model, embed-server
+    ui_cli.add_subcommands(commands)  # ui
     return parser
 
 
@@ -276,3 +278,4 @@ def proxy(args: argparse.Namespace) -> int:
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {"serve": serve, "proxy": proxy, **admin_cli.COMMANDS,
                                                             "checkup": checkup.run, **model_cli.COMMANDS}
+COMMANDS.update(ui_cli.COMMANDS)
