@@ -139,7 +139,7 @@ def _search(args: argparse.Namespace, tools: Any) -> int:
     rows = list(reversed(answer.get("messages", [])))  # recall answers best last; a person reads best first
     _advisory_note(answer)
     if not rows:
-        print(f"no match for {args.query!r} in agent {args.agent!r}'s memory")
+        print(f"no match for {args.query!r} in the memory of agent {args.agent!r}")
         return EXIT_OK
     for number, row in enumerate(rows, 1):
         reason = row.get("match_reason") or {}
@@ -247,7 +247,7 @@ def _show(args: argparse.Namespace, tools: Any) -> int:
     if not items:
         from cpersona.tool_cli import say
 
-        say(f"{ref.canonical}: no such record in agent {args.agent!r}'s memory")
+        say(f"{ref.canonical}: agent {args.agent!r} has no such record")
         return EXIT_FAILED
     if not args.json:
         print(render_record(items[0], args.agent))
@@ -280,7 +280,7 @@ def _delete(args: argparse.Namespace, tools: Any) -> int:
         if args.agent is not None:
             found = tools.call("get_contents", agent_id=args.agent, refs=[ref.canonical]).get("items", [])
             if not found:
-                say(f"{ref.canonical}: no such record in agent {args.agent!r}'s memory; nothing was deleted")
+                say(f"{ref.canonical}: agent {args.agent!r} has no such record; nothing was deleted")
                 return EXIT_FAILED
             print(render_record(found[0], args.agent), file=sys.stderr)
         print(f"Delete {ref.canonical}? This cannot be undone. [y/N] ", end="", file=sys.stderr, flush=True)

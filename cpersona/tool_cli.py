@@ -11,6 +11,7 @@ exactly as they do to an agent's call.
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -23,7 +24,15 @@ class ToolRefused(Exception):
     def __init__(self, tool: str, answer: dict[str, Any]) -> None:
         self.tool = tool
         self.answer = answer
-        super().__init__(answer.get("error") or answer.get("reason") or f"{tool} refused the call")
+        super().__init__(self.sentence(tool, answer))
+
+    @staticmethod
+    def sentence(tool: str, answer: dict[str, Any]) -> str:
+        if answer.get("error") == "permission_denied":  # the ACL's code; its facts say what was missing
+            needed = f"{answer.get('required', 'access')} on agent {answer.get('agent_id', '?')!r}"
+            detail = f" ({answer['detail']})" if answer.get("detail") else ""
+            return f"permission denied: ACL client {answer.get('client_id', '?')!r} lacks {needed}{detail}"
+        return str(answer.get("error") or answer.get("reason") or f"{tool} refused the call")
 
 
 class LocalTools:
@@ -66,6 +75,8 @@ def open_tools(*, must_exist: bool = True) -> Iterator[LocalTools]:
     from cpersona.mcp.tools import default_registry
 
     settings = _settings()
+    # A denial is this command's own one-line answer; the ACL's server-side log line would repeat it.
+    logging.getLogger("cpersona.mcp.acl").setLevel(logging.ERROR)
     try:
         policy, _, _ = cli._preflight(settings, http=False)
         embedder = build_embedder(settings)
