@@ -82,7 +82,7 @@ def _settings() -> Any:
 
 
 @contextmanager
-def _app(*, must_exist: bool, settings: Any = None) -> Iterator[Any]:
+def _app(*, must_exist: bool, settings: Any = None, embedder: Any = None) -> Iterator[Any]:
     """An App on the configured database (``settings``, else read now), upgraded to head as ``serve`` would."""
     import logging
 
@@ -100,7 +100,7 @@ def _app(*, must_exist: bool, settings: Any = None) -> Iterator[Any]:
     except (MigrationError, OSError) as exc:
         raise _Exit(f"cannot open the database {settings.db_file}: {exc}", _codes().EXIT_START_FAILED) from None
     try:
-        yield App(db=db, settings=settings)
+        yield App(db=db, settings=settings, embedder=embedder)
     finally:
         db.close()
 

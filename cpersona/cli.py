@@ -19,7 +19,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from cpersona import DISTRIBUTION, __version__, admin_cli, checkup, model_cli
+from cpersona import DISTRIBUTION, __version__, admin_cli, checkup, hooks, model_cli, people_cli
 from cpersona.ui import cli as ui_cli
 
 log = logging.getLogger("cpersona")
@@ -49,13 +49,47 @@ def build_parser() -> argparse.ArgumentParser:
         "checkup", help="run the health registry against the database (exit 2 on critical, 1 with --strict on warn)"))
     model_cli.add_subcommands(commands)  # fetch-model, embed-server
     ui_cli.add_subcommands(commands)  # ui
+    people_cli.add_subcommands(commands)  # search, list, show, delete
+    hooks.add_subcommands(commands)  # hook session-start, hook session-end
+    add_database_option(commands)
     return parser
+
+
+# Commands that never open a database: the proxy forwards to a server, the model commands use the network.
+NO_DATABASE = frozenset({"proxy", "fetch-model", "embed-server"})
+
+
+def add_database_option(commands: Any) -> None:
+    """``--db PATH`` on every subcommand that opens a database (those defining their own keep theirs)."""
+    for name, sub in commands.choices.items():
+        if name in NO_DATABASE:
+            continue
+        for parser in [sub, *_nested_parsers(sub)]:
+            if "--db" not in parser._option_string_actions:
+                parser.add_argument("--db", metavar="PATH", default=None,
+                                    help="SQLite database file for this command (overrides CPERSONA_DB_PATH and "
+                                         "CPERSONA_DATABASE_URL)")
+
+
+def _nested_parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    return [nested for action in parser._actions if isinstance(action, argparse._SubParsersAction)
+            for nested in action.choices.values()]
+
+
+def apply_database_option(args: argparse.Namespace) -> None:
+    """Point this process at ``--db``: the settings every command loads read it from the environment."""
+    path = getattr(args, "db", None)
+    if path:
+        os.environ["CPERSONA_DB_PATH"] = os.path.abspath(os.path.expanduser(path))
+        os.environ.pop("CPERSONA_DATABASE_URL", None)  # the file named on the command line wins
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    apply_database_option(args)
     command = args.command or "serve"
-    handler: Callable[[argparse.Namespace], int] = COMMANDS[command]
+    # A module registering its own subcommands names their handler in the parser (set_defaults).
+    handler: Callable[[argparse.Namespace], int] = getattr(args, "handler", None) or COMMANDS[command]
     if command == "serve":
         return handler(args)  # its failures are start-up lines; a crash while serving keeps its traceback
     if command == "checkup":
@@ -159,20 +193,11 @@ def _serve(args: argparse.Namespace) -> int:
     except (MigrationError, OSError) as exc:
         return _fail(f"cannot open the database {settings.db_file}: {exc}", EXIT_START_FAILED)
 
-    from cpersona.mcp.gates import GateChain
-    from cpersona.mcp.pause_gate import PauseGate
     from cpersona.mcp.server import build_server
     from cpersona.services.app import App
     from cpersona.background import BackgroundWork
 
-    # The ACL gate comes first: a call it denies never reaches a later gate. The
-    # pause gate follows: a paused write is answered only once it is allowed at all.
-    acl: list = []
-    if policy is not None:
-        from cpersona.mcp.acl import acl_gates
-
-        acl = acl_gates(policy, settings, settings.transport)
-    gates = GateChain([*acl, PauseGate()])
+    gates = tool_gates(policy, settings, settings.transport)
     if db.read_only is not None:
         # Said once, here; each refused write then answers the same sentence.
         log.warning("the database is read-only: %s cannot be written (%s); reads are served, every write "
@@ -212,6 +237,23 @@ def _serve(args: argparse.Namespace) -> int:
         if embedder is not None:
             embedder.close()
     return EXIT_OK
+
+
+def tool_gates(policy: Any, settings: Any, transport: str) -> Any:
+    """The gate chain every tool call passes, for the server and for the in-process CLI alike.
+
+    The ACL gate comes first: a call it denies never reaches a later gate. The
+    pause gate follows: a paused write is answered only once it is allowed at all.
+    """
+    from cpersona.mcp.gates import GateChain
+    from cpersona.mcp.pause_gate import PauseGate
+
+    acl: list = []
+    if policy is not None:
+        from cpersona.mcp.acl import acl_gates
+
+        acl = acl_gates(policy, settings, transport)
+    return GateChain([*acl, PauseGate()])
 
 
 def _preflight(settings: Any, http: bool) -> tuple[Any, Any, Any]:
