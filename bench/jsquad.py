@@ -38,15 +38,9 @@ from harness_python import ensure_harness_python
 ensure_harness_python()
 
 from bm25 import BM25Index  # noqa: E402
-from mcp_driver import (  # noqa: E402
-    REPO_DIR,
-    check_server_available,
-    embedding_env,
-    start_embedder,
-    start_server,
-    write_results,
-)
+from mcp_driver import REPO_DIR, embedding_env, start_server, write_results  # noqa: E402
 from metrics import percentile  # noqa: E402
+from run_matrix import add_run_arguments, run_all  # noqa: E402
 
 # shared/ sits beside the main checkout, or two levels above a worktree
 DEFAULT_DATA = next(
@@ -186,25 +180,14 @@ def format_table(rows: list[tuple[str, str, dict[str, Any], float | None]]) -> s
 
 async def main_async(args: argparse.Namespace) -> None:
     paragraphs, questions = load(args.data, args.questions)
-    servers = [s for s in args.servers.split(",") if s]
-    modes = [m for m in args.modes.split(",") if m]
-    for name in servers:
-        check_server_available(name)
     counts = {part: sum(q.part == part for q in questions) for part in ("tuning", "held")}
     print(f"JSQuAD: {len(paragraphs)} paragraphs, {len(questions)} questions "
           f"({counts['tuning']} tuning, {counts['held']} held), limit {RECALL_LIMIT}", flush=True)
-    runs: list[RunResult] = []
-    for mode in modes:
-        with start_embedder(mode) as embed_url:
-            for name in servers:
-                print(f"running {name} with embeddings {mode} ...", file=sys.stderr, flush=True)
-                run = RunResult(server=name, mode=mode)
-                runs.append(run)
-                try:
-                    await run_server(run, embed_url, paragraphs, questions)
-                except Exception as exc:  # noqa: BLE001 - one broken server must not cost the other's figures
-                    run.aborted = f"{type(exc).__name__}: {exc}"[:500]
-                    print(f"  ! {mode}/{name} aborted: {run.aborted}", file=sys.stderr, flush=True)
+
+    async def run_one(run: RunResult, embed_url: str | None) -> None:
+        await run_server(run, embed_url, paragraphs, questions)
+
+    runs = await run_all(args, lambda name, mode: RunResult(server=name, mode=mode), run_one)
     baseline = bigram_baseline(paragraphs, questions)
     rows = [(r.mode, r.server, r.figures, percentile(r.recall_ms, 0.5)) for r in runs if r.figures]
     rows.append(("-", "bigram BM25", baseline, None))
@@ -235,12 +218,9 @@ async def main_async(args: argparse.Namespace) -> None:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--servers", default="ours,ref", help="comma list of: ours, ours-pg, ref")
-    parser.add_argument("--modes", default="none", help="comma list of: none, minilm, stub")
+    add_run_arguments(parser, servers="ours, ours-pg, ref", default_modes="none")
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="the prepared jsquad-v1.3-valid.json")
     parser.add_argument("--questions", type=int, default=1000, help="sample size (0 = every question)")
-    parser.add_argument("--no-per-question", dest="per_question", action="store_false",
-                        help="leave per-question rankings out of the JSON")
     return parser.parse_args(argv)
 
 

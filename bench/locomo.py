@@ -33,13 +33,12 @@ from locomo_data import DEFAULT_DATA_DIR, Conversation, Session, load_conversati
 from mcp_driver import (  # noqa: E402
     RunningServer,
     ToolCallError,
-    check_server_available,
     embedding_env,
-    start_embedder,
     start_server,
     write_results,
 )
 from metrics import METRIC_NAMES, average, percentile, score_question  # noqa: E402
+from run_matrix import add_run_arguments, run_all  # noqa: E402
 
 RECALL_LIMIT = 10
 
@@ -259,10 +258,6 @@ async def main_async(args: argparse.Namespace) -> None:
     if args.conversations:
         wanted = set(args.conversations.split(","))
         conversations = [c for c in conversations if c.name in wanted]
-    servers = [s for s in args.servers.split(",") if s]
-    modes = [m for m in args.modes.split(",") if m]
-    for name in servers:
-        check_server_available(name)
     turns = sum(len(c.turns) for c in conversations)
     questions = sum(len(c.questions) for c in conversations)
     print(
@@ -271,21 +266,16 @@ async def main_async(args: argparse.Namespace) -> None:
         flush=True,
     )
     settings = dict(item.split("=", 1) for item in args.setting)
-    runs: list[RunResult] = []
     embedders: dict[str, Any] = {}
-    for mode in modes:
-        with start_embedder(mode) as embed_url:
-            for name in servers:
-                print(f"running {name} with embeddings {mode} ...", file=sys.stderr, flush=True)
-                run = RunResult(server=name, mode=mode)
-                runs.append(run)
-                try:
-                    await run_server(run, embed_url, conversations, settings, episodes=args.episodes == "per-session")
-                except Exception as exc:  # noqa: BLE001 - one broken server must not cost the other server's figures
-                    run.aborted = f"{type(exc).__name__}: {exc}"[:500]
-                    print(f"  ! {mode}/{name} aborted: {run.aborted}", file=sys.stderr, flush=True)
-            if embed_url:
-                embedders[mode] = embedder_health(embed_url)
+
+    async def run_one(run: RunResult, embed_url: str | None) -> None:
+        await run_server(run, embed_url, conversations, settings, episodes=args.episodes == "per-session")
+
+    def after_mode(mode: str, embed_url: str | None) -> None:
+        if embed_url:
+            embedders[mode] = embedder_health(embed_url)
+
+    runs = await run_all(args, lambda name, mode: RunResult(server=name, mode=mode), run_one, after_mode)
     floors = {
         "bm25": bm25_floor(conversations),
         "bm25 (all tokens)": bm25_floor(conversations, stop_words=frozenset()),
@@ -320,8 +310,7 @@ async def main_async(args: argparse.Namespace) -> None:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--servers", default="ours,ref", help="comma list of: ours, ref")
-    parser.add_argument("--modes", default="none,minilm", help="comma list of: none, minilm, stub, local (ours only)")
+    add_run_arguments(parser, servers="ours, ours-pg, ref", default_modes="none,minilm")
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA_DIR, help="directory of LoCoMo *.json files")
     parser.add_argument("--conversations", default="", help="comma list of file stems to keep (default: all)")
     parser.add_argument(
@@ -331,9 +320,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--setting", action="append", default=[], metavar="CPERSONA_X=VALUE",
         help="an extra setting for our server only (repeatable), e.g. CPERSONA_RECALL_MODE=rsf",
-    )
-    parser.add_argument(
-        "--no-per-question", dest="per_question", action="store_false", help="leave per-question rankings out of the JSON"
     )
     return parser.parse_args(argv)
 

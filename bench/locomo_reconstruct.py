@@ -45,15 +45,9 @@ ensure_harness_python()
 
 from locomo import RECALL_LIMIT, TurnLookup, ranked_dia_ids, store_conversation  # noqa: E402
 from locomo_data import DEFAULT_DATA_DIR, Conversation, load_conversations  # noqa: E402
-from mcp_driver import (  # noqa: E402
-    ToolCallError,
-    check_server_available,
-    embedding_env,
-    start_embedder,
-    start_server,
-    write_results,
-)
+from mcp_driver import ToolCallError, embedding_env, start_server, write_results  # noqa: E402
 from metrics import average, percentile, score_question  # noqa: E402
+from run_matrix import add_run_arguments, run_all  # noqa: E402
 
 COVERAGE_NAMES = ("quoted_recall", "quoted_all", "quoted_hit", "cited_recall")
 
@@ -264,27 +258,16 @@ async def main_async(args: argparse.Namespace) -> None:
     if args.conversations:
         wanted = set(args.conversations.split(","))
         conversations = [c for c in conversations if c.name in wanted]
-    servers = [s for s in args.servers.split(",") if s]
-    modes = [m for m in args.modes.split(",") if m]
-    for name in servers:
-        check_server_available(name)
     print(
         f"LoCoMo reconstruct: {len(conversations)} conversations, {sum(len(c.turns) for c in conversations)} turns, "
         f"{sum(len(c.questions) for c in conversations)} scorable questions; reconstruct at defaults vs recall limit {RECALL_LIMIT}",
         flush=True,
     )
-    runs: list[Run] = []
-    for mode in modes:
-        with start_embedder(mode) as embed_url:
-            for name in servers:
-                print(f"running {name} with embeddings {mode} ...", file=sys.stderr, flush=True)
-                run = Run(server=name, mode=mode)
-                runs.append(run)
-                try:
-                    await run_server(run, embed_url, conversations)
-                except Exception as exc:  # noqa: BLE001 - one broken server must not cost the other's figures
-                    run.aborted = f"{type(exc).__name__}: {exc}"[:500]
-                    print(f"  ! {mode}/{name} aborted: {run.aborted}", file=sys.stderr, flush=True)
+
+    async def run_one(run: Run, embed_url: str | None) -> None:
+        await run_server(run, embed_url, conversations)
+
+    runs = await run_all(args, lambda name, mode: Run(server=name, mode=mode), run_one)
     summaries = [run.summary() for run in runs]
     print()
     print(format_table(summaries))
@@ -310,11 +293,9 @@ async def main_async(args: argparse.Namespace) -> None:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--servers", default="ours,ref", help="comma list of: ours, ref")
-    parser.add_argument("--modes", default="none", help="comma list of: none, minilm, stub")
+    add_run_arguments(parser, servers="ours, ours-pg, ref", default_modes="none")
     parser.add_argument("--data", default=DEFAULT_DATA_DIR, type=lambda p: __import__("pathlib").Path(p))
     parser.add_argument("--conversations", default="", help="comma list of file stems to keep (default: all)")
-    parser.add_argument("--no-per-question", dest="per_question", action="store_false")
     return parser.parse_args(argv)
 
 

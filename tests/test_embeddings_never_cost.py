@@ -137,3 +137,29 @@ def test_an_answer_the_gate_emptied_says_so(db, embed_server):
     assert answered["messages"] and "gated" not in answered
     # nothing found at all is not a gate's doing: no notice
     assert "gated" not in recall(make_app(db), agent_id="a", query="xylophone quartz zeppelin")
+
+
+def test_a_lexical_match_outranks_a_vector_only_match_of_equal_rank(db, embed_server):
+    """Issue 14: the first row of the keyword list and the first row of the vector list
+    tie under rrf; the keyword row, the more precise at the top, is the best row
+    (the last one). The reference's tie order put the vector row there."""
+    query = "garage door code"
+    lexical_row = "The garage door code is 4417"
+    vector_row = "Quarterly figures arrive in the second week"
+    dimension = embed_server.dimension
+
+    def axis(i: int) -> list[float]:
+        return [1.0 if j == i else 0.0 for j in range(dimension)]
+
+    # the query points where the vector row points; the keyword row is orthogonal to both
+    embed_server.vector = lambda text: axis(0) if text in (query, vector_row) else axis(1)
+    app = make_app(db, EMBEDDING_MODE="http", EMBEDDING_URL=embed_server.url, DEGRADED_ADVISORY="false")
+    app.embedder = build_embedder(app.settings)
+    try:
+        for text in (lexical_row, vector_row):
+            assert store(app, agent_id="a", content=text, timestamp="2026-06-02T00:00:00+00:00")["embedded"] is True
+        messages = recall(app, agent_id="a", query=query, limit=5)["messages"]
+    finally:
+        app.embedder.close()
+    assert [m["content"] for m in messages] == [vector_row, lexical_row]  # worst first, best last (RC-1)
+    assert messages[0]["match_reason"]["rrf"] == messages[1]["match_reason"]["rrf"]  # a tie, not a weight

@@ -88,3 +88,19 @@ def test_with_the_penalty_off_episodes_do_not_age(db):
                       "created_at": "2026-06-01 11:00:00"}, {"summary": "boundary", "created_at": BOUNDARY})
     (row,) = recall(make_app(db, EPISODE_PENALTY_ENABLED="false"), agent_id="a", query="alpha", deep=True)["messages"]
     assert row["match_reason"]["rrf"] == pytest.approx(TOP)
+
+
+def test_episode_ranks_count_on_the_scale_of_the_memories(db):
+    """Issue 14: the episode list ranks a table 26 times smaller than the memories'; its
+    second place is a weaker match than the memory list's second place, so an answer
+    holds the best episode, then memories, not every other row an episode. The
+    stretched ranks order rows; the gate still judges the ranks the lists gave."""
+    filler(db, 100)
+    add(db, Memory, *({"content": f"the harbour ferry leaves at {h} o'clock"} for h in range(6)))
+    add(db, Episode, *({"summary": f"we talked about the harbour, part {i}", "created_at": BOUNDARY}
+                       for i in range(4)))
+    app = make_app(db)
+    kinds = [m["ref"][:3] for m in reversed(recall(app, agent_id="a", query="harbour", limit=5)["messages"])]
+    assert kinds == ["ep:", "mem", "mem", "mem", "mem"]  # best first: the top episode ties the top memory
+    every = [m["ref"][:3] for m in reversed(recall(app, agent_id="a", query="harbour", limit=10)["messages"])]
+    assert every == ["ep:"] + ["mem"] * 6 + ["ep:"] * 3  # no episode gated out, the weaker ones after the memories

@@ -51,6 +51,19 @@ def test_rrf_sums_votes_across_lists_and_ties_keep_list_order():  # spec §5.8.2
     assert fused[0].ranks == {"vector": 0, "memories": 1}
 
 
+def test_rrf_tie_goes_to_the_row_with_more_lexical_votes():  # issue 14: differences table
+    vector = RankedList.of("vector", [(M1, 0.9), (M3, 0.8)])
+    memories = RankedList.of("memories", [(M2, None), (M3, None)])
+    fused = rrf([vector, memories], K)
+    # M1 (vector rank 0) and M2 (memories rank 0) tie at 1/61; M1 was seen first, M2 wins.
+    assert [row.key for row in fused] == [M3, M2, M1]
+    assert fused[1].score == fused[2].score
+    # on both lists: equal sums, the better lexical rank first
+    swapped = rrf([RankedList.of("vector", [(M1, 0.9), (M2, 0.8)]),
+                   RankedList.of("memories", [(M2, None), (M1, None)])], K)
+    assert [row.key for row in swapped] == [M2, M1]
+
+
 def test_rrf_three_first_places_is_the_ceiling():
     lists = [RankedList.of(name, [(M1, None)]) for name in ("vector", "episodes", "memories")]
     assert rrf(lists, K)[0].score == pytest.approx(3 / 61)

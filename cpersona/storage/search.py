@@ -225,6 +225,10 @@ class SearchBackend(Protocol):
         """
         ...
 
+    def table_counts(self, scope: Scope, *, cap: int | None = None) -> tuple[int, int]:
+        """(memories, episodes) in scope, each ``min(count, cap)`` with ``cap``."""
+        ...
+
     def fetch(self, scope: Scope, keys: Iterable[RowKey], *, source_id: str = "") -> dict[RowKey, Record]:
         """Rows by reference, silently omitting any outside ``scope`` (and, for
         memories, any that ``source_id`` filters out as in the keyword arm)."""

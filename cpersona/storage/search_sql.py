@@ -160,24 +160,28 @@ class SqlSearch(ABC):
         return [(int(r.id), r.content or "") for r in rows]
 
     def pool_count(self, scope: Scope, *, cap: int | None = None) -> int:
+        total = sum(self.table_counts(scope, cap=cap))
+        return total if cap is None else min(total, max(cap, 0))
+
+    def table_counts(self, scope: Scope, *, cap: int | None = None) -> tuple[int, int]:
         m_where, params = sql_fragment(scope, "m")
         e_where, _ = sql_fragment(scope, "e")
         if cap is None:
             sql = text(
-                f"SELECT (SELECT count(*) FROM memories m WHERE {m_where}) "
-                f"+ (SELECT count(*) FROM episodes e WHERE {e_where})"
+                f"SELECT (SELECT count(*) FROM memories m WHERE {m_where}), "
+                f"(SELECT count(*) FROM episodes e WHERE {e_where})"
             )
         else:
             # Each table stops counting at the cap: a count of the whole scope
             # walked every row of it (about 3 ms per recall at 100k rows).
             sql = text(
-                f"SELECT (SELECT count(*) FROM (SELECT 1 FROM memories m WHERE {m_where} LIMIT :cap) AS capped_m) "
-                f"+ (SELECT count(*) FROM (SELECT 1 FROM episodes e WHERE {e_where} LIMIT :cap) AS capped_e)"
+                f"SELECT (SELECT count(*) FROM (SELECT 1 FROM memories m WHERE {m_where} LIMIT :cap) AS capped_m), "
+                f"(SELECT count(*) FROM (SELECT 1 FROM episodes e WHERE {e_where} LIMIT :cap) AS capped_e)"
             )
             params = {**params, "cap": max(cap, 0)}
         with self.db.read() as session:
-            total = int(session.execute(sql, params).scalar_one())
-        return total if cap is None else min(total, max(cap, 0))
+            memories, episodes = session.execute(sql, params).one()
+        return int(memories), int(episodes)
 
     def fetch(self, scope: Scope, keys: Iterable[RowKey], *, source_id: str = "") -> dict[RowKey, Record]:
         wanted: dict[str, list[int]] = {"mem": [], "ep": []}

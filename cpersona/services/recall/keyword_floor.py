@@ -23,6 +23,10 @@ So every candidate of an embedded query carries two more scores:
 - ``judged_rrf``: under rrf, its score with the near vector list at full
   weight, so a down-weighted vector channel orders rows but does not move
   the heuristic bar (the bar was derived on unit votes, spec GATE-2).
+
+Both are read off the retrievers' own ranks, so they are also set when the
+lexical lists were put on one scale (``fusion.on_one_scale``) for a query
+without a vector: the stretched episode ranks order rows, they don't gate them.
 """
 
 from __future__ import annotations

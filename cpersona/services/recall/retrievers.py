@@ -26,6 +26,7 @@ from cpersona.services.recall import cjk_query
 from cpersona.services.app import App
 from cpersona.services.records.backfill import on_query_embedded
 from cpersona.services.recall.fusion import VECTOR_CHANNELS, Ranked, RankedList
+from cpersona.services.recall.gate import POOL_SATURATION
 from cpersona.services.recall.words import add_lexical_lists
 from cpersona.storage.scope import Scope
 from cpersona.storage.search import MAX_QUERY_CHARS, Hit, Record, RowKey, SearchBackend, open_search
@@ -67,6 +68,8 @@ class Retrieval:
     cosines: dict[RowKey, float] = field(default_factory=dict)  # from the vector channel
     query_embedded: bool = False  # the query has a vector, so the vector channel ran
     query_vector: bytes | None = None
+    # (memories, episodes) in scope, each counted up to POOL_SATURATION; None on the blank path
+    counts: tuple[int, int] | None = None
 
     def add(
         self, channel: str, hits: Sequence[Hit], excluded: Callable[[str], bool], *, weight: float = 1.0
@@ -124,6 +127,7 @@ def retrieve(app: App, backend: SearchBackend, query: Query, depth: int, exclude
         vector_lists(app, backend, query, depth, vector, excluded, found)
     add_lexical_lists(backend, query, depth, excluded, found, weight=app.settings.recall_word_weight,
                       cjk=cjk_query.applies(query.text))
+    found.counts = backend.table_counts(query.scope, cap=POOL_SATURATION)  # fusion's rank scale, the gate's pool
     return found
 
 

@@ -41,7 +41,7 @@ from cpersona.services.recall.confidence import (
     order_by_confidence,
 )
 from cpersona.services.recall.cue_arm import cued_answer, search_period
-from cpersona.services.recall.fusion import cascade, rrf, rsf
+from cpersona.services.recall.fusion import cascade, on_one_scale, rrf, rsf
 from cpersona.services.recall.keyword_floor import annotate, gate_notice, keep_a_memory
 from cpersona.services.recall.gate import (
     POOL_SATURATION,
@@ -171,14 +171,16 @@ def fuse(app: App, req: RecallRequest, found: Retrieval, profile: str | None) ->
         )
         placed = {PROFILE_KEY: profile_row} if profile_row else {}
         return [placed.get(key) or _candidate(found, key) for key in order]
-    fused = rrf(found.lists, app.settings.rrf_k) if mode == "rrf" else rsf(found.lists)
+    lists = found.lists if found.counts is None else on_one_scale(found.lists, *found.counts)
+    fused = rrf(lists, app.settings.rrf_k) if mode == "rrf" else rsf(lists)
     rows = []
     for row in fused:
         candidate = _candidate(found, row.key)
         setattr(candidate, mode, row.score)
         candidate.single_arm = _single_arm(found, row.key)
         rows.append(candidate)
-    if found.query_embedded:  # the gate's keyword-only floor (issue 14)
+    if found.query_embedded or lists is not found.lists:
+        # the gate's keyword-only floor, and its view of the ranks the retrievers gave (issue 14)
         annotate(found.lists, rows, mode, app.settings.rrf_k)
     return rows + ([profile_row] if profile_row else [])
 
@@ -270,12 +272,18 @@ class Admitted:
     gate_fallback: bool = False
 
 
-def gate_candidates(app: App, backend: SearchBackend, req: RecallRequest, rows: list[Candidate]) -> Admitted:
+def gate_candidates(
+    app: App, backend: SearchBackend, req: RecallRequest, rows: list[Candidate], found: Retrieval
+) -> Admitted:
     """Steps 7–11: the quality gate, the gate_fallback rescue (§5.11), autocut (§5.12), age prior (§5.9.6)."""
     settings = app.settings
     gate = calibrated_gate_for(app, req.agent_id, enabled=settings.fused_gate_enabled)
+    if found.counts is not None:  # read with the retrievers' lists (the same snapshot)
+        pool = min(sum(found.counts), POOL_SATURATION)
+    else:
+        pool = backend.pool_count(req.scope, cap=POOL_SATURATION)
     passed = apply_gate(
-        rows, pool=backend.pool_count(req.scope, cap=POOL_SATURATION), query_blank=req.blank, deep=req.deep,
+        rows, pool=pool, query_blank=req.blank, deep=req.deep,
         rrf_k=settings.rrf_k, calibrated=gate,
     )  # fmt: skip
     if (rescued := gate_fallback(rows, passed)) is not None:
@@ -367,7 +375,7 @@ def run_recall(app: App, req: RecallRequest) -> RecallOutcome:
     _attach_advisory(app, req, extras)  # after the query embedding: this recall's outcome counts (ADV-2)
     rows = fuse(app, req, found, backend.profile(req.agent_id))
     rows = score_candidates(app, backend, req, found, rows)
-    admitted = gate_candidates(app, backend, req, rows)
+    admitted = gate_candidates(app, backend, req, rows, found)
     if (notice := gate_notice(rows, admitted.rows)) is not None:
         extras["gated"] = notice  # the gate emptied an answer that had candidates: say so (issue 14)
     rows = admitted.rows

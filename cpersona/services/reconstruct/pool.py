@@ -101,7 +101,7 @@ def candidate_pool(app: App, req: RecallRequest, terms: list[str], cue: TimeCue 
         pool.notices["update"] = update
     # recall's steps 6–11: penalty and (legacy) confidence, gate, gate_fallback rescue or autocut, prior
     fused = score_candidates(app, backend, req, found, fuse(app, req, found, backend.profile(req.agent_id)))
-    admitted = gate_candidates(app, backend, req, fused)
+    admitted = gate_candidates(app, backend, req, fused, found)
     if admitted.gate_fallback:
         pool.notices["gate_fallback"] = True  # RX-12, RX-13
     # TQ-6: the lift works on the admitted list before the cut, so a period row
