@@ -102,12 +102,12 @@ def _trigger_name(table: str) -> str:
     return f"{table}_{VECTOR_COLUMN}_sync"
 
 
-def _has_column(conn: Connection, table: str) -> bool:
+def has_column(conn: Connection, table: str, column: str = VECTOR_COLUMN) -> bool:
     sql = text(
         "SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema()"
         " AND table_name = :table AND column_name = :column"
     )
-    return conn.execute(sql, {"table": table, "column": VECTOR_COLUMN}).first() is not None
+    return conn.execute(sql, {"table": table, "column": column}).first() is not None
 
 
 def ensure_vector_columns(conn: Connection) -> bool:
@@ -135,7 +135,7 @@ def ensure_vector_columns(conn: Connection) -> bool:
     conn.exec_driver_sql(DECODE_FUNCTION_DDL)
     conn.exec_driver_sql(SYNC_FUNCTION_DDL)
     for table in VECTOR_TABLES:
-        added = not _has_column(conn, table)
+        added = not has_column(conn, table)
         if added:
             conn.exec_driver_sql(f"ALTER TABLE {table} ADD COLUMN {VECTOR_COLUMN} vector")
         conn.exec_driver_sql(
@@ -158,7 +158,7 @@ def pgvector_serves(db: Database) -> bool:
     if known is None:
         with db.read() as session:
             conn = session.connection()
-            known = all(_has_column(conn, table) for table in VECTOR_TABLES)
+            known = all(has_column(conn, table) for table in VECTOR_TABLES)
         _served_by_pgvector[db] = known
     return known
 
