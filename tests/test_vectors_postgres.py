@@ -217,3 +217,18 @@ def test_a_dropped_extension_is_restored_at_the_next_start(pgvector_db):
         fresh.close()
     _insert(pgvector_db, 1, np.array([1.0, 2.0], dtype="<f4").tobytes())
     assert _stored_vector(pgvector_db, 1) is not None
+
+
+def test_the_vector_stays_in_the_row_and_the_blob_moves_out(pgvector_db):
+    # The scan reads every vector of the window; a 384-d row passes the ~2 kB
+    # TOAST threshold, and out-of-line vectors cost a TOAST fetch each.
+    rng = np.random.default_rng(3)
+    for i in range(1, 4):
+        _insert(pgvector_db, i, rng.standard_normal(384).astype("<f4").tobytes())
+    with pgvector_db.read() as session:
+        if session.execute(text("SELECT to_regproc('pg_column_toast_chunk_id')")).scalar_one() is None:
+            pytest.skip("PostgreSQL before 17 cannot tell an out-of-line value")
+        placed = session.execute(text(
+            f"SELECT count(*) FILTER (WHERE pg_column_toast_chunk_id({VECTOR_COLUMN}) IS NULL),"
+            " count(*) FILTER (WHERE pg_column_toast_chunk_id(embedding) IS NOT NULL) FROM memories")).one()
+    assert tuple(placed) == (3, 3)  # every vector in its row, every blob out of line

@@ -138,6 +138,17 @@ def ensure_vector_columns(conn: Connection) -> bool:
         added = not has_column(conn, table)
         if added:
             conn.exec_driver_sql(f"ALTER TABLE {table} ADD COLUMN {VECTOR_COLUMN} vector")
+        # Kept in the row (pgvector's default, EXTERNAL, moves it out of line next
+        # to the blob once a row passes ~2 kB, as a 384-d row does): the scan reads
+        # every vector of the window, and a TOAST fetch each doubled its time at
+        # 10k rows. The blob, EXTENDED, goes out of line instead; the scan only
+        # reads its length, which needs no fetch. Rows written before keep their
+        # layout until rewritten.
+        storage = conn.execute(text(
+            "SELECT attstorage FROM pg_attribute WHERE attrelid = CAST(:table AS regclass) AND attname = :column"
+        ), {"table": table, "column": VECTOR_COLUMN}).scalar_one()
+        if storage != "m":  # ALTER takes a table lock: only when it changes something
+            conn.exec_driver_sql(f"ALTER TABLE {table} ALTER COLUMN {VECTOR_COLUMN} SET STORAGE MAIN")
         conn.exec_driver_sql(
             f"CREATE OR REPLACE TRIGGER {_trigger_name(table)} BEFORE INSERT OR UPDATE OF embedding"
             f" ON {table} FOR EACH ROW EXECUTE FUNCTION cpersona_sync_vector()"
