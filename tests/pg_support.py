@@ -27,6 +27,18 @@ def pg_server_url() -> str:
     return url
 
 
+def skip_without_pgvector() -> None:
+    """Skip a test that needs pgvector; fail instead where CI promised a cluster with it.
+
+    .ci/run sets CPERSONA_TEST_PG_REQUIRE_PGVECTOR=1 after starting a cluster
+    that has pgvector, so losing the extension there is a red run, not a quiet skip.
+    """
+    reason = "the PostgreSQL cluster has no pgvector extension (`tests/pg_cluster.sh pgvector-bin DIR` gives one)"
+    if os.environ.get("CPERSONA_TEST_PG_REQUIRE_PGVECTOR", "").strip() == "1":
+        pytest.fail(reason + ", and CPERSONA_TEST_PG_REQUIRE_PGVECTOR=1 says it must have it")
+    pytest.skip(reason)
+
+
 def _admin_engine(server_url: str):
     from sqlalchemy import create_engine
 

@@ -148,10 +148,12 @@ def include_object_for(dialect: str):
     if dialect != "postgresql":
         return None
 
+    from cpersona.storage.search_words_postgres import WORD_VECTOR_COLUMN
     from cpersona.storage.vectors_postgres import VECTOR_COLUMN
 
     def include_object(obj, name, type_, reflected, compare_to):
-        if type_ == "column" and name == VECTOR_COLUMN:  # derived, optional (vectors_postgres)
+        # Derived columns outside the history (vectors_postgres, search_words_postgres).
+        if type_ == "column" and name in (VECTOR_COLUMN, WORD_VECTOR_COLUMN):
             return False
         return not (type_ == "index" and name in PG_UNMODELLED_INDEXES)
 
@@ -374,9 +376,11 @@ def _upgrade_postgres(conn: Connection, label: str) -> None:
         from alembic import command
 
         command.upgrade(alembic_config(conn), "head")
+    from cpersona.storage.search_words_postgres import ensure_word_columns
     from cpersona.storage.vectors_postgres import ensure_vector_columns
 
     ensure_vector_columns(conn)
+    ensure_word_columns(conn)
 
 
 def _upgrade_in_transaction(conn: Connection, path: Path | None, *, fts_enabled: bool) -> None:

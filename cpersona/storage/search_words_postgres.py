@@ -1,13 +1,29 @@
 """The word channel on PostgreSQL: ``tsvector`` expression indexes (revision 0006).
 
+The GIN expression indexes find the matching rows; ranking them with
+``ts_rank`` needs each match's ``tsvector``, which the index does not hand
+back, so without help PostgreSQL rebuilds it from the text for every match
+(~1,750 rows for a common question at 10k rows: most of the statement's
+time). :func:`ensure_word_columns` (run at every start after Alembic, like the
+pgvector column) adds a stored generated column ``word_vector`` holding
+exactly the indexed expression, and the ranking reads it. Generated, it is
+always equal to the text whichever writer wrote the row, and PostgreSQL
+recomputes it only when the text changes (counter bumps leave it alone).
+Outside the Alembic history for the same reason as the pgvector column: it
+is derived, and a database without it ranks the same from the expression.
+
 Apart from :mod:`cpersona.storage.search_words` so that a SQLite start never
 imports the PostgreSQL search code.
 """
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
+from sqlalchemy import Connection
+
+from cpersona.storage.engine import Database
 from cpersona.storage.scope import Scope, sql_fragment
 from cpersona.storage.search import Hit
 from cpersona.storage.search_postgres import PostgresSearch
@@ -15,6 +31,32 @@ from cpersona.storage.search_postgres import source_filter as pg_source_filter
 from cpersona.storage.search_sql import EPISODE_COLUMNS, MEMORY_COLUMNS, episode_record, memory_record
 from cpersona.storage.search_words import TEXT_SEARCH_CONFIG, pg_tsquery, pg_word_vector, word_terms
 from cpersona.storage.sql_text import text
+from cpersona.storage.vectors_postgres import has_column
+
+WORD_VECTOR_COLUMN = "word_vector"
+_WORD_TABLES = (("mem", "memories"), ("ep", "episodes"))
+
+
+def ensure_word_columns(conn: Connection) -> None:
+    """Add the stored ``word_vector`` columns where they are missing (``conn`` holds the writer lock)."""
+    for kind, table in _WORD_TABLES:
+        conn.exec_driver_sql(
+            f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {WORD_VECTOR_COLUMN} tsvector"
+            f" GENERATED ALWAYS AS ({pg_word_vector(kind)}) STORED"
+        )
+
+
+_stored_word_vectors: weakref.WeakKeyDictionary[Database, bool] = weakref.WeakKeyDictionary()
+
+
+def _has_word_columns(db: Database) -> bool:
+    known = _stored_word_vectors.get(db)
+    if known is None:
+        with db.read() as session:
+            conn = session.connection()
+            known = all(has_column(conn, table, WORD_VECTOR_COLUMN) for _, table in _WORD_TABLES)
+        _stored_word_vectors[db] = known
+    return known
 
 
 class PostgresWordSearch(PostgresSearch):
@@ -42,9 +84,10 @@ class PostgresWordSearch(PostgresSearch):
         self, what: str, kind: str, alias: str, columns: str, table: str, where: str, params: dict[str, Any],
         terms: list[str], depth: int,
     ) -> list[Any]:
-        vector = pg_word_vector(kind, alias)
+        vector = pg_word_vector(kind, alias)  # the indexed expression finds the rows
+        stored = f"{alias}.{WORD_VECTOR_COLUMN}" if _has_word_columns(self.db) else vector
         sql = text(
-            f"SELECT {columns}, ts_rank({vector}, q.query, 1) AS score "
+            f"SELECT {columns}, ts_rank({stored}, q.query, 1) AS score "
             f"FROM {table} {alias}, to_tsquery('{TEXT_SEARCH_CONFIG}'::regconfig, :tsquery) AS q(query) "
             f"WHERE {vector} @@ q.query AND {where} ORDER BY score DESC, {alias}.id LIMIT :depth"
         )

@@ -102,12 +102,12 @@ def _trigger_name(table: str) -> str:
     return f"{table}_{VECTOR_COLUMN}_sync"
 
 
-def _has_column(conn: Connection, table: str) -> bool:
+def has_column(conn: Connection, table: str, column: str = VECTOR_COLUMN) -> bool:
     sql = text(
         "SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema()"
         " AND table_name = :table AND column_name = :column"
     )
-    return conn.execute(sql, {"table": table, "column": VECTOR_COLUMN}).first() is not None
+    return conn.execute(sql, {"table": table, "column": column}).first() is not None
 
 
 def ensure_vector_columns(conn: Connection) -> bool:
@@ -135,9 +135,20 @@ def ensure_vector_columns(conn: Connection) -> bool:
     conn.exec_driver_sql(DECODE_FUNCTION_DDL)
     conn.exec_driver_sql(SYNC_FUNCTION_DDL)
     for table in VECTOR_TABLES:
-        added = not _has_column(conn, table)
+        added = not has_column(conn, table)
         if added:
             conn.exec_driver_sql(f"ALTER TABLE {table} ADD COLUMN {VECTOR_COLUMN} vector")
+        # Kept in the row (pgvector's default, EXTERNAL, moves it out of line next
+        # to the blob once a row passes ~2 kB, as a 384-d row does): the scan reads
+        # every vector of the window, and a TOAST fetch each doubled its time at
+        # 10k rows. The blob, EXTENDED, goes out of line instead; the scan only
+        # reads its length, which needs no fetch. Rows written before keep their
+        # layout until rewritten.
+        storage = conn.execute(text(
+            "SELECT attstorage FROM pg_attribute WHERE attrelid = CAST(:table AS regclass) AND attname = :column"
+        ), {"table": table, "column": VECTOR_COLUMN}).scalar_one()
+        if storage != "m":  # ALTER takes a table lock: only when it changes something
+            conn.exec_driver_sql(f"ALTER TABLE {table} ALTER COLUMN {VECTOR_COLUMN} SET STORAGE MAIN")
         conn.exec_driver_sql(
             f"CREATE OR REPLACE TRIGGER {_trigger_name(table)} BEFORE INSERT OR UPDATE OF embedding"
             f" ON {table} FOR EACH ROW EXECUTE FUNCTION cpersona_sync_vector()"
@@ -158,7 +169,7 @@ def pgvector_serves(db: Database) -> bool:
     if known is None:
         with db.read() as session:
             conn = session.connection()
-            known = all(_has_column(conn, table) for table in VECTOR_TABLES)
+            known = all(has_column(conn, table) for table in VECTOR_TABLES)
         _served_by_pgvector[db] = known
     return known
 
