@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cpersona.mcp.registry import READ_ONLY, ToolSpec
+from cpersona.mcp.registry import READ_ONLY, READ_PROJECT, Ref, ServiceRef, ToolSpec
 from cpersona.mcp.tools.common import AGENT_ID, PROJECT_ID_FILTER, SESSION_KEY, object_schema, prop, recall_refusal
 
 RECALL_DESCRIPTION = (
@@ -70,6 +70,7 @@ _TIME_CUE = {
 
 RECALL = ToolSpec(
     name="recall",
+    contracts="memory-and-recall.md §3.2",
     description=RECALL_DESCRIPTION,
     input_schema=object_schema({
         "agent_id": AGENT_ID,
@@ -143,7 +144,10 @@ RECALL = ToolSpec(
         "time_cue": _TIME_CUE,
     }, required=["agent_id", "query"]),
     annotations=READ_ONLY,
-    service="cpersona.services.recall.service:recall",
+    service=ServiceRef("cpersona.services.recall.service", "answer_recall"),
+    request=Ref("cpersona.services.recall.service", "RecallArguments"),
+    project=READ_PROJECT,
+    unsupported=frozenset({"trace"}),  # refused when set, rather than answered as if absent
     refusal=recall_refusal,
 )
 

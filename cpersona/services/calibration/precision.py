@@ -13,6 +13,7 @@ otherwise everything stays as it was (SP-3, SP-4).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 from cpersona.config import GATE_BETA
@@ -113,3 +114,14 @@ def get_recall_precision(app: App, *, agent_id: Any = None) -> dict[str, Any]:
         "ok": True, "agent_id": agent, "precision": label_of(beta), "beta": beta,
         "overridden": override is not None, "global_precision": label_of(glob), "global_beta": glob,
     }  # fmt: skip
+
+
+def paused_precision_body(app: App, arguments: Mapping[str, Any]) -> dict[str, Any]:
+    """``set_recall_precision``'s answer under a pause: the resolved setting, nothing recalibrated.
+
+    Arguments are resolved first (spec §9.5), so a bad precision is still refused.
+    """
+    agent = _agent(arguments.get("agent_id"))
+    label, beta, cleared = resolve(app, arguments.get("precision", ""), arguments.get("beta", 0))
+    return {"ok": True, "agent_id": agent, "precision": label, "beta": beta, "cleared": cleared,
+            "fused_gate": None, "calibrate": None}

@@ -22,6 +22,7 @@ import logging
 import math
 import threading
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -447,3 +448,17 @@ def install(app: App, *, seed: int | None = None) -> CalibrationState:
     state = CalibrationState(seed=seed)
     app.calibration = state
     return state
+
+
+def paused_calibration_body(app: App, arguments: Mapping[str, Any]) -> dict[str, Any]:
+    """``calibrate_threshold``'s success shape under a pause: all a measurement computes left empty (§9.5)."""
+    req = parse_arguments(app, arguments.get("agent_id"), arguments.get("sample_size"), arguments.get("z_factor"),
+                          arguments.get("method"), arguments.get("percentile"))
+    return {
+        "ok": True, "sidecar_persisted": False, "scope": "per_agent" if req.agent_id else "global",
+        "agent_id": req.agent_id, "sampled_embeddings": 0, "num_pairs": 0, "method": req.method,
+        "z_factor": req.z_factor, "percentile": req.percentile, "embedding_dim": None,
+        "embedding_model": embedding_model_label(app.settings), "distribution": None,
+        "null_admit_rate": None, "old_threshold": current_threshold(app, req.agent_id),
+        "new_threshold": None,
+    }

@@ -15,7 +15,6 @@ from cpersona.services.app import App
 from cpersona.services.records.listing import ListBounds, bounded_response, fetch_capped, listing_scope
 from cpersona.services.records.memories import embed_text
 from cpersona.services.records.nodes import QUEUED, queue_build, runs_past_window
-from cpersona.services.operating_context import ProjectRefusal, resolve_project
 from cpersona.services.responses import ToolFailure
 from cpersona.services.sanitize import check_key_field, find_lone_surrogate, nul_refusal, sanitize
 from cpersona.services.timestamps import FuturePolicy, parse_iso, sql_stamp
@@ -77,12 +76,9 @@ def _archive(app: App, *, agent_id: Any, summary: Any, history: Any, keywords: A
     else:
         raise _refuse("resolved must be true or false")
 
-    # The operating context's Hard layer: '@auto' and the project registry (OC-7..OC-11).
-    resolution = resolve_project(app, "archive_episode", project_id, agent_id=agent_id)
-    if isinstance(resolution, ProjectRefusal):
-        raise ToolFailure(resolution.message, episode_id=None, **resolution.fields)
-    # ISO-1: a missing or non-string project/channel is the global bucket.
-    project_id = resolution.project_id if isinstance(resolution.project_id, str) else ""
+    # The operating context's Hard layer ('@auto', the project registry; OC-7..OC-11) was
+    # applied by the facade. ISO-1: a missing or non-string project/channel is the global bucket.
+    project_id = project_id if isinstance(project_id, str) else ""
     channel = channel if isinstance(channel, str) else ""
     for name, value in (("channel", channel), ("project_id", project_id)):
         if problem := check_key_field(name, value):  # AE-7
@@ -131,7 +127,6 @@ def _archive(app: App, *, agent_id: Any, summary: Any, history: Any, keywords: A
         response["nodes"] = dict(QUEUED)  # OV-3
     if ahead is not None:
         response["timestamp_ahead_of_clock"] = ahead.report()
-    response.update(resolution.annotations)  # OC-11
     return response
 
 
@@ -158,9 +153,8 @@ def history_span(history: list[Any]) -> tuple[str | None, str | None]:
 
 def list_episodes(app: App, *, agent_id: Any = None, limit: Any = 50, project_id: Any = None) -> dict[str, Any]:
     """The newest episodes, every agent's when ``agent_id`` is omitted or '' (spec §3.10)."""
-    resolution = resolve_project(app, "list_episodes", project_id, agent_id=agent_id)  # never refuses a read
     try:
-        scope = listing_scope(agent_id, resolution.project_id)
+        scope = listing_scope(agent_id, project_id)
         rows, capped = fetch_capped(app, EpisodeRepository, scope, limit, EPISODE_BOUNDS.row_cap)
     except ToolFailure as refusal:
         return refusal.as_response() | {"episodes": [], "count": 0}
@@ -179,4 +173,4 @@ def list_episodes(app: App, *, agent_id: Any = None, limit: Any = 50, project_id
         for row in rows
     ]
     return bounded_response("episodes", episodes, capped, EPISODE_BOUNDS,
-                            app.settings.recall_preview_chars) | resolution.annotations
+                            app.settings.recall_preview_chars)

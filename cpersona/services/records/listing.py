@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from cpersona.services.app import App
-from cpersona.services.operating_context import resolve_project
 from cpersona.services.responses import ToolFailure
 from cpersona.services.sanitize import parse_stored_json
 from cpersona.storage.repositories.base import Repository
@@ -40,9 +39,8 @@ MEMORY_BOUNDS = ListBounds(MEMORY_ROW_CAP, MEMORY_CHAR_BUDGET, ("content",), "me
 
 def list_memories(app: App, *, agent_id: Any = None, limit: Any = 100, project_id: Any = None) -> dict[str, Any]:
     """The newest memories, every agent's when ``agent_id`` is omitted or ''."""
-    resolution = resolve_project(app, "list_memories", project_id, agent_id=agent_id)  # never refuses a read
     try:
-        scope = listing_scope(agent_id, resolution.project_id)
+        scope = listing_scope(agent_id, project_id)
         # Newest first; same-second rows newest id first (spec §6 item 6: the
         # reference lists them oldest first, which is not "newest first").
         rows, capped = fetch_capped(app, MemoryRepository, scope, limit, MEMORY_BOUNDS.row_cap)
@@ -50,7 +48,7 @@ def list_memories(app: App, *, agent_id: Any = None, limit: Any = 100, project_i
         return refusal.as_response() | {"memories": [], "count": 0}
     memories = [_memory_row(row) for row in rows]
     return bounded_response("memories", memories, capped, MEMORY_BOUNDS,
-                            app.settings.recall_preview_chars) | resolution.annotations
+                            app.settings.recall_preview_chars)
 
 
 def _memory_row(row: Any) -> dict[str, Any]:
