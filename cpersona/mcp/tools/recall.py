@@ -137,8 +137,9 @@ RECALL = ToolSpec(
             "type": "boolean",
             "default": False,
             "description": (
-                "Add trace to the answer: which rows each stage kept, dropped or reordered, and why, with ranks "
-                "and scores. It holds references only, never stored text, and nothing of it is kept on the server."
+                "Declared for compatibility and not carried out: this server builds no recall trace, so "
+                "trace=true is refused (ok=false, nothing searched) rather than answered without one. "
+                "Leave it false; reconstruct's trace explains its own answers."
             ),
         },
         "time_cue": _TIME_CUE,
