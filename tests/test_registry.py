@@ -161,3 +161,24 @@ async def test_reconstruct_takes_only_the_arguments_it_declares(app):  # spec RX
         answer = json.loads((await client.call_tool("reconstruct", {"agent_id": "a", "query": "x", "count": 2,
                                                                      "top_k": 5, "trace": True})).content[0].text)
     assert answer["returned_count"] == 0 and answer["bounds"]["top_k"] == 5 and "trace" in answer
+
+
+def _answers_a_refusal(handler: ast.ExceptHandler) -> bool:
+    """An ``except ToolFailure`` that turns the refusal into the answer (``return refused.as_response()``)."""
+    caught = handler.type
+    if not (isinstance(caught, ast.Name) and caught.id == "ToolFailure"):
+        return False
+    return any(isinstance(node, ast.Attribute) and node.attr == "as_response"
+               for stmt in handler.body for node in ast.walk(stmt))
+
+
+def test_services_raise_refusals_and_leave_answering_them_to_one_helper():
+    # Dispatch answers a ToolFailure in the tool's shape; a library caller gets answers_refusals' answer.
+    local = []
+    for path in sorted((PACKAGE / "services").rglob("*.py")):
+        if path.name == "responses.py":
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        local += [f"{path.relative_to(PACKAGE.parent)}:{node.lineno}" for node in ast.walk(tree)
+                  if isinstance(node, ast.ExceptHandler) and _answers_a_refusal(node)]
+    assert local == [], "use cpersona.services.responses.answers_refusals:\n" + "\n".join(local)

@@ -35,7 +35,7 @@ from cpersona.services.calibration.sidecar import Entry, read_sidecar, scoring_v
 from cpersona.services.calibration.state import CalibrationState, restore_preferences
 from cpersona.services.calibration.fused_gate import GateMeasurement, gate_signal, measure_gate
 from cpersona.services.recall.retrievers import vector_threshold
-from cpersona.services.responses import ToolFailure
+from cpersona.services.responses import ToolFailure, answers_refusals
 from cpersona.services.timestamps import parse_iso
 from cpersona.storage.repositories.memories import MemoryRepository
 from cpersona.storage.scope import Scope
@@ -311,6 +311,7 @@ def current_threshold(app: App, agent_id: str) -> float:
 # -- the tool --------------------------------------------------------------------------
 
 
+@answers_refusals
 def calibrate_threshold(
     app: App,
     *,
@@ -323,15 +324,12 @@ def calibrate_threshold(
 ) -> dict[str, Any]:
     """The ``calibrate_threshold`` tool (spec §3.11, CT-1..CT-5)."""
     state = app.calibration
-    try:
-        req = parse_arguments(app, agent_id, sample_size, z_factor, method, percentile)
-        with state.run_lock:
-            old = current_threshold(app, req.agent_id)
-            m = measure(app, req, beta=None, rng=state.rng)
-            apply(app, m)
-            written = state.persist(app.settings)
-    except ToolFailure as refusal:
-        return refusal.as_response()
+    req = parse_arguments(app, agent_id, sample_size, z_factor, method, percentile)
+    with state.run_lock:
+        old = current_threshold(app, req.agent_id)
+        m = measure(app, req, beta=None, rng=state.rng)
+        apply(app, m)
+        written = state.persist(app.settings)
     return response(app, m, old_threshold=old, persisted=written.ok)
 
 

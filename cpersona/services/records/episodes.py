@@ -15,7 +15,7 @@ from cpersona.services.app import App
 from cpersona.services.records.listing import ListBounds, bounded_response, fetch_capped, listing_scope
 from cpersona.services.records.memories import embed_text
 from cpersona.services.records.nodes import QUEUED, queue_build, runs_past_window
-from cpersona.services.responses import ToolFailure
+from cpersona.services.responses import ToolFailure, answers_refusals
 from cpersona.services.sanitize import check_key_field, find_lone_surrogate, nul_refusal, sanitize
 from cpersona.services.timestamps import FuturePolicy, parse_iso, sql_stamp
 from cpersona.storage.repositories.episodes import EpisodeRepository
@@ -31,6 +31,7 @@ NO_SUMMARY = (
 EMPTY_SUMMARY = "summary is required to archive an episode"
 
 
+@answers_refusals
 def archive_episode(
     app: App,
     *,
@@ -44,11 +45,8 @@ def archive_episode(
     session_key: Any = "",
 ) -> dict[str, Any]:
     """Store a caller-computed summary as a new episode row."""
-    try:
-        return _archive(app, agent_id=agent_id, summary=summary, history=history, keywords=keywords,
-                        resolved=resolved, project_id=project_id, channel=channel)
-    except ToolFailure as refusal:
-        return refusal.as_response()
+    return _archive(app, agent_id=agent_id, summary=summary, history=history, keywords=keywords,
+                    resolved=resolved, project_id=project_id, channel=channel)
 
 
 def _refuse(message: str) -> ToolFailure:
@@ -151,13 +149,11 @@ def history_span(history: list[Any]) -> tuple[str | None, str | None]:
 
 # -- list_episodes ------------------------------------------------------------------------------
 
+@answers_refusals
 def list_episodes(app: App, *, agent_id: Any = None, limit: Any = 50, project_id: Any = None) -> dict[str, Any]:
     """The newest episodes, every agent's when ``agent_id`` is omitted or '' (spec §3.10)."""
-    try:
-        scope = listing_scope(agent_id, project_id)
-        rows, capped = fetch_capped(app, EpisodeRepository, scope, limit, EPISODE_BOUNDS.row_cap)
-    except ToolFailure as refusal:
-        return refusal.as_response() | {"episodes": [], "count": 0}
+    scope = listing_scope(agent_id, project_id, EPISODE_BOUNDS)
+    rows, capped = fetch_capped(app, EpisodeRepository, scope, limit, EPISODE_BOUNDS)
     # No channel and no resolved flag in a listed episode (spec §3.10).
     episodes = [
         {

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cpersona.services.app import App
-from cpersona.services.responses import ToolFailure
+from cpersona.services.responses import ToolFailure, answers_refusals
 from cpersona.services.sanitize import parse_stored_json
 from cpersona.storage.repositories.base import Repository
 from cpersona.storage.repositories.memories import MemoryRepository
@@ -33,19 +33,22 @@ class ListBounds:
     fields: tuple[str, ...]
     ref_prefix: str  # "mem" | "ep"
 
+    @property
+    def key(self) -> str:
+        """The answer's list of rows."""
+        return "memories" if self.ref_prefix == "mem" else "episodes"
+
 
 MEMORY_BOUNDS = ListBounds(MEMORY_ROW_CAP, MEMORY_CHAR_BUDGET, ("content",), "mem")
 
 
+@answers_refusals
 def list_memories(app: App, *, agent_id: Any = None, limit: Any = 100, project_id: Any = None) -> dict[str, Any]:
     """The newest memories, every agent's when ``agent_id`` is omitted or ''."""
-    try:
-        scope = listing_scope(agent_id, project_id)
-        # Newest first; same-second rows newest id first (spec §6 item 6: the
-        # reference lists them oldest first, which is not "newest first").
-        rows, capped = fetch_capped(app, MemoryRepository, scope, limit, MEMORY_BOUNDS.row_cap)
-    except ToolFailure as refusal:
-        return refusal.as_response() | {"memories": [], "count": 0}
+    scope = listing_scope(agent_id, project_id, MEMORY_BOUNDS)
+    # Newest first; same-second rows newest id first (spec §6 item 6: the
+    # reference lists them oldest first, which is not "newest first").
+    rows, capped = fetch_capped(app, MemoryRepository, scope, limit, MEMORY_BOUNDS)
     memories = [_memory_row(row) for row in rows]
     return bounded_response("memories", memories, capped, MEMORY_BOUNDS,
                             app.settings.recall_preview_chars)
@@ -69,34 +72,39 @@ def _memory_row(row: Any) -> dict[str, Any]:
 # -- shared by list_memories and list_episodes ------------------------------------------------
 
 
-def listing_scope(agent_id: Any, project_id: Any) -> Scope:
+def refused(bounds: ListBounds, message: str) -> ToolFailure:
+    """A listing's refusal: the error, with the empty listing its callers read (``memories: [], count: 0``)."""
+    return ToolFailure(message, **{bounds.key: [], "count": 0})
+
+
+def listing_scope(agent_id: Any, project_id: Any, bounds: ListBounds) -> Scope:
     """The read scope of a listing: '' or omitted agent lists every agent (spec §3.9)."""
     if agent_id is not None and not isinstance(agent_id, str):
-        raise ToolFailure("agent_id must be a string")
+        raise refused(bounds, "agent_id must be a string")
     if project_id is not None and not isinstance(project_id, str):
-        raise ToolFailure("project_id must be a string")
-    # The caller has already applied the operating context's Hard layer
-    # (operating_context.resolve_project) to project_id.
+        raise refused(bounds, "project_id must be a string")
+    # The facade has already applied the operating context's Hard layer
+    # (the declaration's project axis) to project_id.
     return Scope(agent_id=agent_id or None, project_id=project_id)
 
 
-def checked_limit(limit: Any) -> int:
+def checked_limit(limit: Any, bounds: ListBounds) -> int:
     """The caller's limit as an int; a negative one lists nothing (LM-2)."""
     if isinstance(limit, bool) or not isinstance(limit, int):
-        raise ToolFailure(f"limit must be an integer, not {type(limit).__name__}")
+        raise refused(bounds, f"limit must be an integer, not {type(limit).__name__}")
     return max(limit, 0)
 
 
 def fetch_capped(app: App, repository: type[Repository], scope: Scope, limit: Any,
-                 row_cap: int) -> tuple[list[Any], bool]:
+                 bounds: ListBounds) -> tuple[list[Any], bool]:
     """Up to ``min(limit, row_cap)`` rows, and whether the cap hid more the caller asked for.
 
     One row past the cap is read only to learn whether it exists, so that
     ``budget_rows`` is reported exactly when a larger limit would have found more.
     """
-    wanted = checked_limit(limit)
-    take = min(wanted, row_cap)
-    probe = take + 1 if wanted > row_cap else take
+    wanted = checked_limit(limit, bounds)
+    take = min(wanted, bounds.row_cap)
+    probe = take + 1 if wanted > bounds.row_cap else take
     if probe == 0:
         return [], False
     with app.db.read() as session:
