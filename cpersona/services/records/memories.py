@@ -33,6 +33,7 @@ from cpersona.services.app import App
 from cpersona.services.graph.associations import declare_for_record
 from cpersona.services.records.backfill import keeps_local_vectors
 from cpersona.services.records.nodes import QUEUED, queue_build, runs_past_window
+from cpersona.services.requests import Request
 from cpersona.services.responses import ToolFailure, failure
 from cpersona.services.sanitize import (
     check_json_size,
@@ -53,21 +54,8 @@ from cpersona.storage.memory_writes import dedup_candidates, insert_memory
 log = logging.getLogger(__name__)
 
 
-class _Omitted:
-    """Marks an argument the caller did not send (``source`` has a default that depends on it)."""
-
-    _instance: _Omitted | None = None
-
-    def __new__(cls) -> _Omitted:
-        if cls._instance is None:
-            cls._instance = super().__new__(cls)
-        return cls._instance
-
-    def __repr__(self) -> str:
-        return "OMITTED"
-
-
-OMITTED: Any = _Omitted()
+# ``source`` has a default that depends on whether the caller sent one.
+OMITTED: Any = Request.OMITTED
 
 MIXED_FORMS = (
     "send content, id, source, timestamp and metadata either at the top level or inside message, not both"
