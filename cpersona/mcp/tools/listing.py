@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cpersona.mcp.registry import READ_ONLY, READ_PROJECT, ServiceRef, ToolSpec
+from cpersona.mcp.registry import READ_ONLY, READ_PROJECT, Ref, ServiceRef, ToolSpec
 from cpersona.mcp.tools.common import PROJECT_ID_FILTER, object_schema, prop
 
 _ALL_AGENTS = {"type": "string", "description": "The agent to list; omit or '' to list every agent."}
@@ -29,7 +29,8 @@ LIST_MEMORIES = ToolSpec(
         "project_id": PROJECT_ID_FILTER,
     }, required=[]),
     annotations=READ_ONLY,
-    service=ServiceRef("cpersona.services.records.listing", "list_memories", keywords=True),
+    service=ServiceRef("cpersona.services.records.listing", "answer_list_memories"),
+    request=Ref("cpersona.services.records.listing", "ListArguments"),
     project=READ_PROJECT,
 )
 
@@ -53,7 +54,8 @@ LIST_EPISODES = ToolSpec(
         "project_id": prop(PROJECT_ID_FILTER),
     }, required=[]),
     annotations=READ_ONLY,
-    service=ServiceRef("cpersona.services.records.episodes", "list_episodes", keywords=True),
+    service=ServiceRef("cpersona.services.records.episodes", "answer_list_episodes"),
+    request=Ref("cpersona.services.records.episodes", "EpisodeListArguments"),
     project=READ_PROJECT,
 )
 

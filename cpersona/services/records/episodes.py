@@ -8,11 +8,19 @@ and latest timestamps, stored as the caller sent them (AE-3).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from cpersona.services.records import remote_vectors
 from cpersona.services.app import App
-from cpersona.services.records.listing import ListBounds, bounded_response, fetch_capped, listing_scope
+from cpersona.services.records.listing import (
+    ListArguments,
+    ListBounds,
+    bounded_response,
+    checked_listing,
+    fetch_capped,
+    listing_scope,
+)
 from cpersona.services.records.memories import embed_text
 from cpersona.services.records.nodes import QUEUED, queue_build, runs_past_window
 from cpersona.services.responses import ToolFailure, answers_refusals
@@ -149,11 +157,23 @@ def history_span(history: list[Any]) -> tuple[str | None, str | None]:
 
 # -- list_episodes ------------------------------------------------------------------------------
 
+@dataclass(frozen=True)
+class EpisodeListArguments(ListArguments):
+    """``list_episodes``' arguments: a listing's, with its own default limit."""
+
+    limit: int = 50
+
+
 @answers_refusals
 def list_episodes(app: App, *, agent_id: Any = None, limit: Any = 50, project_id: Any = None) -> dict[str, Any]:
+    """:func:`answer_list_episodes` for a library caller, whose arguments no schema has checked."""
+    return answer_list_episodes(app, checked_listing(EpisodeListArguments, EPISODE_BOUNDS, agent_id, limit,
+                                                     project_id))
+
+
+def answer_list_episodes(app: App, args: EpisodeListArguments) -> dict[str, Any]:
     """The newest episodes, every agent's when ``agent_id`` is omitted or '' (spec §3.10)."""
-    scope = listing_scope(agent_id, project_id, EPISODE_BOUNDS)
-    rows, capped = fetch_capped(app, EpisodeRepository, scope, limit, EPISODE_BOUNDS)
+    rows, capped = fetch_capped(app, EpisodeRepository, listing_scope(args), args.limit, EPISODE_BOUNDS)
     # No channel and no resolved flag in a listed episode (spec §3.10).
     episodes = [
         {
