@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 
 from conftest import make_app
-from cpersona.mcp.acl import (ALL, CLASSIFICATION, READ, READ_WRITE, AclConfigError, AclGate, Principal, acl_gates,
+from cpersona.mcp.acl import (ALL, READ, access_for, READ_WRITE, AclConfigError, AclGate, Principal, acl_gates,
                               load_acl_file, parse_acl)
 from cpersona.mcp.dispatch import call_tool
 from cpersona.mcp.gates import GateChain, ToolCall
-from cpersona.mcp.registry import READ_ONLY, ToolSpec
+from cpersona.mcp.registry import Annotations, ToolSpec, keyword_tool
 from cpersona.mcp.tools import default_registry
 from test_http_transport import HttpServer, mcp_call
 
@@ -124,14 +124,16 @@ def test_every_tool_of_the_reference_is_classified():  # spec ACL-14
     names = {tool["name"] for tool in REFERENCE_TOOLS["tools"]} if isinstance(REFERENCE_TOOLS, dict) else {
         tool["name"] for tool in REFERENCE_TOOLS}
     assert len(names) == 34
-    assert names <= set(CLASSIFICATION)
+    registry = default_registry()
+    assert names == set(registry.names())  # every one declared, each with its demand
+    assert all(access_for(spec).demands is not None for spec in registry)
 
 
 def demands(tool: str, arguments: dict[str, Any], **env: str) -> list[tuple[str, int]]:
     from cpersona.config import load_settings
 
     settings = load_settings({f"CPERSONA_{k.upper()}": v for k, v in env.items()})
-    return [(d.agent, d.level) for d in CLASSIFICATION[tool](arguments, settings)]
+    return [(d.agent, d.level) for d in access_for(default_registry().get(tool)).demands(arguments, settings)]
 
 
 def test_demands_follow_the_table():  # spec §4.4, ACL-13
@@ -193,7 +195,12 @@ def test_export_and_import_under_an_export_dir_demand_the_agents_the_files_name(
 
 
 def stub_spec(name: str) -> ToolSpec:
-    return ToolSpec(name, "", {"type": "object", "properties": {}}, READ_ONLY, service=lambda app, **kw: {"ok": True})
+    """The real declaration of ``name``; a name the registry lacks is a tool that declares no demand."""
+    real = default_registry().get(name)
+    if real is not None:
+        return real
+    return keyword_tool(name=name, description="", input_schema={"type": "object", "properties": {}},
+                        annotations=Annotations(read_only=False), service=lambda app, **kw: {"ok": True})
 
 
 async def through_gate(app, tool: str, arguments: dict[str, Any], client: str | None) -> dict[str, Any]:
@@ -312,8 +319,11 @@ async def test_unknown_principals_unclassified_tools_and_missing_principals_are_
     assert stranger["client_id"] == "oauth:https://i:app"
     assert stranger["detail"].startswith("this client has no entry in the ACL grant table")
     assert (await through_gate(app, "persistence_status", {}, "oauth:https://i:app"))["ok"] is True
-    unclassified = await through_gate(app, "brand_new_tool", {}, "admin")
-    assert unclassified["detail"] == "tool not classified for ACL enforcement"
+    # A tool that declares no demand is judged by its annotations: a write, here with no agent named,
+    # demands read-write on every agent (ACL-13, ACL-14: never wider than what it writes).
+    undeclared = await through_gate(app, "brand_new_tool", {}, "reader")
+    assert undeclared["error"] == "permission_denied" and (undeclared["agent_id"], undeclared["required"]) == (
+        "*", "read-write")
     with caplog.at_level(logging.ERROR):
         nobody = await through_gate(app, "persistence_status", {}, None)
     assert nobody["detail"] == "no principal resolved" and "no principal" in caplog.text

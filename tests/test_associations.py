@@ -546,21 +546,33 @@ enforce = "{enforce}"
 '''
 
 
+def through_facade(app, name: str, **arguments):
+    """One call through the real call path, where the operating context's '@auto' is applied."""
+    import anyio
+
+    from cpersona.mcp.dispatch import call_tool
+    from cpersona.mcp.gates import GateChain
+    from cpersona.mcp.pause_gate import PauseGate
+    from cpersona.mcp.tools import default_registry
+
+    return anyio.run(call_tool, app, default_registry(), GateChain([PauseGate()]), name, arguments).payload
+
+
 def test_auto_project_and_the_registry(db: Database, tmp_path) -> None:  # spec §3.2, OC-8, OC-9, OC-11
     from conftest import make_app
 
     path = tmp_path / "ctx.toml"
     path.write_text(CONTEXT.format(enforce="warn"), encoding="utf-8")
     app = make_app(db, OPERATING_CONTEXT_PATH=str(path))
-    answer = declare_associations(app, agent_id="claude-code", project_id="@auto",
+    answer = through_facade(app, "declare_associations", agent_id="claude-code", project_id="@auto",
                                   associations={"entities": [{"name": "Atlas"}]})
     assert answer["ok"] is True and answer["resolved_project_id"] == "ops"
     assert rows(db, "SELECT project_id FROM entities") == [("ops",)]
-    warned = declare_associations(app, agent_id="a", project_id="zzz", associations={"entities": [{"name": "B"}]})
+    warned = through_facade(app, "declare_associations", agent_id="a", project_id="zzz", associations={"entities": [{"name": "B"}]})
     assert warned["operating_context_warning"] == "project_id 'zzz' not in registry (rev rev-7)"
 
     path.write_text(CONTEXT.format(enforce="reject"), encoding="utf-8")
-    refused = declare_associations(app, agent_id="a", project_id="zzz", associations={"entities": [{"name": "C"}]})
+    refused = through_facade(app, "declare_associations", agent_id="a", project_id="zzz", associations={"entities": [{"name": "C"}]})
     assert refused == {"ok": False, "result": "rejected", "entities": [], "mentions": 0, "relations": [],
                        "dropped": [], "operating_context_revision": "rev-7",
                        "error": "project_id 'zzz' not in registry (rev rev-7)"}

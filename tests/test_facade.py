@@ -20,11 +20,13 @@ from mcp import Client
 import cpersona
 from cpersona.mcp.dispatch import call_tool
 from cpersona.mcp.gates import GateChain, ToolCall
-from cpersona.mcp.registry import READ_ONLY, Annotations, Registry, ToolSpec
+from cpersona.mcp.pause_gate import PassThrough
+from cpersona.mcp.registry import READ_ONLY, Annotations, Registry, ToolSpec, by_keywords, keyword_tool
 from cpersona.mcp.server import SERVER_NAME, build_server, declaration, instructions
 from cpersona.mcp.stdio import reparse, top_level_member
 from cpersona.mcp.tools import default_registry
 from cpersona.mcp.validation import MAX_DEPTH, MAX_TEXT_CHARS, conform, inspect_arguments, schema_violation
+from cpersona.services.requests import keyword_request
 from cpersona.services.responses import ToolFailure
 
 pytestmark = pytest.mark.anyio
@@ -82,7 +84,7 @@ def surrogate_answer(app) -> dict:
     return {"text": "bad \ud800 text", "\udc00key": ["ok", "\ud83d"]}
 
 
-def partial_service(app, text: str) -> dict:  # takes fewer arguments than its schema declares
+def partial_service(app, text: str, n: int = 1, flag: bool = False) -> dict:  # "later" and "cue" are not carried out
     return {"text": text}
 
 
@@ -93,17 +95,24 @@ def make_schema(**extra_props: Any) -> dict:
     return {"type": "object", "properties": props, "required": ["text"]}
 
 
+def tool(name: str, description: str, schema: dict, annotations: Annotations, service, **more: Any) -> ToolSpec:
+    if annotations.read_only is not True:
+        more.setdefault("paused", PassThrough())
+    return keyword_tool(name=name, description=description, input_schema=schema, annotations=annotations,
+                        service=service, **more)
+
+
 def make_registry() -> Registry:
     rw = Annotations(read_only=False, destructive=False)
     return Registry([
-        ToolSpec("echo", "Echo.", make_schema(), READ_ONLY, echo),
-        ToolSpec("boom", "Crashes.", {"type": "object", "properties": {"text": {"type": "string"}}}, rw, boom),
-        ToolSpec("refuse", "Refuses.", {"type": "object", "properties": {"text": {"type": "string"}}}, rw, refuse),
-        ToolSpec("not_a_dict", "Wrong type.", {"type": "object", "properties": {}}, READ_ONLY, not_a_dict),
-        ToolSpec("surrogate_answer", "Bad text out.", {"type": "object", "properties": {}}, READ_ONLY, surrogate_answer),
-        ToolSpec("partial", "Fewer arguments.",
-                 make_schema(later={"type": "string", "default": ""}, cue={"type": "object"}), READ_ONLY,
-                 partial_service),
+        tool("echo", "Echo.", make_schema(), READ_ONLY, echo),
+        tool("boom", "Crashes.", {"type": "object", "properties": {"text": {"type": "string"}}}, rw, boom),
+        tool("refuse", "Refuses.", {"type": "object", "properties": {"text": {"type": "string"}}}, rw, refuse),
+        tool("not_a_dict", "Wrong type.", {"type": "object", "properties": {}}, READ_ONLY, not_a_dict),
+        tool("surrogate_answer", "Bad text out.", {"type": "object", "properties": {}}, READ_ONLY, surrogate_answer),
+        tool("partial", "Declares two arguments it does not carry out.",
+             make_schema(later={"type": "string", "default": ""}, cue={"type": "object"}), READ_ONLY,
+             partial_service, unsupported=frozenset({"later", "cue"})),
     ])
 
 
@@ -177,24 +186,17 @@ def test_descriptions_carry_the_facts_of_the_users_tool_descriptions(tool, facts
 
 
 def test_registry_refuses_a_tool_declared_twice():
-    spec = ToolSpec("echo", "Echo.", make_schema(), READ_ONLY, echo)
+    spec = tool("echo", "Echo.", make_schema(), READ_ONLY, echo)
     with pytest.raises(ValueError, match="declared twice"):
         Registry([spec, spec])
 
 
-def test_every_declared_tool_reaches_a_service_that_accepts_its_required_arguments():
-    # A declared tool whose service cannot be imported is a broken build, never "not written yet".
-    missing = []
-    for spec in default_registry():
-        try:
-            accepted = spec.accepted_arguments()
-        except (ImportError, AttributeError) as exc:
-            missing.append(f"{spec.name}: {exc}")
-            continue
-        required = set(spec.input_schema.get("required", []))
-        if accepted is not None:
-            assert required <= accepted, f"{spec.name} service lacks {required - accepted}"
-    assert not missing, "declared tools without an importable service: " + "; ".join(missing)
+def test_a_request_must_carry_every_declared_argument():
+    # What the schema declares, the request carries (or the declaration says it is not carried out).
+    schema = make_schema(later={"type": "string"})
+    with pytest.raises(ValueError, match="its request carries"):
+        Registry([ToolSpec("echo", "Echo.", schema, READ_ONLY, by_keywords(echo),
+                           request=keyword_request("echo", tuple(make_schema()["properties"])))])
 
 
 # --- the call path -----------------------------------------------------------
@@ -306,7 +308,7 @@ async def test_lone_surrogate_in_arguments_is_refused_in_the_tools_own_shape(app
     assert "echo" not in SEEN
 
 
-async def test_declared_argument_the_service_cannot_take_is_refused_unless_at_its_default(app):
+async def test_declared_argument_the_server_does_not_carry_out_is_refused_unless_at_its_default(app):
     async with Client(build_server(app, make_registry())) as client:
         at_default = await client.call_tool("partial", {"text": "x", "later": "", "flag": False})
         given = await client.call_tool("partial", {"text": "x", "cue": {"after": "2026-01-01"}})
@@ -436,7 +438,7 @@ async def test_requests_are_served_concurrently(app):
         return {"slow": True}
 
     registry = make_registry()
-    registry.add(ToolSpec("slow", "Slow.", {"type": "object", "properties": {}}, READ_ONLY, slow))
+    registry.add(tool("slow", "Slow.", {"type": "object", "properties": {}}, READ_ONLY, slow))
     async with Client(build_server(app, registry)) as client:
         results: dict[str, Any] = {}
 

@@ -10,13 +10,15 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import anyio
 import pytest
 from sqlalchemy import select
 
 from conftest import make_app
-from cpersona.services.records.episodes import archive_episode, list_episodes
-from cpersona.services.records.listing import list_memories
-from cpersona.services.records.memories import store
+from cpersona.mcp.dispatch import call_tool
+from cpersona.mcp.gates import GateChain
+from cpersona.mcp.pause_gate import PauseGate
+from cpersona.mcp.tools import default_registry
 from cpersona.services.operating_context import (
     ProjectRefusal,
     ProjectResolution,
@@ -24,7 +26,6 @@ from cpersona.services.operating_context import (
     instructions_summary,
     resolve_project,
 )
-from cpersona.services.recall.service import recall
 from cpersona.storage.models import Episode, Memory
 
 pytestmark = pytest.mark.both_backends  # storage/service behaviour: run on SQLite and PostgreSQL
@@ -69,6 +70,19 @@ def context_file(tmp_path: Path) -> Path:
 
 def app_with(db, path: Path, **env: str):
     return make_app(db, OPERATING_CONTEXT_PATH=str(path), **env)
+
+
+REGISTRY = default_registry()
+
+
+def tool(app, name: str, **arguments):
+    """One call through the facade's real call path: the Hard layer is the dispatch's, from the declaration."""
+    return anyio.run(call_tool, app, REGISTRY, GateChain([PauseGate()]), name, arguments).payload
+
+
+store, archive_episode, list_episodes, list_memories, recall, recall_with_context = (
+    lambda app, _name=name, **arguments: tool(app, _name, **arguments)
+    for name in ("store", "archive_episode", "list_episodes", "list_memories", "recall", "recall_with_context"))
 
 
 # --- the tool (§10.2) ---------------------------------------------------------------
@@ -191,7 +205,8 @@ def test_instructions_summary_is_the_summary_verbatim_or_none(db, context_file, 
 def test_resolution_rules(db, tmp_path):  # spec OC-7..OC-10
     def resolver(enforce: str):
         app = app_with(db, write_context(tmp_path / f"{enforce}.toml", CONTEXT.format(enforce=enforce)))
-        return lambda tool, project, agent="claude-code": resolve_project(app, tool, project, agent_id=agent)
+        return lambda tool, project, agent="claude-code": resolve_project(
+            app, project, agent_id=agent, writes=REGISTRY.get(tool).project.writes)
 
     warn, reject, off = resolver("warn"), resolver("reject"), resolver("off")
     rev = "(rev 2026-11-30.1)"
@@ -220,9 +235,11 @@ def test_resolution_rules(db, tmp_path):  # spec OC-7..OC-10
     assert reject("store", "home") == ProjectResolution("home")
 
 
-def test_only_the_tools_of_ax5_are_governed(db, context_file):  # spec AX-5
-    with pytest.raises(ValueError):
-        resolve_project(app_with(db, context_file), "delete_memory", "ops")
+def test_only_the_tools_of_ax5_are_governed():  # spec AX-5
+    governed = {spec.name: spec.project.writes for spec in REGISTRY if spec.project.applies}
+    assert governed == {"store": True, "declare_associations": True, "archive_episode": True, "recall": False,
+                        "recall_with_context": False, "reconstruct": False, "traverse": False,
+                        "list_memories": False, "list_episodes": False}
 
 
 def test_store_resolves_auto_and_stores_under_the_default(db, context_file):  # spec OC-8, OC-11
@@ -290,6 +307,23 @@ def test_reads_filter_by_the_resolved_project_and_are_never_refused(db, tmp_path
     unknown = recall(reject_app, agent_id="claude-code", query="deploys", project_id="zzz")
     assert unknown["operating_context_warning"] == "project_id 'zzz' not in registry (rev 2026-11-30.1)"
     assert "ok" not in unknown  # a read is answered, not refused
+
+
+def test_recall_with_context_resolves_auto_as_recall_does(db, context_file):  # spec OC-8, OC-11, RWC-1
+    # The bug this pins: recall_with_context rebuilt recall's wrapper without '@auto', so it filtered on a
+    # project literally named '@auto' (no rows) and said nothing of the resolution its schema promises.
+    app = app_with(db, context_file)
+    store(app, content="ops note about deploys", agent_id="claude-code", project_id="ops")
+    store(app, content="home note about deploys", agent_id="claude-code", project_id="home")
+    arguments = {"agent_id": "claude-code", "query": "deploys", "project_id": "@auto"}
+    recalled = recall(app, **arguments)
+    assert [m["content"] for m in recalled["messages"]] == ["ops note about deploys"]
+    assert recalled["resolved_project_id"] == "ops"
+    merged = recall_with_context(app, **arguments)
+    assert [m["content"] for m in merged["messages"]] == ["ops note about deploys"]
+    assert merged["resolved_project_id"] == "ops"
+    unknown = recall_with_context(app, **{**arguments, "project_id": "zzz"})
+    assert unknown["operating_context_warning"] == "project_id 'zzz' not in registry (rev 2026-11-30.1)"
 
 
 def test_dormant_context_stores_auto_literally(db, tmp_path):  # spec OC-7, OC-11

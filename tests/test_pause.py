@@ -22,12 +22,13 @@ from sqlalchemy import text
 
 from cpersona.mcp.dispatch import call_tool
 from cpersona.mcp.gates import GateChain
-from cpersona.mcp.pause_gate import PAUSE_RULES, ForceDryRun, PassThrough, PauseGate, Skip, store_boundary
-from cpersona.mcp.registry import READ_ONLY, Annotations, Registry, ToolSpec
+from cpersona.mcp.gates import ToolCall
+from cpersona.mcp.pause_gate import DowngradeFix, ForceDryRun, PassThrough, PauseGate, Rule, Skip
+from cpersona.mcp.registry import READ_ONLY, Annotations, Registry, ToolSpec, keyword_tool
 from cpersona.mcp.tools import default_registry
 from cpersona.services.operations import pause
 from cpersona.services.app import App
-from cpersona.services.records.memories import store
+from cpersona.services.records.memories import check_boundary, store
 from cpersona.services.operations.pause import PauseState, ttl_text
 from cpersona.services.responses import ToolFailure
 
@@ -263,19 +264,20 @@ async def test_every_write_answers_its_no_op_shape_and_writes_nothing(app, tmp_p
     assert unpaused.get("persisted") is not False
 
 
-def test_every_registered_write_tool_has_a_pause_rule():  # spec §9.5: one table decides
+def test_every_registered_write_tool_declares_its_pause_behaviour():  # spec §9.5: the declaration decides
     missing = [spec.name for spec in default_registry()
-               if spec.annotations.read_only is not True and spec.name not in PAUSE_RULES]
-    assert missing == [], f"write tools without a pause rule in cpersona/mcp/pause_gate.py: {missing}"
+               if spec.annotations.read_only is not True and not isinstance(spec.paused, Rule)]
+    assert missing == [], f"write tools without a pause behaviour in their declaration: {missing}"
 
 
 def test_every_registered_write_tool_with_a_no_op_rule_has_a_shape_test_here():
-    skipped = {spec.name for spec in default_registry() if isinstance(PAUSE_RULES.get(spec.name), Skip)}
+    skipped = {spec.name for spec in default_registry() if isinstance(spec.paused, Skip)}
     assert skipped <= set(PAUSED_BODIES), f"add the paused body of {sorted(skipped - set(PAUSED_BODIES))}"
 
 
 def test_action_id_keys_and_ids_follow_the_rule_in_every_skip_body(app):  # spec §9.5, P-10
-    for name, rule in PAUSE_RULES.items():
+    for spec in default_registry():
+        name, rule = spec.name, spec.paused
         if isinstance(rule, Skip) and name not in ("import_memories", "merge_memories"):
             body = rule.body(app, {"agent_id": "a"})
             assert body.get("id", "no-persist") == "no-persist", name
@@ -312,9 +314,9 @@ async def test_store_boundary_refusals_come_before_the_pause_content_checks_afte
     {"agent_id": "a", "content": ""},
 ])
 async def test_store_boundary_agrees_with_the_store_service(app, arguments):  # spec ST-2
-    """The gate mirrors store's first two checks; both must refuse the same calls with the same words."""
+    """The facade runs store's first two checks first; the service must refuse the same calls with the same words."""
     try:
-        store_boundary(app, arguments)
+        check_boundary(arguments)
         boundary = None
     except ToolFailure as refusal:
         boundary = REGISTRY.get("store").refusal(refusal.message, arguments)
@@ -347,7 +349,8 @@ async def test_the_operating_context_check_precedes_the_pause(db, clock, tmp_pat
     refused = await call(app, "store", agent_id="a", content="x", project_id="zzz", lock=True)
     assert refused == {"ok": False, "result": "rejected", "locked": False,
                        "reason": "project_id 'zzz' not in registry (rev r1)", "operating_context_revision": "r1"}
-    assert refused == store(app, agent_id="a", content="x", project_id="zzz", lock=True)  # as the service refuses
+    unpaused = await call(app, "store", agent_id="a", content="x", project_id="zzz", lock=True, session_key="other")
+    assert refused == unpaused  # as an unpaused call is refused
     auto = await call(app, "store", agent_id="a", content="x", project_id="@auto")
     assert auto["persisted"] is False and auto["resolved_project_id"] == "ops"
     episode = await call(app, "archive_episode", agent_id="a", summary="s", project_id="zzz")
@@ -420,19 +423,21 @@ async def test_export_and_reads_are_unaffected(app, tmp_path):  # spec P-12
     assert (await call(app, "get_profile", agent_id="a")) == {"profile": "likes gardens"}
 
 
-def _recording_tool(name: str, seen: list[dict[str, Any]], annotations: Annotations) -> ToolSpec:
-    def service(app, **arguments):
-        seen.append(arguments)
+def _recording_tool(name: str, seen: list[dict[str, Any]], annotations: Annotations, paused: Rule | None = None,
+                    ) -> ToolSpec:
+    def service(app, dry_run=True, fix=False, session_key=""):
+        seen.append({"dry_run": dry_run, "fix": fix, "session_key": session_key})
         return {"ran": True, "writes_paused": app.writes_paused}
 
     props = {"dry_run": {"type": "boolean", "default": True}, "fix": {"type": "boolean", "default": False},
              "session_key": {"type": "string", "default": ""}}
-    return ToolSpec(name, "Test tool.", {"type": "object", "properties": props}, annotations, service)
+    return keyword_tool(name=name, description="Test tool.", input_schema={"type": "object", "properties": props},
+                        annotations=annotations, service=service, paused=paused)
 
 
 async def test_migrate_is_forced_to_a_dry_run(app):  # spec P-11, MC-6
     seen: list[dict[str, Any]] = []
-    registry = Registry([_recording_tool("migrate_channel_axis", seen, Annotations(read_only=False))])
+    registry = Registry([_recording_tool("migrate_channel_axis", seen, Annotations(read_only=False), ForceDryRun())])
     await call(app, "pause_persistence")
     asked = await call(app, "migrate_channel_axis", registry, dry_run=False)
     assert seen[-1]["dry_run"] is True
@@ -478,7 +483,7 @@ async def test_the_real_check_health_repairs_nothing_while_paused(app):  # spec 
 @pytest.mark.parametrize("tool", ["check_health", "deep_check"])
 async def test_health_tools_are_downgraded_to_report_only(app, tool):  # spec P-11
     seen: list[dict[str, Any]] = []
-    registry = Registry([_recording_tool(tool, seen, Annotations(read_only=False))])
+    registry = Registry([_recording_tool(tool, seen, Annotations(read_only=False), DowngradeFix())])
     await call(app, "pause_persistence")
     fixed = await call(app, tool, registry, fix=True)
     assert seen[-1]["fix"] is False
@@ -490,21 +495,27 @@ async def test_health_tools_are_downgraded_to_report_only(app, tool):  # spec P-
 
 async def test_a_tool_without_a_rule_is_judged_by_its_annotations(app, caplog):
     seen: list[dict[str, Any]] = []
-    registry = Registry([_recording_tool("new_writer", seen, Annotations(read_only=False)),
-                         _recording_tool("new_reader", seen, READ_ONLY)])
+    writer = _recording_tool("new_writer", seen, Annotations(read_only=False))
+    with pytest.raises(ValueError, match="must declare what it does while paused"):
+        Registry([writer])  # the registry never serves a write that says nothing
+    registry = Registry([_recording_tool("new_reader", seen, READ_ONLY)])
     await call(app, "pause_persistence")
-    write = await call(app, "new_writer", registry)
+
+    async def service(call: ToolCall) -> dict[str, Any]:
+        seen.append(dict(call.arguments))
+        return {"ran": True}
+
+    # Built outside a registry, the same write is still not let through.
+    write = await PauseGate()(ToolCall(app, writer, {}), service)
     assert seen == [] and write["persisted"] is False and "`new_writer` skipped" in write["reason"]
     assert "no pause rule" in caplog.text
     assert (await call(app, "new_reader", registry)) == {"ran": True, "writes_paused": True}
-    await call(app, "resume_persistence")
-    assert (await call(app, "new_writer", registry)) == {"ran": True, "writes_paused": False}
 
 
 def test_pass_through_rules_cover_only_tools_that_write_no_record():
-    passing = {name for name, rule in PAUSE_RULES.items() if isinstance(rule, PassThrough)}
+    passing = {spec.name for spec in default_registry() if isinstance(spec.paused, PassThrough)}
     assert passing == {"export_memories", "check_update", "pause_persistence", "resume_persistence"}
-    assert isinstance(PAUSE_RULES["migrate_channel_axis"], ForceDryRun)
+    assert isinstance(default_registry().get("migrate_channel_axis").paused, ForceDryRun)
 
 
 # -- end to end over stdio ----------------------------------------------------------------------------

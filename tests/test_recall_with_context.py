@@ -303,7 +303,7 @@ def test_advisory_is_forwarded_once_per_session_like_recall(db):  # spec RWC-8, 
 
 
 def test_gate_fallback_is_forwarded_but_depth_is_not(db, app, monkeypatch):  # spec RWC-8, §3.3 response keys
-    monkeypatch.setattr(rwc_module, "run_recall", lambda app, req: RecallOutcome(
+    monkeypatch.setattr(rwc_module, "recalled", lambda app, req: RecallOutcome(
         [{"content": "weak", "ref": "mem:1", "timestamp": "2026-01-01T00:00:00Z"}],
         {"gate_fallback": True, "depth": 20, "resolved_project_id": "p"}))  # fmt: skip
     response = recall_with_context(app, agent_id="w", query="x", external_context=[user("u")])

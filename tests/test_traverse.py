@@ -273,6 +273,18 @@ async def test_traverse_over_mcp(app) -> None:  # §5.1 schema bounds (G-3)
     assert no_limit.is_error is True and "minimum of 1" in no_limit.content[0].text
 
 
+def through_facade(app, name: str, **arguments):
+    """One call through the real call path, where the operating context's '@auto' is applied."""
+    import anyio
+
+    from cpersona.mcp.dispatch import call_tool
+    from cpersona.mcp.gates import GateChain
+    from cpersona.mcp.pause_gate import PauseGate
+    from cpersona.mcp.tools import default_registry
+
+    return anyio.run(call_tool, app, default_registry(), GateChain([PauseGate()]), name, arguments).payload
+
+
 def test_auto_project_is_resolved_for_the_read(db: Database, tmp_path) -> None:  # spec §5.2, OC-8, OC-11
     from conftest import make_app
 
@@ -282,10 +294,10 @@ def test_auto_project_is_resolved_for_the_read(db: Database, tmp_path) -> None: 
     app = make_app(db, OPERATING_CONTEXT_PATH=str(path))
     declare(app, agent_id="claude-code", project_id="ops", associations={"entities": [{"name": "Atlas"}]})
     declare(app, agent_id="claude-code", project_id="", associations={"entities": [{"name": "Atlas"}]})
-    answer = traverse(app, agent_id="claude-code", entity="atlas", project_id="@auto")
+    answer = through_facade(app, "traverse", agent_id="claude-code", entity="atlas", project_id="@auto")
     assert answer["resolved_project_id"] == "ops" and [e["id"] for e in answer["entities"]] == [1, 2]
     # a read is warned, never refused, even in reject mode
-    other = traverse(app, agent_id="claude-code", entity="atlas", project_id="zzz")
+    other = through_facade(app, "traverse", agent_id="claude-code", entity="atlas", project_id="zzz")
     assert other["operating_context_warning"] == "project_id 'zzz' not in registry (rev r1)"
     assert [e["id"] for e in other["entities"]] == [2]
 

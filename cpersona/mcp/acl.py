@@ -4,9 +4,10 @@ Three parts, each in one place:
 
 - the ACL file: parsing and validation (ACL-1..ACL-7), the token table and the
   constant-time lookup of a presented bearer credential (ACL-8);
-- the tool classification of §4.4: :data:`CLASSIFICATION` maps every tool to a
-  function turning its arguments into *demands* ("read on alice",
-  "read-write on every agent"); a tool missing from it is denied (ACL-14);
+- the demands of §4.4: functions turning a call's arguments into *demands*
+  ("read on alice", "read-write on every agent"); each tool's declaration
+  names its own (:class:`cpersona.mcp.demands.Access`), or leaves it to its
+  annotations (read-only reads the named agent, anything else writes it);
 - :class:`AclGate`, the gate (see :mod:`cpersona.mcp.gates`) that checks the
   demands of every call against the caller's grants, answers a denial in the
   ACL-15 shape, and fills in an omitted ``store`` agent (ACL-17/18).
@@ -33,6 +34,7 @@ from typing import Any
 
 import anyio.to_thread
 
+from cpersona.mcp.demands import access_for
 from cpersona.mcp.gates import CallNext, Response, ToolCall
 
 log = logging.getLogger(__name__)
@@ -307,15 +309,15 @@ _PROCESS_PROPERTY = ("the running server's version belongs to the process, not t
 Classifier = Callable[[Mapping[str, Any], Any], list[Demand]]
 
 
-def _any_principal(arguments: Mapping[str, Any], settings: Any) -> list[Demand]:
+def any_principal(arguments: Mapping[str, Any], settings: Any) -> list[Demand]:
     return []
 
 
-def _read_agent(arguments: Mapping[str, Any], settings: Any) -> list[Demand]:
+def read_agent(arguments: Mapping[str, Any], settings: Any) -> list[Demand]:
     return [scope_demand(arguments, "agent_id", READ)]
 
 
-def _write_agent(arguments: Mapping[str, Any], settings: Any) -> list[Demand]:
+def write_agent(arguments: Mapping[str, Any], settings: Any) -> list[Demand]:
     return [scope_demand(arguments, "agent_id", READ_WRITE)]
 
 
@@ -325,16 +327,16 @@ def _pause_bucket(verb: str, effect: str) -> Classifier:
     return lambda arguments, settings: [sweep(READ_WRITE, cause)]
 
 
-def _findings(arguments: Mapping[str, Any], settings: Any) -> list[Demand]:
+def findings_demands(arguments: Mapping[str, Any], settings: Any) -> list[Demand]:
     return [sweep(READ, "findings cover the whole database by contract, so no argument narrows them to one "
                         "agent; check_health(agent_id=...) gives an agent-scoped report")]
 
 
-def _check_update(arguments: Mapping[str, Any], settings: Any) -> list[Demand]:
+def update_check_demands(arguments: Mapping[str, Any], settings: Any) -> list[Demand]:
     return [sweep(READ_WRITE if arguments.get("apply") is True else READ, _PROCESS_PROPERTY)]
 
 
-def _check_health(arguments: Mapping[str, Any], settings: Any) -> list[Demand]:
+def health_demands(arguments: Mapping[str, Any], settings: Any) -> list[Demand]:
     if arguments.get("fix") is not True:
         return [scope_demand(arguments, "agent_id", READ)]
     demands = [scope_demand(arguments, "agent_id", READ_WRITE)]
@@ -346,17 +348,17 @@ def _check_health(arguments: Mapping[str, Any], settings: Any) -> list[Demand]:
     return demands
 
 
-def _deep_check(arguments: Mapping[str, Any], settings: Any) -> list[Demand]:
+def deep_check_demands(arguments: Mapping[str, Any], settings: Any) -> list[Demand]:
     return [scope_demand(arguments, "agent_id", READ_WRITE if arguments.get("fix") is True else READ)]
 
 
-def _merge(arguments: Mapping[str, Any], settings: Any) -> list[Demand]:
+def merge_demands(arguments: Mapping[str, Any], settings: Any) -> list[Demand]:
     source_level = READ_WRITE if arguments.get("mode") == "move" else READ
     return [scope_demand(arguments, "source_agent_id", source_level),
             scope_demand(arguments, "target_agent_id", READ_WRITE)]
 
 
-def _export(arguments: Mapping[str, Any], settings: Any) -> list[Demand]:
+def export_demands(arguments: Mapping[str, Any], settings: Any) -> list[Demand]:
     if settings.export_dir is None:
         return [sweep(READ_WRITE, _UNCONFINED_PATH)]
     demands = [scope_demand(arguments, "agent_id", READ_WRITE)]
@@ -366,7 +368,7 @@ def _export(arguments: Mapping[str, Any], settings: Any) -> list[Demand]:
     return demands
 
 
-def _import(arguments: Mapping[str, Any], settings: Any) -> list[Demand]:
+def import_demands(arguments: Mapping[str, Any], settings: Any) -> list[Demand]:
     if settings.export_dir is None:
         return [sweep(READ_WRITE, _UNCONFINED_PATH)]
     demands = [scope_demand(arguments, "target_agent_id", READ_WRITE)]
@@ -374,34 +376,10 @@ def _import(arguments: Mapping[str, Any], settings: Any) -> list[Demand]:
     return demands
 
 
-# Every tool of the reference, with its demand (spec §4.4). A tool not listed is denied.
-CLASSIFICATION: dict[str, Classifier] = {
-    "persistence_status": _any_principal,
-    "get_queue_status": _any_principal,
-    "get_operating_context": _any_principal,
-    "pause_persistence": _pause_bucket("pause", "stops writes"),
-    "resume_persistence": _pause_bucket("resume", "restarts writes"),
-    "get_session_findings": _findings,
-    "check_update": _check_update,
-    **{name: _read_agent for name in (
-        "recall", "recall_with_context", "reconstruct", "traverse", "get_contents", "get_profile",
-        "get_recall_precision", "list_memories", "list_episodes")},
-    **{name: _write_agent for name in (
-        "store", "declare_associations", "update_profile", "archive_episode", "update_memory", "lock_memory",
-        "unlock_memory", "delete_memory", "delete_episode", "delete_agent_data", "calibrate_threshold",
-        "set_recall_precision", "migrate_channel_axis", "organize_folders")},
-    "merge_memories": _merge,
-    "check_health": _check_health,
-    "deep_check": _deep_check,
-    "export_memories": _export,
-    "import_memories": _import,
-}
-
-# Tools whose demand depends on the contents of a file (run off the event loop).
-_READS_FILES = frozenset({"export_memories", "import_memories"})
-
-# Tools whose denial also says the write was not made (ACL-15).
-_REJECTED_RESULT = frozenset({"store", "declare_associations"})
+# The demands each kind of tool makes, named by :mod:`cpersona.mcp.demands` (a
+# tool's declaration holds its Access); the pause tools share one rule.
+pause_bucket = _pause_bucket("pause", "stops writes")
+resume_bucket = _pause_bucket("resume", "restarts writes")
 
 
 # --- files that name agents (export/import under CPERSONA_EXPORT_DIR) -------------
@@ -484,9 +462,7 @@ class AclGate:
         if principal is None:
             log.error("ACL: no principal resolved for a call of %s; denied", tool)
             return self._deny(call, None, "?", detail="no principal resolved")
-        classifier = CLASSIFICATION.get(tool)
-        if classifier is None:
-            return self._deny(call, None, principal.client_id, detail="tool not classified for ACL enforcement")
+        access = access_for(call.spec)
         client = self.policy.client(principal.client_id)
         arguments = dict(call.arguments)
         sentinel = next((name for name in _SCOPE_ARGUMENTS if arguments.get(name) == ME), None)
@@ -497,15 +473,15 @@ class AclGate:
                 f'{sentinel} was sent as "@me", a sentinel honoured only for a per_subject client; this client '
                 "has no per-subject partition, so name the agent itself"))
         resolved = None
-        if tool == "store" and "agent_id" not in arguments and client is not None:
+        if access.fills_agent and "agent_id" not in arguments and client is not None:
             resolved = client.connection_agent()
             if resolved is not None:
                 arguments["agent_id"] = resolved
-        if tool in _READS_FILES:
+        if access.reads_files:
             # Reading an import file's agents can take a while; the event loop keeps serving meanwhile.
-            demands = await anyio.to_thread.run_sync(classifier, arguments, self.settings)
+            demands = await anyio.to_thread.run_sync(access.demands, arguments, self.settings)
         else:
-            demands = classifier(arguments, self.settings)
+            demands = access.demands(arguments, self.settings)
         for demand in demands:
             if client is None:
                 return self._deny(call, demand, principal.client_id, detail=(
@@ -528,9 +504,9 @@ class AclGate:
             extra["agent_id"] = demand.agent
             extra["required"] = LEVEL_NAMES[demand.level]
         extra["client_id"] = client_id
-        if tool in _REJECTED_RESULT:
+        if access_for(call.spec).says_rejected:
             extra["result"] = "rejected"
-            if tool == "store" and call.arguments.get("lock") is True:
+            if call.arguments.get("lock") is True:
                 extra["locked"] = False
         if detail is not None:
             extra["detail"] = detail

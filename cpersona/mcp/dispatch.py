@@ -6,11 +6,15 @@
                                 NUL character      → the tool's own refusal (decision 11)
     validate against schema     violation          → input validation error (G-3)
     keep declared keys                              (G-5)
-    fit to the service          declared argument the service cannot honour yet
-                                                   → the tool's own refusal
+    refuse what is not carried  a declared argument this server does not carry out,
+                                set to anything but its default → the tool's own refusal
     gate chain                  a gate may answer instead of the service
-    run the service off the event loop
-                                ToolFailure        → its response (not an MCP error)
+    off the event loop:
+      parse the request         the tool's request dataclass, once (ToolSpec.request)
+      project axis              '@auto' and the registry (OC-7..OC-11) → project_id replaced,
+                                notes added to the answer; a refused write → the tool's refusal
+      run the service           ToolSpec.service(app, request)
+                                ToolFailure        → the tool's refusal shape (not an MCP error)
                                 storage failure    → one sentence, the tool's own refusal
                                 (busy past the lock wait, read-only, disk full; cpersona.storage.errors)
                                 any other crash    → logged, error (G-4)
@@ -22,16 +26,17 @@ Nothing here knows the MCP SDK: the result is an :class:`Outcome`, which
 from __future__ import annotations
 
 import logging
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-
 from cpersona.mcp.gates import GateChain, Response, ToolCall
 from cpersona.mcp.registry import Registry, ToolSpec
 from cpersona.mcp.validation import conform, inspect_arguments, schema_violation
 from cpersona.services.app import App
+from cpersona.services.requests import Request
 from cpersona.services.responses import ToolFailure, failure
 from cpersona.storage import errors as storage_errors
 
@@ -78,15 +83,14 @@ async def call_tool(app: App, registry: Registry, gates: GateChain, name: str,
         return input_error(violation)
     declared = conform(spec.input_schema, arguments)
 
+    if (unsupported := _unsupported(spec, declared)) is not None:
+        return Outcome(spec.refusal(f"{unsupported} is not supported by this server yet; nothing was done", arguments))
     try:
-        fitted = _fit_to_service(spec, declared)
-        if isinstance(fitted, Outcome):
-            return fitted
-        payload = await gates.run(ToolCall(app, spec, fitted, dict(context or {})), _run_service)
+        payload = await gates.run(ToolCall(app, spec, declared, dict(context or {})), _run_service)
         if not isinstance(payload, dict):
             raise TypeError(f"service for {spec.name} returned {type(payload).__name__}, not a dict")
     except ToolFailure as refusal:
-        return Outcome(refusal.as_response())
+        return Outcome(spec.refuse(refusal, declared))
     except Exception as exc:  # noqa: BLE001 — G-4: one bad call must never stop the server
         return _crashed(app, spec, name, declared, exc)
     return Outcome(payload)
@@ -113,31 +117,37 @@ def _crashed(app: App, spec: ToolSpec, name: str, arguments: Mapping[str, Any], 
     return Outcome(failure(f"{type(exc).__name__}: {exc}"), is_error=True)
 
 
-def _fit_to_service(spec: ToolSpec, arguments: dict[str, Any]) -> dict[str, Any] | Outcome:
-    """Refuse declared arguments the service cannot honour yet, rather than ignore them.
+def _unsupported(spec: ToolSpec, arguments: Mapping[str, Any]) -> str | None:
+    """The first declared argument the server does not carry out that the call sets, if any.
 
-    Our schemas match the reference's so clients see the same surface; a feature
-    another issue has not built yet must say so, not silently behave as if the
-    argument were absent. An argument left at its declared default is harmless
-    and simply not passed on.
+    Our schemas match the reference's so clients see the same surface; a
+    feature not built must say so, not behave as if the argument were absent.
+    An argument left at its declared default is harmless.
     """
-    accepted = spec.accepted_arguments()
-    if accepted is None:
-        return arguments
-    fitted: dict[str, Any] = {}
-    for key, value in arguments.items():
-        if key in accepted:
-            fitted[key] = value
-        elif "default" in spec.properties[key] and value == spec.properties[key]["default"]:
-            continue
-        else:
-            return Outcome(spec.refusal(f"{key} is not supported by this server yet; nothing was done", arguments))
-    return fitted
+    for key in spec.unsupported:
+        if key in arguments and arguments[key] != spec.properties[key].get("default"):
+            return key
+    return None
+
+
+def serve(app: App, spec: ToolSpec, arguments: Mapping[str, Any]) -> dict[str, Any]:
+    """Parse the request, apply the project axis, run the service: one call, in a worker thread."""
+    if spec.precheck is not None:
+        spec.precheck(arguments)
+    request: Request = spec.request_type().from_arguments(arguments)
+    notes: dict[str, Any] = {}
+    if spec.project.applies:
+        project_id, notes = spec.project.resolve(app, request.project_id, request.agent_id)  # type: ignore[attr-defined]
+        request = dataclasses.replace(request, project_id=project_id)  # type: ignore[type-var]
+    answer = spec.service(app, request)
+    if notes and isinstance(answer, dict) and answer.get("ok") is not False:
+        answer.update(notes)  # OC-11: '@auto' is echoed, a registry miss warned
+    return answer
 
 
 async def _run_service(call: ToolCall) -> Response:
     # Services are blocking (SQLite, HTTP embeddings); the event loop keeps
     # serving other requests while one runs in a worker thread. Read-only tools
     # and writers draw on separate threads, so queued writers never stall a read.
-    return await call.app.db.run(partial(call.spec.service_function(), call.app, **call.arguments),
+    return await call.app.db.run(partial(serve, call.app, call.spec, call.arguments),
                                  writes=call.spec.annotations.read_only is not True)

@@ -11,6 +11,7 @@ Two gates run here, in this order: the ACL check (transport-and-config §4,
 no-persist pause (spec G-7, :class:`cpersona.mcp.pause_gate.PauseGate`), so
 that "who may call what, and which calls may write" is decided in this one
 place for every tool and transport.
+What each gate decides for a tool is read from the tool's declaration.
 """
 
 from __future__ import annotations

@@ -13,44 +13,6 @@ from typing import Any
 from cpersona.mcp import tools as tool_groups
 from cpersona.mcp.registry import ToolSpec
 
-# Where each tool's numbered contract points live in the specification.
-CONTRACTS: Mapping[str, str] = {
-    "store": "memory-and-recall.md §3.1",
-    "recall": "memory-and-recall.md §3.2",
-    "recall_with_context": "memory-and-recall.md §3.3",
-    "get_contents": "memory-and-recall.md §3.4, associations-and-reconstruct.md §7",
-    "archive_episode": "memory-and-recall.md §3.5",
-    "update_memory": "memory-and-recall.md §3.6",
-    "get_profile": "memory-and-recall.md §3.7",
-    "update_profile": "memory-and-recall.md §3.8",
-    "list_memories": "memory-and-recall.md §3.9",
-    "list_episodes": "memory-and-recall.md §3.10",
-    "calibrate_threshold": "memory-and-recall.md §3.11",
-    "set_recall_precision": "memory-and-recall.md §3.12",
-    "get_recall_precision": "memory-and-recall.md §3.13",
-    "declare_associations": "associations-and-reconstruct.md §3",
-    "traverse": "associations-and-reconstruct.md §5",
-    "reconstruct": "associations-and-reconstruct.md §8",
-    "delete_memory": "admin-and-safety.md §2",
-    "delete_episode": "admin-and-safety.md §3",
-    "lock_memory": "admin-and-safety.md §4",
-    "unlock_memory": "admin-and-safety.md §4",
-    "delete_agent_data": "admin-and-safety.md §5",
-    "export_memories": "admin-and-safety.md §6",
-    "import_memories": "admin-and-safety.md §7",
-    "merge_memories": "admin-and-safety.md §8",
-    "pause_persistence": "admin-and-safety.md §9.2",
-    "resume_persistence": "admin-and-safety.md §9.3",
-    "persistence_status": "admin-and-safety.md §9.4",
-    "get_operating_context": "admin-and-safety.md §10.2",
-    "get_queue_status": "admin-and-safety.md §11.4",
-    "migrate_channel_axis": "admin-and-safety.md §12",
-    "check_update": "admin-and-safety.md §13",
-    "check_health": "health.md §2",
-    "deep_check": "health.md §5",
-    "get_session_findings": "health.md §6",
-}
-
 INTRO = """\
 # Tools
 
@@ -100,7 +62,7 @@ def _cell(text: Any) -> str:
 def render_tool(spec: ToolSpec) -> str:
     schema = spec.input_schema
     required = set(schema.get("required", ()))
-    lines = [f"### `{spec.name}`", "", f"*{_hints(spec)}* — contract: `{CONTRACTS.get(spec.name, '—')}`", ""]
+    lines = [f"### `{spec.name}`", "", f"*{_hints(spec)}* — contract: `{spec.contracts or '—'}`", ""]
     lines += [spec.description.strip(), ""]
     props: Mapping[str, Any] = schema.get("properties", {})
     if props:

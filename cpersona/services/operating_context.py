@@ -4,9 +4,10 @@ The operator edits ``~/.cpersona/operating-context.toml`` (or
 ``CPERSONA_OPERATING_CONTEXT_PATH``); no tool ever writes it. Two things read it:
 
 - ``get_operating_context``: the preview tier, or one doctrine section's body;
-- the Hard layer, :func:`resolve_project`, which the project-scoped write and
-  read services call: it turns ``project_id="@auto"`` into the agent's default
-  project and checks explicit projects against the registry (OC-7..OC-11).
+- the Hard layer, :func:`resolve_project`, which the MCP dispatch applies to
+  every tool whose declaration has a project axis (AX-5) before its service
+  runs: it turns ``project_id="@auto"`` into the agent's default project and
+  checks explicit projects against the registry (OC-7..OC-11).
 
 The file is re-read whenever its modification time or size changes (OC-3), so
 edits apply live. A missing, disabled or broken file leaves the feature
@@ -29,11 +30,6 @@ AUTO = "@auto"
 MAX_FILE_BYTES = 1 << 20  # an operator's rule file, not a corpus
 SUMMARY_SIZE_HINT = 3000  # longer summaries are reported by check_health (OC-5)
 ENFORCE_MODES = ("off", "warn", "reject")
-
-# The tools the Hard layer applies to (AX-5): writes may be refused, reads never.
-WRITE_TOOLS = frozenset({"store", "declare_associations", "archive_episode", "organize_folders"})
-READ_TOOLS = frozenset({"recall", "recall_with_context", "reconstruct", "traverse", "list_memories",
-                        "list_episodes"})
 
 Status = Literal["disabled", "absent", "unusable", "active"]
 
@@ -247,19 +243,13 @@ class ProjectRefusal:
         return {"operating_context_revision": self.revision}
 
 
-def resolve_project(app: App, tool: str, project_id: Any, *, agent_id: Any = "") -> ProjectResolution | ProjectRefusal:
+def resolve_project(app: App, project_id: Any, *, agent_id: Any = "", writes: bool) -> ProjectResolution | ProjectRefusal:
     """Apply the Hard layer to one call's ``project_id`` (spec OC-7..OC-11).
 
-    ``tool`` says whether the call writes (refusable) or reads (warned at most).
-    Anything but a non-empty string passes through untouched, for the caller's
-    own type checks to judge.
+    ``writes`` says whether the call writes (refusable) or reads (warned at
+    most, AX-5). Anything but a non-empty string passes through untouched, for
+    the caller's own type checks to judge.
     """
-    if tool in WRITE_TOOLS:
-        writes = True
-    elif tool in READ_TOOLS:
-        writes = False
-    else:
-        raise ValueError(f"the operating context does not govern {tool!r}")
     if not isinstance(project_id, str) or project_id == "":  # OC-7
         return ProjectResolution(project_id)
 

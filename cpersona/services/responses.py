@@ -4,10 +4,18 @@ One rule lives here (spec G-1): a failure carries ``ok: false`` and a
 human-readable explanation. Most tools put it in ``error``; ``store`` and
 ``update_profile`` put it in ``reason``. Services raise :class:`ToolFailure`
 (or return :func:`failure`) instead of building these dicts by hand.
+
+A service raises its refusals and never catches them to answer: the MCP
+dispatch turns a :class:`ToolFailure` into the tool's own refusal shape. A
+service that is also a library function (tests, the CLI) is wrapped once in
+:func:`answers_refusals`, the one place a refusal becomes a library caller's
+answer; dispatch calls the function underneath (``raises``).
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 
@@ -29,3 +37,21 @@ def failure(message: str, *, key: str = "error", **extra: Any) -> dict[str, Any]
     out.update(extra)
     out[key] = message
     return out
+
+
+def answers_refusals(fn: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, Any]]:
+    """``fn`` for a library caller: a refusal it raises is returned as its ``ok: false`` answer.
+
+    The wrapped function stays reachable as ``raises``, which is what a tool's
+    declaration runs, so that dispatch answers the refusal in the tool's shape.
+    """
+
+    @functools.wraps(fn)
+    def answered(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        try:
+            return fn(*args, **kwargs)
+        except ToolFailure as refused:
+            return refused.as_response()
+
+    answered.raises = fn  # type: ignore[attr-defined]
+    return answered

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from cpersona.config import load_settings
-from cpersona.mcp.acl import CLASSIFICATION
+from cpersona.mcp.acl import access_for
+from cpersona.mcp.tools import default_registry
 from cpersona.services.records.contents import get_contents
 from cpersona.services.records.memories import store
 from cpersona.services.reconstruct import reconstruct
@@ -145,5 +146,6 @@ def test_an_expand_reads_on_with_get_contents(app):  # spec RX-52
 def test_reconstruct_needs_what_recall_needs_under_acl():  # spec RX-53
     settings = load_settings({})
     for arguments in ({"agent_id": "alice", "query": "x"}, {"agent_id": "", "query": ""}):
-        assert [(d.agent, d.level) for d in CLASSIFICATION["reconstruct"](arguments, settings)] == [
-            (d.agent, d.level) for d in CLASSIFICATION["recall"](arguments, settings)]
+        registry = default_registry()
+        assert [(d.agent, d.level) for d in access_for(registry.get("reconstruct")).demands(arguments, settings)] == [
+            (d.agent, d.level) for d in access_for(registry.get("recall")).demands(arguments, settings)]

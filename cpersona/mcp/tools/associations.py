@@ -13,9 +13,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from cpersona.mcp.registry import READ_ONLY, Annotations, ToolSpec
+import dataclasses
+
+from cpersona.mcp.demands import WRITE_AGENT
+from cpersona.mcp.pause_gate import Skip, const
+from cpersona.mcp.registry import READ_ONLY, READ_PROJECT, WRITE_PROJECT, Annotations, ServiceRef, ToolSpec
 from cpersona.mcp.tools.common import AGENT_ID, SESSION_KEY, object_schema, prop
-from cpersona.services.graph.associations import declare_refusal
 
 _AUTO = (
     " '@auto' asks for this agent's default project from the server's operating context and is echoed as "
@@ -59,11 +62,14 @@ TRAVERSE_DESCRIPTION = (
 
 
 def _declare_refusal(message: str, arguments: Mapping[str, Any]) -> dict[str, Any]:
+    from cpersona.services.graph.associations import declare_refusal  # the service's shape, loaded when used
+
     return declare_refusal(message)
 
 
 DECLARE_ASSOCIATIONS = ToolSpec(
     name="declare_associations",
+    contracts="associations-and-reconstruct.md §3",
     description=DECLARE_DESCRIPTION,
     input_schema=object_schema({
         "agent_id": prop(AGENT_ID, description="The agent the declaration belongs to."),
@@ -149,12 +155,17 @@ DECLARE_ASSOCIATIONS = ToolSpec(
     }, required=["agent_id"]),
     # destructive: `retract` removes declarations.
     annotations=Annotations(read_only=False, destructive=True, idempotent=True),
-    service="cpersona.services.graph.associations:declare_associations",
+    service=ServiceRef("cpersona.services.graph.associations", "declare_associations", keywords=True),
+    project=WRITE_PROJECT,
+    access=dataclasses.replace(WRITE_AGENT, says_rejected=True),  # ACL-15: a denial says rejected
+    paused=Skip(const({"ok": True, "result": "skipped", "entities": [], "mentions": 0, "relations": [],
+                       "dropped": []})),
     refusal=_declare_refusal,
 )
 
 TRAVERSE = ToolSpec(
     name="traverse",
+    contracts="associations-and-reconstruct.md §5",
     description=TRAVERSE_DESCRIPTION,
     input_schema=object_schema({
         "agent_id": prop(AGENT_ID, description="The agent whose declarations are read."),
@@ -187,7 +198,8 @@ TRAVERSE = ToolSpec(
         },
     }, required=["agent_id", "entity"]),
     annotations=READ_ONLY,
-    service="cpersona.services.graph.traverse:traverse",
+    service=ServiceRef("cpersona.services.graph.traverse", "traverse", keywords=True),
+    project=READ_PROJECT,
 )
 
 TOOLS = [DECLARE_ASSOCIATIONS, TRAVERSE]

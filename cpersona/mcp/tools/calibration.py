@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from cpersona.mcp.registry import READ_ONLY, Annotations, ToolSpec
+from cpersona.mcp.pause_gate import Skip
+from cpersona.mcp.registry import READ_ONLY, Annotations, Ref, ServiceRef, ToolSpec
 from cpersona.mcp.tools.common import SESSION_KEY, object_schema
 
 # Both writers re-sample on every run, so repeating one is not a no-op.
@@ -10,6 +11,7 @@ _RECALIBRATES = Annotations(read_only=False, destructive=False, idempotent=False
 
 CALIBRATE_THRESHOLD = ToolSpec(
     name="calibrate_threshold",
+    contracts="memory-and-recall.md §3.11",
     description=(
         "Derive the vector-similarity threshold from the stored memories themselves, with no labels. "
         "A random sample of embedded memories is drawn and the similarity of every pair in it forms the "
@@ -41,11 +43,13 @@ CALIBRATE_THRESHOLD = ToolSpec(
         "session_key": SESSION_KEY,
     }, required=["agent_id"]),  # fmt: skip
     annotations=_RECALIBRATES,
-    service="cpersona.services.calibration.service:calibrate_threshold",
+    service=ServiceRef("cpersona.services.calibration.service", "calibrate_threshold", keywords=True),
+    paused=Skip(Ref("cpersona.services.calibration.service", "paused_calibration_body")),
 )
 
 SET_RECALL_PRECISION = ToolSpec(
     name="set_recall_precision",
+    contracts="memory-and-recall.md §3.12",
     description=(
         "Choose how picky an agent's recall is (knob 3) and re-measure its quality gate to match. "
         "precision strict / balanced / lenient sets the specificity weight beta to 2.0 / 1.0 / 0.5 in the "
@@ -69,11 +73,13 @@ SET_RECALL_PRECISION = ToolSpec(
         "session_key": SESSION_KEY,
     }, required=["agent_id"]),  # fmt: skip
     annotations=_RECALIBRATES,
-    service="cpersona.services.calibration.precision:set_recall_precision",
+    service=ServiceRef("cpersona.services.calibration.precision", "set_recall_precision", keywords=True),
+    paused=Skip(Ref("cpersona.services.calibration.precision", "paused_precision_body")),
 )
 
 GET_RECALL_PRECISION = ToolSpec(
     name="get_recall_precision",
+    contracts="memory-and-recall.md §3.13",
     description=(
         "Read an agent's effective recall precision (knob 3), the companion of set_recall_precision: the beta "
         "in force and its name (strict / balanced / lenient, or 'custom' for any other beta), whether the "
@@ -84,7 +90,7 @@ GET_RECALL_PRECISION = ToolSpec(
     input_schema=object_schema({"agent_id": {"type": "string", "description": "Agent whose precision is read."}},
                                required=["agent_id"]),
     annotations=READ_ONLY,
-    service="cpersona.services.calibration.precision:get_recall_precision",
+    service=ServiceRef("cpersona.services.calibration.precision", "get_recall_precision", keywords=True),
 )
 
 TOOLS = [CALIBRATE_THRESHOLD, SET_RECALL_PRECISION, GET_RECALL_PRECISION]

@@ -67,10 +67,13 @@ def object_schema(properties: dict[str, Any], required: list[str] | None = None)
 
 
 # Refusal shapes for arguments turned away before the service runs (spec G-6).
+def lock_flag(arguments: Mapping[str, Any]) -> dict[str, Any]:
+    """A store sent with lock:true always says whether the lock happened (spec ST-12); here it did not."""
+    return {"locked": False} if arguments.get("lock") is True else {}
+
+
 def store_refusal(reason: str, arguments: Mapping[str, Any]) -> dict[str, Any]:
-    # A store sent with lock:true always says whether the lock happened (spec ST-12).
-    extra = {"locked": False} if arguments.get("lock") is True else {}
-    return failure(reason, key="reason", result="rejected", **extra)
+    return failure(reason, key="reason", result="rejected", **lock_flag(arguments))
 
 
 def recall_refusal(message: str, arguments: Mapping[str, Any]) -> dict[str, Any]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cpersona.mcp.registry import READ_ONLY, ToolSpec
+from cpersona.mcp.registry import READ_ONLY, ServiceRef, ToolSpec
 from cpersona.mcp.tools.common import object_schema
 
 DESCRIPTION = (
@@ -40,6 +40,7 @@ _INDEX_OR_PAIR: dict[str, Any] = {
 
 GET_CONTENTS = ToolSpec(
     name="get_contents",
+    contracts="memory-and-recall.md §3.4, associations-and-reconstruct.md §7",
     description=DESCRIPTION,
     input_schema=object_schema({
         "agent_id": {
@@ -79,7 +80,7 @@ GET_CONTENTS = ToolSpec(
         },
     }, required=["agent_id", "refs"]),
     annotations=READ_ONLY,
-    service="cpersona.services.records.contents:get_contents",
+    service=ServiceRef("cpersona.services.records.contents", "get_contents", keywords=True),
 )
 
 TOOLS = [GET_CONTENTS]

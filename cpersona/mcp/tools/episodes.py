@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from cpersona.mcp.registry import Annotations, ToolSpec
+from cpersona.mcp.pause_gate import NO_PERSIST, Skip, const
+from cpersona.mcp.registry import WRITE_PROJECT, Annotations, ServiceRef, ToolSpec
 from cpersona.mcp.tools.common import (
     AGENT_ID, CHANNEL_FOR_WRITE, PROJECT_ID_FOR_WRITE, SESSION_KEY, episode_refusal, object_schema, prop,
 )
 
 ARCHIVE_EPISODE = ToolSpec(
     name="archive_episode",
+    contracts="memory-and-recall.md §3.5",
     description=(
         "Archive a finished conversation as an episode, from a summary, keywords and a resolved flag that "
         "the caller has already worked out: the server runs no language model and summarises nothing. "
@@ -35,7 +37,9 @@ ARCHIVE_EPISODE = ToolSpec(
         "session_key": SESSION_KEY,
     }, required=["agent_id", "summary"]),
     annotations=Annotations(read_only=False, destructive=False, idempotent=False),
-    service="cpersona.services.records.episodes:archive_episode",
+    service=ServiceRef("cpersona.services.records.episodes", "archive_episode", keywords=True),
+    project=WRITE_PROJECT,
+    paused=Skip(const({"ok": True, "queued": False, "task_id": None, "episode_id": None, "id": NO_PERSIST})),
     refusal=episode_refusal,
     meta={"anthropic/alwaysLoad": True},
 )

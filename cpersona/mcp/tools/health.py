@@ -9,7 +9,10 @@ built: the health services are then imported only by a server that lists tools.
 from __future__ import annotations
 
 from cpersona.config import Settings
-from cpersona.mcp.registry import READ_ONLY, Annotations, ToolSpec
+from cpersona.mcp.demands import DEEP_CHECK as DEEP_CHECK_ACCESS
+from cpersona.mcp.demands import FINDINGS, HEALTH
+from cpersona.mcp.pause_gate import DowngradeFix
+from cpersona.mcp.registry import READ_ONLY, Annotations, ServiceRef, ToolSpec
 from cpersona.mcp.tools.common import KEY_FIELD_MAX, object_schema
 
 
@@ -75,6 +78,7 @@ def _deep_check_description() -> str:
 
 CHECK_HEALTH = ToolSpec(
     name="check_health",
+    contracts="health.md §2",
     description=_check_health_description,
     input_schema=object_schema({
         "agent_id": {"type": "string", "description": "The agent to check; empty checks every agent."},
@@ -84,7 +88,9 @@ CHECK_HEALTH = ToolSpec(
         "session_key": _SESSION_KEY,
     }),
     annotations=Annotations(read_only=False),
-    service="cpersona.services.health.check_health:check_health",
+    service=ServiceRef("cpersona.services.health.check_health", "check_health", keywords=True),
+    access=HEALTH,
+    paused=DowngradeFix(),  # P-11: it reports, it does not repair
 )
 
 def _deep_check_schema() -> dict:
@@ -101,14 +107,18 @@ def _deep_check_schema() -> dict:
 
 DEEP_CHECK = ToolSpec(
     name="deep_check",
+    contracts="health.md §5",
     description=_deep_check_description,
     input_schema=_deep_check_schema,
     annotations=Annotations(read_only=False),
-    service="cpersona.services.health.deep_check:deep_check",
+    service=ServiceRef("cpersona.services.health.deep_check", "deep_check", keywords=True),
+    access=DEEP_CHECK_ACCESS,
+    paused=DowngradeFix(),
 )
 
 GET_SESSION_FINDINGS = ToolSpec(
     name="get_session_findings",
+    contracts="health.md §6",
     description=(
         "Pull the storage findings on demand: the same detector as check_health(fix=false), run over the whole "
         "database, read-only, never repairing. Each finding has `kind` (a registry check name, or an escalation "
@@ -134,7 +144,8 @@ GET_SESSION_FINDINGS = ToolSpec(
                             "when reading the answer by machine.", "default": True},
     }),
     annotations=READ_ONLY,
-    service="cpersona.services.health.findings:get_session_findings",
+    service=ServiceRef("cpersona.services.health.findings", "get_session_findings", keywords=True),
+    access=FINDINGS,
 )
 
 TOOLS = [CHECK_HEALTH, GET_SESSION_FINDINGS, DEEP_CHECK]  # the reference's order

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from cpersona.mcp.registry import READ_ONLY, ToolSpec
+from cpersona.mcp.registry import READ_ONLY, READ_PROJECT, Ref, ServiceRef, ToolSpec
 from cpersona.mcp.tools.common import PROJECT_ID_FILTER, object_schema, prop
 
 _ALL_AGENTS = {"type": "string", "description": "The agent to list; omit or '' to list every agent."}
 
 LIST_MEMORIES = ToolSpec(
     name="list_memories",
+    contracts="memory-and-recall.md §3.9",
     description=(
         "List an agent's most recent memories, newest first, for display on a dashboard. "
         "limit is capped at 500 rows; when more were asked for and rows beyond the cap exist, the answer "
@@ -28,11 +29,14 @@ LIST_MEMORIES = ToolSpec(
         "project_id": PROJECT_ID_FILTER,
     }, required=[]),
     annotations=READ_ONLY,
-    service="cpersona.services.records.listing:list_memories",
+    service=ServiceRef("cpersona.services.records.listing", "answer_list_memories"),
+    request=Ref("cpersona.services.records.listing", "ListArguments"),
+    project=READ_PROJECT,
 )
 
 LIST_EPISODES = ToolSpec(
     name="list_episodes",
+    contracts="memory-and-recall.md §3.10",
     description=(
         "List an agent's archived episodes, newest first, for display on a dashboard. "
         "limit is capped at 200 rows; when more were asked for and rows beyond the cap exist, the answer "
@@ -50,7 +54,9 @@ LIST_EPISODES = ToolSpec(
         "project_id": prop(PROJECT_ID_FILTER),
     }, required=[]),
     annotations=READ_ONLY,
-    service="cpersona.services.records.episodes:list_episodes",
+    service=ServiceRef("cpersona.services.records.episodes", "answer_list_episodes"),
+    request=Ref("cpersona.services.records.episodes", "EpisodeListArguments"),
+    project=READ_PROJECT,
 )
 
 TOOLS = [LIST_MEMORIES, LIST_EPISODES]

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from cpersona.mcp.registry import Annotations, ToolSpec
+import dataclasses
+
+from cpersona.mcp.demands import WRITE_AGENT
+from cpersona.mcp.pause_gate import NO_PERSIST, Skip, const
+from cpersona.mcp.registry import WRITE_PROJECT, Annotations, Ref, ServiceRef, ToolSpec
 from cpersona.mcp.tools.common import (
-    AGENT_ID, CHANNEL_FOR_WRITE, KEY_FIELD_MAX, PROJECT_ID_FOR_WRITE, SESSION_KEY, object_schema, prop,
+    AGENT_ID, CHANNEL_FOR_WRITE, KEY_FIELD_MAX, PROJECT_ID_FOR_WRITE, SESSION_KEY, lock_flag, object_schema, prop,
     store_refusal,
 )
 
@@ -46,6 +50,7 @@ _MESSAGE_FORM = {
 
 STORE = ToolSpec(
     name="store",
+    contracts="memory-and-recall.md §3.1",
     description=STORE_DESCRIPTION,
     input_schema=object_schema({
         "content": {
@@ -118,7 +123,13 @@ STORE = ToolSpec(
         },
     }),
     annotations=Annotations(read_only=False, destructive=False, idempotent=True),
-    service="cpersona.services.records.memories:store",
+    service=ServiceRef("cpersona.services.records.memories", "store", keywords=True),
+    precheck=Ref("cpersona.services.records.memories", "check_boundary"),  # ST-2 steps 1-2, ahead of the project registry and the pause
+    project=WRITE_PROJECT,
+    # ACL-17/18: an omitted agent is the client's one writable agent; ACL-15: a denial says rejected.
+    access=dataclasses.replace(WRITE_AGENT, fills_agent=True, says_rejected=True),
+    paused=Skip(const({"ok": True, "result": "skipped", "id": NO_PERSIST, "embedded": False}),
+                after=lock_flag),
     refusal=store_refusal,
     meta={"anthropic/alwaysLoad": True},
 )

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from cpersona.mcp.registry import READ_ONLY, Annotations, ToolSpec
+from cpersona.mcp.demands import ANY_PRINCIPAL, UPDATE_CHECK
+from cpersona.mcp.pause_gate import ForceDryRun, PassThrough
+from cpersona.mcp.registry import READ_ONLY, Annotations, ServiceRef, ToolSpec
 from cpersona.mcp.tools.common import SESSION_KEY, object_schema
 
 GET_OPERATING_CONTEXT = ToolSpec(
     name="get_operating_context",
+    contracts="admin-and-safety.md §10.2",
     description=(
         "Read the rules the operator of this server wrote for every connected client (the operating context). "
         "Called without arguments it answers the overview: context_revision, instructions_summary, the project_id "
@@ -25,11 +28,13 @@ GET_OPERATING_CONTEXT = ToolSpec(
         },
     }),
     annotations=READ_ONLY,
-    service="cpersona.services.operating_context:get_operating_context",
+    service=ServiceRef("cpersona.services.operating_context", "get_operating_context", keywords=True),
+    access=ANY_PRINCIPAL,
 )
 
 GET_QUEUE_STATUS = ToolSpec(
     name="get_queue_status",
+    contracts="admin-and-safety.md §11.4",
     description=(
         "Report the background task queue: how many tasks are waiting (pending, across every agent), whether the "
         "queue runs (enabled), and its retry settings (max_retries, retry_delay in seconds). The queue is kept in "
@@ -37,11 +42,13 @@ GET_QUEUE_STATUS = ToolSpec(
     ),
     input_schema=object_schema({}),
     annotations=READ_ONLY,
-    service="cpersona.services.operations.tasks:get_queue_status",
+    service=ServiceRef("cpersona.services.operations.tasks", "get_queue_status", keywords=True),
+    access=ANY_PRINCIPAL,
 )
 
 MIGRATE_CHANNEL_AXIS = ToolSpec(
     name="migrate_channel_axis",
+    contracts="admin-and-safety.md §12",
     description=(
         "Move memories that a bridge filed under the channel type 'discord' onto the concrete channel id, so that "
         "recall scoped to that channel finds them. The channel id is recovered from the memory's "
@@ -70,11 +77,13 @@ MIGRATE_CHANNEL_AXIS = ToolSpec(
         "session_key": SESSION_KEY,
     }, required=[]),
     annotations=Annotations(read_only=False),
-    service="cpersona.services.operations.channel_axis:migrate_channel_axis",
+    service=ServiceRef("cpersona.services.operations.channel_axis", "migrate_channel_axis", keywords=True),
+    paused=ForceDryRun(),  # P-11: it still reports what it would do
 )
 
 CHECK_UPDATE = ToolSpec(
     name="check_update",
+    contracts="admin-and-safety.md §13",
     description=(
         "Say whether a newer release of this server exists, and install it only when asked. state is one of: ok "
         "(the newest release runs), newer (a newer final release exists; pre-releases are never proposed), yanked "
@@ -108,7 +117,9 @@ CHECK_UPDATE = ToolSpec(
         },
     }),
     annotations=Annotations(read_only=False),
-    service="cpersona.services.operations.update_check:check_update",
+    service=ServiceRef("cpersona.services.operations.update_check", "check_update", keywords=True),
+    access=UPDATE_CHECK,
+    paused=PassThrough(),  # P-12: it installs software, not records
 )
 
 TOOLS = [GET_OPERATING_CONTEXT, GET_QUEUE_STATUS, MIGRATE_CHANNEL_AXIS, CHECK_UPDATE]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from cpersona.mcp.registry import READ_ONLY, Annotations, ToolSpec
+from cpersona.mcp.demands import ANY_PRINCIPAL, PAUSE_BUCKET, RESUME_BUCKET
+from cpersona.mcp.pause_gate import PassThrough
+from cpersona.mcp.registry import READ_ONLY, Annotations, ServiceRef, ToolSpec
 from cpersona.mcp.tools.common import SESSION_KEY, object_schema, prop
 
 _SESSION_KEY = prop(SESSION_KEY, description=(
@@ -12,6 +14,7 @@ _SESSION_KEY = prop(SESSION_KEY, description=(
 
 PAUSE_PERSISTENCE = ToolSpec(
     name="pause_persistence",
+    contracts="admin-and-safety.md §9.2",
     description=(
         "Stop this server from writing for a while: the pause lasts ttl_seconds (default 1800, at most 86400) "
         "and ends by itself. While it lasts every write tool (store, declare_associations, archive_episode, "
@@ -42,11 +45,14 @@ PAUSE_PERSISTENCE = ToolSpec(
         "session_key": _SESSION_KEY,
     }),
     annotations=Annotations(read_only=False, destructive=False, idempotent=True),
-    service="cpersona.services.operations.pause:pause_persistence",
+    service=ServiceRef("cpersona.services.operations.pause", "pause_persistence", keywords=True),
+    access=PAUSE_BUCKET,
+    paused=PassThrough(),  # the pause tools manage the pause itself (P-12)
 )
 
 RESUME_PERSISTENCE = ToolSpec(
     name="resume_persistence",
+    contracts="admin-and-safety.md §9.3",
     description=(
         "End a pause now, so writes persist again. Only the bucket session_key selects is cleared (the "
         "answer's scope): with a key, your own pause and nobody else's; without one, the bucket all keyless "
@@ -55,11 +61,14 @@ RESUME_PERSISTENCE = ToolSpec(
     ),
     input_schema=object_schema({"session_key": _SESSION_KEY}),
     annotations=Annotations(read_only=False, destructive=False, idempotent=True),
-    service="cpersona.services.operations.pause:resume_persistence",
+    service=ServiceRef("cpersona.services.operations.pause", "resume_persistence", keywords=True),
+    access=RESUME_BUCKET,
+    paused=PassThrough(),
 )
 
 PERSISTENCE_STATUS = ToolSpec(
     name="persistence_status",
+    contracts="admin-and-safety.md §9.4",
     description=(
         "Say whether writes are paused and how many seconds of the pause remain (ttl_remaining_seconds). "
         "It answers for the bucket session_key selects (the answer's scope), not for the whole server: with "
@@ -69,7 +78,8 @@ PERSISTENCE_STATUS = ToolSpec(
     ),
     input_schema=object_schema({"session_key": _SESSION_KEY}),
     annotations=READ_ONLY,
-    service="cpersona.services.operations.pause:persistence_status",
+    service=ServiceRef("cpersona.services.operations.pause", "persistence_status", keywords=True),
+    access=ANY_PRINCIPAL,
 )
 
 TOOLS = [PAUSE_PERSISTENCE, RESUME_PERSISTENCE, PERSISTENCE_STATUS]

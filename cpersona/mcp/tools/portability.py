@@ -2,11 +2,51 @@
 
 from __future__ import annotations
 
-from cpersona.mcp.registry import Annotations, ToolSpec
+from collections.abc import Mapping
+from typing import Any
+
+from cpersona.mcp.demands import EXPORT, IMPORT, MERGE
+from cpersona.mcp.pause_gate import PassThrough, Skip
+from cpersona.mcp.registry import Annotations, ServiceRef, ToolSpec
 from cpersona.mcp.tools.common import SESSION_KEY, object_schema
+
+
+# What the pause needs of the portability service, imported on the first paused
+# call of its tool: a server start loads none of it.
+
+
+def _merge_arguments(args: Mapping[str, Any]) -> tuple[Any, Any, Any, Any]:
+    return (args.get("source_agent_id"), args.get("target_agent_id"),
+            args.get("strategy", "skip"), args.get("mode", "copy"))
+
+
+def _vet_import(app: Any, args: Mapping[str, Any]) -> None:
+    from cpersona.services import portability
+
+    portability.vet_import(app, args.get("input_path"))
+
+
+def _paused_import(app: Any, args: Mapping[str, Any]) -> dict[str, Any]:
+    from cpersona.services import portability
+
+    return portability.paused_import_body()
+
+
+def _validate_merge(app: Any, args: Mapping[str, Any]) -> None:
+    from cpersona.services import portability
+
+    portability.validate_merge(*_merge_arguments(args))
+
+
+def _paused_merge(app: Any, args: Mapping[str, Any]) -> dict[str, Any]:
+    from cpersona.services import portability
+
+    return portability.paused_merge_body(*_merge_arguments(args))
+
 
 EXPORT_MEMORIES = ToolSpec(
     name="export_memories",
+    contracts="admin-and-safety.md §6",
     description=(
         "Write an agent's memories, episodes, profile and declared associations (entities with their "
         "aliases, mentions and relations) to a JSONL file on the server, as a backup or to carry them to "
@@ -24,11 +64,14 @@ EXPORT_MEMORIES = ToolSpec(
         },
     }, required=["agent_id", "output_path"]),
     annotations=Annotations(read_only=False, destructive=True),
-    service="cpersona.services.portability:export_memories",
+    service=ServiceRef("cpersona.services.portability", "export_memories", keywords=True),
+    access=EXPORT,
+    paused=PassThrough(),  # P-12: it writes a file, not a record
 )
 
 IMPORT_MEMORIES = ToolSpec(
     name="import_memories",
+    contracts="admin-and-safety.md §7",
     description=(
         "Read a JSONL file written by export_memories and restore its memories, episodes, profiles and "
         "declared associations; each association is pointed at the record it names as restored here. "
@@ -51,11 +94,15 @@ IMPORT_MEMORIES = ToolSpec(
         "session_key": SESSION_KEY,
     }, required=["input_path"]),
     annotations=Annotations(read_only=False, destructive=True, idempotent=True),
-    service="cpersona.services.portability:import_memories",
+    service=ServiceRef("cpersona.services.portability", "import_memories", keywords=True),
+    access=IMPORT,
+    # IM-1 (the file is vetted) comes before the pause (IM-2); a dry run still runs.
+    paused=Skip(_paused_import, before=_vet_import, unless_dry_run=True),
 )
 
 MERGE_MEMORIES = ToolSpec(
     name="merge_memories",
+    contracts="admin-and-safety.md §8",
     description=(
         "Copy one agent's memories, episodes, profile and declared associations into another agent: the same "
         "result as an export followed by an import, without a file. It commits in batches, so other clients "
@@ -84,7 +131,10 @@ MERGE_MEMORIES = ToolSpec(
         "session_key": SESSION_KEY,
     }, required=["source_agent_id", "target_agent_id"]),
     annotations=Annotations(read_only=False, destructive=True, idempotent=True),
-    service="cpersona.services.portability:merge_memories",
+    service=ServiceRef("cpersona.services.portability", "merge_memories", keywords=True),
+    access=MERGE,
+    # MG-1 (the arguments) comes before the pause (MG-2); a dry run still runs.
+    paused=Skip(_paused_merge, before=_validate_merge, unless_dry_run=True),
 )
 
 TOOLS = [EXPORT_MEMORIES, IMPORT_MEMORIES, MERGE_MEMORIES]

@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
-from cpersona.mcp.registry import READ_ONLY, Annotations, ToolSpec
+from cpersona.mcp.pause_gate import Skip, const
+from cpersona.mcp.registry import READ_ONLY, Annotations, ServiceRef, ToolSpec
 from cpersona.mcp.tools.common import AGENT_ID, SESSION_KEY, object_schema, profile_update_refusal
 
 GET_PROFILE = ToolSpec(
     name="get_profile",
+    contracts="memory-and-recall.md §3.7",
     description="Read an agent's current profile ('' when it has none).",
     input_schema=object_schema({"agent_id": AGENT_ID}, required=["agent_id"]),
     annotations=READ_ONLY,
-    service="cpersona.services.records.profiles:get_profile",
+    service=ServiceRef("cpersona.services.records.profiles", "get_profile", keywords=True),
 )
 
 UPDATE_PROFILE = ToolSpec(
     name="update_profile",
+    contracts="memory-and-recall.md §3.8",
     description=(
         "Replace an agent's profile with text the caller has already written. The text is cleaned the same "
         "way store cleans content, against the profile's own limit: at most 2000 characters "
@@ -33,7 +36,8 @@ UPDATE_PROFILE = ToolSpec(
         "session_key": SESSION_KEY,
     }, required=["agent_id", "profile"]),
     annotations=Annotations(read_only=False, destructive=False),
-    service="cpersona.services.records.profiles:update_profile",
+    service=ServiceRef("cpersona.services.records.profiles", "update_profile", keywords=True),
+    paused=Skip(const({"ok": True, "profiles_updated": 0})),
     refusal=profile_update_refusal,
 )
 

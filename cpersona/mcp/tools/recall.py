@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cpersona.mcp.registry import READ_ONLY, ToolSpec
+from cpersona.mcp.registry import READ_ONLY, READ_PROJECT, Ref, ServiceRef, ToolSpec
 from cpersona.mcp.tools.common import AGENT_ID, PROJECT_ID_FILTER, SESSION_KEY, object_schema, prop, recall_refusal
 
 RECALL_DESCRIPTION = (
@@ -70,6 +70,7 @@ _TIME_CUE = {
 
 RECALL = ToolSpec(
     name="recall",
+    contracts="memory-and-recall.md §3.2",
     description=RECALL_DESCRIPTION,
     input_schema=object_schema({
         "agent_id": AGENT_ID,
@@ -136,14 +137,18 @@ RECALL = ToolSpec(
             "type": "boolean",
             "default": False,
             "description": (
-                "Add trace to the answer: which rows each stage kept, dropped or reordered, and why, with ranks "
-                "and scores. It holds references only, never stored text, and nothing of it is kept on the server."
+                "Declared for compatibility and not carried out: this server builds no recall trace, so "
+                "trace=true is refused (ok=false, nothing searched) rather than answered without one. "
+                "Leave it false; reconstruct's trace explains its own answers."
             ),
         },
         "time_cue": _TIME_CUE,
     }, required=["agent_id", "query"]),
     annotations=READ_ONLY,
-    service="cpersona.services.recall.service:recall",
+    service=ServiceRef("cpersona.services.recall.service", "answer_recall"),
+    request=Ref("cpersona.services.recall.service", "RecallArguments"),
+    project=READ_PROJECT,
+    unsupported=frozenset({"trace"}),  # refused when set, rather than answered as if absent
     refusal=recall_refusal,
 )
 

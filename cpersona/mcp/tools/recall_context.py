@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cpersona.mcp.registry import READ_ONLY, ToolSpec
+from cpersona.mcp.registry import READ_ONLY, READ_PROJECT, Ref, ServiceRef, ToolSpec
 from cpersona.mcp.tools.common import AGENT_ID, PROJECT_ID_FILTER, SESSION_KEY, object_schema, prop, recall_refusal
 
 DESCRIPTION = (
@@ -29,6 +29,7 @@ _STRING_FIELD = " A string; any other value is treated as absent and reported in
 
 RECALL_WITH_CONTEXT = ToolSpec(
     name="recall_with_context",
+    contracts="memory-and-recall.md §3.3",
     description=DESCRIPTION,
     input_schema=object_schema({
         "agent_id": AGENT_ID,
@@ -97,7 +98,9 @@ RECALL_WITH_CONTEXT = ToolSpec(
             "It never filters stored data. Callers that omit it share one bucket.")),
     }, required=["agent_id", "query"]),
     annotations=READ_ONLY,
-    service="cpersona.services.recall.with_context:recall_with_context",
+    service=ServiceRef("cpersona.services.recall.with_context", "answer_with_context"),
+    request=Ref("cpersona.services.recall.with_context", "ContextArguments"),
+    project=READ_PROJECT,
     refusal=recall_refusal,
 )
 

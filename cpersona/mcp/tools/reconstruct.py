@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from cpersona.mcp.registry import READ_ONLY, ToolSpec
+from cpersona.mcp.registry import READ_ONLY, READ_PROJECT, Ref, ServiceRef, ToolSpec
 from cpersona.mcp.tools.common import AGENT_ID, KEY_FIELD_MAX, PROJECT_ID_FILTER, object_schema
 from cpersona.services.responses import failure
 
@@ -41,6 +41,7 @@ def reconstruct_refusal(message: str, arguments: Mapping[str, Any]) -> dict[str,
 
 RECONSTRUCT = ToolSpec(
     name="reconstruct",
+    contracts="associations-and-reconstruct.md §8",
     description=DESCRIPTION,
     input_schema=object_schema({
         "agent_id": AGENT_ID,
@@ -68,7 +69,9 @@ RECONSTRUCT = ToolSpec(
         "lite": {"type": "boolean", "description": "Older spelling of mode 'lite'; not together with mode."},
     }, required=["agent_id", "query"]),
     annotations=READ_ONLY,
-    service="cpersona.services.reconstruct:reconstruct",
+    service=ServiceRef("cpersona.services.reconstruct.service", "answer_reconstruct"),
+    request=Ref("cpersona.services.reconstruct.request", "ReconstructArguments"),
+    project=READ_PROJECT,
     refusal=reconstruct_refusal,
     meta={"anthropic/alwaysLoad": True},
 )

@@ -13,13 +13,14 @@ otherwise everything stays as it was (SP-3, SP-4).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 from cpersona.config import GATE_BETA
 from cpersona.services.app import App
 from cpersona.services.calibration.service import apply, effective_beta, measure, parse_arguments
 from cpersona.services.calibration.sidecar import Entry
-from cpersona.services.responses import ToolFailure, failure
+from cpersona.services.responses import ToolFailure, answers_refusals, failure
 
 
 def label_of(beta: float) -> str:
@@ -58,15 +59,13 @@ def resolve(app: App, precision: Any, beta: Any) -> tuple[str, float, bool]:
     return "default", app.settings.gate_beta, True
 
 
+@answers_refusals
 def set_recall_precision(
     app: App, *, agent_id: Any = None, precision: Any = "", beta: Any = 0, session_key: Any = ""
 ) -> dict[str, Any]:
     """Set (or clear) the agent's β and recalibrate its gate at it in one step (SP-1..SP-6)."""
-    try:
-        agent = _agent(agent_id)
-        label, value, cleared = resolve(app, precision, beta)
-    except ToolFailure as refusal:
-        return refusal.as_response()
+    agent = _agent(agent_id)
+    label, value, cleared = resolve(app, precision, beta)
     shape = {"agent_id": agent, "precision": label, "beta": value, "cleared": cleared}
     state = app.calibration
     with state.run_lock:
@@ -100,12 +99,10 @@ def set_recall_precision(
     }
 
 
+@answers_refusals
 def get_recall_precision(app: App, *, agent_id: Any = None) -> dict[str, Any]:
     """The agent's effective β and where it comes from (spec §3.13, GRP-1). Never writes."""
-    try:
-        agent = _agent(agent_id)
-    except ToolFailure as refusal:
-        return refusal.as_response()
+    agent = _agent(agent_id)
     override = app.calibration.beta_override(agent)
     glob = app.settings.gate_beta
     beta = override if override is not None else glob
@@ -113,3 +110,14 @@ def get_recall_precision(app: App, *, agent_id: Any = None) -> dict[str, Any]:
         "ok": True, "agent_id": agent, "precision": label_of(beta), "beta": beta,
         "overridden": override is not None, "global_precision": label_of(glob), "global_beta": glob,
     }  # fmt: skip
+
+
+def paused_precision_body(app: App, arguments: Mapping[str, Any]) -> dict[str, Any]:
+    """``set_recall_precision``'s answer under a pause: the resolved setting, nothing recalibrated.
+
+    Arguments are resolved first (spec §9.5), so a bad precision is still refused.
+    """
+    agent = _agent(arguments.get("agent_id"))
+    label, beta, cleared = resolve(app, arguments.get("precision", ""), arguments.get("beta", 0))
+    return {"ok": True, "agent_id": agent, "precision": label, "beta": beta, "cleared": cleared,
+            "fused_gate": None, "calibrate": None}

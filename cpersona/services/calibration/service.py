@@ -22,6 +22,7 @@ import logging
 import math
 import threading
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,7 +35,7 @@ from cpersona.services.calibration.sidecar import Entry, read_sidecar, scoring_v
 from cpersona.services.calibration.state import CalibrationState, restore_preferences
 from cpersona.services.calibration.fused_gate import GateMeasurement, gate_signal, measure_gate
 from cpersona.services.recall.retrievers import vector_threshold
-from cpersona.services.responses import ToolFailure
+from cpersona.services.responses import ToolFailure, answers_refusals
 from cpersona.services.timestamps import parse_iso
 from cpersona.storage.repositories.memories import MemoryRepository
 from cpersona.storage.scope import Scope
@@ -310,6 +311,7 @@ def current_threshold(app: App, agent_id: str) -> float:
 # -- the tool --------------------------------------------------------------------------
 
 
+@answers_refusals
 def calibrate_threshold(
     app: App,
     *,
@@ -322,15 +324,12 @@ def calibrate_threshold(
 ) -> dict[str, Any]:
     """The ``calibrate_threshold`` tool (spec §3.11, CT-1..CT-5)."""
     state = app.calibration
-    try:
-        req = parse_arguments(app, agent_id, sample_size, z_factor, method, percentile)
-        with state.run_lock:
-            old = current_threshold(app, req.agent_id)
-            m = measure(app, req, beta=None, rng=state.rng)
-            apply(app, m)
-            written = state.persist(app.settings)
-    except ToolFailure as refusal:
-        return refusal.as_response()
+    req = parse_arguments(app, agent_id, sample_size, z_factor, method, percentile)
+    with state.run_lock:
+        old = current_threshold(app, req.agent_id)
+        m = measure(app, req, beta=None, rng=state.rng)
+        apply(app, m)
+        written = state.persist(app.settings)
     return response(app, m, old_threshold=old, persisted=written.ok)
 
 
@@ -447,3 +446,17 @@ def install(app: App, *, seed: int | None = None) -> CalibrationState:
     state = CalibrationState(seed=seed)
     app.calibration = state
     return state
+
+
+def paused_calibration_body(app: App, arguments: Mapping[str, Any]) -> dict[str, Any]:
+    """``calibrate_threshold``'s success shape under a pause: all a measurement computes left empty (§9.5)."""
+    req = parse_arguments(app, arguments.get("agent_id"), arguments.get("sample_size"), arguments.get("z_factor"),
+                          arguments.get("method"), arguments.get("percentile"))
+    return {
+        "ok": True, "sidecar_persisted": False, "scope": "per_agent" if req.agent_id else "global",
+        "agent_id": req.agent_id, "sampled_embeddings": 0, "num_pairs": 0, "method": req.method,
+        "z_factor": req.z_factor, "percentile": req.percentile, "embedding_dim": None,
+        "embedding_model": embedding_model_label(app.settings), "distribution": None,
+        "null_admit_rate": None, "old_threshold": current_threshold(app, req.agent_id),
+        "new_threshold": None,
+    }

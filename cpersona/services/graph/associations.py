@@ -35,7 +35,6 @@ from sqlalchemy.orm import Session
 
 from cpersona.services import refs as record_refs
 from cpersona.services.app import App
-from cpersona.services.operating_context import ProjectRefusal, resolve_project
 from cpersona.services.refs import Ref, canonical_ref
 from cpersona.services.responses import failure
 from cpersona.services.sanitize import check_key_field, find_lone_surrogate, has_nul, nul_refusal
@@ -406,12 +405,9 @@ def declare_associations(
         return declare_refusal("agent_id is required" if agent_id is None else "agent_id must be a string")
     if problem := nul_refusal(agent_id=agent_id):
         return declare_refusal(problem)
-    # The operating context's '@auto' and registry check (OC-7 … OC-11); a
-    # refusal writes nothing. ISO-1: a missing or non-string project is the global bucket.
-    resolution = resolve_project(app, "declare_associations", project_id, agent_id=agent_id)
-    if isinstance(resolution, ProjectRefusal):
-        return {**declare_refusal(resolution.message), **resolution.fields}
-    project_id = resolution.project_id if isinstance(resolution.project_id, str) else ""
+    # The operating context's '@auto' and registry check (OC-7 … OC-11) were applied by
+    # the facade. ISO-1: a missing or non-string project is the global bucket.
+    project_id = project_id if isinstance(project_id, str) else ""
     channel = channel if isinstance(channel, str) else ""
     for name, value in (("channel", channel), ("project_id", project_id)):
         if problem := check_key_field(name, value):
@@ -420,7 +416,7 @@ def declare_associations(
         return declare_refusal("the arguments contain a lone UTF-16 surrogate, which is not valid text; nothing was declared")
     report = declare(app, agent_id=agent_id, associations=associations, anchor_ref=anchor_ref,
                      retract=retract, project_id=project_id, channel=channel)
-    return {"ok": True, "result": "declared", **report.as_dict(), **resolution.annotations}
+    return {"ok": True, "result": "declared", **report.as_dict()}
 
 
 def declare_for_record(

@@ -35,7 +35,6 @@ from cpersona.services.graph.associations import (
     readable_entities,
     relations_between_entities,
 )
-from cpersona.services.operating_context import resolve_project
 from cpersona.services.responses import failure
 from cpersona.storage.repositories.associations import AssociationRepository
 from cpersona.storage.scope import Scope
@@ -182,12 +181,10 @@ def traverse(
     cap = _clamp(limit, 1, MAX_LIMIT, DEFAULT_LIMIT)
     channel = channel if isinstance(channel, str) else ""
     source_id = source_id if isinstance(source_id, str) else ""
-    # '@auto' and the registry warning (OC-7 … OC-11); a read is never refused.
-    resolution = resolve_project(app, "traverse", project_id, agent_id=agent_id)
-    project_id = resolution.project_id
+    # '@auto' and the registry warning (OC-7 … OC-11) were applied by the facade.
     scope = Scope(agent_id=agent_id, project_id=project_id if isinstance(project_id, str) else None,
                   channel=channel or None)
-    answer: dict[str, Any] = {"entity": entity, "max_hops": hops, "limit": cap, **resolution.annotations}
+    answer: dict[str, Any] = {"entity": entity, "max_hops": hops, "limit": cap}
 
     with app.db.read() as session:
         starts = readable_entities(session, scope, entity)

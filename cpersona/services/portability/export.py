@@ -22,21 +22,19 @@ from cpersona.services.portability.graph import GraphCounts, GraphReader
 from cpersona.storage.layout import Layout
 from cpersona.services.portability.paths import output_target, write_atomically
 from cpersona.storage.repositories.snapshot import SnapshotReader
-from cpersona.services.responses import ToolFailure, failure
+from cpersona.services.responses import answers_refusals, failure
 from cpersona.storage import errors as storage_errors
 
 log = logging.getLogger(__name__)
 
 
+@answers_refusals
 def export_memories(
     app: App, *, agent_id: Any, output_path: Any, include_embeddings: bool = False
 ) -> dict[str, Any]:
     if not isinstance(agent_id, str):
         return failure("agent_id must be a string")
-    try:
-        path = output_target(app, output_path)
-    except ToolFailure as refused:
-        return refused.as_response()
+    path = output_target(app, output_path)
     with_vectors = include_embeddings is True
     try:
         with app.db.read() as session:
@@ -58,8 +56,6 @@ def export_memories(
                 if graph is not None:
                     for record in graph.records():
                         out.write(jsonl.dump_line(record))
-    except ToolFailure as refused:  # the destination changed under us (checked again before the rename)
-        return refused.as_response()
     except OSError as exc:
         return failure(f"could not write {path}: {exc.strerror or exc}")
     except (SQLAlchemyError, ValueError) as exc:

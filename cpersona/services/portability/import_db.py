@@ -30,7 +30,7 @@ from cpersona.services.portability.graph import GraphReader, RefMap
 from cpersona.services.portability.importer import ErrorLog, RecordImporter
 from cpersona.storage.layout import Layout
 from cpersona.storage.repositories.snapshot import SnapshotReader
-from cpersona.services.responses import ToolFailure, failure
+from cpersona.services.responses import ToolFailure, answers_refusals, failure
 from cpersona.storage.foreign import read_only_snapshot, row_count, schema_version
 from cpersona.storage import errors as storage_errors
 
@@ -62,6 +62,7 @@ def vet_source(source_path: Any, ours: Path | None) -> Path:
 Progress = Callable[[str], None]
 
 
+@answers_refusals
 def import_db(app: App, source_path: Any, progress: Progress | None = None) -> dict[str, Any]:
     """Copy every record of the database at ``source_path`` into ours; counts per table.
 
@@ -71,8 +72,6 @@ def import_db(app: App, source_path: Any, progress: Progress | None = None) -> d
     try:
         path = vet_source(source_path, app.db.path)
         return _copy(app, path, progress or (lambda line: None))
-    except ToolFailure as refused:
-        return refused.as_response()
     except SQLAlchemyError as exc:
         storage_errors.log_details(log, f"import-db from {source_path}", exc)
         return failure(f"import-db aborted and rolled back: {storage_errors.reason(exc, app.db.label)}")

@@ -38,7 +38,7 @@ from cpersona.storage.layout import Layout
 from cpersona.services.portability.paths import vet_input_file
 from cpersona.services.portability.writer import EpisodeRow, MemoryRow, ProfileRow, RecordWriter
 from cpersona.services.refs import canonical_ref
-from cpersona.services.responses import ToolFailure, failure
+from cpersona.services.responses import ToolFailure, answers_refusals, failure
 from cpersona.services.sanitize import has_lone_surrogate, nul_refusal, sanitize
 from cpersona.services.timestamps import ahead_of_clock, sql_stamp
 from cpersona.storage import dialect
@@ -371,6 +371,7 @@ def _zero_counts() -> dict[str, Any]:
     return Tallies().counts()
 
 
+@answers_refusals
 def import_memories(
     app: App,
     *,
@@ -383,13 +384,10 @@ def import_memories(
     settings = app.settings
     target = target_agent_id if isinstance(target_agent_id, str) else ""
     dry_run = dry_run is True
-    try:
-        path = vet_input_file(app, input_path)
-        if target and has_lone_surrogate(target):
-            return failure("target_agent_id holds an unpaired surrogate")
-        found = jsonl.scan(path, settings.max_import_bytes)
-    except ToolFailure as refused:
-        return refused.as_response()
+    path = vet_input_file(app, input_path)
+    if target and has_lone_surrogate(target):
+        return failure("target_agent_id holds an unpaired surrogate")
+    found = jsonl.scan(path, settings.max_import_bytes)
 
     aborted = "import aborted (dry run — nothing was written)" if dry_run else "import aborted and rolled back"
     if (problem := found.truncation()) is not None:

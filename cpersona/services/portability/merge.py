@@ -32,7 +32,7 @@ from cpersona.services.portability.graph import CarryResult, GraphCarrier, Graph
 from cpersona.storage.layout import Layout
 from cpersona.storage.repositories.snapshot import SnapshotReader
 from cpersona.services.portability.writer import EpisodeRow, MemoryRow, ProfileRow, RecordWriter
-from cpersona.services.responses import ToolFailure, failure
+from cpersona.services.responses import ToolFailure, answers_refusals, failure
 from cpersona.storage import dialect
 from cpersona.storage import errors as storage_errors
 from cpersona.storage.errors import DatabaseBusy
@@ -270,6 +270,7 @@ class _Merge:
         }
 
 
+@answers_refusals
 def merge_memories(
     app: App,
     *,
@@ -281,10 +282,7 @@ def merge_memories(
     session_key: str = "",  # selects the pause bucket; the facade's gate reads it
 ) -> dict[str, Any]:
     del session_key
-    try:
-        validate_merge(source_agent_id, target_agent_id, strategy, mode)
-    except ToolFailure as refused:
-        return refused.as_response()
+    validate_merge(source_agent_id, target_agent_id, strategy, mode)
     dry_run = dry_run is True
     merge: _Merge | None = None
     run: Run[MergeTallies] | None = None

@@ -17,15 +17,22 @@ row the vector channel scored carries its cosine into the gate and
 ``match_reason`` through :class:`Candidate`. The degraded advisory lives in
 :mod:`cpersona.services.recall.advisory`.
 
-:func:`run_recall` is the library entry (steps up to the response, no preview
-cut), reused by ``recall_with_context``; :func:`recall` is the tool.
+:func:`run_recall` runs the pipeline (steps up to the response, no preview
+cut); :func:`recalled` runs it on one read snapshot, for ``recall`` and
+``recall_with_context`` alike. :func:`answer_recall` is the tool's service, fed
+a :class:`RecallArguments` that dispatch parsed from schema-checked arguments;
+:func:`recall` is the same answer for a library caller, whose arguments no
+schema has checked (:func:`check_arguments`). The operating context's
+``@auto`` (OC-7..OC-11) is applied by the facade before either tool runs,
+from the tool's declaration.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
@@ -51,14 +58,14 @@ from cpersona.services.recall.gate import (
     autocut,
     calibrated_gate_for,
 )
-from cpersona.services.operating_context import resolve_project
 from cpersona.services.recall.prior import apply_prior, prior_applies
 from cpersona.services.recall.preview import (
     FULL_CONTENT_BUDGET,
     apply_full_content_budget,
     apply_preview_tier,
 )
-from cpersona.services.responses import ToolFailure
+from cpersona.services.requests import Request
+from cpersona.services.responses import ToolFailure, answers_refusals
 from cpersona.services.sanitize import find_lone_surrogate, parse_stored_json
 from cpersona.services.recall.time_cue import TimeCue, parse_time_cue
 from cpersona.services.operations.update_check import recall_update_notice
@@ -101,6 +108,41 @@ class RecallRequest:
                      channel=self.channel, blank=self.blank)
 
 
+@dataclass(frozen=True)
+class RecallArguments(Request):
+    """``recall``'s arguments in the types its schema declares; defaults are the schema's.
+
+    ``trace`` is declared by the schema but not carried out: the declaration
+    refuses ``trace: true`` rather than answer as if it had not been asked.
+    """
+
+    agent_id: str
+    query: str
+    limit: int = 10
+    deep: bool = False
+    channel: str = ""
+    exclude_contents: Sequence[str] = ()
+    session_key: str = ""
+    project_id: str | None = None
+    source_id: str = ""
+    full_content: bool = False
+    time_cue: Mapping[str, Any] | None = None
+
+
+def resolve_request(app: App, args: RecallArguments) -> RecallRequest:
+    """What well-typed arguments mean to the pipeline; raise ToolFailure on a cue that cannot be read."""
+    try:
+        time_cue = parse_time_cue(args.time_cue)  # TQ-1…TQ-3: refused before any read
+    except ToolFailure as refused:
+        raise ToolFailure(refused.message, messages=[]) from None
+    return RecallRequest(
+        agent_id=args.agent_id, query=args.query, limit=max(0, min(args.limit, app.settings.recall_library_max_limit)),
+        deep=args.deep, channel=args.channel, exclude_contents=tuple(args.exclude_contents),
+        session_key=args.session_key, project_id=args.project_id, source_id=args.source_id,
+        full_content=args.full_content, time_cue=time_cue,
+    )  # fmt: skip
+
+
 def _text(name: str, value: Any, *, default: str = "") -> str:
     if value is None:
         return default
@@ -117,8 +159,8 @@ def _flag(name: str, value: Any) -> bool:
     return value
 
 
-def parse_request(app: App, arguments: dict[str, Any]) -> RecallRequest:
-    """Check the arguments and normalise them; raise ToolFailure on bad input."""
+def check_arguments(arguments: Mapping[str, Any]) -> RecallArguments:
+    """A library caller's arguments checked as the tool's schema checks a tool call's; ToolFailure if not."""
     for name, value in arguments.items():
         if find_lone_surrogate(value):
             raise ToolFailure(f"{name} contains an unpaired UTF-16 surrogate, which is not valid text", messages=[])
@@ -135,14 +177,10 @@ def parse_request(app: App, arguments: dict[str, Any]) -> RecallRequest:
     if not isinstance(exclude, (list, tuple)) or not all(isinstance(e, str) for e in exclude):
         raise ToolFailure("exclude_contents must be a list of strings", messages=[])
     project_id = arguments.get("project_id")
-    try:
-        time_cue = parse_time_cue(arguments.get("time_cue"))  # TQ-1…TQ-3: refused before any read
-    except ToolFailure as refused:
-        raise ToolFailure(refused.message, messages=[]) from None
-    return RecallRequest(
+    return RecallArguments(
         agent_id=_text("agent_id", arguments["agent_id"]),
         query=_text("query", arguments["query"]),
-        limit=max(0, min(limit, app.settings.recall_library_max_limit)),
+        limit=limit,
         deep=_flag("deep", arguments.get("deep")),
         channel=_text("channel", arguments.get("channel")),
         exclude_contents=tuple(exclude),
@@ -150,8 +188,13 @@ def parse_request(app: App, arguments: dict[str, Any]) -> RecallRequest:
         project_id=None if project_id is None else _text("project_id", project_id),
         source_id=_text("source_id", arguments.get("source_id")),
         full_content=_flag("full_content", arguments.get("full_content")),
-        time_cue=time_cue,
+        time_cue=arguments.get("time_cue"),
     )
+
+
+def parse_request(app: App, arguments: Mapping[str, Any]) -> RecallRequest:
+    """A library caller's arguments checked and resolved; raise ToolFailure on bad input."""
+    return resolve_request(app, check_arguments(arguments))
 
 
 # -- fusion and scoring --------------------------------------------------------------
@@ -359,6 +402,12 @@ def _attach_advisory(app: App, req: RecallRequest, extras: dict[str, Any]) -> No
         extras["advisory"] = notice
 
 
+def recalled(app: App, req: RecallRequest) -> RecallOutcome:
+    """:func:`run_recall` on one read session for the pipeline's five or six reads."""
+    with app.db.snapshot():
+        return run_recall(app, req)
+
+
 def run_recall(app: App, req: RecallRequest) -> RecallOutcome:
     """Steps 2–15 of the pipeline for a validated request (no preview cut)."""
     settings = app.settings
@@ -405,6 +454,25 @@ def run_recall(app: App, req: RecallRequest) -> RecallOutcome:
     return RecallOutcome([message(row) for row in shown], extras)
 
 
+def answer_recall(app: App, args: RecallArguments) -> dict[str, Any]:
+    """The ``recall`` tool: ``{messages: [...]}`` worst → best, plus optional keys."""
+    req = resolve_request(app, args)
+    outcome = recalled(app, req)
+    settings = app.settings
+    cut = {"preview_chars": settings.recall_preview_chars, "excerpt_chars": settings.recall_excerpt_chars,
+           "query": req.query}
+    response: dict[str, Any] = {"messages": outcome.messages}
+    if not req.full_content:
+        apply_preview_tier(outcome.messages, **cut)
+    elif apply_full_content_budget(outcome.messages, **cut):
+        response["full_content_budget_chars"] = FULL_CONTENT_BUDGET
+    response.update(outcome.extras)
+    if (notice := recall_update_notice(app, req.session_key)) is not None:
+        response["update"] = notice  # a newer or withdrawn release, told once per session (UP-10)
+    return response
+
+
+@answers_refusals
 def recall(
     app: App,
     *,
@@ -418,34 +486,11 @@ def recall(
     project_id: Any = None,
     source_id: Any = "",
     full_content: Any = False,
-    trace: Any = False,
     time_cue: Any = None,
 ) -> dict[str, Any]:
-    """The ``recall`` tool: ``{messages: [...]}`` worst → best, plus optional keys."""
-    arguments = dict(
+    """:func:`answer_recall` for a library caller (no ``@auto``: that is the facade's)."""
+    return answer_recall(app, check_arguments(dict(
         agent_id=agent_id, query=query, limit=limit, deep=deep, channel=channel,
         exclude_contents=exclude_contents, session_key=session_key, project_id=project_id,
-        source_id=source_id, full_content=full_content, trace=trace, time_cue=time_cue,
-    )  # fmt: skip
-    try:
-        req = parse_request(app, arguments)
-        # The operating context's Hard layer: '@auto' and the registry warn, never refuse a read.
-        resolution = resolve_project(app, "recall", req.project_id, agent_id=req.agent_id)
-        req = replace(req, project_id=resolution.project_id)
-        with app.db.snapshot():  # one read session for the pipeline's five or six reads
-            outcome = run_recall(app, req)
-    except ToolFailure as failure:
-        return failure.as_response()
-    settings = app.settings
-    cut = {"preview_chars": settings.recall_preview_chars, "excerpt_chars": settings.recall_excerpt_chars,
-           "query": req.query}
-    response: dict[str, Any] = {"messages": outcome.messages}
-    if not req.full_content:
-        apply_preview_tier(outcome.messages, **cut)
-    elif apply_full_content_budget(outcome.messages, **cut):
-        response["full_content_budget_chars"] = FULL_CONTENT_BUDGET
-    response.update(outcome.extras)
-    response.update(resolution.annotations)  # OC-11
-    if (notice := recall_update_notice(app, req.session_key)) is not None:
-        response["update"] = notice  # a newer or withdrawn release, told once per session (UP-10)
-    return response
+        source_id=source_id, full_content=full_content, time_cue=time_cue,
+    )))  # fmt: skip

@@ -11,7 +11,8 @@ read as absent; ``CPERSONA_EXTERNAL_CONTEXT_MODE`` decides whether that is
 reported (``warn``), refused before any search (``reject``) or passed over in
 silence (``off``) (RWC-6).
 
-The recall itself is :func:`cpersona.services.recall.service.run_recall`; the preview
+The recall itself is :func:`cpersona.services.recall.service.recalled`, recall's own
+(one read snapshot; ``@auto`` is resolved by the facade for both tools); the preview
 tier and the full-content budget are applied to the merged list, so the budget
 is spent from its chronological end (RWC-9).
 """
@@ -24,8 +25,15 @@ from typing import Any
 
 from cpersona.services.app import App
 from cpersona.services.recall.preview import FULL_CONTENT_BUDGET, apply_full_content_budget, apply_preview_tier
-from cpersona.services.recall.service import parse_instant, parse_request, run_recall
-from cpersona.services.responses import ToolFailure
+from cpersona.services.recall.service import (
+    RecallArguments,
+    check_arguments,
+    parse_instant,
+    recalled,
+    resolve_request,
+)
+from cpersona.services.requests import Request
+from cpersona.services.responses import ToolFailure, answers_refusals
 from cpersona.services.sanitize import find_lone_surrogate
 
 DECLARED_FIELDS = ("role", "content", "name", "user_id", "timestamp")
@@ -167,37 +175,41 @@ def chronological(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 # -- the tool ----------------------------------------------------------------------
 
 
-def recall_with_context(
-    app: App,
-    *,
-    agent_id: Any = None,
-    query: Any = None,
-    external_context: Any = None,
-    limit: Any = 10,
-    channel: Any = "",
-    deep: Any = False,
-    project_id: Any = None,
-    source_id: Any = "",
-    full_content: Any = False,
-    session_key: Any = "",
-) -> dict[str, Any]:
-    """The ``recall_with_context`` tool: ``{messages}`` oldest → newest, plus optional keys."""
+@dataclass(frozen=True)
+class ContextArguments(Request):
+    """``recall_with_context``'s arguments in the types its schema declares; defaults are the schema's.
+
+    The recall ones mean what they mean to recall; the turns are its exclusion list (RWC-1).
+    """
+
+    agent_id: str
+    query: str
+    external_context: Any = None  # read leniently, entry by entry (RWC-6)
+    limit: int = 10
+    channel: str = ""
+    deep: bool = False
+    project_id: str | None = None
+    source_id: str = ""
+    full_content: bool = False
+    session_key: str = ""
+
+
+def answer_with_context(app: App, args: ContextArguments) -> dict[str, Any]:
+    """The ``recall_with_context`` tool: ``{messages}`` oldest → newest, plus optional keys.
+
+    A refused recall is the answer (spec RWC-10): its ToolFailure is answered by
+    the facade in the tool's shape.
+    """
     mode = app.settings.external_context_mode
-    try:
-        entries = read_entries(external_context)
-        if mode == "reject" and (refusal := rejection(entries)) is not None:
-            raise ToolFailure(refusal, messages=[])
-        req = parse_request(app, dict(
-            agent_id=agent_id, query=query, limit=limit, deep=deep, channel=channel, session_key=session_key,
-            project_id=project_id, source_id=source_id, full_content=full_content,
-            exclude_contents=[e.content for e in entries if e.usable],  # recall checks these for surrogates
-        ))  # fmt: skip
-        if find_lone_surrogate([v for e in entries for v in (e.role, e.name, e.user_id, e.timestamp) if v]):
-            raise ToolFailure("external_context contains an unpaired UTF-16 surrogate, which is not valid text",
-                              messages=[])  # fmt: skip
-        outcome = run_recall(app, req)
-    except ToolFailure as failure:  # spec RWC-10: a refused recall is the answer
-        return failure.as_response()
+    entries = read_entries(args.external_context)
+    if mode == "reject" and (refusal := rejection(entries)) is not None:
+        raise ToolFailure(refusal, messages=[])
+    req = resolve_request(app, RecallArguments(
+        agent_id=args.agent_id, query=args.query, limit=args.limit, deep=args.deep, channel=args.channel,
+        session_key=args.session_key, project_id=args.project_id, source_id=args.source_id,
+        full_content=args.full_content, exclude_contents=tuple(e.content for e in entries if e.usable),
+    ))  # fmt: skip
+    outcome = recalled(app, req)
 
     merged = [*outcome.messages, *(conversation_message(e) for e in entries if e.merged)]
     messages = chronological(merged)
@@ -215,3 +227,33 @@ def recall_with_context(
     elif apply_full_content_budget(messages, **cut):
         response["full_content_budget_chars"] = FULL_CONTENT_BUDGET
     return response
+
+
+@answers_refusals
+def recall_with_context(
+    app: App,
+    *,
+    agent_id: Any = None,
+    query: Any = None,
+    external_context: Any = None,
+    limit: Any = 10,
+    channel: Any = "",
+    deep: Any = False,
+    project_id: Any = None,
+    source_id: Any = "",
+    full_content: Any = False,
+    session_key: Any = "",
+) -> dict[str, Any]:
+    """:func:`answer_with_context` for a library caller, whose arguments no schema has checked."""
+    if find_lone_surrogate(external_context):
+        raise ToolFailure("external_context contains an unpaired UTF-16 surrogate, which is not valid text",
+                          messages=[])  # fmt: skip
+    checked = check_arguments(dict(
+        agent_id=agent_id, query=query, limit=limit, deep=deep, channel=channel, session_key=session_key,
+        project_id=project_id, source_id=source_id, full_content=full_content,
+    ))  # fmt: skip
+    return answer_with_context(app, ContextArguments(
+        agent_id=checked.agent_id, query=checked.query, external_context=external_context, limit=checked.limit,
+        channel=checked.channel, deep=checked.deep, project_id=checked.project_id, source_id=checked.source_id,
+        full_content=checked.full_content, session_key=checked.session_key,
+    ))  # fmt: skip

@@ -7,12 +7,14 @@ find them, and changing one never moves the other.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from cpersona.config import Settings
 from cpersona.services.recall.time_cue import TimeCue, parse_time_cue
-from cpersona.services.recall.service import RecallRequest, parse_request
+from cpersona.services.recall.service import RecallArguments, RecallRequest, check_arguments, resolve_request
+from cpersona.services.requests import Request as ToolRequest
 from cpersona.services.responses import ToolFailure
 
 MODES = ("lite", "pro")
@@ -77,6 +79,32 @@ class Request:
     bounds: Bounds
 
 
+@dataclass(frozen=True)
+class ReconstructArguments(ToolRequest):
+    """``reconstruct``'s arguments in the types its schema declares; None is "not given" (RX-3 … RX-6)."""
+
+    agent_id: str
+    query: str
+    count: int | None = None
+    top_k: int | None = None
+    max_hops: int | None = None
+    max_evidence: int | None = None
+    deep: bool = False
+    channel: str = ""
+    project_id: str | None = None
+    source_id: str = ""
+    trace: bool = False
+    budget: int | None = None
+    session_key: str = ""
+    time_cue: Mapping[str, Any] | None = None
+    mode: str | None = None
+    lite: bool = False
+
+
+_RECALL_FIELDS = ("agent_id", "query", "deep", "channel", "session_key", "project_id", "source_id")
+_INTEGERS = ("count", "budget", "top_k", "max_hops", "max_evidence")  # the order they are checked in
+
+
 def _int_or_none(name: str, value: Any) -> int | None:
     if value is None:
         return None
@@ -93,9 +121,8 @@ def _flag(name: str, value: Any) -> bool:
     return value
 
 
-def resolve_mode(mode: Any, lite: Any) -> str | None:
+def resolve_mode(mode: str | None, lite_on: bool) -> str | None:
     """RX-1: ``lite: true`` is the older spelling of ``mode: "lite"``; both at once is refused."""
-    lite_on = _flag("lite", lite)
     if mode is not None:
         if mode not in MODES:
             raise refusal(f"mode must be one of {list(MODES)}")
@@ -169,34 +196,48 @@ def _bound(value: int | None, default: int, low: int, high: int) -> tuple[int, b
     return applied, applied != chosen
 
 
-def parse(app: Any, arguments: dict[str, Any]) -> Request:
-    """Validate every argument before anything is read (RX-1, RX-2)."""
+def check_reconstruct_arguments(arguments: Mapping[str, Any]) -> ReconstructArguments:
+    """A library caller's arguments checked as the tool's schema checks a tool call's (RX-1)."""
+    given = {key: value for key, value in arguments.items() if value is not None}
+    try:
+        recall_args = check_arguments({k: v for k, v in given.items() if k in _RECALL_FIELDS})
+    except ToolFailure as failure:
+        raise refusal(failure.message) from None
+    lite = _flag("lite", given.get("lite"))
+    resolve_mode(given.get("mode"), lite)  # refused in the order parse() meets them
+    try:
+        parse_time_cue(given.get("time_cue"))
+    except ToolFailure as failure:
+        raise refusal(failure.message) from None
+    integers = {name: _int_or_none(name, given.get(name)) for name in _INTEGERS}
+    return ReconstructArguments(
+        **{name: getattr(recall_args, name) for name in _RECALL_FIELDS}, **integers,
+        trace=_flag("trace", given.get("trace")), time_cue=given.get("time_cue"), mode=given.get("mode"), lite=lite,
+    )
+
+
+def parse(app: Any, args: ReconstructArguments) -> Request:
+    """Resolve every argument before anything is read (RX-1, RX-2)."""
     settings: Settings = app.settings
     try:
-        recall_req = parse_request(app, {k: v for k, v in arguments.items()
-                                         if k in ("agent_id", "query", "deep", "channel", "session_key",
-                                                  "project_id", "source_id")})
+        recall_req = resolve_request(app, RecallArguments(**{name: getattr(args, name) for name in _RECALL_FIELDS}))
     except ToolFailure as failure:
         raise refusal(failure.message) from None
-    mode = resolve_mode(arguments.get("mode"), arguments.get("lite"))
+    mode = resolve_mode(args.mode, args.lite)
     try:
-        cue = parse_time_cue(arguments.get("time_cue"))  # RX-2: an unreadable cue stops here
+        cue = parse_time_cue(args.time_cue)  # RX-2: an unreadable cue stops here
     except ToolFailure as failure:
         raise refusal(failure.message) from None
-    requested_count = _int_or_none("count", arguments.get("count"))
-    requested_budget = _int_or_none("budget", arguments.get("budget"))
-    top_k, low_k = _bound(_int_or_none("top_k", arguments.get("top_k")), settings.reconstruct_top_k, 1, 100)
-    hops, low_h = _bound(_int_or_none("max_hops", arguments.get("max_hops")), settings.reconstruct_max_hops,
-                         0, MAX_HOPS)
-    evidence, low_e = _bound(_int_or_none("max_evidence", arguments.get("max_evidence")),
-                             settings.reconstruct_max_evidence, 1, MAX_EVIDENCE)
+    top_k, low_k = _bound(args.top_k, settings.reconstruct_top_k, 1, 100)
+    hops, low_h = _bound(args.max_hops, settings.reconstruct_max_hops, 0, MAX_HOPS)
+    evidence, low_e = _bound(args.max_evidence, settings.reconstruct_max_evidence, 1, MAX_EVIDENCE)
     library_max = settings.recall_library_max_limit
     effective_top_k = min(top_k, library_max)
     bounds = Bounds(top_k, hops, evidence, effective_top_k if effective_top_k != top_k else None,
                     lowered=low_k or low_h or low_e)
-    count, count_policy = resolve_count(settings, requested_count, mode)
+    count, count_policy = resolve_count(settings, args.count, mode)
     return Request(
-        recall=replace(recall_req, limit=effective_top_k), mode=mode, trace=_flag("trace", arguments.get("trace")),
-        time_cue=cue, requested_count=requested_count, effective_count=count, count_policy=count_policy,
-        requested_budget=requested_budget, bounds=bounds,
+        recall=replace(recall_req, limit=effective_top_k), mode=mode, trace=args.trace,
+        time_cue=cue, requested_count=args.count, effective_count=count, count_policy=count_policy,
+        requested_budget=args.budget, bounds=bounds,
     )

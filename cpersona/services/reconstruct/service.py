@@ -14,7 +14,6 @@ from typing import Any
 
 from cpersona.services.app import App
 from cpersona.services.graph.associations import RelationRow, record_relations
-from cpersona.services.operating_context import resolve_project
 from cpersona.services.reconstruct import bundle as bundling
 from cpersona.services.reconstruct.bundle import Cluster
 from cpersona.services.reconstruct import sequence
@@ -23,27 +22,57 @@ from cpersona.services.reconstruct.budget import quotes_within_budget
 from cpersona.services.reconstruct.cues import Cues, cue_terms
 from cpersona.services.reconstruct.pool import Pool, candidate_pool
 from cpersona.services.reconstruct.quote import Quote, excerpt_quote, head_quote
-from cpersona.services.reconstruct.request import Bounds, Policy, Request, parse, resolve_budget
+from cpersona.services.reconstruct.request import (
+    Bounds,
+    Policy,
+    ReconstructArguments,
+    Request,
+    check_reconstruct_arguments,
+    parse,
+    resolve_budget,
+)
 from cpersona.services.reconstruct.shape import CAPS, fit_to_cap, item_dict
 from cpersona.services.reconstruct.structure import Item, structure
 from cpersona.services.reconstruct.walk import ItemWalk, walk_items
 from cpersona.services.refs import ref_key
-from cpersona.services.responses import ToolFailure
+from cpersona.services.responses import ToolFailure, answers_refusals
 from cpersona.services.recall.retrievers import search_backend
 from cpersona.storage.layout import has_graph_tables
 
 
-def reconstruct(app: App, **arguments: Any) -> dict[str, Any]:
-    """The ``reconstruct`` tool."""
-    try:
-        req = parse(app, arguments)
-        resolution = resolve_project(app, "reconstruct", req.recall.project_id, agent_id=req.recall.agent_id)
-        req.recall = replace(req.recall, project_id=resolution.project_id)
-        response = _run(app, req)
-    except ToolFailure as failure:
-        return failure.as_response()
-    response.update(resolution.annotations)
-    return response
+def answer_reconstruct(app: App, args: ReconstructArguments) -> dict[str, Any]:
+    """The ``reconstruct`` tool, for arguments its schema has checked (the facade applies ``@auto``)."""
+    return _run(app, parse(app, args))
+
+
+@answers_refusals
+def reconstruct(
+    app: App,
+    *,
+    agent_id: Any = None,
+    query: Any = None,
+    count: Any = None,
+    top_k: Any = None,
+    max_hops: Any = None,
+    max_evidence: Any = None,
+    deep: Any = None,
+    channel: Any = None,
+    project_id: Any = None,
+    source_id: Any = None,
+    trace: Any = None,
+    budget: Any = None,
+    session_key: Any = None,
+    time_cue: Any = None,
+    mode: Any = None,
+    lite: Any = None,
+) -> dict[str, Any]:
+    """:func:`answer_reconstruct` for a library caller, whose arguments no schema has checked."""
+    return answer_reconstruct(app, check_reconstruct_arguments({
+        "agent_id": agent_id, "query": query, "count": count, "top_k": top_k, "max_hops": max_hops,
+        "max_evidence": max_evidence, "deep": deep, "channel": channel, "project_id": project_id,
+        "source_id": source_id, "trace": trace, "budget": budget, "session_key": session_key,
+        "time_cue": time_cue, "mode": mode, "lite": lite,
+    }))
 
 
 @dataclass(slots=True)

@@ -22,7 +22,6 @@ gate); ``session_key`` is accepted here only because the tools declare it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy.exc import IntegrityError
@@ -32,7 +31,7 @@ from cpersona.services.records import remote_vectors
 from cpersona.services.app import App
 from cpersona.services.records.memories import embed_text
 from cpersona.services.records.nodes import QUEUED, queue_build, runs_past_window
-from cpersona.services.responses import ToolFailure, failure
+from cpersona.services.responses import ToolFailure, answers_refusals, failure
 from cpersona.services.sanitize import find_lone_surrogate, nul_refusal, sanitize
 from cpersona.storage.repositories.associations import delete_agent_declarations
 from cpersona.storage.repositories.episodes import EpisodeRepository
@@ -121,58 +120,47 @@ def _unmatched(session: Session, memory_id: int, owner: str | None, refused_if_l
     return ToolFailure(refusal) if refusal is not None else _absent(memory_id, owner)
 
 
-def _answer(work: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    try:
-        return work()
-    except ToolFailure as refusal:
-        return refusal.as_response()
-
-
 # -- delete_memory / lock_memory / unlock_memory ----------------------------------------
 
 
+@answers_refusals
 def delete_memory(app: App, *, memory_id: Any, agent_id: Any = "", session_key: Any = "") -> dict[str, Any]:
     """Delete one memory; a locked one never (DM-1..DM-3)."""
-
-    def work() -> dict[str, Any]:
-        row_id = _record_id("memory_id", memory_id)
-        owner = _owner_scope("delete_memory", "memory", row_id, agent_id)
-        if not _in_range(row_id):
-            raise _absent(row_id, owner)
-        with app.db.write() as session:
-            row = _checked_memory(session, row_id, owner, refused_if_locked="deleted")
-            gone = MemoryRepository(session).delete_unlocked(row_id, owner)
-            if gone != 1:
-                raise _unmatched(session, row_id, owner, "deleted")
-        # After commit, from the owner read before the delete; a failure is logged only.
-        remote_vectors.forget(app, row.agent_id, [f"mem:{row_id}"])
-        return {"ok": True, "deleted_id": row_id}
-
-    return _answer(work)
+    row_id = _record_id("memory_id", memory_id)
+    owner = _owner_scope("delete_memory", "memory", row_id, agent_id)
+    if not _in_range(row_id):
+        raise _absent(row_id, owner)
+    with app.db.write() as session:
+        row = _checked_memory(session, row_id, owner, refused_if_locked="deleted")
+        gone = MemoryRepository(session).delete_unlocked(row_id, owner)
+        if gone != 1:
+            raise _unmatched(session, row_id, owner, "deleted")
+    # After commit, from the owner read before the delete; a failure is logged only.
+    remote_vectors.forget(app, row.agent_id, [f"mem:{row_id}"])
+    return {"ok": True, "deleted_id": row_id}
 
 
 def _set_lock(app: App, tool: str, answer_key: str, memory_id: Any, agent_id: Any, value: int) -> dict[str, Any]:
-    def work() -> dict[str, Any]:
-        row_id = _record_id("memory_id", memory_id)
-        owner = _owner_scope(tool, "memory", row_id, agent_id)
-        if not _in_range(row_id):
-            raise _absent(row_id, owner)
-        with app.db.write() as session:
-            _checked_memory(session, row_id, owner, refused_if_locked=None)
-            # LK-1: setting the flag it already has still matches the row, so it still succeeds.
-            matched = MemoryRepository(session).set_locked(row_id, owner, value)
-            if matched != 1:
-                raise _unmatched(session, row_id, owner, None)
-        return {"ok": True, answer_key: row_id}
-
-    return _answer(work)
+    row_id = _record_id("memory_id", memory_id)
+    owner = _owner_scope(tool, "memory", row_id, agent_id)
+    if not _in_range(row_id):
+        raise _absent(row_id, owner)
+    with app.db.write() as session:
+        _checked_memory(session, row_id, owner, refused_if_locked=None)
+        # LK-1: setting the flag it already has still matches the row, so it still succeeds.
+        matched = MemoryRepository(session).set_locked(row_id, owner, value)
+        if matched != 1:
+            raise _unmatched(session, row_id, owner, None)
+    return {"ok": True, answer_key: row_id}
 
 
+@answers_refusals
 def lock_memory(app: App, *, memory_id: Any, agent_id: Any = "", session_key: Any = "") -> dict[str, Any]:
     """Protect one memory from delete_memory and update_memory (LK-1..LK-3)."""
     return _set_lock(app, "lock_memory", "locked_id", memory_id, agent_id, 1)
 
 
+@answers_refusals
 def unlock_memory(app: App, *, memory_id: Any, agent_id: Any = "", session_key: Any = "") -> dict[str, Any]:
     return _set_lock(app, "unlock_memory", "unlocked_id", memory_id, agent_id, 0)
 
@@ -191,87 +179,81 @@ def _copy_kept(memory_id: int, holder: int | None) -> ToolFailure:
                        "already holds this content, and one copy is kept per bucket")
 
 
+@answers_refusals
 def update_memory(
     app: App, *, memory_id: Any, content: Any, agent_id: Any = "", session_key: Any = ""
 ) -> dict[str, Any]:
     """Replace one memory's text: sanitized, capped, never onto a locked row or a copy (UM-1..UM-6)."""
+    if content is None or (isinstance(content, str) and not content.strip()):
+        raise ToolFailure("Content cannot be empty")  # UM-1: before the row is looked up
+    if not isinstance(content, str):
+        raise ToolFailure(f"content must be a string, not {type(content).__name__}")
+    row_id = _record_id("memory_id", memory_id)
+    owner = _owner_scope("update_memory", "memory", row_id, agent_id)
+    if find_lone_surrogate(content):
+        raise ToolFailure("content contains a lone UTF-16 surrogate, which is not valid text; nothing was edited")
+    if problem := nul_refusal(content=content):
+        raise ToolFailure(f"{problem}; nothing was edited")  # decision 11
+    if not _in_range(row_id):
+        raise _absent(row_id, owner)
+    cleaned = sanitize(content, app.settings.max_content_length)  # UM-4
 
-    def work() -> dict[str, Any]:
-        if content is None or (isinstance(content, str) and not content.strip()):
-            raise ToolFailure("Content cannot be empty")  # UM-1: before the row is looked up
-        if not isinstance(content, str):
-            raise ToolFailure(f"content must be a string, not {type(content).__name__}")
-        row_id = _record_id("memory_id", memory_id)
-        owner = _owner_scope("update_memory", "memory", row_id, agent_id)
-        if find_lone_surrogate(content):
-            raise ToolFailure("content contains a lone UTF-16 surrogate, which is not valid text; nothing was edited")
-        if problem := nul_refusal(content=content):
-            raise ToolFailure(f"{problem}; nothing was edited")  # decision 11
-        if not _in_range(row_id):
-            raise _absent(row_id, owner)
-        cleaned = sanitize(content, app.settings.max_content_length)  # UM-4
+    # Look first on a read snapshot, so a refused edit costs no embedding request.
+    with app.db.read() as session:
+        row = _checked_memory(session, row_id, owner, refused_if_locked="edited")
+        if cleaned.empty:
+            raise ToolFailure("Content cannot be empty after sanitization")
+        if (holder := _holder_of(session, row, cleaned.text, row_id)) is not None:
+            raise _copy_kept(row_id, holder)
 
-        # Look first on a read snapshot, so a refused edit costs no embedding request.
-        with app.db.read() as session:
-            row = _checked_memory(session, row_id, owner, refused_if_locked="edited")
-            if cleaned.empty:
-                raise ToolFailure("Content cannot be empty after sanitization")
-            if (holder := _holder_of(session, row, cleaned.text, row_id)) is not None:
-                raise _copy_kept(row_id, holder)
+    embedding = embed_text(app, cleaned.text)  # UM-6: outside the write lock; None clears the old vector
+    long_text = runs_past_window(app, cleaned.text)  # OV-4: a network ask too, so before the lock
 
-        embedding = embed_text(app, cleaned.text)  # UM-6: outside the write lock; None clears the old vector
-        long_text = runs_past_window(app, cleaned.text)  # OV-4: a network ask too, so before the lock
+    with app.db.write() as session:
+        # The authoritative look: the row may have been locked, moved or copied meanwhile.
+        row = _checked_memory(session, row_id, owner, refused_if_locked="edited")
+        if (holder := _holder_of(session, row, cleaned.text, row_id)) is not None:
+            raise _copy_kept(row_id, holder)
+        try:
+            with session.begin_nested():
+                matched = MemoryRepository(session).replace_text_unlocked(
+                    row_id, owner, cleaned.text, embedding)
+        except IntegrityError:
+            # The unique (agent, project, channel, content) index has the last word.
+            raise _copy_kept(row_id, _holder_of(session, row, cleaned.text, row_id)) from None
+        if matched != 1:
+            raise _unmatched(session, row_id, owner, "edited")
+        # The edit's trigger removed the old nodes (LR-1); the rebuild commits with the edit.
+        nodes_queued = long_text and queue_build(app, session, "mem", row_id, agent_id=row.agent_id,
+                                                 project_id=row.project_id)
 
-        with app.db.write() as session:
-            # The authoritative look: the row may have been locked, moved or copied meanwhile.
-            row = _checked_memory(session, row_id, owner, refused_if_locked="edited")
-            if (holder := _holder_of(session, row, cleaned.text, row_id)) is not None:
-                raise _copy_kept(row_id, holder)
-            try:
-                with session.begin_nested():
-                    matched = MemoryRepository(session).replace_text_unlocked(
-                        row_id, owner, cleaned.text, embedding)
-            except IntegrityError:
-                # The unique (agent, project, channel, content) index has the last word.
-                raise _copy_kept(row_id, _holder_of(session, row, cleaned.text, row_id)) from None
-            if matched != 1:
-                raise _unmatched(session, row_id, owner, "edited")
-            # The edit's trigger removed the old nodes (LR-1); the rebuild commits with the edit.
-            nodes_queued = long_text and queue_build(app, session, "mem", row_id, agent_id=row.agent_id,
-                                                     project_id=row.project_id)
-
-        remote_vectors.push(app, row.agent_id, [(f"mem:{row_id}", cleaned.text)])  # re-index the new text
-        response: dict[str, Any] = {"ok": True, "updated_id": row_id}
-        if cleaned.truncated:
-            response["truncated"] = True
-        if nodes_queued:
-            response["nodes"] = dict(QUEUED)  # OV-3
-        return response
-
-    return _answer(work)
+    remote_vectors.push(app, row.agent_id, [(f"mem:{row_id}", cleaned.text)])  # re-index the new text
+    response: dict[str, Any] = {"ok": True, "updated_id": row_id}
+    if cleaned.truncated:
+        response["truncated"] = True
+    if nodes_queued:
+        response["nodes"] = dict(QUEUED)  # OV-3
+    return response
 
 
 # -- delete_episode (§3) ----------------------------------------------------------------
 
 
+@answers_refusals
 def delete_episode(app: App, *, episode_id: Any, agent_id: Any = "", session_key: Any = "") -> dict[str, Any]:
     """Delete one episode; every failure reads the same, scoped or not (DE-1)."""
-
-    def work() -> dict[str, Any]:
-        row_id = _record_id("episode_id", episode_id)
-        owner = _owner_scope("delete_episode", "episode", row_id, agent_id)
-        refusal = ToolFailure(f"Episode {row_id} not found or not owned by agent")
-        if not _in_range(row_id):
+    row_id = _record_id("episode_id", episode_id)
+    owner = _owner_scope("delete_episode", "episode", row_id, agent_id)
+    refusal = ToolFailure(f"Episode {row_id} not found or not owned by agent")
+    if not _in_range(row_id):
+        raise refusal
+    with app.db.write() as session:
+        episodes = EpisodeRepository(session)
+        episode_owner = episodes.owner_of(row_id, owner)  # DE-2: read before the delete
+        if episodes.delete_one(row_id, owner) != 1:
             raise refusal
-        with app.db.write() as session:
-            episodes = EpisodeRepository(session)
-            episode_owner = episodes.owner_of(row_id, owner)  # DE-2: read before the delete
-            if episodes.delete_one(row_id, owner) != 1:
-                raise refusal
-        remote_vectors.forget(app, episode_owner or "", [f"ep:{row_id}"])
-        return {"ok": True, "deleted_id": row_id}
-
-    return _answer(work)
+    remote_vectors.forget(app, episode_owner or "", [f"ep:{row_id}"])
+    return {"ok": True, "deleted_id": row_id}
 
 
 # -- delete_agent_data (§5) -------------------------------------------------------------

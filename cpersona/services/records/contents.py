@@ -27,7 +27,7 @@ from typing import Any
 from cpersona.services import refs as record_refs
 from cpersona.services.app import App
 from cpersona.services.records.nodes import current_nodes
-from cpersona.services.responses import ToolFailure
+from cpersona.services.responses import ToolFailure, answers_refusals
 from cpersona.services.sanitize import parse_stored_json
 from cpersona.storage.scope import Scope
 from cpersona.storage.repositories.episodes import EpisodeRepository
@@ -241,12 +241,10 @@ def _check_arguments(agent_id: Any, refs: Any) -> tuple[str, Sequence[Any]]:
     return agent_id, refs
 
 
+@answers_refusals
 def get_contents(app: App, *, agent_id: Any = None, refs: Any = None) -> dict[str, Any]:
     """The ``get_contents`` tool: ``{items, missing, count}`` plus the optional keys of GC-5."""
-    try:
-        agent_id, refs = _check_arguments(agent_id, refs)
-    except ToolFailure as refusal:
-        return refusal.as_response()
+    agent_id, refs = _check_arguments(agent_id, refs)
     wanted = [read_entry(raw) for raw in refs]
     rows = load_rows(app, agent_id, {w.key for w in wanted if w.key is not None})
     # A preview cap of 0 is the operator's choice never to hold text back, so the

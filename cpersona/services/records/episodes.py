@@ -8,15 +8,22 @@ and latest timestamps, stored as the caller sent them (AE-3).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from cpersona.services.records import remote_vectors
 from cpersona.services.app import App
-from cpersona.services.records.listing import ListBounds, bounded_response, fetch_capped, listing_scope
+from cpersona.services.records.listing import (
+    ListArguments,
+    ListBounds,
+    bounded_response,
+    checked_listing,
+    fetch_capped,
+    listing_scope,
+)
 from cpersona.services.records.memories import embed_text
 from cpersona.services.records.nodes import QUEUED, queue_build, runs_past_window
-from cpersona.services.operating_context import ProjectRefusal, resolve_project
-from cpersona.services.responses import ToolFailure
+from cpersona.services.responses import ToolFailure, answers_refusals
 from cpersona.services.sanitize import check_key_field, find_lone_surrogate, nul_refusal, sanitize
 from cpersona.services.timestamps import FuturePolicy, parse_iso, sql_stamp
 from cpersona.storage.repositories.episodes import EpisodeRepository
@@ -32,6 +39,7 @@ NO_SUMMARY = (
 EMPTY_SUMMARY = "summary is required to archive an episode"
 
 
+@answers_refusals
 def archive_episode(
     app: App,
     *,
@@ -45,11 +53,8 @@ def archive_episode(
     session_key: Any = "",
 ) -> dict[str, Any]:
     """Store a caller-computed summary as a new episode row."""
-    try:
-        return _archive(app, agent_id=agent_id, summary=summary, history=history, keywords=keywords,
-                        resolved=resolved, project_id=project_id, channel=channel)
-    except ToolFailure as refusal:
-        return refusal.as_response()
+    return _archive(app, agent_id=agent_id, summary=summary, history=history, keywords=keywords,
+                    resolved=resolved, project_id=project_id, channel=channel)
 
 
 def _refuse(message: str) -> ToolFailure:
@@ -77,12 +82,9 @@ def _archive(app: App, *, agent_id: Any, summary: Any, history: Any, keywords: A
     else:
         raise _refuse("resolved must be true or false")
 
-    # The operating context's Hard layer: '@auto' and the project registry (OC-7..OC-11).
-    resolution = resolve_project(app, "archive_episode", project_id, agent_id=agent_id)
-    if isinstance(resolution, ProjectRefusal):
-        raise ToolFailure(resolution.message, episode_id=None, **resolution.fields)
-    # ISO-1: a missing or non-string project/channel is the global bucket.
-    project_id = resolution.project_id if isinstance(resolution.project_id, str) else ""
+    # The operating context's Hard layer ('@auto', the project registry; OC-7..OC-11) was
+    # applied by the facade. ISO-1: a missing or non-string project/channel is the global bucket.
+    project_id = project_id if isinstance(project_id, str) else ""
     channel = channel if isinstance(channel, str) else ""
     for name, value in (("channel", channel), ("project_id", project_id)):
         if problem := check_key_field(name, value):  # AE-7
@@ -131,7 +133,6 @@ def _archive(app: App, *, agent_id: Any, summary: Any, history: Any, keywords: A
         response["nodes"] = dict(QUEUED)  # OV-3
     if ahead is not None:
         response["timestamp_ahead_of_clock"] = ahead.report()
-    response.update(resolution.annotations)  # OC-11
     return response
 
 
@@ -156,14 +157,23 @@ def history_span(history: list[Any]) -> tuple[str | None, str | None]:
 
 # -- list_episodes ------------------------------------------------------------------------------
 
+@dataclass(frozen=True)
+class EpisodeListArguments(ListArguments):
+    """``list_episodes``' arguments: a listing's, with its own default limit."""
+
+    limit: int = 50
+
+
+@answers_refusals
 def list_episodes(app: App, *, agent_id: Any = None, limit: Any = 50, project_id: Any = None) -> dict[str, Any]:
+    """:func:`answer_list_episodes` for a library caller, whose arguments no schema has checked."""
+    return answer_list_episodes(app, checked_listing(EpisodeListArguments, EPISODE_BOUNDS, agent_id, limit,
+                                                     project_id))
+
+
+def answer_list_episodes(app: App, args: EpisodeListArguments) -> dict[str, Any]:
     """The newest episodes, every agent's when ``agent_id`` is omitted or '' (spec §3.10)."""
-    resolution = resolve_project(app, "list_episodes", project_id, agent_id=agent_id)  # never refuses a read
-    try:
-        scope = listing_scope(agent_id, resolution.project_id)
-        rows, capped = fetch_capped(app, EpisodeRepository, scope, limit, EPISODE_BOUNDS.row_cap)
-    except ToolFailure as refusal:
-        return refusal.as_response() | {"episodes": [], "count": 0}
+    rows, capped = fetch_capped(app, EpisodeRepository, listing_scope(args), args.limit, EPISODE_BOUNDS)
     # No channel and no resolved flag in a listed episode (spec §3.10).
     episodes = [
         {
@@ -179,4 +189,4 @@ def list_episodes(app: App, *, agent_id: Any = None, limit: Any = 50, project_id
         for row in rows
     ]
     return bounded_response("episodes", episodes, capped, EPISODE_BOUNDS,
-                            app.settings.recall_preview_chars) | resolution.annotations
+                            app.settings.recall_preview_chars)

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from cpersona.services.app import App
-from cpersona.services.operating_context import resolve_project
-from cpersona.services.responses import ToolFailure
+from cpersona.services.requests import Request
+from cpersona.services.responses import ToolFailure, answers_refusals
 from cpersona.services.sanitize import parse_stored_json
 from cpersona.storage.repositories.base import Repository
 from cpersona.storage.repositories.memories import MemoryRepository
@@ -34,23 +34,38 @@ class ListBounds:
     fields: tuple[str, ...]
     ref_prefix: str  # "mem" | "ep"
 
+    @property
+    def key(self) -> str:
+        """The answer's list of rows."""
+        return "memories" if self.ref_prefix == "mem" else "episodes"
+
 
 MEMORY_BOUNDS = ListBounds(MEMORY_ROW_CAP, MEMORY_CHAR_BUDGET, ("content",), "mem")
 
 
-def list_memories(app: App, *, agent_id: Any = None, limit: Any = 100, project_id: Any = None) -> dict[str, Any]:
+@dataclass(frozen=True)
+class ListArguments(Request):
+    """``list_memories``' arguments in the types its schema declares; defaults are the schema's."""
+
+    agent_id: str | None = None  # omitted or '': every agent
+    limit: int = 100
+    project_id: str | None = None
+
+
+def answer_list_memories(app: App, args: ListArguments) -> dict[str, Any]:
     """The newest memories, every agent's when ``agent_id`` is omitted or ''."""
-    resolution = resolve_project(app, "list_memories", project_id, agent_id=agent_id)  # never refuses a read
-    try:
-        scope = listing_scope(agent_id, resolution.project_id)
-        # Newest first; same-second rows newest id first (spec §6 item 6: the
-        # reference lists them oldest first, which is not "newest first").
-        rows, capped = fetch_capped(app, MemoryRepository, scope, limit, MEMORY_BOUNDS.row_cap)
-    except ToolFailure as refusal:
-        return refusal.as_response() | {"memories": [], "count": 0}
+    # Newest first; same-second rows newest id first (spec §6 item 6: the
+    # reference lists them oldest first, which is not "newest first").
+    rows, capped = fetch_capped(app, MemoryRepository, listing_scope(args), args.limit, MEMORY_BOUNDS)
     memories = [_memory_row(row) for row in rows]
     return bounded_response("memories", memories, capped, MEMORY_BOUNDS,
-                            app.settings.recall_preview_chars) | resolution.annotations
+                            app.settings.recall_preview_chars)
+
+
+@answers_refusals
+def list_memories(app: App, *, agent_id: Any = None, limit: Any = 100, project_id: Any = None) -> dict[str, Any]:
+    """:func:`answer_list_memories` for a library caller, whose arguments no schema has checked."""
+    return answer_list_memories(app, checked_listing(ListArguments, MEMORY_BOUNDS, agent_id, limit, project_id))
 
 
 def _memory_row(row: Any) -> dict[str, Any]:
@@ -71,34 +86,42 @@ def _memory_row(row: Any) -> dict[str, Any]:
 # -- shared by list_memories and list_episodes ------------------------------------------------
 
 
-def listing_scope(agent_id: Any, project_id: Any) -> Scope:
-    """The read scope of a listing: '' or omitted agent lists every agent (spec §3.9)."""
+def refused(bounds: ListBounds, message: str) -> ToolFailure:
+    """A listing's refusal: the error, with the empty listing its callers read (``memories: [], count: 0``)."""
+    return ToolFailure(message, **{bounds.key: [], "count": 0})
+
+
+def checked_listing(kind: type[ListArguments], bounds: ListBounds, agent_id: Any, limit: Any,
+                    project_id: Any) -> ListArguments:
+    """A library caller's listing arguments checked as the tool's schema checks a tool call's."""
     if agent_id is not None and not isinstance(agent_id, str):
-        raise ToolFailure("agent_id must be a string")
+        raise refused(bounds, "agent_id must be a string")
     if project_id is not None and not isinstance(project_id, str):
-        raise ToolFailure("project_id must be a string")
-    # The caller has already applied the operating context's Hard layer
-    # (operating_context.resolve_project) to project_id.
-    return Scope(agent_id=agent_id or None, project_id=project_id)
-
-
-def checked_limit(limit: Any) -> int:
-    """The caller's limit as an int; a negative one lists nothing (LM-2)."""
+        raise refused(bounds, "project_id must be a string")
     if isinstance(limit, bool) or not isinstance(limit, int):
-        raise ToolFailure(f"limit must be an integer, not {type(limit).__name__}")
-    return max(limit, 0)
+        raise refused(bounds, f"limit must be an integer, not {type(limit).__name__}")
+    return kind(agent_id=agent_id, limit=limit, project_id=project_id)
 
 
-def fetch_capped(app: App, repository: type[Repository], scope: Scope, limit: Any,
-                 row_cap: int) -> tuple[list[Any], bool]:
+def listing_scope(args: ListArguments) -> Scope:
+    """The read scope of a listing: '' or omitted agent lists every agent (spec §3.9).
+
+    The facade has already applied the operating context's Hard layer (the
+    declaration's project axis) to ``project_id``.
+    """
+    return Scope(agent_id=args.agent_id or None, project_id=args.project_id)
+
+
+def fetch_capped(app: App, repository: type[Repository], scope: Scope, limit: int,
+                 bounds: ListBounds) -> tuple[list[Any], bool]:
     """Up to ``min(limit, row_cap)`` rows, and whether the cap hid more the caller asked for.
 
     One row past the cap is read only to learn whether it exists, so that
     ``budget_rows`` is reported exactly when a larger limit would have found more.
     """
-    wanted = checked_limit(limit)
-    take = min(wanted, row_cap)
-    probe = take + 1 if wanted > row_cap else take
+    wanted = max(limit, 0)  # a negative limit lists nothing (LM-2)
+    take = min(wanted, bounds.row_cap)
+    probe = take + 1 if wanted > bounds.row_cap else take
     if probe == 0:
         return [], False
     with app.db.read() as session:

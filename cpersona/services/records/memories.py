@@ -13,13 +13,16 @@ The path, top to bottom:
 
 Pause gating and ACL are decided before this function runs (the MCP facade's
 gates); ``session_key`` only matters to them. The operating context's Hard
-layer (``@auto``, the project registry) runs at step 3 of the validation.
+layer (``@auto``, the project registry) is step 3 of ST-2: the facade applies
+it after :func:`check_boundary` (steps 1–2) and before this function runs,
+so ``project_id`` arrives resolved.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy.engine import Connection
@@ -30,8 +33,8 @@ from cpersona.services.app import App
 from cpersona.services.graph.associations import declare_for_record
 from cpersona.services.records.backfill import keeps_local_vectors
 from cpersona.services.records.nodes import QUEUED, queue_build, runs_past_window
-from cpersona.services.operating_context import ProjectRefusal, resolve_project
-from cpersona.services.responses import failure
+from cpersona.services.requests import Request
+from cpersona.services.responses import ToolFailure, failure
 from cpersona.services.sanitize import (
     check_json_size,
     check_key_field,
@@ -51,21 +54,8 @@ from cpersona.storage.memory_writes import dedup_candidates, insert_memory
 log = logging.getLogger(__name__)
 
 
-class _Omitted:
-    """Marks an argument the caller did not send (``source`` has a default that depends on it)."""
-
-    _instance: _Omitted | None = None
-
-    def __new__(cls) -> _Omitted:
-        if cls._instance is None:
-            cls._instance = super().__new__(cls)
-        return cls._instance
-
-    def __repr__(self) -> str:
-        return "OMITTED"
-
-
-OMITTED: Any = _Omitted()
+# ``source`` has a default that depends on whether the caller sent one.
+OMITTED: Any = Request.OMITTED
 
 MIXED_FORMS = (
     "send content, id, source, timestamp and metadata either at the top level or inside message, not both"
@@ -104,7 +94,6 @@ class _Write:
     metadata_json: str
     timestamp: str  # the caller's stamp, or '' for "now"
     lock: bool
-    project_notes: dict[str, Any] = field(default_factory=dict)  # OC-11 keys for every answer
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,7 +150,6 @@ def store(
         answer["associations"] = declare_for_record(
             app, agent_id=request.agent_id, project_id=request.project_id, channel=request.channel,
             anchor=f"mem:{answer['id']}", associations=associations)
-    answer.update(request.project_notes)
     return answer
 
 
@@ -212,6 +200,28 @@ def _write(app: App, request: _Write, ahead: Any) -> dict[str, Any]:
 # -- validation (ST-2 order) ------------------------------------------------------------
 
 
+def _top_level_used(content: Any, msg_id: Any, timestamp: Any, metadata: Any, source_sent: bool) -> bool:
+    return (content not in (None, "") or msg_id not in (None, "") or timestamp not in (None, "")
+            or bool(metadata) or source_sent)
+
+
+def check_boundary(arguments: Mapping[str, Any]) -> None:
+    """ST-2 steps 1–2, which come before the project registry (step 3) and the pause (step 4).
+
+    Mixed forms and a missing agent are refused even while paused; the facade
+    runs this first, for every store, paused or not. Same messages, same
+    order, same rule as :func:`_validate`, which repeats them for a caller of
+    :func:`store` as a library function.
+    """
+    message = arguments.get("message")
+    if isinstance(message, dict) and message and _top_level_used(
+            arguments.get("content"), arguments.get("id"), arguments.get("timestamp"), arguments.get("metadata"),
+            "source" in arguments):
+        raise ToolFailure(MIXED_FORMS)
+    if arguments.get("agent_id") is None:
+        raise ToolFailure(MISSING_AGENT)
+
+
 def _validate(
     app: App, *, content: Any, agent_id: Any, msg_id: Any, source: Any, timestamp: Any, metadata: Any,
     lock: bool, message: Any, channel: Any, project_id: Any, associations: Any,
@@ -222,11 +232,7 @@ def _validate(
     if message is not None and not isinstance(message, dict):
         raise _Rejected("message must be an object")
     if message:
-        top_level_used = (
-            content not in (None, "") or msg_id not in (None, "") or timestamp not in (None, "")
-            or bool(metadata) or source is not OMITTED
-        )
-        if top_level_used:
+        if _top_level_used(content, msg_id, timestamp, metadata, source is not OMITTED):
             raise _Rejected(MIXED_FORMS)
         content = message.get("content")
         msg_id = message.get("id", "")
@@ -240,13 +246,9 @@ def _validate(
     if not isinstance(agent_id, str):
         raise _Rejected("agent_id must be a string")
 
-    # 3. The operating context's Hard layer, before anything is read or written:
-    # '@auto' and the project registry (OC-7..OC-11).
-    resolution = resolve_project(app, "store", project_id, agent_id=agent_id)
-    if isinstance(resolution, ProjectRefusal):
-        raise _Rejected(resolution.message, **resolution.fields)
+    # 3. (the operating context's Hard layer: applied by the facade, see check_boundary)
     # ISO-1: a missing or non-string project/channel is the global bucket.
-    project_id = resolution.project_id if isinstance(resolution.project_id, str) else ""
+    project_id = project_id if isinstance(project_id, str) else ""
     channel = channel if isinstance(channel, str) else ""
 
     # 4. (pause: answered by the facade before this function runs)
@@ -305,7 +307,6 @@ def _validate(
         agent_id=agent_id, project_id=project_id, channel=channel, msg_id=msg_id,
         content=cleaned.text, truncated=cleaned.truncated, source=source, source_json=source_json,
         metadata_json=metadata_json, timestamp=timestamp, lock=lock,
-        project_notes=resolution.annotations,
     )
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from cpersona.services.app import App
 from cpersona.services.operations.tasks import Task, TaskFailed, register_handler
-from cpersona.services.responses import ToolFailure
+from cpersona.services.responses import ToolFailure, answers_refusals
 from cpersona.services.sanitize import find_lone_surrogate, nul_refusal, sanitize
 from cpersona.services.timestamps import sql_stamp
 from cpersona.storage.repositories.profiles import ProfileRepository
@@ -27,12 +27,10 @@ def get_profile(app: App, *, agent_id: Any = None) -> dict[str, Any]:
     return {"profile": text or ""}
 
 
+@answers_refusals
 def update_profile(app: App, *, agent_id: Any = None, profile: Any = None, session_key: Any = "") -> dict[str, Any]:
     """Replace the agent's profile with caller-computed text (capped, sanitized)."""
-    try:
-        text, truncated = _checked_profile(app, agent_id, profile)
-    except ToolFailure as refusal:
-        return refusal.as_response()
+    text, truncated = _checked_profile(app, agent_id, profile)
 
     now = sql_stamp(app.clock())
     with app.db.write() as session:
