@@ -19,9 +19,6 @@ ROOT = Path(__file__).resolve().parents[1]
 FOREIGN_INSTALL = re.compile(r"(?:pip install(?: --upgrade| -q)?|uvx(?: --from)?) ['\"]?cpersona(?![\w-])")
 # Lines that name the other program on purpose: the reference benchmarks and the README's warning.
 ON_PURPOSE = ("CPersona 2.6", "reference")
-# Another engineer's files (issue 18's tool reshaping); the lead drops this entry when the check_update
-# description says `uvx --from cpersona-server@latest cpersona` instead of `uvx cpersona@latest`.
-NOT_YET = {"cpersona/mcp/tools/operations.py", "docs/tools.md"}
 
 
 def test_the_distribution_is_ours_and_its_version_is_the_codes():
@@ -39,7 +36,7 @@ def test_the_distribution_is_ours_and_its_version_is_the_codes():
 
 def _texts() -> list[Path]:
     paths = [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "cpersona").rglob("*.py")]
-    return [p for p in paths if p.relative_to(ROOT).as_posix() not in NOT_YET]
+    return paths
 
 
 def test_no_doc_or_message_offers_to_install_the_other_program():

@@ -285,7 +285,11 @@ def test_a_slow_earlier_fetch_never_overwrites_a_later_verdict(db, index):  # sp
     checker = app.update_checker
     slow = threading.Thread(target=checker.refresh)
     slow.start()
-    time.sleep(0.3)
+    # The later call must reach the index after the slow one did (a fixed sleep loses that race under load).
+    deadline = time.monotonic() + 10
+    while not index.requests and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert index.requests, "the slow fetch never reached the index"
     assert checker.refresh()  # issued later, answers first
     slow.join(5)
     assert check_update(app)["state"] == "ok"
@@ -450,7 +454,7 @@ def test_description_carries_the_facts():  # spec §14
     description = default_registry().get("check_update").description
     for fact in ("ok", "newer", "yanked", "unlisted", "unknown", "disabled", "once per process start",
                  "24 hours", "neither the network nor the disk", "refresh=true", "3 seconds", "argument list",
-                 "never through a shell", "pip and checkout installs only", "uvx cpersona@latest", "detached HEAD",
+                 "never through a shell", "pip and checkout installs only", "uvx --from cpersona-server@latest cpersona", "detached HEAD",
                  "git fetch --tags && git checkout", "One apply runs at a time", "automatically",
                  "restart is always required", "pause_persistence", "CPERSONA_UPDATE_CHECK=false"):
         assert fact in description, fact

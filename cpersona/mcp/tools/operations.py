@@ -95,7 +95,7 @@ CHECK_UPDATE = ToolSpec(
         "3 seconds). install names how this server was installed (uvx, pip, checkout or unknown) and the command "
         "that updates it. apply=true runs that command as an argument list, never through a shell, and answers "
         "exit_code and the last 40 lines of output; it works for pip and checkout installs only. A uvx install is "
-        "refused (the update belongs in the client's launch arguments, e.g. uvx cpersona@latest), and so is a "
+        "refused (the update belongs in the client's launch arguments, e.g. uvx --from cpersona-server@latest cpersona), and so is a "
         "checkout parked at a tag (detached HEAD), which is answered with the git fetch --tags && git checkout form "
         "to run instead. One apply runs at a time. Nothing is ever updated automatically or as a side effect of "
         "another call, and a restart is always required afterwards. pause_persistence does not affect this tool. "
