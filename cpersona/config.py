@@ -70,7 +70,7 @@ LEFT_OUT = ("CPERSONA_DECLARED_FOLDERS", "CPERSONA_FOLDER_MAX_DEPTH", "CPERSONA_
 # benchmarks, CI): they are ours, so they never draw the unknown-variable warning.
 READ_ELSEWHERE = ("CPERSONA_TEST_PG_URL", "CPERSONA_TEST_REFERENCE_BIN", "CPERSONA_PG_BINDIR", "CPERSONA_CI_NO_PG",
                   "CPERSONA_TEST_PG_REQUIRE_PGVECTOR", "CPERSONA_BENCH_PG_URL", "CPERSONA_TEST_MODULES_FILE",
-                  "CPERSONA_TEST_DOCKER_BASE")
+                  "CPERSONA_TEST_DOCKER_BASE", "CPERSONA_TEST_ARTIFACTS")
 READ_ELSEWHERE_PREFIXES = ("CPERSONA_BENCH_",)  # CPERSONA_BENCH_<SERVER>_PYTHON (bench/mcp_driver.py)
 
 # What each embedding mode cannot start without: the field to set and what it

@@ -5,7 +5,8 @@ layer below, never one above):
 
     entry      cli.py, admin_cli.py, checkup.py, model_cli.py, proxy_stdio.py,
                proxy_spawn.py, background.py (what a serve starts after its
-               first answer), __main__.py: the command line
+               first answer), people_cli.py, tool_cli.py, hooks.py, the ui
+               package (the web page), __main__.py: the command line
     mcp        cpersona/mcp (the MCP facade, its tools and transports)
     services   cpersona/services and each of its sub-packages
     storage    cpersona/storage, cpersona/embedding
@@ -42,7 +43,8 @@ PACKAGE = ROOT / "cpersona"
 COMPOSITION_ROOT = "cpersona.services.app"
 
 ENTRY = {"cpersona.cli", "cpersona.admin_cli", "cpersona.checkup", "cpersona.__main__", "cpersona.model_cli",
-         "cpersona.proxy_stdio", "cpersona.proxy_spawn", "cpersona.background"}
+         "cpersona.proxy_stdio", "cpersona.proxy_spawn", "cpersona.background", "cpersona.people_cli",
+         "cpersona.tool_cli", "cpersona.hooks"}
 BASE = {"cpersona", "cpersona.config", "cpersona.config_docs"}
 RANK = {"entry": 4, "mcp": 3, "services": 2, "storage": 1, "base": 0}
 
@@ -58,7 +60,7 @@ MODULES = {module_name(p): p for p in PACKAGE.rglob("*.py")}
 
 
 def node_of(module: str) -> str:
-    if module in ENTRY:
+    if module in ENTRY or module.split(".")[:2] == ["cpersona", "ui"]:
         return "entry"
     if module in BASE:
         return "base"
