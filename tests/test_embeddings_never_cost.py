@@ -163,3 +163,72 @@ def test_a_lexical_match_outranks_a_vector_only_match_of_equal_rank(db, embed_se
         app.embedder.close()
     assert [m["content"] for m in messages] == [vector_row, lexical_row]  # worst first, best last (RC-1)
     assert messages[0]["match_reason"]["rrf"] == messages[1]["match_reason"]["rrf"]  # a tie, not a weight
+
+
+# Issue 14, third pass: a vector list at odds with a clear keyword first place sits out.
+GARAGE_QUERY = "garage door code"
+GARAGE_ROWS = (
+    "The garage door code is 4417",
+    "The garage door opener needs new batteries",
+    "Garage parking costs 40 euros a month",
+    "The front door key is under the mat",
+    "The office alarm code changes every quarter",
+    "Quarterly figures arrive in the second week",
+)
+
+
+def _toward(axis: int, spread: float, dimension: int) -> list[float]:
+    """Axis 0 tilted by ``spread`` towards ``axis``: the cosine with axis 0 is 1/sqrt(1 + spread²)."""
+    return _unit([1.0 if j == 0 else spread if j == axis else 0.0 for j in range(dimension)])
+
+
+def _best_first(db, embed_server, vector, query: str) -> list[dict]:
+    embed_server.vector = vector
+    app = make_app(db, EMBEDDING_MODE="http", EMBEDDING_URL=embed_server.url, DEGRADED_ADVISORY="false")
+    app.embedder = build_embedder(app.settings)
+    try:
+        for text in GARAGE_ROWS + MEMORIES:  # more rows than the vector list's ten
+            assert store(app, agent_id="a", content=text, timestamp="2026-06-02T00:00:00+00:00")["embedded"] is True
+        return list(reversed(recall(app, agent_id="a", query=query, limit=5)["messages"]))
+    finally:
+        app.embedder.close()
+
+
+def test_a_vector_list_at_odds_with_a_clear_keyword_first_place_does_not_move_it(db, embed_server):
+    """An embedder that cannot read the text (all-MiniLM-L6-v2 on Japanese) gives every row
+    nearly the same cosine in an order that means nothing. Here it puts the keyword list's
+    first two rows below its ten, which hold rows the keyword list ranks low or not at all.
+    At full weight a row on both lists took the first place (JSQuAD R@1 0.916 keyword-only
+    → 0.675 with MiniLM)."""
+    keyword_first = GARAGE_ROWS[0]
+    order = [*GARAGE_ROWS[2:], *MEMORIES, GARAGE_ROWS[1], keyword_first]
+
+    def flat(text: str) -> list[float]:  # cosines 0.9999 … 0.99: flat, the keyword first row the farthest
+        return _toward(1, 0.01 + 0.005 * order.index(text) if text in order else 0.0, embed_server.dimension)
+
+    best_first = [m["content"] for m in _best_first(db, embed_server, flat, GARAGE_QUERY)]
+    keyword_only = [m["content"] for m in reversed(
+        recall(make_app(db), agent_id="a", query=GARAGE_QUERY, limit=5)["messages"])]  # the same rows
+    assert keyword_only and keyword_only[0] == keyword_first
+    assert best_first[0] == keyword_first, best_first
+
+
+def test_a_vector_list_that_agrees_with_the_keyword_top_still_brings_in_its_rows(db, embed_server):
+    """The same rule with an embedder that reads the query: its list holds the keyword
+    first place too, so it votes, and a row no keyword matched enters the answer on its vote."""
+    query = "garage door code"
+    vector_only = "Quarterly figures arrive in the second week"  # shares no word with the query
+
+    def reads(text: str) -> list[float]:
+        if text in (query, vector_only):
+            return _toward(1, 0.0, embed_server.dimension)
+        if text == GARAGE_ROWS[0]:
+            return _toward(1, 0.3, embed_server.dimension)  # the keyword first row, second on the vector list
+        return _toward(1 + (GARAGE_ROWS + MEMORIES).index(text), 1.5, embed_server.dimension)  # cosine 0.55
+
+    answer = _best_first(db, embed_server, reads, query)
+    best_first = [m["content"] for m in answer]
+    assert best_first[0] == GARAGE_ROWS[0], best_first  # on both lists, near the top of each
+    assert vector_only in best_first, best_first
+    # its place comes from the vector list's vote (rank 0, K = 60), not from a row set aside at 0
+    assert answer[best_first.index(vector_only)]["match_reason"]["rrf"] == pytest.approx(1 / 61)

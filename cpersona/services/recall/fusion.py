@@ -18,6 +18,8 @@ from dataclasses import dataclass, field, replace
 from cpersona.storage.search import RowKey
 
 VECTOR_CHANNELS = ("vector", "far")  # the lists the vector channel makes; the others are lexical
+AGREE_ROWS = 2  # the keyword rows a vector list must hold one of to vote against a clear first place
+DOMINANT = 0.9  # a keyword first place is clear when its second row scores below this share of it
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +92,48 @@ def on_one_scale(lists: Sequence[RankedList], memories: int, episodes: int) -> S
         return lists  # the same object: nothing was rescaled
     smaller, ratio = ("episodes", memories / episodes) if episodes < memories else ("memories", episodes / memories)
     return [replace(lst, scale=ratio) if lst.channel == smaller else lst for lst in lists]
+
+
+def vector_votes(lists: Sequence[RankedList]) -> Sequence[RankedList]:
+    """The lists with the vector channel's votes kept or, for this query, set aside (weight 0).
+
+    The vector lists vote unless the keyword lists are confident and the
+    vector lists disagree with them: the first row of a keyword list scores
+    more than ``1 / DOMINANT`` times its second (a clear first place) and
+    neither vector list holds any keyword list's first ``AGREE_ROWS`` rows.
+    At K = 60 any row on two lists outranks a row on one, so a vector list
+    that cannot read the text (all-MiniLM-L6-v2 on Japanese: its first row
+    is the right paragraph 19% of the time against the keyword list's 91%)
+    lifted every row it happened to share with the keyword list above the
+    keyword first place: JSQuAD R@1 0.916 keyword-only, 0.675 with MiniLM.
+    A list that agrees with the keyword top, or a keyword list without a
+    clear first place, is the case where the vector channel adds answers.
+    Both values were chosen by leave-one-conversation-out on LoCoMo dev
+    (every fold chose 2 rows; 0.9 on four, 0.85 on one) and checked on
+    JSQuAD (docs/benchmarks.md, "Issue 14, third pass"). Rows set aside
+    still come after the keyword rows in the vector list's order; the gate
+    judges them by the ranks the retrievers gave (``keyword_floor.annotate``).
+    """
+    lexical = [lst for lst in lists if lst.channel not in VECTOR_CHANNELS and lst.entries]
+    vector = [lst for lst in lists if lst.channel in VECTOR_CHANNELS and lst.entries]
+    if not lexical or not vector:
+        return lists
+    if not any(_clear_first(lst) for lst in lexical):
+        return lists
+    top = {entry.key for lst in lexical for entry in lst.entries[:AGREE_ROWS]}
+    if any(entry.key in top for lst in vector for entry in lst.entries):
+        return lists
+    return [replace(lst, weight=0.0) if lst.channel in VECTOR_CHANNELS else lst for lst in lists]
+
+
+def _clear_first(ranked: RankedList) -> bool:
+    """The list's first row scores above its second by more than the ``DOMINANT`` ratio."""
+    if len(ranked.entries) < 2:
+        return False
+    first, second = ranked.entries[0].raw, ranked.entries[1].raw
+    if first is None or second is None or first <= 0:
+        return False
+    return second < DOMINANT * first
 
 
 def min_max(values: Sequence[float | None]) -> list[float]:

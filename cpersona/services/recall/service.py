@@ -48,7 +48,7 @@ from cpersona.services.recall.confidence import (
     order_by_confidence,
 )
 from cpersona.services.recall.cue_arm import cued_answer, search_period
-from cpersona.services.recall.fusion import cascade, on_one_scale, rrf, rsf
+from cpersona.services.recall.fusion import cascade, on_one_scale, rrf, rsf, vector_votes
 from cpersona.services.recall.keyword_floor import annotate, gate_notice, keep_a_memory
 from cpersona.services.recall.gate import (
     POOL_SATURATION,
@@ -215,6 +215,8 @@ def fuse(app: App, req: RecallRequest, found: Retrieval, profile: str | None) ->
         placed = {PROFILE_KEY: profile_row} if profile_row else {}
         return [placed.get(key) or _candidate(found, key) for key in order]
     lists = found.lists if found.counts is None else on_one_scale(found.lists, *found.counts)
+    if mode == "rrf":
+        lists = vector_votes(lists)  # a vector list at odds with a clear keyword first place sits out (issue 14)
     fused = rrf(lists, app.settings.rrf_k) if mode == "rrf" else rsf(lists)
     rows = []
     for row in fused:
