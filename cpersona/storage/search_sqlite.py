@@ -28,6 +28,7 @@ from typing import Any
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
+from cpersona.storage import coarse_sqlite
 from cpersona.storage.scope import Scope, sql_fragment
 from cpersona.storage.search import (  # noqa: F401  (FUNCTION_WORDS, ranking_terms: imported from here too)
     FUNCTION_WORDS,
@@ -64,17 +65,21 @@ def fts5_match(terms: Iterable[str]) -> str:
     return " OR ".join('"' + term.replace('"', '""') + '"' for term in terms)
 
 
-def source_filter(source_id: str, alias: str = "m") -> tuple[str, dict[str, Any]]:
+def source_filter(source_id: str, alias: str = "m", *, extracted: bool = False) -> tuple[str, dict[str, Any]]:
     """The per-user ``source_id`` predicate of spec ISO-3, as SQL and parameters.
 
     An id ending in a letter or digit must match ``source.$.id`` exactly; one
     ending in anything else (``discord:``, ``docs/``) is a prefix. A row whose
     source is not valid JSON never matches (CASE keeps json_extract from
-    raising on it).
+    raising on it). ``extracted``: ``alias`` is a coarse-index row, whose
+    ``source_key`` holds that id already (storage/coarse_sqlite.py).
     """
     if not source_id:
         return "1=1", {}
-    row_id = f"CAST(CASE WHEN json_valid({alias}.source) THEN json_extract({alias}.source, '$.id') END AS TEXT)"
+    row_id = (
+        f"{alias}.source_key" if extracted
+        else f"CAST(CASE WHEN json_valid({alias}.source) THEN json_extract({alias}.source, '$.id') END AS TEXT)"
+    )
     if source_id[-1].isalnum():
         return f"{row_id} = :source_id", {"source_id": source_id}
     return (
@@ -250,6 +255,22 @@ class SqliteSearch(SqlSearch):
 
     def _vector_scan(self, kind: Kind, where: str, params: dict[str, Any], query: bytes) -> list[tuple[float, int]]:
         rows = self._run(f"{kind} vector", scan_statement(kind, where), params)
+        return [(float(r.cosine), r.id) for r in rows or []]
+
+    def _coarse_scan(
+        self, kind: Kind, scope: Scope, source_id: str, where: str, params: dict[str, Any], query: bytes
+    ) -> list[tuple[float, int]] | None:
+        """The window through the sign-bit index, best candidates re-ranked exactly (coarse_sqlite)."""
+        if not coarse_sqlite.quantisable(query):
+            return None
+        coarse_where, coarse_params = sql_fragment(scope, "c")
+        if kind == "mem":
+            by_source, source_params = source_filter(source_id, "c", extracted=True)
+            coarse_where = f"{coarse_where} AND {by_source}"
+            coarse_params.update(source_params)
+        statement = coarse_sqlite.far_statement(kind, coarse_where, where)
+        extra = {"nbits": len(query) // 32, "k": coarse_sqlite.candidates(int(params["depth"]))}
+        rows = self._run(f"{kind} coarse vector", statement, {**params, **coarse_params, **extra})
         return [(float(r.cosine), r.id) for r in rows or []]
 
     # -- listings and scope facts -----------------------------------------------

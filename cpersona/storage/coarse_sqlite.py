@@ -1,0 +1,149 @@
+"""The coarse vector index over SQLite: one sign bit per dimension, scanned by Hamming distance.
+
+The exact scan (``vectors_sqlite``) ranks float32 cosines over the newest
+``CPERSONA_MAX_MEMORIES`` rows; beyond that window (the far list, spec VEC-7)
+it would have to read every float vector of the scope, ~1.5 KB a row at
+384-d. ``memories_coarse`` / ``episodes_coarse`` hold each vector's sign bits
+(``vec_quantize_binary``: 48 bytes at 384-d) next to copies of the columns the
+isolation predicate and the scan order read, so the far list is one
+sequential walk of a narrow table: the best few hundred rows by Hamming
+distance come out of it, and only they are re-ranked by the exact cosine of
+their float vectors (read by primary key).
+
+Kept in step by triggers (revision ``0007_coarse_index``), so no write path —
+store, edit, delete, merge, import, backfill, repair, a cleared identity —
+can forget it: an insert or update of a row with a quantisable vector writes
+its coarse row, an update or delete removes the old one. A vector is
+quantisable when it is a blob of 8k float32 (``length % 32 = 0``);
+other widths have no coarse row and the far list falls back to the exact
+scan for queries of such a width (``quantisable``).
+
+The tables are WITHOUT ROWID with the key (agent_id, created_at DESC, id):
+one agent's rows sit together in scan order (created_at desc, id asc, the
+order of VEC-2), so a window of scan positions is a contiguous range and the
+isolation predicates run inside the walk, on the copied columns (spec ISO-2).
+
+The triggers call sqlite-vec, which every connection of ours loads
+(storage/engine.py); a writer without it (the sqlite3 shell, CPersona 2.5)
+cannot insert or update an embedded row of such a file.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import TextClause, text
+
+from cpersona.storage.search import Kind
+
+# Candidates taken from the Hamming ranking for each exact re-rank: at least
+# this many, and at least CANDIDATE_FACTOR per row asked for. Measured with
+# bench/coarse_overlap.py (MiniLM vectors of LoCoMo turns; see docs/benchmarks.md).
+MIN_CANDIDATES = 400
+CANDIDATE_FACTOR = 20
+
+_QUANTISABLE = "typeof({v}) = 'blob' AND length({v}) > 0 AND length({v}) % 32 = 0"
+_SOURCE_KEY = "CAST(CASE WHEN json_valid({r}.source) THEN json_extract({r}.source, '$.id') END AS TEXT)"
+
+TABLES_DDL = (
+    """CREATE TABLE IF NOT EXISTS memories_coarse (
+  agent_id   TEXT NOT NULL,
+  created_at TEXT NOT NULL,
+  id         INTEGER NOT NULL,
+  project_id TEXT NOT NULL,
+  channel    TEXT NOT NULL,
+  source_key TEXT,
+  bits       BLOB NOT NULL,
+  PRIMARY KEY (agent_id, created_at DESC, id)) WITHOUT ROWID""",
+    """CREATE TABLE IF NOT EXISTS episodes_coarse (
+  agent_id   TEXT NOT NULL,
+  created_at TEXT NOT NULL,
+  id         INTEGER NOT NULL,
+  project_id TEXT NOT NULL,
+  channel    TEXT NOT NULL,
+  bits       BLOB NOT NULL,
+  PRIMARY KEY (agent_id, created_at DESC, id)) WITHOUT ROWID""",
+)
+TABLE_NAMES = ("memories_coarse", "episodes_coarse")
+
+# NOT NULL columns of the coarse key: the v13 layout declares them NOT NULL too,
+# COALESCE only keeps a foreign file with NULLs from refusing the write.
+_MEM_VALUES = (
+    "COALESCE({r}.agent_id, ''), COALESCE({r}.created_at, ''), {r}.id, COALESCE({r}.project_id, ''), "
+    "COALESCE({r}.channel, ''), " + _SOURCE_KEY + ", vec_quantize_binary({r}.embedding)"
+)
+_EP_VALUES = (
+    "COALESCE({r}.agent_id, ''), COALESCE({r}.created_at, ''), {r}.id, COALESCE({r}.project_id, ''), "
+    "COALESCE({r}.channel, ''), vec_quantize_binary({r}.embedding)"
+)
+_COLUMNS = {"memories": _MEM_VALUES, "episodes": _EP_VALUES}
+_WATCHED = {
+    "memories": "embedding, agent_id, created_at, project_id, channel, source",
+    "episodes": "embedding, agent_id, created_at, project_id, channel",
+}
+
+
+def _triggers(table: str) -> tuple[str, ...]:
+    coarse = f"{table}_coarse"
+    delete_old = (
+        f"DELETE FROM {coarse} WHERE agent_id = COALESCE(old.agent_id, '') "
+        f"AND created_at = COALESCE(old.created_at, '') AND id = old.id;"
+    )
+    insert_new = f"INSERT OR REPLACE INTO {coarse} SELECT {_COLUMNS[table].format(r='new')} WHERE {_QUANTISABLE.format(v='new.embedding')};"  # noqa: E501
+    return (
+        f"CREATE TRIGGER IF NOT EXISTS {coarse}_ai AFTER INSERT ON {table} BEGIN\n  {insert_new}\nEND",
+        f"CREATE TRIGGER IF NOT EXISTS {coarse}_ad AFTER DELETE ON {table} BEGIN\n  {delete_old}\nEND",
+        f"CREATE TRIGGER IF NOT EXISTS {coarse}_au AFTER UPDATE OF {_WATCHED[table]} ON {table} BEGIN\n"
+        f"  {delete_old}\n  {insert_new}\nEND",
+    )
+
+
+TRIGGERS_DDL = (*_triggers("memories"), *_triggers("episodes"))
+TRIGGER_NAMES = tuple(f"{t}_coarse_{e}" for t in ("memories", "episodes") for e in ("ai", "ad", "au"))
+
+# Rows stored before the triggers existed.
+BACKFILL = tuple(
+    f"INSERT OR REPLACE INTO {t}_coarse SELECT {_COLUMNS[t].format(r=t)} FROM {t} "
+    f"WHERE {_QUANTISABLE.format(v=f'{t}.embedding')}"
+    for t in ("memories", "episodes")
+)
+
+_TABLES: dict[str, tuple[str, str]] = {"mem": ("memories", "m"), "ep": ("episodes", "e")}
+
+
+def quantisable(query: bytes) -> bool:
+    """Whether a query of this byte length has coarse rows to be compared with."""
+    return len(query) > 0 and len(query) % 32 == 0
+
+
+def candidates(depth: int) -> int:
+    return max(MIN_CANDIDATES, depth * CANDIDATE_FACTOR)
+
+
+def far_statement(kind: Kind, coarse_where: str, where: str) -> TextClause:
+    """Coarse walk of the window, then exact re-rank of its best candidates.
+
+    ``coarse_where`` is the isolation text over alias ``c`` (the coarse copy of
+    the columns), ``where`` the same over the row's own alias: the re-rank
+    reads the row by id and tests it again, so a row that moved out of scope
+    between the two never comes back. Parameters: those of
+    ``vectors_sqlite.scan_parameters`` plus ``:nbits`` (bit blob length) and
+    ``:k`` (candidates). Result rows: ``id``, ``cosine``.
+    """
+    table, alias = _TABLES[kind]
+    return text(
+        "WITH qb AS (SELECT vec_quantize_binary(:q) AS bits),"
+        " win AS ("
+        f"  SELECT c.id AS id, c.created_at AS created_at, c.bits AS bits FROM {table}_coarse c"
+        f"  WHERE {coarse_where} AND length(c.bits) = :nbits"
+        "   ORDER BY c.created_at DESC, c.id ASC LIMIT :span OFFSET :start),"
+        " cand AS ("
+        "  SELECT win.id AS id FROM win, qb"
+        "  ORDER BY vec_distance_hamming(vec_bit(win.bits), vec_bit(qb.bits)), win.created_at DESC, win.id ASC"
+        "  LIMIT :k)"
+        " SELECT r.id, r.cosine FROM ("
+        f"  SELECT {alias}.id AS id, {alias}.created_at AS created_at,"
+        f"  1.0 - vec_distance_cosine({alias}.embedding, :q) AS cosine"
+        f"  FROM cand JOIN {table} {alias} ON {alias}.id = cand.id"
+        f"  WHERE {where} AND typeof({alias}.embedding) = 'blob' AND length({alias}.embedding) = :nbytes"
+        " ) r WHERE r.cosine >= :threshold"
+        " ORDER BY r.cosine DESC, r.created_at DESC, r.id ASC LIMIT :depth"
+    )
