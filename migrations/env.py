@@ -38,9 +38,9 @@ def _include_name_filter(connection: Connection):
     """Hide what the ORM does not describe: FTS5/vec0 tables, their shadow tables,
     the coarse vector index (derived like them, raw DDL of revision 0007),
     SQLite's own bookkeeping, and Alembic's version table (spec IMPL-4)."""
-    from cpersona.storage.coarse_sqlite import TABLE_NAMES as coarse
+    from cpersona.storage import coarse_sqlite
 
-    virtual = _virtual_tables(connection) | (set(coarse) if connection.dialect.name == "sqlite" else set())
+    virtual = _virtual_tables(connection) | (set(coarse_sqlite.TABLE_NAMES) if connection.dialect.name == "sqlite" else set())
 
     def include_name(name, type_, parent_names):
         if type_ != "table" or name is None:
