@@ -105,6 +105,21 @@ class _FtsSearch:
 
     joined: Any
     probed: Any
+    fts: str = ""  # the FTS5 table both statements match against
+
+
+# How many matching rows one ranked statement may score, as estimated from
+# the index's own counts (see SqliteSearch._within_budget). bm25 scores every
+# match before LIMIT keeps the best: a question's common terms ("Caroline",
+# "time") match a large share of the rows, ~1.5 µs each to rank, so at 1M
+# rows one statement would score hundreds of thousands of them.
+SCORED_ROWS_BUDGET = 20_000
+
+
+def trigrams(term: str) -> set[str]:
+    """The trigram tokens FTS5 indexes for ``term`` (its tokenizer folds case)."""
+    folded = term.lower()
+    return {folded[i : i + 3] for i in range(len(folded) - 2)}
 
 
 def _fts_search(fts: str, table: str, alias: str, columns: str, where: str) -> _FtsSearch:
@@ -122,7 +137,7 @@ def _fts_search(fts: str, table: str, alias: str, columns: str, where: str) -> _
         f"LEFT JOIN {table} {alias} NOT INDEXED ON {alias}.id = best.id AND {where} "
         "ORDER BY best.rank, best.id"
     )
-    return _FtsSearch(joined, probed)
+    return _FtsSearch(joined, probed, fts)
 
 
 def _julian_to_datetime(jd: float) -> datetime:
@@ -191,13 +206,14 @@ class SqliteSearch(SqlSearch):
         content-word row's so raw scores stay in list order for rsf.
         """
         # Phrases (declared names) always rank as content, whatever words they hold.
-        content = [*ranking_terms(terms), *phrases]
-        terms = [*terms, *phrases]
+        counts = self._term_counts(search.fts, terms)
+        content = [*self._within_budget(ranking_terms(terms), counts), *phrases]
+        terms = [*self._within_budget(terms, counts), *phrases]
         rows = self._best_in_scope(what, search, params, fts5_match(content), depth)
         if rows is None:
             return None
         ranked = [(r, -float(rank)) for r, rank in rows]
-        if len(ranked) >= depth or len(content) == len(terms):
+        if len(ranked) >= depth or set(content) == set(terms):
             return ranked
         rest = self._best_in_scope(what, search, params, fts5_match(terms), depth)
         seen = {r.id for r, _ in ranked}
@@ -206,6 +222,53 @@ class SqliteSearch(SqlSearch):
         # A function-word match ranks below every content-word match, in its own bm25 order.
         ranked.extend((r, floor - 1.0 - i) for i, r in enumerate(extra))
         return ranked
+
+    @staticmethod
+    def _within_budget(terms: list[str], counts: dict[str, int]) -> list[str]:
+        """``terms`` (in their order) without the most common ones, while together they would
+        have the index score more than :data:`SCORED_ROWS_BUDGET` rows.
+
+        Rarest first: each term is kept while the kept terms' match counts still
+        fit the budget, and the rarest is always kept. The terms left out are
+        the ones bm25 weighs least (lowest IDF); a row they alone match would
+        rank under every row holding a rarer term. Below the budget (every
+        query of a corpus of a few thousand rows) nothing changes.
+        """
+        if len(terms) <= 1 or sum(counts.get(t, 0) for t in terms) <= SCORED_ROWS_BUDGET:
+            return terms
+        kept: set[str] = set()
+        total = 0
+        for term in sorted(terms, key=lambda t: counts.get(t, 0)):
+            if kept and total + counts.get(term, 0) > SCORED_ROWS_BUDGET:
+                break
+            kept.add(term)
+            total += counts.get(term, 0)
+        return [t for t in terms if t in kept]
+
+    def _term_counts(self, fts: str, terms: list[str]) -> dict[str, int]:
+        """An upper bound on the rows each term matches: its rarest trigram's row count.
+
+        Read from an ``fts5vocab`` view of the index (a temporary table of the
+        connection, so the file's schema is untouched); {} when it cannot be
+        read, which keeps every term.
+        """
+        if not fts or len(terms) <= 1:
+            return {}
+        grams = {term: trigrams(term) for term in terms}
+        wanted = sorted(set().union(*grams.values()))
+        if not wanted:
+            return {}
+        marks = ", ".join(f":g{i}" for i in range(len(wanted)))
+        with self.db.read() as session:
+            try:
+                session.execute(text(
+                    f"CREATE VIRTUAL TABLE IF NOT EXISTS temp.{fts}_vocab USING fts5vocab(main, {fts}, 'row')"))
+                found = dict(session.execute(text(f"SELECT term, doc FROM temp.{fts}_vocab WHERE term IN ({marks})"),
+                                             {f"g{i}": g for i, g in enumerate(wanted)}).all())
+            except DBAPIError as exc:
+                log.warning("%s term counts unavailable, every term is ranked: %s", fts, exc.orig)
+                return {}
+        return {term: min((int(found.get(g, 0)) for g in gs), default=0) for term, gs in grams.items()}
 
     def _best_in_scope(
         self, what: str, search: _FtsSearch, params: dict[str, Any], match: str, depth: int
