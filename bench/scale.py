@@ -1,7 +1,7 @@
 """Cost at 10k / 100k / 1M memories: recall and store over MCP, fill rate, memory, bytes per row.
 
     python bench/scale.py [--sizes 10000,100000,1000000] [--recalls 200] [--stores 100]
-                          [--reach 1000000000] [--pg-url postgresql+psycopg://...]
+                          [--reaches 0,1000000000] [--pg-url postgresql+psycopg://...]
 
 For each size a fresh database is filled **in-process** (not over MCP): the
 rows go through the project's own engine and migrations in batched Core
@@ -15,8 +15,9 @@ feature-hashing stub of bench/minilm_server.py, unit length).
 Then a real server (`python -m cpersona`, stdio, driven by the MCP SDK client)
 opens the database with the stub embedding server (so recall embeds its
 query, and the vector channel runs over the exact window and, with
-``--reach`` above CPERSONA_MAX_MEMORIES, the far list through the coarse
-index) and is timed on:
+``--reaches`` above CPERSONA_MAX_MEMORIES, the far list through the coarse
+index; one server per reach, one after the other on the same database) and
+is timed on:
 
   recall   ``--recalls`` sequential mixed recalls (bench/latency.py's query mix) -> p50 / p95 ms
   store    ``--stores`` sequential stores of new rows -> p50 ms
@@ -120,7 +121,8 @@ def memory_kb(pid: int | None) -> tuple[int | None, int | None]:
     return kb("VmRSS"), kb("VmHWM")
 
 
-async def time_server(env: dict[str, str], workdir: Path, corpus: Corpus, size: int, args) -> dict[str, Any]:
+async def time_server(env: dict[str, str], workdir: Path, corpus: Corpus, size: int, first: int,
+                      args) -> dict[str, Any]:
     from mcp import ClientSession, StdioServerParameters
     from mcp.client.stdio import get_default_environment, stdio_client
 
@@ -141,7 +143,7 @@ async def time_server(env: dict[str, str], workdir: Path, corpus: Corpus, size: 
                 failures += "messages" not in answer
                 recall_ms.append(elapsed)
             store_ms = []
-            for index in range(size, size + args.stores):
+            for index in range(first, first + args.stores):
                 answer, elapsed = await server.try_call("store", corpus.row(index))
                 failures += answer.get("ok") is not True
                 store_ms.append(elapsed)
@@ -164,7 +166,6 @@ async def one_size(kind: str, size: int, corpus: Corpus, embed_url: str, args) -
         "CPERSONA_DB_PATH": str(workdir / "cpersona.db"),
         "CPERSONA_EMBEDDING_MODE": "http",
         "CPERSONA_EMBEDDING_URL": embed_url,
-        "CPERSONA_VECTOR_REACH": str(args.reach),
     }
     pg_url = None
     if kind == "postgresql":
@@ -184,8 +185,13 @@ async def one_size(kind: str, size: int, corpus: Corpus, embed_url: str, args) -
     finally:
         db.close()
     print(f"  [{kind}/{size}] in-process fill {rate:.0f} rows/s", file=sys.stderr, flush=True)
-    timed = await time_server(env, workdir, corpus, size, args)
-    rows = size + args.stores
+    timed = {}
+    for number, reach in enumerate(args.reaches):
+        # Each server stores its own --stores rows past the fill (new ids, so none is a duplicate).
+        first = size + number * args.stores
+        timed[f"reach={reach}"] = await time_server({**env, "CPERSONA_VECTOR_REACH": str(reach)}, workdir, corpus,
+                                                    size, first, args)
+    rows = size + args.stores * len(args.reaches)
     total = sqlite_bytes(workdir / "cpersona.db") if kind == "sqlite" else postgres_bytes(pg_url)
     if kind == "postgresql":
         admin.dispose()
@@ -195,7 +201,7 @@ async def one_size(kind: str, size: int, corpus: Corpus, embed_url: str, args) -
         for path in workdir.glob("*"):
             path.unlink()
         workdir.rmdir()
-    result = {"backend": kind, "size": size, "fill_rows_per_s": round(rate), **timed,
+    result = {"backend": kind, "size": size, "fill_rows_per_s": round(rate), "servers": timed,
               "bytes_per_row": round(total / rows), "bytes_per_row_without_vector": round(total / rows - VECTOR_BYTES)}
     print(f"  [{kind}/{size}] {result}", file=sys.stderr, flush=True)
     return result
@@ -220,14 +226,16 @@ def main() -> None:
     parser.add_argument("--sizes", default="10000,100000")
     parser.add_argument("--recalls", type=int, default=200)
     parser.add_argument("--stores", type=int, default=100)
-    parser.add_argument("--reach", type=int, default=1_000_000_000,
-                        help="CPERSONA_VECTOR_REACH for the timed server (whole corpus by default; 0: window only)")
+    parser.add_argument("--reaches", default="0,1000000000",
+                        help="CPERSONA_VECTOR_REACH of each timed server, one after the other on the same database "
+                             "(0: the exact window only; 1000000000: the far list over the whole corpus)")
     parser.add_argument("--pg-url", default="", help="also run on PostgreSQL (a cluster URL with CREATE DATABASE)")
     parser.add_argument("--workdir", default=None, help="where the SQLite files go (default: the temp dir)")
     parser.add_argument("--keep", action="store_true", help="keep the database files")
     parser.add_argument("--seed", type=int, default=7)
     args = parser.parse_args()
     args.sizes = [int(s) for s in args.sizes.split(",")]
+    args.reaches = [int(r) for r in args.reaches.split(",")]
     asyncio.run(main_async(args))
 
 
