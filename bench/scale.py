@@ -19,8 +19,9 @@ query, and the vector channel runs over the exact window and, with
 index; one server per reach, one after the other on the same database) and
 is timed on:
 
-  recall   ``--recalls`` sequential mixed recalls (bench/latency.py's query mix) -> p50 / p95 ms
-  store    ``--stores`` sequential stores of new rows -> p50 ms
+  recall   ``--recalls`` sequential mixed recalls (bench/latency.py's query mix) -> p50 / p95 ms,
+           and the server process's CPU time per recall (steadier than wall time on a loaded machine)
+  store    ``--stores`` sequential stores of new rows -> p50 ms, and CPU per store
   RSS      the server process's VmRSS after the timed calls (and VmHWM, its peak)
   size     database bytes per row (SQLite: file + WAL after a checkpoint;
            PostgreSQL: pg_database_size), and the same minus the 1,536 bytes
@@ -52,7 +53,7 @@ ensure_harness_python()
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH.parent))
 
-from latency import AGENT_ID, Corpus, server_pid  # noqa: E402
+from latency import AGENT_ID, Corpus, cpu_ms, per_call, server_pid  # noqa: E402
 from mcp_driver import start_embedder, write_results  # noqa: E402
 from metrics import percentile  # noqa: E402
 from minilm_server import stub_embed  # noqa: E402
@@ -138,20 +139,26 @@ async def time_server(env: dict[str, str], workdir: Path, corpus: Corpus, size: 
             pid = server_pid(server)
             await server.call("recall", {"agent_id": AGENT_ID, "query": "warm up", "limit": 5})
             recall_ms, failures = [], 0
+            cpu_before = cpu_ms(pid)
             for arguments in corpus.recall_queries(args.recalls, size, size):
                 answer, elapsed = await server.try_call("recall", arguments)
                 failures += "messages" not in answer
                 recall_ms.append(elapsed)
+            recall_cpu = per_call(cpu_before, cpu_ms(pid), args.recalls)
             store_ms = []
+            cpu_before = cpu_ms(pid)
             for index in range(first, first + args.stores):
                 answer, elapsed = await server.try_call("store", corpus.row(index))
                 failures += answer.get("ok") is not True
                 store_ms.append(elapsed)
+            store_cpu = per_call(cpu_before, cpu_ms(pid), args.stores)
             rss, peak = memory_kb(pid)
     return {
         "recall_p50_ms": round(statistics.median(recall_ms), 1),
         "recall_p95_ms": round(percentile(recall_ms, 0.95), 1),
         "store_p50_ms": round(statistics.median(store_ms), 2),
+        "recall_cpu_ms": None if recall_cpu is None else round(recall_cpu, 1),
+        "store_cpu_ms": None if store_cpu is None else round(store_cpu, 2),
         "rss_mb": None if rss is None else round(rss / 1024, 1),
         "peak_rss_mb": None if peak is None else round(peak / 1024, 1),
         "failures": failures,
