@@ -23,13 +23,17 @@ down_revision = "0006_word_index"
 branch_labels = None
 depends_on = None
 
+# Module-level, so the schema_objects health check (services/health/integrity.py)
+# knows the triggers' canonical text, as it knows every revision's.
+TRIGGERS_DDL = coarse_sqlite.TRIGGERS_DDL
+
 
 def upgrade() -> None:
     from alembic import op
 
     if op.get_bind().dialect.name != "sqlite":
         return
-    for ddl in (*coarse_sqlite.TABLES_DDL, *coarse_sqlite.TRIGGERS_DDL, *coarse_sqlite.BACKFILL):
+    for ddl in (*coarse_sqlite.TABLES_DDL, *TRIGGERS_DDL, *coarse_sqlite.BACKFILL):
         op.execute(ddl)
 
 
