@@ -62,12 +62,21 @@ def test_rarest_terms_are_kept_first(monkeypatch, counts, budget, kept):
     assert SqliteSearch._within_budget(terms, counts) == kept
 
 
-def test_term_counts_bound_the_real_match_counts_and_leave_the_schema_alone(db):
+def test_term_counts_bound_the_real_match_counts_and_leave_the_schema_alone(db, monkeypatch):
     corpus(db)
     with db.read() as session:
         before = session.execute(text("SELECT name FROM sqlite_master ORDER BY name")).all()
-    counts = SqliteSearch(db)._term_counts("memories_fts", ["zeppelin", "weather", "Report"])
+    monkeypatch.setattr(search_sqlite, "SCORED_ROWS_BUDGET", 50)  # counted only for a table larger than the budget
+    search = search_sqlite._fts_search("memories_fts", "memories", "m", "m.id", "1=1")
+    counts = SqliteSearch(db)._term_counts(search, ["zeppelin", "weather", "Report"])
     assert counts["zeppelin"] >= RARE + 1 and counts["weather"] >= COMMON + 1 and counts["Report"] >= COMMON
     assert counts["zeppelin"] < counts["weather"]
     with db.read() as session:
         assert session.execute(text("SELECT name FROM sqlite_master ORDER BY name")).all() == before
+
+
+def test_a_table_no_larger_than_the_budget_is_not_counted(db, monkeypatch):
+    corpus(db)
+    monkeypatch.setattr(search_sqlite, "SCORED_ROWS_BUDGET", COMMON + RARE + 1)  # exactly the rows stored
+    search = search_sqlite._fts_search("memories_fts", "memories", "m", "m.id", "1=1")
+    assert SqliteSearch(db)._term_counts(search, ["zeppelin", "weather"]) == {}

@@ -106,6 +106,7 @@ class _FtsSearch:
     joined: Any
     probed: Any
     fts: str = ""  # the FTS5 table both statements match against
+    table: str = ""  # its content table
 
 
 # How many matching rows one ranked statement may score, as estimated from
@@ -137,7 +138,7 @@ def _fts_search(fts: str, table: str, alias: str, columns: str, where: str) -> _
         f"LEFT JOIN {table} {alias} NOT INDEXED ON {alias}.id = best.id AND {where} "
         "ORDER BY best.rank, best.id"
     )
-    return _FtsSearch(joined, probed, fts)
+    return _FtsSearch(joined, probed, fts, table)
 
 
 def _julian_to_datetime(jd: float) -> datetime:
@@ -206,7 +207,7 @@ class SqliteSearch(SqlSearch):
         content-word row's so raw scores stay in list order for rsf.
         """
         # Phrases (declared names) always rank as content, whatever words they hold.
-        counts = self._term_counts(search.fts, terms)
+        counts = self._term_counts(search, terms)
         content = [*self._within_budget(ranking_terms(terms), counts), *phrases]
         terms = [*self._within_budget(terms, counts), *phrases]
         rows = self._best_in_scope(what, search, params, fts5_match(content), depth)
@@ -245,14 +246,21 @@ class SqliteSearch(SqlSearch):
             total += counts.get(term, 0)
         return [t for t in terms if t in kept]
 
-    def _term_counts(self, fts: str, terms: list[str]) -> dict[str, int]:
+    def _term_counts(self, search: _FtsSearch, terms: list[str]) -> dict[str, int]:
         """An upper bound on the rows each term matches: its rarest trigram's row count.
 
         Read from an ``fts5vocab`` view of the index (a temporary table of the
         connection, so the file's schema is untouched); {} when it cannot be
-        read, which keeps every term.
+        read, which keeps every term. Counting walks each trigram's row list
+        (cheaper per row than scoring, but over every trigram of every term),
+        so it is skipped when the table has no more rows than the budget (its
+        largest id bounds that in one index step): no statement can score more.
         """
+        fts = search.fts
         if not fts or len(terms) <= 1:
+            return {}
+        largest = self._run(f"{fts} size", text(f"SELECT max(id) AS n FROM {search.table}"), {})
+        if not largest or (largest[0].n or 0) <= SCORED_ROWS_BUDGET:
             return {}
         grams = {term: trigrams(term) for term in terms}
         wanted = sorted(set().union(*grams.values()))
