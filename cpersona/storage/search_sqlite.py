@@ -340,7 +340,8 @@ class SqliteSearch(SqlSearch):
             coarse_where = f"{coarse_where} AND {by_source}"
             coarse_params.update(source_params)
         statement = coarse_sqlite.far_statement(kind, coarse_where, where)
-        extra = {"nbits": len(query) // 32, "k": coarse_sqlite.candidates(int(params["depth"]))}
+        extra = {"qbits": coarse_sqlite.query_bits(query), "nbits": len(query) // 32,
+                 "k": coarse_sqlite.candidates(int(params["depth"]))}
         rows = self._run(f"{kind} coarse vector", statement, {**params, **coarse_params, **extra})
         return [(float(r.cosine), r.id) for r in rows or []]
 
