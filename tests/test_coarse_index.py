@@ -297,3 +297,170 @@ def test_a_query_of_an_unquantisable_width_falls_back_to_the_exact_far_scan(db, 
                        for i in range(5)))
     assert rows(db, "SELECT count(*) FROM memories_coarse") == [(0,)]
     assert len(far(app, Scope(agent_id="a"), [1.0, 0.0, 0.0], window=(1, 100))) == 4
+
+
+# -- a writer without sqlite-vec (the sqlite3 shell, CPersona 2.6 without the extension) ----------
+
+
+def plain_writer(db) -> Any:
+    """A connection to the same file that never loads sqlite-vec: what any other program has."""
+    import sqlean
+
+    conn = sqlean.connect(str(db.path), isolation_level=None)
+    conn.execute("PRAGMA busy_timeout=5000")
+    with pytest.raises(sqlean.OperationalError, match="no such function"):
+        conn.execute("SELECT vec_quantize_binary(x'00000000')")  # it really lacks the extension
+    return conn
+
+
+def outside_writes(conn, ids: dict[str, int]) -> None:
+    """Every kind of write an outside program may make to memories and episodes."""
+    blob = to_blob(unit(1.0, -1.0, 0.5))
+    conn.execute("INSERT INTO memories (agent_id, content, timestamp) VALUES ('a', 'plain, no vector', '2026-01-01')")
+    conn.execute("INSERT INTO memories (agent_id, content, timestamp, embedding) VALUES ('a', 'plain, vector', "
+                 "'2026-01-01', ?)", (blob,))
+    conn.execute("UPDATE memories SET content = 'alpha, edited outside' WHERE id = ?", (ids["alpha apples"],))
+    conn.execute("UPDATE memories SET embedding = ?, agent_id = 'moved' WHERE id = ?", (blob, ids["gamma grapes"]))
+    conn.execute("DELETE FROM memories WHERE id = ?", (ids["beta bananas"],))
+    conn.execute("INSERT INTO episodes (agent_id, summary, embedding) VALUES ('a', 'plain episode', ?)", (blob,))
+    conn.execute("UPDATE episodes SET summary = 'edited outside' WHERE id = ?", (ids["ep"],))
+    conn.execute("DELETE FROM episodes WHERE id = ?", (ids["ep"],))
+
+
+def test_a_writer_without_sqlite_vec_writes_memories_and_episodes_of_a_migrated_file(db, app):
+    ids = _seed(app)
+    conn = plain_writer(db)
+    try:
+        outside_writes(conn, ids)  # pre-fix: "no such function: vec_quantize_binary" at the first insert
+    finally:
+        conn.close()
+    assert rows(db, "SELECT count(*) FROM memories WHERE content LIKE 'plain%'") == [(2,)]
+
+
+def test_the_sqlite3_shell_writes_a_migrated_file(db, app):
+    import shutil
+    import subprocess
+
+    shell = shutil.which("sqlite3")
+    if shell is None:
+        pytest.skip("no sqlite3 shell on this machine")
+    _seed(app)
+    script = ("INSERT INTO memories (agent_id, content, timestamp, embedding) VALUES ('a', 'from the shell', "
+              "'2026-01-01', zeroblob(32));\nUPDATE memories SET channel = 'x';\nDELETE FROM memories "
+              "WHERE content = 'delta dates';\nINSERT INTO episodes (agent_id, summary) VALUES ('a', 'shell');\n")
+    done = subprocess.run([shell, str(db.path)], input=script, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and not done.stderr, done.stderr
+    assert rows(db, "SELECT count(*) FROM memories WHERE content = 'from the shell'") == [(1,)]
+
+
+def test_the_file_schema_holds_no_trigger_calling_an_extension_function(db, app):
+    _seed(app)
+    stored = rows(db, "SELECT name, sql FROM sqlite_master WHERE type = 'trigger'")
+    assert stored and not [name for name, sql in stored if "vec_" in sql.lower()]
+    # ...while our own connections do carry them, as TEMP triggers.
+    temp = {r[0] for r in rows(db, "SELECT name FROM sqlite_temp_master WHERE type = 'trigger'")}
+    assert temp == set(coarse_sqlite.TRIGGER_NAMES)
+
+
+def test_the_migration_drops_triggers_a_pre_release_build_stored(db_path):
+    db = open_sqlite(db_path)
+    try:
+        upgrade(db)
+        with db.write_connection() as conn:
+            command.downgrade(alembic_config(conn), "0006_word_index")
+            for ddl in (*coarse_sqlite.TABLES_DDL, *coarse_sqlite.TEMP_TRIGGERS_DDL):
+                # What that build stored: the same triggers, in the file.
+                conn.execute(text(ddl.replace("CREATE TEMP TRIGGER", "CREATE TRIGGER").replace(" ON main.", " ON ")))
+        assert len(rows(db, "SELECT name FROM sqlite_master WHERE type = 'trigger' AND name LIKE '%coarse%'")) == 6
+        upgrade(db)
+        assert rows(db, "SELECT name FROM sqlite_master WHERE type = 'trigger' AND name LIKE '%coarse%'") == []
+        add_memories(db, {"content": "after", "embedding": unit(1.0)})
+        assert_in_step(db)
+    finally:
+        db.close()
+
+
+def test_reconcile_brings_the_index_back_after_outside_writes(db, app):
+    ids = _seed(app)
+    conn = plain_writer(db)
+    try:
+        outside_writes(conn, ids)
+    finally:
+        conn.close()
+    with db.read() as session:
+        found = coarse_sqlite.drift(session.connection())
+    # memories: one row lost (deleted), one moved and re-embedded (stale), one inserted (missing + the moved);
+    # episodes: one deleted (stale), one inserted (missing).
+    assert found == {"memories": {"stale": 2, "missing": 2}, "episodes": {"stale": 1, "missing": 1}}
+    assert coarse_sqlite.reconcile_database(db) == found
+    assert_in_step(db)
+    assert coarse_sqlite.reconcile_database(db) == {}  # in step: nothing found, no write taken
+
+
+def test_start_up_reconciles_in_the_background(db, app):
+    from cpersona.background import BackgroundWork
+
+    ids = _seed(app)
+    conn = plain_writer(db)
+    try:
+        outside_writes(conn, ids)
+    finally:
+        conn.close()
+    work = BackgroundWork(app)
+    work.start()
+    work.stop()  # waits for the reconcile pass
+    assert_in_step(db)
+
+
+def test_the_coarse_index_health_check_reports_and_fixes_drift(db, server):
+    from cpersona.services.health.check_health import check_health
+
+    app = embedding_app(db, server, DEGRADED_ADVISORY="false", MAX_MEMORIES="10", VECTOR_REACH="1000000")
+    try:
+        ids = _seed(app)
+        conn = plain_writer(db)
+        try:
+            outside_writes(conn, ids)
+        finally:
+            conn.close()
+        report = [i for i in check_health(app, checks=["coarse_index"])["issues"] if i["check"] == "coarse_index"]
+        assert {(i["type"], i["table"], i["stale_rows"], i["missing_rows"]) for i in report} == {
+            ("coarse_index_drift", "memories", 2, 2), ("coarse_index_drift", "episodes", 1, 1)}
+        fixed = [i for i in check_health(app, checks=["coarse_index"], fix=True)["issues"]
+                 if i["check"] == "coarse_index"]
+        assert fixed and all(i["fixed"] for i in fixed)
+        assert_in_step(db)
+        assert [i for i in check_health(app, checks=["coarse_index"])["issues"] if i["check"] == "coarse_index"] == []
+    finally:
+        app.embedder.close()
+
+
+def test_isolation_holds_against_a_stale_coarse_copy(db, app):  # spec ISO-2, ISO-3
+    # The coarse copy claims rows for agent a / user u1 that the real rows no longer give them, and
+    # keeps a row that is gone: the re-rank tests the real row, so none of them is answered.
+    q = unit(1.0, 0.2)
+    theirs = add_memories(db, {"agent_id": "b", "content": "b's", "embedding": q, "created_at": stamp(1)})[0]
+    other_user = add_memories(db, {"content": "u2's", "embedding": q, "source": '{"id": "u2"}',
+                                   "created_at": stamp(2)})[0]
+    gone = add_memories(db, {"content": "gone", "embedding": q, "source": '{"id": "u1"}', "created_at": stamp(3)})[0]
+    mine = add_memories(db, {"content": "mine", "embedding": unit(1.0, 0.9), "source": '{"id": "u1"}',
+                             "created_at": stamp(0)})[0]
+    add_memories(db, {"content": "newest, the exact window", "embedding": unit(0.0, 1.0), "source": '{"id": "u1"}',
+                      "created_at": stamp(9)})
+    with db.write_connection() as conn:
+        conn.execute(text("UPDATE memories_coarse SET agent_id = 'a', source_key = 'u1' WHERE id = :i"), {"i": theirs})
+        conn.execute(text("UPDATE memories_coarse SET source_key = 'u1' WHERE id = :i"), {"i": other_user})
+    plain = plain_writer(db)
+    try:
+        plain.execute("DELETE FROM memories WHERE id = ?", (gone,))  # its coarse row stays
+    finally:
+        plain.close()
+    assert len(rows(db, "SELECT id FROM memories_coarse WHERE agent_id = 'a' AND source_key = 'u1'")) == 5
+    backend = search_backend(app)
+    query = to_blob(q)
+    by_source, source_params = backend.source_filter("u1")
+    where = f"m.agent_id = 'a' AND {by_source}"
+    params = {**source_params, **scan_parameters(query, window=(1, 100), threshold=-1.0, depth=10)}
+    # The statement itself, not only the hydration after it (which re-checks scope too).
+    assert [i for _, i in backend._coarse_scan("mem", Scope(agent_id="a"), "u1", where, params, query)] == [mine]
+    assert far(app, Scope(agent_id="a"), q, window=(1, 100), source_id="u1") == [mine]

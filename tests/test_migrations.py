@@ -71,11 +71,10 @@ LATER_TRIGGERS = {
 WORD_TABLES = {"memories_words", "episodes_words"}
 WORD_SHADOW = {f"{t}_{s}" for t in WORD_TABLES for s in ("data", "idx", "docsize", "config")}
 WORD_TRIGGERS = {f"{t}_words_{e}" for t in ("memories", "episodes") for e in ("ai", "ad", "au")}
-# revision 0007: the coarse vector index (derived, raw DDL, kept by triggers whatever FTS says)
+# revision 0007: the coarse vector index (derived, raw DDL). Its triggers are TEMP, per connection
+# (storage/coarse_sqlite.py), so the file's schema has none.
 COARSE_TABLES = {"memories_coarse", "episodes_coarse"}
-COARSE_TRIGGERS = {f"{t}_coarse_{e}" for t in ("memories", "episodes") for e in ("ai", "ad", "au")}
 LATER_TABLES |= COARSE_TABLES
-LATER_TRIGGERS |= COARSE_TRIGGERS
 HEAD_INDEXES = V13_INDEXES | UNVERSIONED_INDEXES | LATER_INDEXES
 V13_TRIGGERS = {
     "memories_fts_ai",

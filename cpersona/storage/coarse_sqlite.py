@@ -10,11 +10,22 @@ sequential walk of a narrow table: the best few hundred rows by Hamming
 distance come out of it, and only they are re-ranked by the exact cosine of
 their float vectors (read by primary key).
 
-Kept in step by triggers (revision ``0007_coarse_index``), so no write path —
-store, edit, delete, merge, import, backfill, repair, a cleared identity —
-can forget it: an insert or update of a row with a quantisable vector writes
-its coarse row, an update or delete removes the old one. A vector is
-quantisable when it is a blob of 8k float32 (``length % 32 = 0``);
+Kept in step by TEMP triggers that each of our connections creates for
+itself (:func:`refresh_triggers`, called by storage/engine.py where sqlite-vec
+is loaded), so no write path of ours — store, edit, delete, merge, import,
+backfill, repair, a cleared identity, raw SQL — can forget it: an insert or
+update of a row with a quantisable vector writes its coarse row, an update or
+delete removes the old one. The triggers call ``vec_quantize_binary``, so they
+are never stored in the file: a stored trigger that calls an extension
+function makes every write to its table fail for a writer without the
+extension (the ``sqlite3`` shell, CPersona 2.6), since SQLite resolves the
+trigger's functions when it prepares the statement. Writes made by such
+writers leave the index behind; it is a rebuildable cache, brought back in
+step by :func:`reconcile` (at start, and by the ``coarse_index`` health
+check), and the far list re-reads and re-tests the real row, so a stale copy
+costs a candidate place, never a wrong answer.
+
+A vector is quantisable when it is a blob of 8k float32 (``length % 32 = 0``);
 other widths have no coarse row and the far list falls back to the exact
 scan for queries of such a width (``quantisable``).
 
@@ -22,18 +33,18 @@ The tables are WITHOUT ROWID with the key (agent_id, created_at DESC, id):
 one agent's rows sit together in scan order (created_at desc, id asc, the
 order of VEC-2), so a window of scan positions is a contiguous range and the
 isolation predicates run inside the walk, on the copied columns (spec ISO-2).
-
-The triggers call sqlite-vec, which every connection of ours loads
-(storage/engine.py); a writer without it (the sqlite3 shell, CPersona 2.5)
-cannot insert or update an embedded row of such a file.
 """
 
 from __future__ import annotations
 
-import numpy as np
-from sqlalchemy import TextClause, text
+import logging
+from typing import Any
+
+from sqlalchemy import Connection, TextClause, text
 
 from cpersona.storage.search import Kind
+
+log = logging.getLogger(__name__)
 
 # Candidates taken from the Hamming ranking for each exact re-rank: at least
 # this many, and at least CANDIDATE_FACTOR per row asked for. Measured with
@@ -83,6 +94,8 @@ _WATCHED = {
 
 
 def _triggers(table: str) -> tuple[str, ...]:
+    # TEMP, on main's table: lives in this connection only, never in the file's schema. Inside a
+    # trigger the modified table must be unqualified; it resolves to main's (no temp table has the name).
     coarse = f"{table}_coarse"
     delete_old = (
         f"DELETE FROM {coarse} WHERE agent_id = COALESCE(old.agent_id, '') "
@@ -90,22 +103,107 @@ def _triggers(table: str) -> tuple[str, ...]:
     )
     insert_new = f"INSERT OR REPLACE INTO {coarse} SELECT {_COLUMNS[table].format(r='new')} WHERE {_QUANTISABLE.format(v='new.embedding')};"  # noqa: E501
     return (
-        f"CREATE TRIGGER IF NOT EXISTS {coarse}_ai AFTER INSERT ON {table} BEGIN\n  {insert_new}\nEND",
-        f"CREATE TRIGGER IF NOT EXISTS {coarse}_ad AFTER DELETE ON {table} BEGIN\n  {delete_old}\nEND",
-        f"CREATE TRIGGER IF NOT EXISTS {coarse}_au AFTER UPDATE OF {_WATCHED[table]} ON {table} BEGIN\n"
+        f"CREATE TEMP TRIGGER IF NOT EXISTS {coarse}_ai AFTER INSERT ON main.{table} BEGIN\n  {insert_new}\nEND",
+        f"CREATE TEMP TRIGGER IF NOT EXISTS {coarse}_ad AFTER DELETE ON main.{table} BEGIN\n  {delete_old}\nEND",
+        f"CREATE TEMP TRIGGER IF NOT EXISTS {coarse}_au AFTER UPDATE OF {_WATCHED[table]} ON main.{table} BEGIN\n"
         f"  {delete_old}\n  {insert_new}\nEND",
     )
 
 
-TRIGGERS_DDL = (*_triggers("memories"), *_triggers("episodes"))
+TEMP_TRIGGERS_DDL = (*_triggers("memories"), *_triggers("episodes"))
 TRIGGER_NAMES = tuple(f"{t}_coarse_{e}" for t in ("memories", "episodes") for e in ("ai", "ad", "au"))
 
-# Rows stored before the triggers existed.
+
+def refresh_triggers(dbapi_conn: Any, info: dict[str, Any]) -> None:
+    """Give this connection the TEMP triggers while main holds the coarse tables, drop them once it does not.
+
+    Called at every checkout; ``info`` is the pooled connection's own dict. The
+    file's ``schema_version`` moves with every schema change (a migration on
+    another connection too), so the check costs one pragma while nothing changed.
+    """
+    version = dbapi_conn.execute("PRAGMA main.schema_version").fetchone()[0]
+    if info.get("coarse_schema") == version:
+        return
+    marks = ", ".join("?" for _ in TABLE_NAMES)
+    present = dbapi_conn.execute(
+        f"SELECT count(*) FROM main.sqlite_master WHERE type = 'table' AND name IN ({marks})", TABLE_NAMES
+    ).fetchone()[0] == len(TABLE_NAMES)
+    for name in TRIGGER_NAMES:
+        dbapi_conn.execute(f"DROP TRIGGER IF EXISTS temp.{name}")
+    if present:
+        for ddl in TEMP_TRIGGERS_DDL:
+            dbapi_conn.execute(ddl)
+    info["coarse_schema"] = version
+
+
+# Rows stored before the index existed (revision 0007).
 BACKFILL = tuple(
     f"INSERT OR REPLACE INTO {t}_coarse SELECT {_COLUMNS[t].format(r=t)} FROM {t} "
     f"WHERE {_QUANTISABLE.format(v=f'{t}.embedding')}"
     for t in ("memories", "episodes")
 )
+
+# -- drift left by writers without our triggers ------------------------------------------------
+
+_COPIED = {
+    "memories": ("agent_id", "created_at", "id", "project_id", "channel", "source_key", "bits"),
+    "episodes": ("agent_id", "created_at", "id", "project_id", "channel", "bits"),
+}
+
+
+def _stale(table: str) -> str:
+    """Coarse rows that are not exactly what the row's own columns give (gone, moved, re-embedded)."""
+    values = [v.strip() for v in _split(_COLUMNS[table].format(r="r"))]
+    same = " AND ".join(f"c.{col} IS {value}" for col, value in zip(_COPIED[table], values))
+    return (f"FROM {table}_coarse c WHERE NOT EXISTS (SELECT 1 FROM {table} r WHERE r.id = c.id "
+            f"AND {_QUANTISABLE.format(v='r.embedding')} AND {same})")
+
+
+def _missing(table: str) -> str:
+    """Rows with a quantisable vector and no coarse row under their key (by primary key, no scan)."""
+    return (f"FROM {table} r WHERE {_QUANTISABLE.format(v='r.embedding')} AND NOT EXISTS ("
+            f"SELECT 1 FROM {table}_coarse c WHERE c.agent_id = COALESCE(r.agent_id, '') "
+            f"AND c.created_at = COALESCE(r.created_at, '') AND c.id = r.id)")
+
+
+def _split(values: str) -> list[str]:
+    """The top-level comma-separated expressions of a VALUES list."""
+    out, depth, start = [], 0, 0
+    for i, ch in enumerate(values):
+        depth += ch == "("
+        depth -= ch == ")"
+        if ch == "," and depth == 0:
+            out.append(values[start:i])
+            start = i + 1
+    return [*out, values[start:]]
+
+
+def present(conn: Connection) -> bool:
+    found = conn.execute(text("SELECT count(*) FROM main.sqlite_master WHERE type = 'table' AND name IN "
+                              "('memories_coarse', 'episodes_coarse')")).scalar()
+    return found == len(TABLE_NAMES)
+
+
+def drift(conn: Connection) -> dict[str, dict[str, int]]:
+    """{table: {"stale": n, "missing": n}} for every table out of step; {} when the index is in step."""
+    out: dict[str, dict[str, int]] = {}
+    for table in ("memories", "episodes"):
+        stale = conn.execute(text(f"SELECT count(*) {_stale(table)}")).scalar() or 0
+        missing = conn.execute(text(f"SELECT count(*) {_missing(table)}")).scalar() or 0
+        if stale or missing:
+            out[table] = {"stale": int(stale), "missing": int(missing)}
+    return out
+
+
+def reconcile(conn: Connection) -> dict[str, dict[str, int]]:
+    """Bring the index back in step inside the caller's write transaction; what was found out of step."""
+    found = drift(conn)
+    for table in found:
+        conn.execute(text(f"DELETE FROM {table}_coarse WHERE (agent_id, created_at, id) IN "
+                          f"(SELECT c.agent_id, c.created_at, c.id {_stale(table)})"))
+        conn.execute(text(f"INSERT OR REPLACE INTO {table}_coarse SELECT {_COLUMNS[table].format(r='r')} "
+                          f"{_missing(table)}"))
+    return found
 
 _TABLES: dict[str, tuple[str, str]] = {"mem": ("memories", "m"), "ep": ("episodes", "e")}
 
@@ -119,6 +217,8 @@ def query_bits(query: bytes) -> bytes:
     """``vec_quantize_binary`` of a float32 query, computed here: bound as a parameter, the
     statement's per-row work is one ``vec_bit`` and one Hamming distance (a query quantised
     inside the statement cost ~45% more CPU per row at 100k rows)."""
+    import numpy as np
+
     return np.packbits(np.frombuffer(query, dtype="<f4") > 0, bitorder="little").tobytes()
 
 
@@ -154,3 +254,22 @@ def far_statement(kind: Kind, coarse_where: str, where: str) -> TextClause:
         " ) r WHERE r.cosine >= :threshold"
         " ORDER BY r.cosine DESC, r.created_at DESC, r.id ASC LIMIT :depth"
     )
+
+
+def reconcile_database(db: Any) -> dict[str, dict[str, int]]:
+    """:func:`reconcile` for a whole database, the write lock taken only when a read found drift.
+
+    The start-up pass (cpersona/background.py): the counting read walks both
+    indexes without the lock, so a file in step costs other writers nothing.
+    """
+    if not db.is_sqlite or db.read_only is not None:
+        return {}
+    with db.read() as session:
+        conn = session.connection()
+        if not present(conn) or not drift(conn):
+            return {}
+    with db.write_connection() as conn:
+        found = reconcile(conn)
+    if found:
+        log.info("coarse vector index brought back in step with rows written without it: %s", found)
+    return found

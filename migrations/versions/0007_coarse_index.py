@@ -3,8 +3,11 @@
 SQLite: two WITHOUT ROWID tables, ``memories_coarse`` and ``episodes_coarse``,
 holding each quantisable vector's sign bits (sqlite-vec
 ``vec_quantize_binary``) beside copies of the isolation columns, filled from
-the rows already there and kept equal by six triggers
-(``cpersona.storage.coarse_sqlite``, the single copy of the DDL).
+the rows already there. No trigger is stored: the triggers that keep the
+index in step call sqlite-vec, so each of our connections creates them TEMP
+(``cpersona.storage.coarse_sqlite``, the single copy of the DDL), and a writer
+without the extension can still write the file. A pre-release build of this
+revision stored them; they are dropped here.
 
 PostgreSQL: nothing here (pgvector's own indexes serve that engine).
 
@@ -23,17 +26,15 @@ down_revision = "0006_word_index"
 branch_labels = None
 depends_on = None
 
-# Module-level, so the schema_objects health check (services/health/integrity.py)
-# knows the triggers' canonical text, as it knows every revision's.
-TRIGGERS_DDL = coarse_sqlite.TRIGGERS_DDL
-
 
 def upgrade() -> None:
     from alembic import op
 
     if op.get_bind().dialect.name != "sqlite":
         return
-    for ddl in (*coarse_sqlite.TABLES_DDL, *TRIGGERS_DDL, *coarse_sqlite.BACKFILL):
+    for name in coarse_sqlite.TRIGGER_NAMES:
+        op.execute(f"DROP TRIGGER IF EXISTS main.{name}")
+    for ddl in (*coarse_sqlite.TABLES_DDL, *coarse_sqlite.BACKFILL):
         op.execute(ddl)
 
 
@@ -42,7 +43,7 @@ def downgrade() -> None:
 
     if op.get_bind().dialect.name != "sqlite":
         return
-    for name in coarse_sqlite.TRIGGER_NAMES:
-        op.execute(f"DROP TRIGGER IF EXISTS {name}")
+    for name in coarse_sqlite.TRIGGER_NAMES:  # this connection's; the others drop theirs at checkout
+        op.execute(f"DROP TRIGGER IF EXISTS temp.{name}")
     for name in coarse_sqlite.TABLE_NAMES:
         op.execute(f"DROP TABLE IF EXISTS {name}")
