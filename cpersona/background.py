@@ -72,9 +72,11 @@ class BackgroundWork:
         # task queue drains what earlier runs left (spec Q-2): both only write, so not on a
         # read-only database. The update check runs once, unwaited (UP-2).
         if self.app.db.read_only is None:
-            if self.app.db.is_sqlite:
+            settings = self.app.settings
+            if self.app.db.is_sqlite and settings.vector_reach > settings.max_memories:
                 # Writers without sqlite-vec (the sqlite3 shell, CPersona 2.6) leave the coarse
                 # index behind; it is a cache, so it is put back in step here, off the first answer.
+                # Only the far list reads it: with the reach inside the window a start pays nothing.
                 self._coarse = threading.Thread(target=self._reconcile_coarse, name="cpersona-coarse-reconcile",
                                                 daemon=True)
                 self._coarse.start()

@@ -397,7 +397,26 @@ def test_reconcile_brings_the_index_back_after_outside_writes(db, app):
     assert coarse_sqlite.reconcile_database(db) == {}  # in step: nothing found, no write taken
 
 
-def test_start_up_reconciles_in_the_background(db, app):
+def test_start_up_reconciles_in_the_background_when_the_far_list_reads_the_index(db, server):
+    from cpersona.background import BackgroundWork
+
+    app = embedding_app(db, server, DEGRADED_ADVISORY="false", MAX_MEMORIES="10", VECTOR_REACH="1000000")
+    try:
+        ids = _seed(app)
+        conn = plain_writer(db)
+        try:
+            outside_writes(conn, ids)
+        finally:
+            conn.close()
+        work = BackgroundWork(app)
+        work.start()
+        work.stop()  # waits for the reconcile pass
+        assert_in_step(db)
+    finally:
+        app.embedder.close()
+
+
+def test_start_up_leaves_the_index_alone_when_nothing_reads_it(db, app):
     from cpersona.background import BackgroundWork
 
     ids = _seed(app)
@@ -408,8 +427,9 @@ def test_start_up_reconciles_in_the_background(db, app):
         conn.close()
     work = BackgroundWork(app)
     work.start()
-    work.stop()  # waits for the reconcile pass
-    assert_in_step(db)
+    work.stop()
+    with db.read() as session:
+        assert coarse_sqlite.drift(session.connection())  # the default reach never reads it: no start-up pass
 
 
 def test_the_coarse_index_health_check_reports_and_fixes_drift(db, server):
