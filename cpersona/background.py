@@ -37,6 +37,7 @@ class BackgroundWork:
         self._stopped = False
         self._calibration: Any = None
         self._queue: Any = None
+        self._coarse: threading.Thread | None = None
 
     def prepare(self) -> None:
         from cpersona.services.calibration.state import restore_preferences
@@ -71,10 +72,26 @@ class BackgroundWork:
         # task queue drains what earlier runs left (spec Q-2): both only write, so not on a
         # read-only database. The update check runs once, unwaited (UP-2).
         if self.app.db.read_only is None:
+            settings = self.app.settings
+            if self.app.db.is_sqlite and settings.vector_reach > settings.max_memories:
+                # Writers without sqlite-vec (the sqlite3 shell, CPersona 2.6) leave the coarse
+                # index behind; it is a cache, so it is put back in step here, off the first answer.
+                # Only the far list reads it: with the reach inside the window a start pays nothing.
+                self._coarse = threading.Thread(target=self._reconcile_coarse, name="cpersona-coarse-reconcile",
+                                                daemon=True)
+                self._coarse.start()
             start_backfill(self.app)
             self._queue = start_task_queue(self.app)
         if self.app.settings.update_check:
             start_update_check(self.app)
+
+    def _reconcile_coarse(self) -> None:
+        from cpersona.storage.coarse_sqlite import reconcile_database
+
+        try:
+            reconcile_database(self.app.db)
+        except Exception:  # noqa: BLE001 - a cache left behind costs candidates, never the server
+            log.exception("coarse vector index reconcile failed")
 
     def stop(self) -> None:
         """Stop what was started (waiting as each part allows); later starts do nothing."""
@@ -86,6 +103,8 @@ class BackgroundWork:
             return
         if self._queue is not None:
             self._queue.stop()  # waits up to 5 s for a running handler (spec Q-7)
+        if self._coarse is not None:
+            self._coarse.join(timeout=30)  # the database closes next
         from cpersona.services.records.backfill import stop_backfill
 
         stop_backfill(self.app)

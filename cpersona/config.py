@@ -300,7 +300,7 @@ class Settings(BaseSettings):
     vector_min_similarity: float = _f(0.3, EMB, "Cosine similarity a vector match needs until calibration sets a threshold.")
     degraded_advisory: bool = _f(True, EMB, "Add an `advisory` to recall answers while embeddings are unavailable.")
     max_memories: int = _f(10000, EMB, "How many of the newest rows in scope the vector search ranks per recall (a search window, not a storage limit).", lo=1, out_of_range="default")
-    vector_reach: int = _f(0, EMB, "Total rows vector search may consider. Only a value above CPERSONA_MAX_MEMORIES has an effect: the rows in between form a second ranked list fused beside the first (local search, rrf/rsf).", lo=0)
+    vector_reach: int = _f(0, EMB, "Total rows vector search may consider. Only a value above CPERSONA_MAX_MEMORIES has an effect: the rows in between form a second ranked list fused beside the first (local search, rrf/rsf). On SQLite that list is read through the coarse index (one sign bit per dimension, best candidates re-ranked by exact cosine), so a reach of the whole corpus (e.g. 1000000000) costs a walk of ~100 bytes per row, not of the float vectors.", lo=0)
     vector_far_limit: int = _f(0, EMB, "Rows of that second list passed to fusion: 0 means the response limit, N means at most min(limit, N).", lo=0)
     vector_scan_chunk_rows: int = _f(512, EMB, "Rows per block in the fallback vector scan; bounds memory use, not speed.", lo=1)
     vector_index_max_excluded_ids: int = _f(10000, EMB, "How many rows the contiguous vector index may list as holes; with more, the index is not built and recall scans the table.", lo=0, also=("caps",))

@@ -36,8 +36,11 @@ def _virtual_tables(connection: Connection) -> set[str]:
 
 def _include_name_filter(connection: Connection):
     """Hide what the ORM does not describe: FTS5/vec0 tables, their shadow tables,
+    the coarse vector index (derived like them, raw DDL of revision 0007),
     SQLite's own bookkeeping, and Alembic's version table (spec IMPL-4)."""
-    virtual = _virtual_tables(connection)
+    from cpersona.storage import coarse_sqlite
+
+    virtual = _virtual_tables(connection) | (set(coarse_sqlite.TABLE_NAMES) if connection.dialect.name == "sqlite" else set())
 
     def include_name(name, type_, parent_names):
         if type_ != "table" or name is None:

@@ -71,6 +71,10 @@ LATER_TRIGGERS = {
 WORD_TABLES = {"memories_words", "episodes_words"}
 WORD_SHADOW = {f"{t}_{s}" for t in WORD_TABLES for s in ("data", "idx", "docsize", "config")}
 WORD_TRIGGERS = {f"{t}_words_{e}" for t in ("memories", "episodes") for e in ("ai", "ad", "au")}
+# revision 0007: the coarse vector index (derived, raw DDL). Its triggers are TEMP, per connection
+# (storage/coarse_sqlite.py), so the file's schema has none.
+COARSE_TABLES = {"memories_coarse", "episodes_coarse"}
+LATER_TABLES |= COARSE_TABLES
 HEAD_INDEXES = V13_INDEXES | UNVERSIONED_INDEXES | LATER_INDEXES
 V13_TRIGGERS = {
     "memories_fts_ai",
@@ -173,7 +177,7 @@ def include_name(db_conn):
     def _include(name, type_, parent_names):
         if type_ != "table" or name is None:
             return True
-        if name.startswith("sqlite_"):
+        if name.startswith("sqlite_") or name in COARSE_TABLES:  # derived like FTS: raw DDL, not modelled
             return False
         return not (name in virtual or any(name.startswith(v + "_") for v in virtual))
 

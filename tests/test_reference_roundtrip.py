@@ -240,3 +240,25 @@ async def test_reference_export_into_ours_keeps_every_row(tmp_path):  # spec IM-
     second = tmp_path / "ours.jsonl"
     await export_all(ours(our_dir / "memory.db"), second)
     assert read_export(second) == original
+
+
+@needs_reference
+async def test_the_reference_writes_a_file_we_migrated(tmp_path):
+    # Compatibility both ways: our newest revision stores nothing in the file that needs our
+    # extensions (the coarse index's triggers are TEMP, storage/coarse_sqlite.py), so CPersona
+    # 2.6.14, which does not load sqlite-vec, still stores and archives into it.
+    from cpersona.storage.engine import open_sqlite
+    from cpersona.storage.migrate import upgrade
+
+    db_file = tmp_path / "ours.db"
+    db = open_sqlite(db_file)
+    try:
+        upgrade(db)
+    finally:
+        db.close()
+    async with Client(reference(db_file)) as client:
+        assert (await call(client, "store", {"agent_id": "a", "content": "stored by the reference"}))["ok"] is True
+        assert (await call(client, "archive_episode", {"agent_id": "a", "summary": "by the reference"}))["ok"] is True
+    async with Client(ours(db_file)) as client:
+        hits = await call(client, "recall", {"agent_id": "a", "query": "stored by the reference"})
+    assert "stored by the reference" in json.dumps(hits)

@@ -506,6 +506,15 @@ def sqlite_engine(path: Path | str, *, foreign_keys: bool = True, read_only: boo
         for pragma in pragmas:
             dbapi_conn.execute(f"PRAGMA {pragma}")
 
+    if not read_only:
+        from cpersona.storage import coarse_sqlite
+
+        @event.listens_for(engine, "checkout")
+        def _on_checkout(dbapi_conn: Any, record: Any, _proxy: Any) -> None:
+            # The coarse index's triggers call sqlite-vec, so they are TEMP: only connections
+            # that load it (these) maintain the index, and the file stays writable without it.
+            coarse_sqlite.refresh_triggers(dbapi_conn, record.info)
+
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Connection) -> None:
         options = conn.get_execution_options()

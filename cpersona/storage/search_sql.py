@@ -92,6 +92,13 @@ class SqlSearch(ABC):
     def _vector_scan(self, kind: Kind, where: str, params: dict[str, Any], query: bytes) -> list[tuple[float, int]]:
         """(cosine, id) of the scan window's best rows, best first; [] when the scan failed."""
 
+    def _coarse_scan(
+        self, kind: Kind, scope: Scope, source_id: str, where: str, params: dict[str, Any], query: bytes
+    ) -> list[tuple[float, int]] | None:
+        """(cosine, id) of the window's best rows found through a compact index and re-ranked by
+        exact cosine, best first; None when this backend (or this query's width) has no such index."""
+        return None
+
     def vector_candidates(
         self,
         kind: Kind,
@@ -112,7 +119,11 @@ class SqlSearch(ABC):
             by_source, source_params = type(self).source_filter(source_id)
             where, params = f"{where} AND {by_source}", {**params, **source_params}
         params.update(scan_parameters(query, window=window, threshold=threshold, depth=depth))
-        best = self._vector_scan(kind, where, params, query)
+        # The near list (from position 0: the exact window, VEC-2) is ranked exactly;
+        # a far list goes through the backend's coarse index when it has one.
+        best = self._coarse_scan(kind, scope, source_id, where, params, query) if window[0] > 0 else None
+        if best is None:
+            best = self._vector_scan(kind, where, params, query)
         if not best:
             return []
         # Hydrate through the same scope: a row deleted or moved since the scan is dropped.

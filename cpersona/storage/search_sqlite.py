@@ -28,6 +28,7 @@ from typing import Any
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
+from cpersona.storage import coarse_sqlite
 from cpersona.storage.scope import Scope, sql_fragment
 from cpersona.storage.search import (  # noqa: F401  (FUNCTION_WORDS, ranking_terms: imported from here too)
     FUNCTION_WORDS,
@@ -64,17 +65,21 @@ def fts5_match(terms: Iterable[str]) -> str:
     return " OR ".join('"' + term.replace('"', '""') + '"' for term in terms)
 
 
-def source_filter(source_id: str, alias: str = "m") -> tuple[str, dict[str, Any]]:
+def source_filter(source_id: str, alias: str = "m", *, extracted: bool = False) -> tuple[str, dict[str, Any]]:
     """The per-user ``source_id`` predicate of spec ISO-3, as SQL and parameters.
 
     An id ending in a letter or digit must match ``source.$.id`` exactly; one
     ending in anything else (``discord:``, ``docs/``) is a prefix. A row whose
     source is not valid JSON never matches (CASE keeps json_extract from
-    raising on it).
+    raising on it). ``extracted``: ``alias`` is a coarse-index row, whose
+    ``source_key`` holds that id already (storage/coarse_sqlite.py).
     """
     if not source_id:
         return "1=1", {}
-    row_id = f"CAST(CASE WHEN json_valid({alias}.source) THEN json_extract({alias}.source, '$.id') END AS TEXT)"
+    row_id = (
+        f"{alias}.source_key" if extracted
+        else f"CAST(CASE WHEN json_valid({alias}.source) THEN json_extract({alias}.source, '$.id') END AS TEXT)"
+    )
     if source_id[-1].isalnum():
         return f"{row_id} = :source_id", {"source_id": source_id}
     return (
@@ -100,6 +105,22 @@ class _FtsSearch:
 
     joined: Any
     probed: Any
+    fts: str = ""  # the FTS5 table both statements match against
+    table: str = ""  # its content table
+
+
+# How many matching rows one ranked statement may score, as estimated from
+# the index's own counts (see SqliteSearch._within_budget). bm25 scores every
+# match before LIMIT keeps the best: a question's common terms ("Caroline",
+# "time") match a large share of the rows, ~1.5 µs each to rank, so at 1M
+# rows one statement would score hundreds of thousands of them.
+SCORED_ROWS_BUDGET = 20_000
+
+
+def trigrams(term: str) -> set[str]:
+    """The trigram tokens FTS5 indexes for ``term`` (its tokenizer folds case)."""
+    folded = term.lower()
+    return {folded[i : i + 3] for i in range(len(folded) - 2)}
 
 
 def _fts_search(fts: str, table: str, alias: str, columns: str, where: str) -> _FtsSearch:
@@ -117,7 +138,7 @@ def _fts_search(fts: str, table: str, alias: str, columns: str, where: str) -> _
         f"LEFT JOIN {table} {alias} NOT INDEXED ON {alias}.id = best.id AND {where} "
         "ORDER BY best.rank, best.id"
     )
-    return _FtsSearch(joined, probed)
+    return _FtsSearch(joined, probed, fts, table)
 
 
 def _julian_to_datetime(jd: float) -> datetime:
@@ -186,13 +207,14 @@ class SqliteSearch(SqlSearch):
         content-word row's so raw scores stay in list order for rsf.
         """
         # Phrases (declared names) always rank as content, whatever words they hold.
-        content = [*ranking_terms(terms), *phrases]
-        terms = [*terms, *phrases]
+        counts = self._term_counts(search, terms)
+        content = [*self._within_budget(ranking_terms(terms), counts), *phrases]
+        terms = [*self._within_budget(terms, counts), *phrases]
         rows = self._best_in_scope(what, search, params, fts5_match(content), depth)
         if rows is None:
             return None
         ranked = [(r, -float(rank)) for r, rank in rows]
-        if len(ranked) >= depth or len(content) == len(terms):
+        if len(ranked) >= depth or set(content) == set(terms):
             return ranked
         rest = self._best_in_scope(what, search, params, fts5_match(terms), depth)
         seen = {r.id for r, _ in ranked}
@@ -201,6 +223,60 @@ class SqliteSearch(SqlSearch):
         # A function-word match ranks below every content-word match, in its own bm25 order.
         ranked.extend((r, floor - 1.0 - i) for i, r in enumerate(extra))
         return ranked
+
+    @staticmethod
+    def _within_budget(terms: list[str], counts: dict[str, int]) -> list[str]:
+        """``terms`` (in their order) without the most common ones, while together they would
+        have the index score more than :data:`SCORED_ROWS_BUDGET` rows.
+
+        Rarest first: each term is kept while the kept terms' match counts still
+        fit the budget, and the rarest is always kept. The terms left out are
+        the ones bm25 weighs least (lowest IDF); a row they alone match would
+        rank under every row holding a rarer term. Below the budget (every
+        query of a corpus of a few thousand rows) nothing changes.
+        """
+        if len(terms) <= 1 or sum(counts.get(t, 0) for t in terms) <= SCORED_ROWS_BUDGET:
+            return terms
+        kept: set[str] = set()
+        total = 0
+        for term in sorted(terms, key=lambda t: counts.get(t, 0)):
+            if kept and total + counts.get(term, 0) > SCORED_ROWS_BUDGET:
+                break
+            kept.add(term)
+            total += counts.get(term, 0)
+        return [t for t in terms if t in kept]
+
+    def _term_counts(self, search: _FtsSearch, terms: list[str]) -> dict[str, int]:
+        """An upper bound on the rows each term matches: its rarest trigram's row count.
+
+        Read from an ``fts5vocab`` view of the index (a temporary table of the
+        connection, so the file's schema is untouched); {} when it cannot be
+        read, which keeps every term. Counting walks each trigram's row list
+        (cheaper per row than scoring, but over every trigram of every term),
+        so it is skipped when the table has no more rows than the budget (its
+        largest id bounds that in one index step): no statement can score more.
+        """
+        fts = search.fts
+        if not fts or len(terms) <= 1:
+            return {}
+        largest = self._run(f"{fts} size", text(f"SELECT max(id) AS n FROM {search.table}"), {})
+        if not largest or (largest[0].n or 0) <= SCORED_ROWS_BUDGET:
+            return {}
+        grams = {term: trigrams(term) for term in terms}
+        wanted = sorted(set().union(*grams.values()))
+        if not wanted:
+            return {}
+        marks = ", ".join(f":g{i}" for i in range(len(wanted)))
+        with self.db.read() as session:
+            try:
+                session.execute(text(
+                    f"CREATE VIRTUAL TABLE IF NOT EXISTS temp.{fts}_vocab USING fts5vocab(main, {fts}, 'row')"))
+                found = dict(session.execute(text(f"SELECT term, doc FROM temp.{fts}_vocab WHERE term IN ({marks})"),
+                                             {f"g{i}": g for i, g in enumerate(wanted)}).all())
+            except DBAPIError as exc:
+                log.warning("%s term counts unavailable, every term is ranked: %s", fts, exc.orig)
+                return {}
+        return {term: min((int(found.get(g, 0)) for g in gs), default=0) for term, gs in grams.items()}
 
     def _best_in_scope(
         self, what: str, search: _FtsSearch, params: dict[str, Any], match: str, depth: int
@@ -250,6 +326,23 @@ class SqliteSearch(SqlSearch):
 
     def _vector_scan(self, kind: Kind, where: str, params: dict[str, Any], query: bytes) -> list[tuple[float, int]]:
         rows = self._run(f"{kind} vector", scan_statement(kind, where), params)
+        return [(float(r.cosine), r.id) for r in rows or []]
+
+    def _coarse_scan(
+        self, kind: Kind, scope: Scope, source_id: str, where: str, params: dict[str, Any], query: bytes
+    ) -> list[tuple[float, int]] | None:
+        """The window through the sign-bit index, best candidates re-ranked exactly (coarse_sqlite)."""
+        if not coarse_sqlite.quantisable(query):
+            return None
+        coarse_where, coarse_params = sql_fragment(scope, "c")
+        if kind == "mem":
+            by_source, source_params = source_filter(source_id, "c", extracted=True)
+            coarse_where = f"{coarse_where} AND {by_source}"
+            coarse_params.update(source_params)
+        statement = coarse_sqlite.far_statement(kind, coarse_where, where)
+        extra = {"qbits": coarse_sqlite.query_bits(query), "nbits": len(query) // 32,
+                 "k": coarse_sqlite.candidates(int(params["depth"]))}
+        rows = self._run(f"{kind} coarse vector", statement, {**params, **coarse_params, **extra})
         return [(float(r.cosine), r.id) for r in rows or []]
 
     # -- listings and scope facts -----------------------------------------------

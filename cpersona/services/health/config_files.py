@@ -17,14 +17,15 @@ from cpersona.services.health import derived
 from cpersona.services.health.registry import Check, Ctx, Issue
 from cpersona.services.operating_context import SUMMARY_SIZE_HINT, read_state
 from cpersona.services.calibration.sidecar import glob_escape
+from cpersona.storage import coarse_sqlite
 from cpersona.storage import health_probes as probes
 
 
 def _nothing(ctx: Ctx) -> list[Issue]:
-    """The detector of vector_index, coarse_index, block_index and missing_blocks: always no issue.
+    """The detector of vector_index, block_index and missing_blocks: always no issue.
 
-    Their features (contiguous vector index files, the coarse 1-bit index, record
-    blocks and their index) do not exist in this build (spec README decision 6),
+    Their features (contiguous vector index files, record blocks and their
+    index) do not exist in this build (spec README decision 6),
     so the "feature off" state is the only state and it reports nothing (§9 point 3).
     """
     return []
@@ -33,6 +34,33 @@ def _nothing(ctx: Ctx) -> list[Issue]:
 def _no_repair(ctx: Ctx, issues: list[Issue]) -> None:
     """The repair slot of the feature-off fix-capable checks: there is never an issue to repair."""
     return None
+
+
+# -- 32: coarse_index ---------------------------------------------------------------------------
+
+
+def detect_coarse(ctx: Ctx) -> list[Issue]:
+    """Rows the coarse index (storage/coarse_sqlite.py) lost track of, while a far list reads it.
+
+    Only writers without our TEMP triggers (no sqlite-vec: the sqlite3 shell,
+    CPersona 2.6) leave it behind. Silent while no far list reads it (R-44:
+    CPERSONA_VECTOR_REACH not past CPERSONA_MAX_MEMORIES), as with the feature off.
+    """
+    if not ctx.app.db.is_sqlite or ctx.settings.vector_reach <= ctx.settings.max_memories:
+        return []
+    if not coarse_sqlite.present(ctx.conn):
+        return []
+    return [{"type": "coarse_index_drift", "table": table, "stale_rows": n["stale"], "missing_rows": n["missing"],
+             "repairable": 1, "hint": "rows written by a program without sqlite-vec; fix rewrites their index rows "
+                                      "(cpersona also does at every start)"}
+            for table, n in coarse_sqlite.drift(ctx.conn).items()]
+
+
+def repair_coarse(ctx: Ctx, issues: list[Issue]) -> None:
+    coarse_sqlite.reconcile(ctx.conn)
+    left = coarse_sqlite.drift(ctx.conn)
+    for issue in issues:
+        issue["fixed"] = issue["table"] not in left
 
 
 # -- 30: vector_fallback_config -----------------------------------------------------------------
@@ -142,7 +170,7 @@ def repair_permissions(ctx: Ctx, issues: list[Issue]) -> None:
 CHECKS = [
     Check("vector_fallback_config", "info", detect_vector_fallback),
     Check("vector_index", "info", _nothing),
-    Check("coarse_index", "info", _nothing, _no_repair, cross_agent=True),
+    Check("coarse_index", "info", detect_coarse, repair_coarse, cross_agent=True),
     Check("block_index", "info", _nothing, _no_repair, cross_agent=True),
     Check("operating_context_parse", "warn", detect_context_parse),
     Check("operating_context_size", "info", detect_context_size),

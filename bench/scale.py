@@ -1,0 +1,250 @@
+"""Cost at 10k / 100k / 1M memories: recall and store over MCP, fill rate, memory, bytes per row.
+
+    python bench/scale.py [--sizes 10000,100000,1000000] [--recalls 200] [--stores 100]
+                          [--reaches 0,1000000000] [--pg-url postgresql+psycopg://...]
+
+For each size a fresh database is filled **in-process** (not over MCP): the
+rows go through the project's own engine and migrations in batched Core
+inserts, so every trigger (FTS5 trigram, word index, coarse vector index)
+runs as it does for a store, but the tool layer, dedup probe and embedding
+round trip are skipped -> fill rows/s is the storage cost of a bulk load,
+not of the store tool. Rows are LoCoMo turns with a third of their words
+swapped (bench/latency.py's ``Corpus``), each with a stub 384-d vector (the
+feature-hashing stub of bench/minilm_server.py, unit length).
+
+Then a real server (`python -m cpersona`, stdio, driven by the MCP SDK client)
+opens the database with the stub embedding server (so recall embeds its
+query, and the vector channel runs over the exact window and, with
+``--reaches`` above CPERSONA_MAX_MEMORIES, the far list through the coarse
+index; one server per reach, one after the other on the same database) and
+is timed on:
+
+  recall   ``--recalls`` sequential mixed recalls (bench/latency.py's query mix) -> p50 / p95 ms,
+           and the server process's CPU time per recall (steadier than wall time on a loaded machine)
+  store    ``--stores`` sequential stores of new rows -> p50 ms, and CPU per store
+  RSS      the server process's VmRSS after the timed calls (and VmHWM, its peak)
+  size     database bytes per row (SQLite: file + WAL after a checkpoint;
+           PostgreSQL: pg_database_size), and the same minus the 1,536 bytes
+           of the float vector itself
+
+``--pg-url`` runs the same on PostgreSQL (a fresh database created on that
+cluster and dropped afterwards; the user needs CREATE DATABASE).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from harness_python import ensure_harness_python
+
+ensure_harness_python()
+
+BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH.parent))
+
+from latency import AGENT_ID, Corpus, cpu_ms, per_call, server_pid  # noqa: E402
+from mcp_driver import start_embedder, write_results  # noqa: E402
+from metrics import percentile  # noqa: E402
+from minilm_server import stub_embed  # noqa: E402
+
+VECTOR_BYTES = 384 * 4
+BATCH = 2000
+
+
+def open_database(kind: str, target: str):
+    if kind == "sqlite":
+        from cpersona.storage.engine import open_sqlite
+
+        return open_sqlite(Path(target))
+    from cpersona.storage.engine import open_postgres
+
+    return open_postgres(target)
+
+
+def bulk_fill(db, corpus: Corpus, size: int) -> float:
+    """Rows 0..size-1 in batched inserts through our engine; rows per second."""
+    import numpy as np
+    from sqlalchemy import insert
+
+    from cpersona.storage.models import Memory
+
+    started = time.perf_counter()
+    for first in range(0, size, BATCH):
+        rows = [corpus.row(i) for i in range(first, min(size, first + BATCH))]
+        vectors = np.asarray(stub_embed([r["content"] for r in rows]), dtype="<f4")
+        values = [
+            {"agent_id": r["agent_id"], "content": r["content"], "msg_id": r["id"], "timestamp": r["timestamp"],
+             "created_at": r["timestamp"][:19].replace("T", " "), "embedding": v.tobytes(),
+             "source": json.dumps({"type": "User", "id": "bench", "name": "bench"})}
+            for r, v in zip(rows, vectors)
+        ]
+        with db.write_connection() as conn:
+            conn.execute(insert(Memory), values)
+        if first and first % 100_000 == 0:
+            rate = first / (time.perf_counter() - started)
+            print(f"    filled {first} rows ({rate:.0f} rows/s)", file=sys.stderr, flush=True)
+    return size / (time.perf_counter() - started)
+
+
+def sqlite_bytes(path: Path) -> int:
+    import sqlean
+
+    conn = sqlean.connect(str(path))
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.close()
+    return sum(p.stat().st_size for p in path.parent.glob(path.name + "*"))
+
+
+def postgres_bytes(url: str) -> int:
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(url)
+    with engine.connect() as conn:
+        return int(conn.execute(text("SELECT pg_database_size(current_database())")).scalar())
+
+
+def memory_kb(pid: int | None) -> tuple[int | None, int | None]:
+    if pid is None:
+        return None, None
+    fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+    kb = lambda name: int(fields[name].split()[0]) if name in fields else None  # noqa: E731
+    return kb("VmRSS"), kb("VmHWM")
+
+
+async def time_server(env: dict[str, str], workdir: Path, corpus: Corpus, size: int, first: int,
+                      args) -> dict[str, Any]:
+    from mcp import ClientSession, StdioServerParameters
+    from mcp.client.stdio import get_default_environment, stdio_client
+
+    from latency import RunningServer
+
+    full = {**get_default_environment(), **env, "CPERSONA_UPDATE_CHECK": "false", "PYTHONUNBUFFERED": "1"}
+    params = StdioServerParameters(command=str(BENCH.parent / ".venv" / "bin" / "python"), args=["-m", "cpersona"],
+                                   env=full, cwd=str(workdir))
+    with open(workdir / "server.log", "w") as errlog:
+        async with stdio_client(params, errlog=errlog) as (read, write), ClientSession(read, write) as session:
+            await session.initialize()
+            server = RunningServer(name="ours", session=session, workdir=workdir)
+            pid = server_pid(server)
+            await server.call("recall", {"agent_id": AGENT_ID, "query": "warm up", "limit": 5})
+            recall_ms, failures = [], 0
+            cpu_before = cpu_ms(pid)
+            for arguments in corpus.recall_queries(args.recalls, size, size):
+                answer, elapsed = await server.try_call("recall", arguments)
+                failures += "messages" not in answer
+                recall_ms.append(elapsed)
+            recall_cpu = per_call(cpu_before, cpu_ms(pid), args.recalls)
+            store_ms = []
+            cpu_before = cpu_ms(pid)
+            for index in range(first, first + args.stores):
+                answer, elapsed = await server.try_call("store", corpus.row(index))
+                failures += answer.get("ok") is not True
+                store_ms.append(elapsed)
+            store_cpu = per_call(cpu_before, cpu_ms(pid), args.stores)
+            rss, peak = memory_kb(pid)
+    return {
+        "recall_p50_ms": round(statistics.median(recall_ms), 1),
+        "recall_p95_ms": round(percentile(recall_ms, 0.95), 1),
+        "store_p50_ms": round(statistics.median(store_ms), 2),
+        "recall_cpu_ms": None if recall_cpu is None else round(recall_cpu, 1),
+        "store_cpu_ms": None if store_cpu is None else round(store_cpu, 2),
+        "rss_mb": None if rss is None else round(rss / 1024, 1),
+        "peak_rss_mb": None if peak is None else round(peak / 1024, 1),
+        "failures": failures,
+    }
+
+
+async def one_size(kind: str, size: int, corpus: Corpus, embed_url: str, args) -> dict[str, Any]:
+    from cpersona.storage.migrate import upgrade
+
+    workdir = Path(tempfile.mkdtemp(prefix=f"cpersona-scale-{kind}-", dir=args.workdir))
+    env = {
+        "CPERSONA_DB_PATH": str(workdir / "cpersona.db"),
+        "CPERSONA_EMBEDDING_MODE": "http",
+        "CPERSONA_EMBEDDING_URL": embed_url,
+    }
+    pg_url = None
+    if kind == "postgresql":
+        from sqlalchemy import create_engine, text
+        from sqlalchemy.engine import make_url
+
+        name = "cpersona_scale_" + uuid.uuid4().hex[:10]
+        admin = create_engine(args.pg_url, isolation_level="AUTOCOMMIT")
+        with admin.connect() as conn:
+            conn.execute(text(f'CREATE DATABASE "{name}"'))
+        pg_url = make_url(args.pg_url).set(database=name).render_as_string(hide_password=False)
+        env["CPERSONA_DATABASE_URL"] = pg_url
+    db = open_database(kind, pg_url or env["CPERSONA_DB_PATH"])
+    try:
+        upgrade(db)
+        rate = bulk_fill(db, corpus, size)
+    finally:
+        db.close()
+    print(f"  [{kind}/{size}] in-process fill {rate:.0f} rows/s", file=sys.stderr, flush=True)
+    timed = {}
+    for number, reach in enumerate(args.reaches):
+        # Each server stores its own --stores rows past the fill (new ids, so none is a duplicate).
+        first = size + number * args.stores
+        timed[f"reach={reach}"] = await time_server({**env, "CPERSONA_VECTOR_REACH": str(reach)}, workdir, corpus,
+                                                    size, first, args)
+    rows = size + args.stores * len(args.reaches)
+    total = sqlite_bytes(workdir / "cpersona.db") if kind == "sqlite" else postgres_bytes(pg_url)
+    if kind == "postgresql":
+        admin.dispose()
+        with create_engine(args.pg_url, isolation_level="AUTOCOMMIT").connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    if not args.keep:
+        for path in workdir.glob("*"):
+            path.unlink()
+        workdir.rmdir()
+    result = {"backend": kind, "size": size, "fill_rows_per_s": round(rate), "servers": timed,
+              "bytes_per_row": round(total / rows), "bytes_per_row_without_vector": round(total / rows - VECTOR_BYTES)}
+    print(f"  [{kind}/{size}] {result}", file=sys.stderr, flush=True)
+    return result
+
+
+async def main_async(args) -> None:
+    corpus = Corpus(args.seed)
+    results = []
+    with start_embedder("stub") as embed_url:
+        for kind in ["sqlite", *(["postgresql"] if args.pg_url else [])]:
+            for size in args.sizes:
+                results.append(await one_size(kind, size, corpus, embed_url, args))
+    load = os.getloadavg()
+    payload = {"date_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"), "load": [round(x, 2) for x in load],
+               "command": " ".join(sys.argv), "results": results}
+    print(json.dumps(payload, indent=1))
+    write_results("scale", payload)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", default="10000,100000")
+    parser.add_argument("--recalls", type=int, default=200)
+    parser.add_argument("--stores", type=int, default=100)
+    parser.add_argument("--reaches", default="0,1000000000",
+                        help="CPERSONA_VECTOR_REACH of each timed server, one after the other on the same database "
+                             "(0: the exact window only; 1000000000: the far list over the whole corpus)")
+    parser.add_argument("--pg-url", default="", help="also run on PostgreSQL (a cluster URL with CREATE DATABASE)")
+    parser.add_argument("--workdir", default=None, help="where the SQLite files go (default: the temp dir)")
+    parser.add_argument("--keep", action="store_true", help="keep the database files")
+    parser.add_argument("--seed", type=int, default=7)
+    args = parser.parse_args()
+    args.sizes = [int(s) for s in args.sizes.split(",")]
+    args.reaches = [int(r) for r in args.reaches.split(",")]
+    asyncio.run(main_async(args))
+
+
+if __name__ == "__main__":
+    main()
