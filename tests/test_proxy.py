@@ -111,8 +111,11 @@ def test_the_proxy_process_loads_neither_the_sdk_nor_the_database_code(http_serv
     loaded = set(modules_file.read_text(encoding="utf-8").split())
     assert "httpx" in loaded  # the file is the proxy's
     # jsonschema: the stdio reader shares its size bound with the argument checks, not their validator.
+    # asyncio, anyio, trio: the proxy runs on threads with httpx's synchronous client, and httpcore's
+    # module-level imports of the async libraries are kept out (cpersona.proxy_stdio._import_httpx).
     heavy = {"mcp", "mcp_types", "pydantic", "pydantic_settings", "sqlalchemy", "numpy", "cpersona.config",
-             "cpersona.storage.engine", "cpersona.services.app", "jsonschema"}
+             "cpersona.storage.engine", "cpersona.services.app", "jsonschema", "asyncio", "anyio", "trio",
+             "sniffio", "cpersona.mcp"}
     assert sorted(loaded & heavy) == []
 
 
