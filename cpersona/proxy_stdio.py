@@ -468,7 +468,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # The same arguments as ``cpersona proxy`` (cpersona.cli builds that parser).
     from cpersona.cli import build_parser
 
-    return run(build_parser().parse_args(["proxy", *(argv if argv is not None else sys.argv[1:])]))
+    return run(build_parser(proxy_only=True).parse_args(["proxy", *(argv if argv is not None else sys.argv[1:])]))
 
 
 if __name__ == "__main__":
