@@ -246,9 +246,10 @@ class Proxy:
                 with self._busy:
                     self._forwarding += 1
                 threading.Thread(target=self._forward, args=(line,), name="cpersona-proxy-post", daemon=True).start()
+            with self._busy:  # stdin ended; an interrupt (Ctrl-C) does not wait
+                self._busy.wait_for(lambda: self._forwarding == 0, timeout=CLOSE_WAIT_SECONDS)
         finally:
             with self._busy:
-                self._busy.wait_for(lambda: self._forwarding == 0, timeout=CLOSE_WAIT_SECONDS)
                 unanswered = list(self._pending.values())
             with self._out:
                 # What is still in flight is answered now, and whatever its thread writes later is dropped.
