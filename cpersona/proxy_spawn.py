@@ -28,7 +28,6 @@ that period while its session lives, so it stops only when no proxy is left.
 
 from __future__ import annotations
 
-import asyncio
 import fcntl
 import json
 import logging
@@ -224,14 +223,16 @@ class Spawner:
             json.dump({"url": url, "token": token, "pid": pid, "acl_file": acl}, out)
         os.replace(temporary, self.state_path)
 
-    async def heartbeat(self, proxy: Any) -> None:
-        """Ping a few times per idle period, so the server outlives no proxy and no proxy outlives it."""
+    def heartbeat(self, proxy: Any) -> None:
+        """Ping a few times per idle period, so the server outlives no proxy and no proxy outlives it.
+
+        Runs in a daemon thread of its own for as long as the proxy's process lives."""
         if self.idle_seconds <= 0:
             return
         interval = max(0.5, self.idle_seconds / 4)
         while True:
-            await asyncio.sleep(interval)
+            time.sleep(interval)
             try:
-                await proxy.ping()
+                proxy.ping()
             except Exception as exc:  # noqa: BLE001 - the next client request revives the server
                 log.info("heartbeat: %s", exc)

@@ -22,6 +22,12 @@ embedding model.
 With ``--spawn`` (or ``CPERSONA_PROXY_SPAWN=true``) the proxy starts the shared
 server itself when none answers (:mod:`cpersona.proxy_spawn`).
 
+Threads, not an event loop: the main thread reads stdin, each message is
+POSTed by a thread of its own (at most MAX_INFLIGHT at once) through one
+thread-safe synchronous httpx client, and writes to stdout are serialised.
+So the process loads neither asyncio nor AnyIO (httpcore would import AnyIO,
+and trio where installed, for its async half; see ``_import_httpx``).
+
 Settings are read here from the environment with the same rules as
 :mod:`cpersona.config` (tests/test_proxy.py holds the two to each other):
 loading the settings model would cost this process more than everything else
@@ -31,7 +37,6 @@ it does.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import itertools
 import json
 import logging
@@ -39,16 +44,42 @@ import math
 import os
 import re
 import sys
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-if "httpx" not in sys.modules:
-    # httpx's package imports its command-line tool (click, rich, pygments) whenever
-    # those happen to be installed; a proxy never runs it. A None entry makes that
-    # optional import fail the way httpx expects when they are absent.
+
+
+def _import_httpx() -> Any:
+    """httpx, without the modules only its async half and its command-line tool use.
+
+    httpcore imports AnyIO (and trio, whenever it is installed) at module level
+    for its async connection pool: 0.1 s of CPU and several MiB in a process
+    that only ever uses the synchronous client. httpx's package likewise imports
+    its command-line tool (click, rich, pygments) when those are installed. A
+    None entry in ``sys.modules`` makes each of those optional imports fail the
+    way httpcore and httpx expect when the package is absent; the entries for
+    anyio and trio are removed again afterwards, so nothing else in the process
+    is kept from importing them.
+    """
+    if "httpx" in sys.modules:
+        return sys.modules["httpx"]
     sys.modules.setdefault("httpx._main", None)  # type: ignore[assignment]
-import httpx  # noqa: E402
+    placed = [name for name in ("anyio", "trio") if name not in sys.modules]
+    for name in placed:
+        sys.modules[name] = None  # type: ignore[assignment]
+    try:
+        import httpcore  # noqa: F401 - imported now, while the async libraries read as absent
+        import httpx
+    finally:
+        for name in placed:
+            if sys.modules.get(name, False) is None:
+                del sys.modules[name]
+    return httpx
+
+
+httpx = _import_httpx()
 
 log = logging.getLogger("cpersona.proxy")
 
@@ -172,52 +203,74 @@ class Proxy:
         self.url = settings.remote_url
         self.token = settings.auth_token
         self._spawner = spawner
-        self._http = httpx.AsyncClient(timeout=httpx.Timeout(READ_TIMEOUT_SECONDS, connect=CONNECT_TIMEOUT_SECONDS),
-                                       verify=tls_verification(settings.remote_url))
-        self._room = asyncio.Semaphore(settings.max_inflight)
-        self._tasks: set[asyncio.Task[None]] = set()
+        # One client for every thread: httpx's synchronous client and its pool are thread-safe.
+        self._http = httpx.Client(timeout=httpx.Timeout(READ_TIMEOUT_SECONDS, connect=CONNECT_TIMEOUT_SECONDS),
+                                  verify=tls_verification(settings.remote_url))
+        self._room = threading.BoundedSemaphore(settings.max_inflight)
+        self._out = threading.Lock()  # one writer of stdout at a time: every line whole
+        self._closed = False  # set once exit has answered what was still in flight; later writes are dropped
+        self._busy = threading.Condition()
+        self._pending: dict[int, Any] = {}  # forwarding thread → the id of the request it carries
+        self._forwarding = 0
         self._session_id: str | None = None
         self._protocol_version: str | None = None
         self._init_params: Any = None  # the client's initialize, replayed after a reconnect
         self._needs_init = False
-        self._init_lock = asyncio.Lock()
+        self._init_lock = threading.Lock()
         self._ids = itertools.count(1)
 
     # -- stdio ---------------------------------------------------------------------
 
     def write(self, message: Any) -> None:
         line = message if isinstance(message, bytes) else json.dumps(message, ensure_ascii=False).encode("utf-8")
-        sys.stdout.buffer.write(line + b"\n")
-        sys.stdout.buffer.flush()
+        with self._out:
+            if not self._closed:
+                self._emit(line)
 
-    async def ping(self) -> None:
+    def ping(self) -> None:
         """One ``ping`` the client never sees: keeps a spawned server from idling out while this session lives."""
         body = json.dumps({"jsonrpc": "2.0", "id": f"cpersona-proxy-ping-{next(self._ids)}", "method": "ping"})
-        await self._post(body.encode("utf-8"), relay=False)
+        self._post(body.encode("utf-8"), relay=False)
 
     def answer_error(self, request_id: Any, text: str) -> None:
-        self.write({"jsonrpc": "2.0", "id": request_id, "error": {"code": PROXY_ERROR, "message": text}})
+        self.write(_error(request_id, text))
 
-    async def run(self, lines: Any) -> None:
-        """Forward every line until stdin ends, then let in-flight requests finish."""
+    def run(self, stdin: Any) -> None:
+        """Forward every line until stdin ends, then let in-flight requests finish (bounded)."""
         try:
-            async for line in lines:
+            for raw in iter(stdin.readline, b""):
+                line = raw.decode("utf-8", "replace").rstrip("\r\n")
                 if not line.strip():
                     continue
-                await self._room.acquire()  # back-pressure: stdin waits while MAX_INFLIGHT are unanswered
-                task = asyncio.create_task(self._forward(line.rstrip("\r\n")))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
-            if self._tasks:
-                await asyncio.wait(set(self._tasks), timeout=CLOSE_WAIT_SECONDS)
+                self._room.acquire()  # back-pressure: stdin waits while MAX_INFLIGHT are unanswered
+                with self._busy:
+                    self._forwarding += 1
+                threading.Thread(target=self._forward, args=(line,), name="cpersona-proxy-post", daemon=True).start()
+            with self._busy:  # stdin ended; an interrupt (Ctrl-C) does not wait
+                self._busy.wait_for(lambda: self._forwarding == 0, timeout=CLOSE_WAIT_SECONDS)
         finally:
-            for task in list(self._tasks):
-                task.cancel()
-            await self._http.aclose()
+            with self._busy:
+                unanswered = list(self._pending.values())
+            with self._out:
+                # What is still in flight is answered now, and whatever its thread writes later is dropped.
+                for request_id in unanswered:
+                    if not self._closed:
+                        stopped = _error(request_id, "cpersona proxy: stopped before the server answered")
+                        self._emit(json.dumps(stopped).encode("utf-8"))
+                self._closed = True
+
+    def _emit(self, line: bytes) -> None:
+        """One line to the client; the caller holds the stdout lock."""
+        try:
+            sys.stdout.buffer.write(line + b"\n")
+            sys.stdout.buffer.flush()
+        except (OSError, ValueError):  # the client stopped reading: nobody is left to answer
+            self._closed = True
 
     # -- one message ---------------------------------------------------------------
 
-    async def _forward(self, line: str) -> None:
+    def _forward(self, line: str) -> None:
+        me = threading.get_ident()
         try:
             try:
                 message = json.loads(line)
@@ -225,39 +278,42 @@ class Proxy:
                 message = None
             request_id = message.get("id") if isinstance(message, dict) and "method" in message else None
             is_initialize = isinstance(message, dict) and message.get("method") == "initialize"
+            if request_id is not None:
+                with self._busy:
+                    self._pending[me] = request_id
             try:
-                await self._deliver(line.encode("utf-8"), message, request_id, is_initialize)
+                self._deliver(line.encode("utf-8"), message, request_id, is_initialize)
             except (Unreachable, Broken) as exc:
                 self._needs_init = self._init_params is not None
                 if request_id is not None:
                     self.answer_error(request_id, f"cpersona proxy: {exc}")
                 else:
                     log.warning("a notification or answer from the client was not delivered: %s", exc)
-            except asyncio.CancelledError:
-                if request_id is not None:
-                    self.answer_error(request_id, "cpersona proxy: stopped before the server answered")
-                raise
             except Exception as exc:  # noqa: BLE001 - an unexpected failure still answers the request
                 log.exception("forwarding failed")
                 if request_id is not None:
                     self.answer_error(request_id, f"cpersona proxy: {type(exc).__name__}: {exc}")
         finally:
+            with self._busy:
+                self._pending.pop(me, None)
+                self._forwarding -= 1
+                self._busy.notify_all()
             self._room.release()
 
-    async def _deliver(self, body: bytes, message: Any, request_id: Any, is_initialize: bool) -> None:
+    def _deliver(self, body: bytes, message: Any, request_id: Any, is_initialize: bool) -> None:
         if not is_initialize and self._needs_init:
-            await self._reinitialize()
+            self._reinitialize()
         for attempt in (1, 2):
             try:
-                answered = await self._post(body, relay=True, capture=is_initialize)
+                answered = self._post(body, relay=True, capture=is_initialize)
             except Unreachable:
-                if attempt == 2 or not await self._revive():
+                if attempt == 2 or not self._revive():
                     raise
                 continue
             except Expired:
                 if attempt == 2 or self._init_params is None:
                     raise Broken("the server ended the session") from None
-                await self._reinitialize()
+                self._reinitialize()
                 continue
             if is_initialize and isinstance(message, dict):
                 self._init_params = message.get("params")
@@ -266,29 +322,29 @@ class Proxy:
                 raise Broken("the server closed the answer stream before answering")
             return
 
-    async def _revive(self) -> bool:
+    def _revive(self) -> bool:
         """Nothing answered: with --spawn, start (or find) the shared server and initialize again."""
         if self._spawner is None:
             return False
-        endpoint = await asyncio.to_thread(self._spawner.ensure_server)
+        endpoint = self._spawner.ensure_server()
         self.url, self.token = endpoint.url, endpoint.token
         self._session_id = None
         if self._init_params is not None:
-            await self._reinitialize()
+            self._reinitialize()
         return True
 
-    async def _reinitialize(self) -> None:
-        async with self._init_lock:
+    def _reinitialize(self) -> None:
+        with self._init_lock:
             if not self._needs_init and self._session_id is not None:
                 return
             self._session_id = None
             init_id = f"cpersona-proxy-initialize-{next(self._ids)}"
             body = json.dumps({"jsonrpc": "2.0", "id": init_id, "method": "initialize",
                                "params": self._init_params}).encode("utf-8")
-            answered = await self._post(body, relay=False, capture=True)
+            answered = self._post(body, relay=False, capture=True)
             if init_id not in answered:
                 raise Broken("the server did not answer initialize")
-            await self._post(b'{"jsonrpc":"2.0","method":"notifications/initialized"}', relay=False)
+            self._post(b'{"jsonrpc":"2.0","method":"notifications/initialized"}', relay=False)
             self._needs_init = False
 
     # -- HTTP ------------------------------------------------------------------------
@@ -303,12 +359,12 @@ class Proxy:
             headers["Mcp-Protocol-Version"] = self._protocol_version
         return headers
 
-    async def _post(self, body: bytes, *, relay: bool, capture: bool = False) -> set[Any]:
+    def _post(self, body: bytes, *, relay: bool, capture: bool = False) -> set[Any]:
         """POST one message; relay what comes back; the ids of the answers seen."""
         answered: set[Any] = set()
         sent_session = self._session_id
         try:
-            async with self._http.stream("POST", self.url, content=body, headers=self._headers()) as response:
+            with self._http.stream("POST", self.url, content=body, headers=self._headers()) as response:
                 if response.status_code == 404 and sent_session:
                     raise Expired()
                 if capture and response.headers.get("mcp-session-id"):
@@ -317,10 +373,10 @@ class Proxy:
                     return answered
                 kind = response.headers.get("content-type", "").split(";")[0].strip().lower()
                 if kind == "text/event-stream":
-                    async for data in _sse_data(response):
+                    for data in _sse_data(response):
                         self._received(data, answered, relay, capture)
                     return answered
-                payload = await response.aread()
+                payload = response.read()
                 if kind == "application/json" and payload.strip():
                     self._received(payload, answered, relay, capture)
                     return answered
@@ -352,10 +408,14 @@ class Proxy:
                 self.write(single.strip() if single is not None else message)
 
 
-async def _sse_data(response: httpx.Response) -> Any:
+def _error(request_id: Any, text: str) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": request_id, "error": {"code": PROXY_ERROR, "message": text}}
+
+
+def _sse_data(response: Any) -> Any:
     """The ``data`` of each server-sent event (the fields of one event joined by newlines)."""
     data: list[str] = []
-    async for line in response.aiter_lines():
+    for line in response.iter_lines():
         if line == "":
             if data:
                 yield "\n".join(data).encode("utf-8")
@@ -392,8 +452,12 @@ def run(args: argparse.Namespace) -> int:
             return 1
         settings = ProxySettings(endpoint.url, endpoint.token, settings.max_inflight, True,
                                  settings.server_idle_seconds)
+    proxy = Proxy(settings, spawner=spawner)
+    if spawner is not None:
+        threading.Thread(target=spawner.heartbeat, args=(proxy,), name="cpersona-proxy-heartbeat",
+                         daemon=True).start()
     try:
-        asyncio.run(_serve(settings, spawner))
+        proxy.run(sys.stdin.buffer)
     except KeyboardInterrupt:
         pass
     from cpersona.cli import _leave
@@ -401,23 +465,11 @@ def run(args: argparse.Namespace) -> int:
     return _leave(0)  # every answer is written; interpreter teardown would only delay the exit
 
 
-async def _serve(settings: ProxySettings, spawner: Any) -> None:
-    from cpersona.mcp.stdio_thread import ThreadStdin
-
-    proxy = Proxy(settings, spawner=spawner)
-    heartbeat = asyncio.create_task(spawner.heartbeat(proxy)) if spawner is not None else None
-    try:
-        await proxy.run(ThreadStdin(sys.stdin.fileno()))
-    finally:
-        if heartbeat is not None:
-            heartbeat.cancel()
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     # The same arguments as ``cpersona proxy`` (cpersona.cli builds that parser).
     from cpersona.cli import build_parser
 
-    return run(build_parser().parse_args(["proxy", *(argv if argv is not None else sys.argv[1:])]))
+    return run(build_parser(proxy_only=True).parse_args(["proxy", *(argv if argv is not None else sys.argv[1:])]))
 
 
 if __name__ == "__main__":

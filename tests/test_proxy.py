@@ -100,19 +100,25 @@ async def test_the_sdk_client_through_the_proxy_sees_the_real_server(http_server
         assert [m["content"] for m in recalled["messages"]] == ["kept through the proxy"]
 
 
-def test_the_proxy_process_loads_neither_the_sdk_nor_the_database_code(http_server: HttpServer,
-                                                                       tmp_path: Path) -> None:
+@pytest.mark.parametrize("command", [["cpersona", "proxy"], ["cpersona.proxy_stdio"]], ids=" ".join)
+def test_the_proxy_process_loads_neither_the_sdk_nor_the_database_code(http_server: HttpServer, tmp_path: Path,
+                                                                       command: list[str]) -> None:
     modules_file = tmp_path / "modules.txt"
     env = _proxy_env(http_server.endpoint.url, CPERSONA_TEST_MODULES_FILE=str(modules_file))
-    session = RawSession(env, args=[str(HERE / "modules_at_exit.py"), "cpersona.proxy_stdio"])
+    session = RawSession(env, args=[str(HERE / "modules_at_exit.py"), *command])
     session.initialize()
     assert "result" in session.call("recall", '{"agent_id":"a","query":"anything"}')
     assert session.close() == 0
     loaded = set(modules_file.read_text(encoding="utf-8").split())
     assert "httpx" in loaded  # the file is the proxy's
     # jsonschema: the stdio reader shares its size bound with the argument checks, not their validator.
+    # asyncio, anyio, trio: the proxy runs on threads with httpx's synchronous client, and httpcore's
+    # module-level imports of the async libraries are kept out (cpersona.proxy_stdio._import_httpx).
     heavy = {"mcp", "mcp_types", "pydantic", "pydantic_settings", "sqlalchemy", "numpy", "cpersona.config",
-             "cpersona.storage.engine", "cpersona.services.app", "jsonschema"}
+             "cpersona.storage.engine", "cpersona.services.app", "jsonschema", "asyncio", "anyio", "trio",
+             "sniffio", "cpersona.mcp",
+             # the maintenance commands' modules: `cpersona proxy` parses its command line alone
+             "cpersona.admin_cli", "cpersona.checkup", "cpersona.people_cli", "cpersona.hooks", "cpersona.ui"}
     assert sorted(loaded & heavy) == []
 
 
