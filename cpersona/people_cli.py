@@ -1,9 +1,12 @@
 """``cpersona search | list | show | delete``: the memory, read and pruned by a person at a terminal.
 
-Each command is a client of the MCP tools (:mod:`cpersona.tool_cli`): search is
-``recall``, show is ``get_contents``, list is ``list_memories`` and
-``list_episodes``, delete is ``delete_memory`` or ``delete_episode``, all with
-the rules an agent's call meets (an agent sees only its own rows). Output is
+Each command is a client of the MCP tools (:mod:`cpersona.tool_cli`), with the
+rules an agent's call meets (an agent sees only its own rows): search is
+``recall``, delete is ``delete_memory`` or ``delete_episode``. list and show
+read what the web page reads (:mod:`cpersona.services.records.browse`: the
+timeline, filtered and paged in storage, and one record whole) once the tools
+have allowed the read: the listing tools for the agent asked, ``get_contents``
+for the record. Output is
 plain text for people; ``--json`` prints the tools' answers for scripts. Exit
 status: 0 done, 1 the tool refused or found nothing, 2 a command line or
 configuration that cannot be used, 3 a database this build must not open;
@@ -24,7 +27,8 @@ from typing import Any
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 LIST_DEFAULT = 50
 LINE_CHARS = 110  # one listed row per terminal line
-LIST_TOOLS = {"memory": ("list_memories", "memories", "mem", 500), "episode": ("list_episodes", "episodes", "ep", 200)}
+# --type: (the listing tool whose rules allow the read, its key, the ref prefix)
+LIST_TOOLS = {"memory": ("list_memories", "memories", "mem"), "episode": ("list_episodes", "episodes", "ep")}
 _RELATIVE = re.compile(r"(\d{1,5})([hdw])")
 
 
@@ -42,15 +46,18 @@ def add_subcommands(commands: Any) -> None:
                          help="only rows stored since: a date (2026-12-01), today, yesterday, or 12h / 7d / 2w ago")
     listing.add_argument("--agent", default=None, help="only this agent's rows (default: every agent)")
     listing.add_argument("--type", choices=tuple(LIST_TOOLS), default=None, help="only memories or only episodes")
-    listing.add_argument("--project", default=None, help="only this project (and the global pool)")
-    listing.add_argument("--limit", type=int, default=LIST_DEFAULT, help=f"at most this many rows (default {LIST_DEFAULT})")
+    listing.add_argument("--project", default=None, help="only this project (exactly; the global pool is '')")
+    listing.add_argument("--limit", type=int, default=LIST_DEFAULT,
+                         help=f"rows on this page (default {LIST_DEFAULT}, at most 500)")
+    listing.add_argument("--offset", type=int, default=0, help="skip this many of the newest rows (the next page)")
     listing.add_argument("--json", action="store_true", help="print the rows as JSON")
     listing.set_defaults(handler=lambda args: _run(_list, args))
 
-    show = commands.add_parser("show", help="print one record in full (the get_contents tool)")
+    show = commands.add_parser("show", help="print one record in full: its fields, ranges, entities, relations")
     show.add_argument("ref", help="the record: mem:12 or ep:3")
     show.add_argument("--agent", required=True, help="the agent the record belongs to")
-    show.add_argument("--json", action="store_true", help="print the get_contents answer as JSON")
+    show.add_argument("--json", action="store_true",
+                      help="print the get_contents answer, with the whole record under \"record\", as JSON")
     show.set_defaults(handler=lambda args: _run(_show, args))
 
     delete = commands.add_parser("delete", help="delete one memory or episode (asks first, unless --yes)")
@@ -179,91 +186,129 @@ def parse_since(value: str, now: datetime | None = None) -> datetime:
 
 
 def _list(args: argparse.Namespace, tools: Any) -> int:
-    from cpersona.services.timestamps import parse_iso
+    """The page's own timeline (:func:`cpersona.services.records.browse.timeline`): filtered in storage, paged."""
+    from datetime import timezone
 
-    if args.limit < 0:
-        raise _Usage("--limit must be 0 or more")
+    from cpersona.services.records import browse
+    from cpersona.storage.repositories.browse import TimelineFilter
+
+    if not 1 <= args.limit <= browse.TIMELINE_MAX_ROWS:
+        raise _Usage(f"--limit must be 1 to {browse.TIMELINE_MAX_ROWS}")
+    if args.offset < 0:
+        raise _Usage("--offset must be 0 or more")
     since = parse_since(args.since) if args.since else None
-    rows: list[dict[str, Any]] = []
-    complete = True
-    for kind in [args.type] if args.type else list(LIST_TOOLS):
-        tool, key, prefix, cap = LIST_TOOLS[kind]
-        arguments: dict[str, Any] = {"limit": cap if since else args.limit}
+    kinds = [args.type] if args.type else list(LIST_TOOLS)
+    for kind in kinds:
+        # The listing tool decides who may read which agent (argument checks, the ACL): a refusal stops here.
+        probe: dict[str, Any] = {"limit": 1}
         if args.agent is not None:
-            arguments["agent_id"] = args.agent
-        if args.project is not None:
-            arguments["project_id"] = args.project
-        answer = tools.call(tool, **arguments)
-        fetched = answer.get(key, [])
-        kept = [row for row in fetched if since is None or _stored_since(row, since, parse_iso)]
-        # Newest first: a capped listing whose oldest row is still inside the window may have left some out.
-        if answer.get("budget_rows") and len(kept) == len(fetched):
-            complete = False
-        rows.extend({"type": kind, "ref": f"{prefix}:{row['id']}", **row} for row in kept)
-    rows.sort(key=lambda row: (parse_iso(row.get("created_at") or "") or datetime.min.astimezone(), row["id"]),
-              reverse=True)
-    if len(rows) > args.limit:
-        rows, complete = rows[: args.limit], False
+            probe["agent_id"] = args.agent
+        tools.call(LIST_TOOLS[kind][0], **probe)
+    wanted = TimelineFilter(agent_id=args.agent, project_id=args.project,
+                            since=since.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S") if since else "",
+                            kinds=tuple(LIST_TOOLS[kind][2] for kind in kinds))
+    page = browse.timeline(tools.app, wanted, args.limit, args.offset, with_facets=False)
+    kind_of = {prefix: kind for kind, (_, _, prefix) in LIST_TOOLS.items()}
+    rows = [{"type": kind_of[row["kind"]], "ref": f"{row['kind']}:{row['id']}", **row} for row in page["rows"]]
+    next_offset = args.offset + len(rows) if page["truncated"] else None
     if args.json:
         from cpersona.tool_cli import print_json
 
-        print_json({"ok": True, "rows": rows, "count": len(rows), "complete": complete,
+        print_json({"ok": True, "rows": rows, "count": len(rows), "complete": next_offset is None,
+                    "offset": args.offset, "next_offset": next_offset,
                     "since": since.isoformat() if since else None})
         return EXIT_OK
     if not rows:
         window = f" since {since:%Y-%m-%d %H:%M}" if since else ""
-        print(f"nothing stored{window}" + (f" for agent {args.agent!r}" if args.agent is not None else ""))
+        where = " past --offset" if args.offset else ""
+        print(f"nothing stored{window}" + (f" for agent {args.agent!r}" if args.agent is not None else "") + where)
         return EXIT_OK
     for row in rows:
-        text = row.get("content") if row["type"] == "memory" else row.get("summary")
         bucket = row.get("project_id") or "-"
         if row.get("channel"):
             bucket += f"/{row['channel']}"
         lock = " [locked]" if row.get("locked") else ""
         head = f"{row['ref']:<9} {local_time(row.get('created_at'))}  {row.get('agent_id')}  {bucket}{lock}  "
-        print(head + one_line(text, max(LINE_CHARS - len(head), 20)))
-    if not complete:
-        print(f"(only the newest {len(rows)} rows are shown; narrow with --since, --agent, --type or --project, "
-              "or raise --limit)", file=sys.stderr)
+        print(head + one_line(row.get("text"), max(LINE_CHARS - len(head), 20)))
+    if next_offset is not None:
+        print(f"(more rows follow: the next {args.limit} with --offset {next_offset})", file=sys.stderr)
     return EXIT_OK
-
-
-def _stored_since(row: dict[str, Any], since: datetime, parse_iso: Callable[[str], Any]) -> bool:
-    moment = parse_iso(row.get("created_at") or "")
-    return moment is not None and moment >= since
 
 
 # -- show --------------------------------------------------------------------------------------
 
 
+def visible_record(tools: Any, ref: Any, agent: str) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """get_contents' answer and, when it shows ``agent`` the record, the page's whole read of it."""
+    from cpersona.services.records import browse
+
+    # get_contents decides what this agent may see (ownership, the ACL); the page's record read adds the rest.
+    answer = tools.call("get_contents", agent_id=agent, refs=[ref.canonical])
+    full = browse.record(tools.app, ref.kind, ref.id) if answer.get("items") else None
+    if full is not None and full["fields"].get("agent_id") != agent:
+        full = None  # gone and its id reused between the two reads
+    return answer, full
+
+
 def _show(args: argparse.Namespace, tools: Any) -> int:
     ref = parse_ref_argument(args.ref)
-    answer = tools.call("get_contents", agent_id=args.agent, refs=[ref.canonical])
-    if args.json:
-        from cpersona.tool_cli import print_json
+    answer, full = visible_record(tools, ref, args.agent)
+    if full is None:
+        if args.json:
+            from cpersona.tool_cli import print_json
 
-        print_json(answer)
-    items = answer.get("items", [])
-    if not items:
+            print_json(answer)
         from cpersona.tool_cli import say
 
         say(f"{ref.canonical}: agent {args.agent!r} has no such record")
         return EXIT_FAILED
-    if not args.json:
-        print(render_record(items[0], args.agent))
+    if args.json:
+        from cpersona.tool_cli import print_json
+
+        print_json({**answer, "record": full})
+    else:
+        print(render_full_record(full))
     return EXIT_OK
 
 
-def render_record(item: dict[str, Any], agent: str) -> str:
-    source = item.get("source")
+def render_full_record(found: dict[str, Any]) -> str:
+    """A record as :func:`cpersona.services.records.browse.record` reads it, for a terminal."""
+    fields = found["fields"]
+    memory = found["kind"] == "mem"
+    lines = [found["ref"], f"agent      {fields.get('agent_id')}", f"project    {fields.get('project_id') or '-'}",
+             f"channel    {fields.get('channel') or '-'}", f"stored     {local_time(fields.get('created_at'))}"]
+    if memory:
+        lines.append(f"time       {local_time(fields.get('timestamp'))}")
+        lines.append(f"locked     {'yes' if fields.get('locked') else 'no'}")
+        recall = found["recall"] or {}
+        last = local_time(recall["last_recalled_at"]) if recall.get("last_recalled_at") else "never"
+        lines.append(f"recalled   {recall.get('count') or 0} time(s), last {last}")
+    else:
+        span = f"{local_time(fields.get('start_time'))} to {local_time(fields.get('end_time'))}"
+        lines += [f"span       {span}", f"resolved   {'yes' if fields.get('resolved') else 'no'}",
+                  "recalled   (episodes keep no recall counter)"]
+        if fields.get("keywords"):
+            lines.append(f"keywords   {one_line(fields['keywords'], LINE_CHARS - 11)}")
+    source = fields.get("source")
     if isinstance(source, dict):
-        source = " ".join(str(v) for v in source.values() if v) or "-"
-    lines = [item.get("ref", "-"), f"agent     {agent}", f"time      {local_time(item.get('timestamp'))}",
-             f"source    {source or '-'}"]
-    if "resolved" in item:
-        lines.append(f"resolved  {'yes' if item['resolved'] else 'no'}")
-    lines += ["", str(item.get("content") or "")]
+        source = " ".join(f"{k}={v}" for k, v in source.items() if v)
+    if memory:
+        lines.append(f"source     {source or '-'}")
+    lines.append(f"vector     {'yes' if fields.get('embedded') else 'no'}")
+    ranges = found["ranges"]
+    lines.append(f"ranges     {len(ranges)}" + ("" if ranges else " (short enough to be one range)"))
+    lines += [f"  #{r['index']:<3} chars {r['start']}-{r['end']}, {r['tokens']} tokens, "
+              f"{'embedded' if r['embedded'] else 'no vector'}" for r in ranges]
+    entities = [e["name"] + (f" (also {', '.join(e['aliases'])})" if e["aliases"] else "") for e in found["entities"]]
+    lines.append(f"entities   {'; '.join(entities) if entities else 'none'}")
+    lines.append(f"relations  {len(found['relations']) or 'none'}")
+    lines += [f"  {_end_name(r['subject'])} --{r['predicate']}--> {_end_name(r['object'])}" for r in found["relations"]]
+    lines += ["", str(fields.get("content") if memory else fields.get("summary") or "")]
     return "\n".join(lines)
+
+
+def _end_name(end: dict[str, Any]) -> str:
+    return str(end.get("name")) if end.get("kind") == "entity" else str(end.get("ref"))
 
 
 # -- delete ------------------------------------------------------------------------------------
@@ -278,11 +323,11 @@ def _delete(args: argparse.Namespace, tools: Any) -> int:
             raise _Usage(f"not deleting {ref.canonical}: stdin is not a terminal, so nobody can confirm; "
                          "pass --yes to delete")
         if args.agent is not None:
-            found = tools.call("get_contents", agent_id=args.agent, refs=[ref.canonical]).get("items", [])
-            if not found:
+            _, found = visible_record(tools, ref, args.agent)
+            if found is None:
                 say(f"{ref.canonical}: agent {args.agent!r} has no such record; nothing was deleted")
                 return EXIT_FAILED
-            print(render_record(found[0], args.agent), file=sys.stderr)
+            print(render_full_record(found), file=sys.stderr)
         print(f"Delete {ref.canonical}? This cannot be undone. [y/N] ", end="", file=sys.stderr, flush=True)
         if sys.stdin.readline().strip().lower() not in ("y", "yes"):
             say("nothing was deleted")

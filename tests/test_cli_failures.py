@@ -152,6 +152,14 @@ CASES: list[Case] = [
     # writing commands: a missing database is created, a read-only one refused
     *_db_cases("import", lambda w, k: ["import", str(w.export)], _fail_but(missing_file=OK)),
     *_db_cases("import-db", lambda w, k: ["import-db", str(w.source_26)], _fail_but(missing_file=OK)),
+    # the people commands read through the tools: a read-only database is read; delete there is refused
+    *_db_cases("search", lambda w, k: ["search", "fact", "--agent", "a"], _fail_but(read_only_location=OK)),
+    *_db_cases("list", lambda w, k: ["list"], _fail_but(read_only_location=OK)),
+    *_db_cases("show", lambda w, k: ["show", "mem:1", "--agent", "a"], _fail_but(read_only_location=OK)),
+    *_db_cases("delete", lambda w, k: ["delete", "mem:1", "--agent", "a", "--yes"], _fail_but()),
+    # the page never creates a database; a read-only one it would serve (not run here: it serves until stopped)
+    *[case for case in _db_cases("ui", lambda w, k: ["ui", "--port", "0"], _fail_but())
+      if case.target != "read-only location"],
     # the command's own file
     *_file_cases("backup", _fail_but(missing_file=OK)),  # a new file is what backup writes
     # export onto an existing non-export file: the export-path work of issue 13 item 1 owns that refusal
@@ -166,6 +174,8 @@ def _resolve(case: Case, world: World) -> tuple[Path, list[str]]:
     if case.target == "read-only location":
         path = {("db", "stats"): world.ro_db, ("db", "checkup"): world.ro_db, ("db", "backup"): world.ro_db,
                 ("db", "export"): world.ro_db, ("db", "import"): world.ro_db, ("db", "import-db"): world.ro_db,
+                ("db", "search"): world.ro_db, ("db", "list"): world.ro_db, ("db", "show"): world.ro_db,
+                ("db", "delete"): world.ro_db,
                 ("file", "import"): world.ro_export, ("file", "import-db"): world.ro_source_26,
                 }.get((case.role, case.command), world.ro_dir / name)
     else:
@@ -176,9 +186,10 @@ def _resolve(case: Case, world: World) -> tuple[Path, list[str]]:
 def test_the_table_covers_every_subcommand_and_every_bad_target():
     from cpersona.admin_cli import COMMANDS
 
-    assert {c.command for c in CASES} == set(COMMANDS) | {"checkup"}
+    assert {c.command for c in CASES} == set(COMMANDS) | {"checkup", "search", "list", "show", "delete", "ui"}
     for command in {c.command for c in CASES}:
-        assert {c.target for c in CASES if c.command == command and c.role == "db"} == set(BAD)
+        served = {"read-only location"} if command == "ui" else set()  # a readable database is served
+        assert {c.target for c in CASES if c.command == command and c.role == "db"} | served == set(BAD)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])

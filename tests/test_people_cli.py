@@ -56,7 +56,9 @@ def people(db):
     app = make_app(db)
     ids = {
         "a_deploy": store(app, content="deploy with make release on the build host", agent_id="alice",
-                          project_id="web")["id"],
+                          project_id="web", channel="ops", associations={
+                              "entities": [{"name": "BuildHost"}],
+                              "relations": [{"subject": "BuildHost", "predicate": "runs", "object": "make release"}]})["id"],
         "a_tea": store(app, content="alice drinks green tea", agent_id="alice")["id"],
         "a_long": store(app, content=LONG, agent_id="alice")["id"],
         "a_old": store(app, content="deploy notes from January", agent_id="alice")["id"],
@@ -181,12 +183,46 @@ def test_list_since_type_and_json(people):
     assert {row["type"] for row in memories["rows"]} == {"memory"} and memories["count"] == 6
 
 
-def test_list_limit_says_when_rows_were_left_out(people):
+def test_list_limit_says_when_rows_were_left_out_and_offset_pages_on(people):
     done = run(people.path, "list", "--limit", "2")
     assert done.returncode == 0 and len(done.stdout.splitlines()) == 2
-    assert "only the newest 2 rows" in done.stderr
+    assert "more rows follow" in done.stderr and "--offset 2" in done.stderr
     capped = json.loads(run(people.path, "list", "--limit", "2", "--json").stdout)
-    assert capped["complete"] is False and capped["count"] == 2
+    assert capped["complete"] is False and capped["count"] == 2 and capped["next_offset"] == 2
+    seen = [row["ref"] for row in capped["rows"]]
+    offset = 2
+    while offset is not None:
+        page = json.loads(run(people.path, "list", "--limit", "3", "--offset", str(offset), "--json").stdout)
+        seen += [row["ref"] for row in page["rows"]]
+        offset = page["next_offset"]
+    assert len(seen) == len(set(seen)) == 8  # 6 memories, 2 episodes: every row once, newest first
+    for bad in (("--limit", "0"), ("--limit", "501"), ("--offset", "-1")):
+        refused = run(people.path, "list", *bad)
+        assert refused.returncode == 2 and bad[0] in one_line_failure(refused), bad
+
+
+def test_list_since_is_applied_in_storage_so_an_older_day_is_never_cut_off(people):
+    """600 newer rows of the same agent do not push the day asked for out of the answer."""
+    with people.write() as session:
+        session.add_all(Memory(agent_id="alice", content=f"later note {i}", timestamp="2026-03-01T10:00:00Z",
+                               created_at=f"2026-03-{1 + i % 28:02d} "
+                               f"10:{i % 60:02d}:00") for i in range(600))
+        session.execute(update(Memory).where(Memory.id == people.ids["a_old"])
+                        .values(created_at="2026-02-10 08:00:00"))
+    first = json.loads(run(people.path, "list", "--agent", "alice", "--type", "memory", "--since", "2026-02-10",
+                           "--limit", "500", "--json").stdout)
+    assert first["count"] == 500 and first["complete"] is False and first["next_offset"] == 500
+    rest = json.loads(run(people.path, "list", "--agent", "alice", "--type", "memory", "--since", "2026-02-10",
+                          "--limit", "500", "--offset", "500", "--json").stdout)
+    assert rest["complete"] is True and rest["rows"][-1]["ref"] == f"mem:{people.ids['a_old']}"
+    assert first["count"] + rest["count"] == 600 + 5  # the 600, the old row and alice's four of today
+    # The bound is an instant, compared in storage (TZ=UTC here): 08:00 is before 09:00, after 07:30.
+    late = json.loads(run(people.path, "list", "--agent", "alice", "--since", "2026-02-10T09:00", "--limit", "500",
+                          "--offset", "500", "--json").stdout)
+    assert f"mem:{people.ids['a_old']}" not in {row["ref"] for row in late["rows"]}
+    early = json.loads(run(people.path, "list", "--agent", "alice", "--since", "2026-02-10T07:30", "--limit", "500",
+                           "--offset", "500", "--json").stdout)
+    assert early["rows"][-1]["ref"] == f"mem:{people.ids['a_old']}"
 
 
 def test_list_refuses_an_unreadable_since(people):
@@ -206,6 +242,26 @@ def test_show_prints_the_whole_record(people):
     assert_human(done.stdout)
     answer = json.loads(run(people.path, "show", ref, "--agent", "alice", "--json").stdout)
     assert answer["items"][0]["content"] == LONG
+    assert answer["record"]["fields"]["content"] == LONG and "ranges" in answer["record"]
+
+
+def test_show_gives_what_a_person_expects_of_a_record(people):
+    deploy = f"mem:{people.ids['a_deploy']}"
+    done = run(people.path, "show", deploy, "--agent", "alice")
+    assert done.returncode == 0, done.stderr
+    assert_human(done.stdout)
+    fields = {line.split(None, 1)[0]: line.split(None, 1)[1] for line in done.stdout.splitlines()[1:]
+              if line.strip() and not line.startswith(" ") and " " in line.strip()}
+    assert fields["project"] == "web" and fields["channel"] == "ops" and fields["locked"] == "no"
+    assert fields["recalled"].startswith("0 time(s), last never") and fields["stored"].startswith("20")
+    assert "BuildHost" in fields["entities"] and "BuildHost --runs--> make release" in done.stdout
+    record = json.loads(run(people.path, "show", deploy, "--agent", "alice", "--json").stdout)["record"]
+    assert record["fields"]["project_id"] == "web" and record["recall"] == {"count": 0, "last_recalled_at": None}
+    locked = run(people.path, "show", f"mem:{people.ids['a_locked']}", "--agent", "alice")
+    assert "locked     yes" in locked.stdout
+    episode = run(people.path, "show", f"ep:{people.ids['a_episode']}", "--agent", "alice")
+    assert episode.returncode == 0 and "resolved   " in episode.stdout and "fixed the deploy" in episode.stdout
+    assert_human(episode.stdout)
 
 
 def test_show_does_not_reveal_another_agents_record(people):

@@ -347,3 +347,25 @@ def test_ui_files_ship_in_the_package():
     static = Path(pages.__file__).parent / "static"
     shipped = {p.name for pattern in patterns for p in static.glob(pattern.removeprefix("static/"))}
     assert shipped == {p.name for p in static.iterdir()} == {"ui.css", "ui.js"}
+
+
+def test_the_page_takes_its_gate_chain_from_the_one_helper_serve_uses(tmp_path, db, monkeypatch):
+    """One place assembles the gates (cpersona.cli.tool_gates): a change there reaches the page too."""
+    from cpersona import cli
+
+    acl = tmp_path / "acl.json"
+    acl.write_text(json.dumps({"clients": [{"client_id": "local", "grants": {"alice": "read"}}]}))
+    acl.chmod(0o600)
+    app = make_app(db, ACL_FILE=str(acl))
+    seen: list[tuple[Any, str]] = []
+    real = cli.tool_gates
+
+    def recording(policy: Any, settings: Any, transport: str) -> Any:
+        seen.append((policy, transport))
+        return real(policy, settings, transport)
+
+    monkeypatch.setattr(cli, "tool_gates", recording)
+    gates, context = _gates(app.settings)
+    assert len(seen) == 1 and seen[0][0] is not None and seen[0][1] == "stdio"
+    assert context["principal"].client_id == "local"
+    assert tool(app, "recall", agent_id="bob", query="x")["error"] == "permission_denied"

@@ -88,23 +88,17 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _gates(settings: Any) -> tuple[Any, dict[str, Any]]:
-    """The server's gate chain, the caller being this machine's user (the ACL's ``local``, as over stdio)."""
-    from cpersona.mcp.gates import GateChain
-    from cpersona.mcp.pause_gate import PauseGate
+    """The server's gate chain (:func:`cpersona.cli.tool_gates`), the caller being this machine's user
+    (the ACL's ``local``, as over stdio)."""
+    from cpersona import cli
 
-    acl: list[Any] = []
+    policy, _, _ = cli._preflight(settings, http=False)  # an unusable ACL file is a ConfigError
     context: dict[str, Any] = {}
-    if settings.acl_file is not None:
-        from cpersona.config import ConfigError
-        from cpersona.mcp.acl import LOCAL, AclConfigError, Principal, acl_gates, load_policy
+    if policy is not None:
+        from cpersona.mcp.acl import LOCAL, Principal
 
-        try:
-            policy = load_policy(settings)
-        except AclConfigError as exc:
-            raise ConfigError(str(exc)) from None
-        acl = acl_gates(policy, settings, "stdio")
         context["principal"] = Principal(LOCAL)
-    return GateChain([*acl, PauseGate()]), context
+    return cli.tool_gates(policy, settings, "stdio"), context
 
 
 def _serve(listener: Any, db: Any, settings: Any, embedder: Any, gates: Any, context: dict[str, Any], *,

@@ -26,15 +26,18 @@ CHART_AGENTS = 20
 NODE_PREVIEW_CHARS = 160
 
 
-def timeline(app: App, wanted: TimelineFilter, limit: int = 100) -> dict[str, Any]:
-    """Rows matching ``wanted`` newest first (at most TIMELINE_MAX_ROWS) and the values each filter offers."""
+def timeline(app: App, wanted: TimelineFilter, limit: int = 100, offset: int = 0, *,
+             with_facets: bool = True) -> dict[str, Any]:
+    """Rows matching ``wanted`` newest first (at most TIMELINE_MAX_ROWS, after ``offset``) and, for a page's
+    filter choices, the values each filter offers. ``truncated`` says more rows follow this page."""
     limit = max(1, min(int(limit), TIMELINE_MAX_ROWS))
+    offset = max(0, int(offset))
     with app.db.read() as session:
         repo = BrowseRepository(session)
-        rows = repo.timeline(wanted, limit + 1)
-        facets = repo.facets(FACET_VALUES)
+        rows = repo.timeline(wanted, limit + 1, offset)
+        facets = repo.facets(FACET_VALUES) if with_facets else {}
     return {"rows": [dict(row._mapping) for row in rows[:limit]], "truncated": len(rows) > limit,
-            "limit": limit, "facets": facets}
+            "limit": limit, "offset": offset, "facets": facets}
 
 
 def facets(app: App) -> dict[str, list[str]]:

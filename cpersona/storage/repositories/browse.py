@@ -2,9 +2,11 @@
 
 Unlike recall these are exact filters, not a search: an agent is that agent,
 a project or channel that value only (no union with the global bucket), a
-date range compares the first ten characters of ``created_at`` (both stamp
-shapes the tables hold, ``YYYY-MM-DD HH:MM:SS`` and ISO-8601, start with the
-day). Every listing is bounded by the caller's ``limit``.
+date range compares the leading characters of ``created_at`` with the bound
+(both stamp shapes the tables hold, ``YYYY-MM-DD HH:MM:SS`` and ISO-8601, start
+with the day then the time of day, once the ISO ``T`` reads as a space), so a
+bound may be a day or a UTC second. Every listing is bounded by the caller's
+``limit``.
 """
 
 from __future__ import annotations
@@ -28,13 +30,18 @@ class TimelineFilter:
     agent_id: str | None = None
     project_id: str | None = None
     channel: str | None = None
-    since: str = ""  # YYYY-MM-DD, inclusive
-    until: str = ""  # YYYY-MM-DD, inclusive
+    since: str = ""  # YYYY-MM-DD or YYYY-MM-DD HH:MM:SS (UTC), inclusive
+    until: str = ""  # the same shapes, inclusive
     kinds: tuple[str, ...] = KINDS
 
 
 def _day(column: Any) -> Any:
     return func.substr(column, 1, 10)
+
+
+def _stamp_prefix(column: Any, bound: str) -> Any:
+    """As much of the stored stamp as ``bound`` spells out, for a string comparison with it."""
+    return func.substr(func.replace(column, "T", " "), 1, len(bound))
 
 
 def _conditions(model: Any, wanted: TimelineFilter) -> list[ColumnElement[bool]]:
@@ -46,9 +53,9 @@ def _conditions(model: Any, wanted: TimelineFilter) -> list[ColumnElement[bool]]
     if wanted.channel is not None:
         out.append(model.channel == wanted.channel)
     if wanted.since:
-        out.append(_day(model.created_at) >= wanted.since)
+        out.append(_stamp_prefix(model.created_at, wanted.since) >= wanted.since)
     if wanted.until:
-        out.append(_day(model.created_at) <= wanted.until)
+        out.append(_stamp_prefix(model.created_at, wanted.until) <= wanted.until)
     return out
 
 
@@ -56,8 +63,9 @@ class BrowseRepository:
     def __init__(self, session: Session | Connection) -> None:
         self.session = session
 
-    def timeline(self, wanted: TimelineFilter, limit: int) -> list[Row[Any]]:
-        """(kind, id, agent_id, project_id, channel, text, created_at, locked), newest first, ``limit`` rows."""
+    def timeline(self, wanted: TimelineFilter, limit: int, offset: int = 0) -> list[Row[Any]]:
+        """(kind, id, agent_id, project_id, channel, text, created_at, locked), newest first, ``limit`` rows
+        after skipping ``offset``."""
         arms = []
         if "mem" in wanted.kinds:
             arms.append(select(literal("mem").label("kind"), Memory.id, Memory.agent_id, Memory.project_id,
@@ -71,7 +79,7 @@ class BrowseRepository:
             return []
         both = union_all(*arms).subquery() if len(arms) > 1 else arms[0].subquery()
         return list(self.session.execute(
-            select(both).order_by(desc(both.c.created_at), desc(both.c.id), both.c.kind).limit(limit)).all())
+            select(both).order_by(desc(both.c.created_at), desc(both.c.id), both.c.kind).limit(limit).offset(offset)).all())
 
     def facets(self, limit: int) -> dict[str, list[str]]:
         """The distinct agents, projects and channels of both tables (``limit`` each, sorted)."""
