@@ -333,7 +333,7 @@ async def change(request: Request, state: UiState) -> Response:
                                  ("memory_id" if kind == "mem" else "episode_id"): record_id}
     if tool == "update_memory":
         arguments["content"] = form.get("content", "")
-    answer = await state.tool(tool, **arguments)
+    answer = await state.tool(tool, change=True, **arguments)
     done = answer.get("ok") is True and answer.get("persisted") is not False
     back = Safe("") if done and tool.startswith("delete") else html(
         '<p><a href="/record/{k}/{i}">back to {k}:{i}</a></p>', k=kind, i=record_id)

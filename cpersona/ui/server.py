@@ -49,8 +49,6 @@ SECURITY_HEADERS = {
     "cache-control": "no-store",
     "x-frame-options": "DENY",
 }
-# The tools a page may call to change a row; each is refused without --write.
-WRITE_TOOLS = frozenset({"update_memory", "lock_memory", "unlock_memory", "delete_memory", "delete_episode"})
 
 
 @dataclass
@@ -73,9 +71,12 @@ class UiState:
     def csrf(self) -> str:
         return hmac.new(self.token.encode(), b"cpersona-ui-form", hashlib.sha256).hexdigest()
 
-    async def tool(self, name: str, **arguments: Any) -> dict[str, Any]:
-        """The tool's answer, as an agent would get it (refusals included); writes need --write."""
-        if name in WRITE_TOOLS and not self.write:
+    async def tool(self, name: str, *, change: bool = False, **arguments: Any) -> dict[str, Any]:
+        """The tool's answer, as an agent would get it (refusals included); a change needs --write.
+
+        Which page action changes a row is the page's own table (pages.ACTIONS), not a list of tools here.
+        """
+        if change and not self.write:
             raise WriteRefused(name)
         outcome = await call_tool(self._quiet, self.registry, self.gates, name, arguments, self.context)
         return outcome.payload
