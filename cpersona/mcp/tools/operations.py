@@ -28,7 +28,8 @@ GET_OPERATING_CONTEXT = ToolSpec(
         },
     }),
     annotations=READ_ONLY,
-    service=ServiceRef("cpersona.services.operating_context", "get_operating_context", keywords=True),
+    service=ServiceRef("cpersona.services.operating_context", "answer_get_operating_context"),
+    request=Ref("cpersona.services.operating_context", "SectionArguments"),
     access=ANY_PRINCIPAL,
 )
 
