@@ -64,7 +64,8 @@ DELETE_AGENT_DATA = ToolSpec(
         "session_key": SESSION_KEY,
     }, required=["agent_id"]),
     annotations=_DESTRUCTIVE,
-    service=ServiceRef("cpersona.services.records.admin", "delete_agent_data", keywords=True),
+    service=ServiceRef(_SERVICES, "answer_delete_agent_data"),
+    request=Ref(_SERVICES, "AgentArguments"),
     paused=Skip(lambda _app, args: {  # DAD-5: the pause comes before the empty-id check
         "ok": True, "agent_id": args.get("agent_id", ""), "deleted_memories": 0, "deleted_profiles": 0,
         "deleted_episodes": 0, "deleted_pending_tasks": 0}),

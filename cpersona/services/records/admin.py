@@ -323,12 +323,28 @@ def _forget_calibration(app: App, agent_id: str) -> None:
                     "calibration is gone from this process but may come back from the file at restart", agent_id)
 
 
+@dataclass(frozen=True)
+class AgentArguments(Request):
+    """``delete_agent_data``'s arguments in the types its schema declares."""
+
+    agent_id: str
+    session_key: str = ""
+
+
 def delete_agent_data(app: App, *, agent_id: Any = None, session_key: Any = "") -> dict[str, Any]:
-    """Remove everything one agent owns, locked memories included (DAD-1, LK-3)."""
-    if agent_id is None or agent_id == "":
-        return failure("agent_id is required for bulk deletion")
+    """:func:`answer_delete_agent_data` for a library caller, whose arguments no schema has checked."""
+    if agent_id is None:
+        agent_id = ""  # refused below as missing
     if not isinstance(agent_id, str):
         return failure("agent_id must be a string")
+    return answer_delete_agent_data(app, AgentArguments(agent_id=agent_id))
+
+
+def answer_delete_agent_data(app: App, args: AgentArguments) -> dict[str, Any]:
+    """Remove everything one agent owns, locked memories included (DAD-1, LK-3)."""
+    agent_id = args.agent_id
+    if agent_id == "":
+        return failure("agent_id is required for bulk deletion")
     with app.db.write() as session:
         # Records go first so that their own triggers clear what hangs on them.
         counts = {
