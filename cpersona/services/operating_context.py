@@ -25,6 +25,7 @@ from typing import Any, Literal
 
 from cpersona.config import Settings
 from cpersona.services.app import App
+from cpersona.services.requests import Request
 
 AUTO = "@auto"
 MAX_FILE_BYTES = 1 << 20  # an operator's rule file, not a corpus
@@ -195,14 +196,30 @@ def instructions_summary(settings: Settings) -> str | None:
 # -- the tool -------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class SectionArguments(Request):
+    """``get_operating_context``'s arguments; the default is the schema's (the preview tier)."""
+
+    section: str = ""
+
+
 def get_operating_context(app: App, *, section: Any = "") -> dict[str, Any]:
+    """:func:`answer_get_operating_context` for a library caller, whose arguments no schema has checked."""
+    if not isinstance(section, str):
+        context = context_state(app).active
+        if context is not None:  # dormant: the dormant answer comes first, whatever was asked
+            return {"ok": False, "error": "section must be a string", "doctrine_sections": context.section_names}
+        section = ""
+    return answer_get_operating_context(app, SectionArguments(section=section))
+
+
+def answer_get_operating_context(app: App, args: SectionArguments) -> dict[str, Any]:
     """The preview tier, or one doctrine section's body when ``section`` names one (§10.2)."""
     state = context_state(app)
     context = state.active
     if context is None:
         return {"ok": False, "enabled": False, "error": state.dormant_message()}
-    if not isinstance(section, str):
-        return {"ok": False, "error": "section must be a string", "doctrine_sections": context.section_names}
+    section = args.section
     if section:
         if section not in context.doctrine:
             return {"ok": False, "error": f"unknown doctrine section '{section}'",

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from cpersona.mcp.pause_gate import Skip, const
-from cpersona.mcp.registry import Annotations, ServiceRef, ToolSpec
+from cpersona.mcp.registry import Annotations, Ref, ServiceRef, ToolSpec
 from cpersona.mcp.tools.common import SESSION_KEY, object_schema
 
 _DESTRUCTIVE = Annotations(read_only=False, destructive=True, idempotent=True)
@@ -19,17 +19,20 @@ _OWNER = {
 }
 
 
+_SERVICES = "cpersona.services.records.admin"
 _ROW_IDS = {"memory": ("memory_id", "mem"), "episode": ("episode_id", "ep")}
 
 
 def _one_row_tool(
     name: str, contracts: str, description: str, *, row: str, verb: str, annotations: Annotations,
-    acted_on: str, more: dict[str, object] | None = None,
+    acted_on: str, more: dict[str, object] | None = None, request: str | None = None,
 ) -> ToolSpec:
     """A tool acting on one row found by id, owner-checked when agent_id is given.
 
     Arguments, in order: agent_id, the row's id, ``more`` (all required), session_key.
     Its answer names the row it acted on in ``acted_on``, which is null while paused.
+    ``request``: its request dataclass in the service module, whose ``answer_<name>`` takes it; without
+    one the service is still written with keyword arguments.
     """
     id_field, ref_kind = _ROW_IDS[row]
     row_id = {"type": "integer", "description": f"Id of the {row} to {verb} (the number in {ref_kind}:<id>)."}
@@ -42,7 +45,9 @@ def _one_row_tool(
             required=[id_field, *(more or {})],
         ),
         annotations=annotations,
-        service=ServiceRef("cpersona.services.records.admin", name, keywords=True),
+        service=(ServiceRef(_SERVICES, name, keywords=True) if request is None
+                 else ServiceRef(_SERVICES, f"answer_{name}")),
+        request=None if request is None else Ref(_SERVICES, request),
         paused=Skip(const({"ok": True, acted_on: None})),
     )
 
@@ -59,7 +64,8 @@ DELETE_AGENT_DATA = ToolSpec(
         "session_key": SESSION_KEY,
     }, required=["agent_id"]),
     annotations=_DESTRUCTIVE,
-    service=ServiceRef("cpersona.services.records.admin", "delete_agent_data", keywords=True),
+    service=ServiceRef(_SERVICES, "answer_delete_agent_data"),
+    request=Ref(_SERVICES, "AgentArguments"),
     paused=Skip(lambda _app, args: {  # DAD-5: the pause comes before the empty-id check
         "ok": True, "agent_id": args.get("agent_id", ""), "deleted_memories": 0, "deleted_profiles": 0,
         "deleted_episodes": 0, "deleted_pending_tasks": 0}),
@@ -69,14 +75,14 @@ DELETE_MEMORY = _one_row_tool(
     "delete_memory", "admin-and-safety.md §2",
     "Delete one memory by its id; a locked memory is refused. When agent_id is given, the memory must "
     "belong to that agent (ownership is enforced).",
-    row="memory", verb="delete", annotations=_DESTRUCTIVE, acted_on="deleted_id",
+    row="memory", verb="delete", annotations=_DESTRUCTIVE, acted_on="deleted_id", request="MemoryRowArguments",
 )
 
 DELETE_EPISODE = _one_row_tool(
     "delete_episode", "admin-and-safety.md §3",
     "Delete one episode by its id. When agent_id is given, the episode must belong to that agent "
     "(ownership is enforced).",
-    row="episode", verb="delete", annotations=_DESTRUCTIVE, acted_on="deleted_id",
+    row="episode", verb="delete", annotations=_DESTRUCTIVE, acted_on="deleted_id", request="EpisodeRowArguments",
 )
 
 UPDATE_MEMORY = _one_row_tool(
@@ -99,14 +105,14 @@ LOCK_MEMORY = _one_row_tool(
     "from re-filing it: migrate_channel_axis and merge_memories in move mode still relocate it, and it "
     "stays locked there; delete_agent_data still removes it. When agent_id is given, the memory must "
     "belong to that agent (ownership is enforced). Locking a locked memory succeeds again.",
-    row="memory", verb="lock", annotations=_EDIT, acted_on="locked_id",
+    row="memory", verb="lock", annotations=_EDIT, acted_on="locked_id", request="MemoryRowArguments",
 )
 
 UNLOCK_MEMORY = _one_row_tool(
     "unlock_memory", "admin-and-safety.md §4",
     "Unlock one memory, so that delete_memory and update_memory may change it again. When agent_id is "
     "given, the memory must belong to that agent (ownership is enforced).",
-    row="memory", verb="unlock", annotations=_EDIT, acted_on="unlocked_id",
+    row="memory", verb="unlock", annotations=_EDIT, acted_on="unlocked_id", request="MemoryRowArguments",
 )
 
 # delete_agent_data sits apart from the by-id tools in the reference's list; the

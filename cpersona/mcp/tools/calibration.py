@@ -90,7 +90,8 @@ GET_RECALL_PRECISION = ToolSpec(
     input_schema=object_schema({"agent_id": {"type": "string", "description": "Agent whose precision is read."}},
                                required=["agent_id"]),
     annotations=READ_ONLY,
-    service=ServiceRef("cpersona.services.calibration.precision", "get_recall_precision", keywords=True),
+    service=ServiceRef("cpersona.services.calibration.precision", "answer_get_recall_precision"),
+    request=Ref("cpersona.services.calibration.precision", "PrecisionArguments"),
 )
 
 TOOLS = [CALIBRATE_THRESHOLD, SET_RECALL_PRECISION, GET_RECALL_PRECISION]

@@ -12,7 +12,7 @@ from cpersona.config import Settings
 from cpersona.mcp.demands import DEEP_CHECK as DEEP_CHECK_ACCESS
 from cpersona.mcp.demands import FINDINGS, HEALTH
 from cpersona.mcp.pause_gate import DowngradeFix
-from cpersona.mcp.registry import READ_ONLY, Annotations, ServiceRef, ToolSpec
+from cpersona.mcp.registry import READ_ONLY, Annotations, Ref, ServiceRef, ToolSpec
 from cpersona.mcp.tools.common import KEY_FIELD_MAX, object_schema
 
 
@@ -144,7 +144,8 @@ GET_SESSION_FINDINGS = ToolSpec(
                             "when reading the answer by machine.", "default": True},
     }),
     annotations=READ_ONLY,
-    service=ServiceRef("cpersona.services.health.findings", "get_session_findings", keywords=True),
+    service=ServiceRef("cpersona.services.health.findings", "answer_get_session_findings"),
+    request=Ref("cpersona.services.health.findings", "FindingsArguments"),
     access=FINDINGS,
 )
 

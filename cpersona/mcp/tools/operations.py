@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from cpersona.mcp.demands import ANY_PRINCIPAL, UPDATE_CHECK
 from cpersona.mcp.pause_gate import ForceDryRun, PassThrough
-from cpersona.mcp.registry import READ_ONLY, Annotations, ServiceRef, ToolSpec
+from cpersona.mcp.registry import READ_ONLY, Annotations, Ref, ServiceRef, ToolSpec
 from cpersona.mcp.tools.common import SESSION_KEY, object_schema
 
 GET_OPERATING_CONTEXT = ToolSpec(
@@ -28,7 +28,8 @@ GET_OPERATING_CONTEXT = ToolSpec(
         },
     }),
     annotations=READ_ONLY,
-    service=ServiceRef("cpersona.services.operating_context", "get_operating_context", keywords=True),
+    service=ServiceRef("cpersona.services.operating_context", "answer_get_operating_context"),
+    request=Ref("cpersona.services.operating_context", "SectionArguments"),
     access=ANY_PRINCIPAL,
 )
 
@@ -42,7 +43,8 @@ GET_QUEUE_STATUS = ToolSpec(
     ),
     input_schema=object_schema({}),
     annotations=READ_ONLY,
-    service=ServiceRef("cpersona.services.operations.tasks", "get_queue_status", keywords=True),
+    service=ServiceRef("cpersona.services.operations.tasks", "answer_get_queue_status"),
+    request=Ref("cpersona.services.requests", "Request"),  # no arguments
     access=ANY_PRINCIPAL,
 )
 

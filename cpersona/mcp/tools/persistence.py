@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from cpersona.mcp.demands import ANY_PRINCIPAL, PAUSE_BUCKET, RESUME_BUCKET
 from cpersona.mcp.pause_gate import PassThrough
-from cpersona.mcp.registry import READ_ONLY, Annotations, ServiceRef, ToolSpec
+from cpersona.mcp.registry import READ_ONLY, Annotations, Ref, ServiceRef, ToolSpec
 from cpersona.mcp.tools.common import SESSION_KEY, object_schema, prop
 
 _SESSION_KEY = prop(SESSION_KEY, description=(
@@ -45,7 +45,8 @@ PAUSE_PERSISTENCE = ToolSpec(
         "session_key": _SESSION_KEY,
     }),
     annotations=Annotations(read_only=False, destructive=False, idempotent=True),
-    service=ServiceRef("cpersona.services.operations.pause", "pause_persistence", keywords=True),
+    service=ServiceRef("cpersona.services.operations.pause", "answer_pause_persistence"),
+    request=Ref("cpersona.services.operations.pause", "PauseArguments"),
     access=PAUSE_BUCKET,
     paused=PassThrough(),  # the pause tools manage the pause itself (P-12)
 )
@@ -61,7 +62,8 @@ RESUME_PERSISTENCE = ToolSpec(
     ),
     input_schema=object_schema({"session_key": _SESSION_KEY}),
     annotations=Annotations(read_only=False, destructive=False, idempotent=True),
-    service=ServiceRef("cpersona.services.operations.pause", "resume_persistence", keywords=True),
+    service=ServiceRef("cpersona.services.operations.pause", "answer_resume_persistence"),
+    request=Ref("cpersona.services.operations.pause", "SessionArguments"),
     access=RESUME_BUCKET,
     paused=PassThrough(),
 )
@@ -78,7 +80,8 @@ PERSISTENCE_STATUS = ToolSpec(
     ),
     input_schema=object_schema({"session_key": _SESSION_KEY}),
     annotations=READ_ONLY,
-    service=ServiceRef("cpersona.services.operations.pause", "persistence_status", keywords=True),
+    service=ServiceRef("cpersona.services.operations.pause", "answer_persistence_status"),
+    request=Ref("cpersona.services.operations.pause", "SessionArguments"),
     access=ANY_PRINCIPAL,
 )
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from cpersona.mcp.pause_gate import Skip, const
-from cpersona.mcp.registry import READ_ONLY, Annotations, ServiceRef, ToolSpec
+from cpersona.mcp.registry import READ_ONLY, Annotations, Ref, ServiceRef, ToolSpec
 from cpersona.mcp.tools.common import AGENT_ID, SESSION_KEY, object_schema, profile_update_refusal
 
 GET_PROFILE = ToolSpec(
@@ -12,7 +12,8 @@ GET_PROFILE = ToolSpec(
     description="Read an agent's current profile ('' when it has none).",
     input_schema=object_schema({"agent_id": AGENT_ID}, required=["agent_id"]),
     annotations=READ_ONLY,
-    service=ServiceRef("cpersona.services.records.profiles", "get_profile", keywords=True),
+    service=ServiceRef("cpersona.services.records.profiles", "answer_get_profile"),
+    request=Ref("cpersona.services.records.profiles", "ProfileArguments"),
 )
 
 UPDATE_PROFILE = ToolSpec(
@@ -36,7 +37,8 @@ UPDATE_PROFILE = ToolSpec(
         "session_key": SESSION_KEY,
     }, required=["agent_id", "profile"]),
     annotations=Annotations(read_only=False, destructive=False),
-    service=ServiceRef("cpersona.services.records.profiles", "update_profile", keywords=True),
+    service=ServiceRef("cpersona.services.records.profiles", "answer_update_profile"),
+    request=Ref("cpersona.services.records.profiles", "ProfileUpdateArguments"),
     paused=Skip(const({"ok": True, "profiles_updated": 0})),
     refusal=profile_update_refusal,
 )

@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from cpersona.config import GATE_BETA
 from cpersona.services.app import App
 from cpersona.services.calibration.service import apply, effective_beta, measure, parse_arguments
 from cpersona.services.calibration.sidecar import Entry
+from cpersona.services.requests import Request
 from cpersona.services.responses import ToolFailure, answers_refusals, failure
 
 
@@ -32,7 +34,13 @@ def label_of(beta: float) -> str:
 
 
 def _agent(agent_id: Any) -> str:
-    if not isinstance(agent_id, str) or not agent_id:
+    if not isinstance(agent_id, str):
+        raise ToolFailure("agent_id is required")
+    return _named(agent_id)
+
+
+def _named(agent_id: str) -> str:
+    if not agent_id:
         raise ToolFailure("agent_id is required")
     return agent_id
 
@@ -99,10 +107,23 @@ def set_recall_precision(
     }
 
 
+@dataclass(frozen=True)
+class PrecisionArguments(Request):
+    """``get_recall_precision``'s arguments in the types its schema declares."""
+
+    agent_id: str
+
+
 @answers_refusals
 def get_recall_precision(app: App, *, agent_id: Any = None) -> dict[str, Any]:
+    """:func:`answer_get_recall_precision` for a library caller, whose arguments no schema has checked."""
+    return answer_get_recall_precision.raises(app, PrecisionArguments(agent_id=_agent(agent_id)))
+
+
+@answers_refusals
+def answer_get_recall_precision(app: App, args: PrecisionArguments) -> dict[str, Any]:
     """The agent's effective β and where it comes from (spec §3.13, GRP-1). Never writes."""
-    agent = _agent(agent_id)
+    agent = _named(args.agent_id)
     override = app.calibration.beta_override(agent)
     glob = app.settings.gate_beta
     beta = override if override is not None else glob

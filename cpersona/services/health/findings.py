@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from cpersona import __version__
 from cpersona.services.app import App
 from cpersona.services.health.check_health import prepare, report_run
 from cpersona.services.health.registry import Issue, by_name, registry
+from cpersona.services.requests import Request
 from cpersona.services.responses import failure
 
 SUPERAUDITOR = "1.1"
@@ -80,10 +82,33 @@ def summary_text(findings: list[dict[str, Any]], capped: list[str], limit: int) 
     return out
 
 
+@dataclass(frozen=True)
+class FindingsArguments(Request):
+    """``get_session_findings``' arguments in the types its schema declares; defaults are the schema's."""
+
+    session_key: str = ""
+    per_kind_limit: int = 5
+    include_summary: bool = True
+
+
 def get_session_findings(app: App, *, session_key: Any = "", per_kind_limit: Any = 5,
                          include_summary: Any = True) -> dict[str, Any]:
-    if isinstance(per_kind_limit, bool) or not isinstance(per_kind_limit, int) or per_kind_limit < 1:
-        return failure(f"per_kind_limit must be at least 1 (got {per_kind_limit})", per_kind_limit=per_kind_limit)
+    """:func:`answer_get_session_findings` for a library caller, whose arguments no schema has checked."""
+    if isinstance(per_kind_limit, bool) or not isinstance(per_kind_limit, int):
+        return _bad_limit(per_kind_limit)
+    return answer_get_session_findings(app, FindingsArguments(
+        session_key=session_key if isinstance(session_key, str) else "", per_kind_limit=per_kind_limit,
+        include_summary=include_summary is not False))
+
+
+def _bad_limit(per_kind_limit: Any) -> dict[str, Any]:
+    return failure(f"per_kind_limit must be at least 1 (got {per_kind_limit})", per_kind_limit=per_kind_limit)
+
+
+def answer_get_session_findings(app: App, args: FindingsArguments) -> dict[str, Any]:
+    per_kind_limit = args.per_kind_limit
+    if per_kind_limit < 1:
+        return _bad_limit(per_kind_limit)
     checks = registry()
     # F-2: the full registry, report-only, whole database; the update-status issue is not a finding.
     issues = report_run(app, "", checks, prepare(app, "", checks, fix=False), judge_liveness=False)
@@ -105,9 +130,9 @@ def get_session_findings(app: App, *, session_key: Any = "", per_kind_limit: Any
         "counts_by_severity": _counts([f["severity"] for f in kept]),
         "capped_kinds": capped, "per_kind_limit": per_kind_limit,
     }
-    if include_summary is not False:
+    if args.include_summary:
         out["summary"] = summary_text(kept, capped, per_kind_limit)
-    key = session_key.strip() if isinstance(session_key, str) else ""
+    key = args.session_key.strip()
     if app.settings.transport != "stdio" and key in ("", "transport"):
         out["identity_shared"] = True
     out["_meta"] = {"server_version": __version__, "superauditor": SUPERAUDITOR}

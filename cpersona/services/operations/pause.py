@@ -20,6 +20,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from cpersona.services.app import App
+from cpersona.services.requests import Request
 from cpersona.services.responses import failure
 
 DEFAULT_TTL_SECONDS = 1800
@@ -148,13 +149,38 @@ def _checked_ttl(ttl_seconds: Any) -> int:
     return min(ttl_seconds, MAX_TTL_SECONDS)
 
 
+@dataclass(frozen=True)
+class SessionArguments(Request):
+    """``resume_persistence``'s and ``persistence_status``'s arguments; defaults are the schema's."""
+
+    session_key: str = ""
+
+
+@dataclass(frozen=True)
+class PauseArguments(SessionArguments):
+    """``pause_persistence``'s arguments; defaults are the schema's (which bounds the TTL, P-6)."""
+
+    ttl_seconds: int = DEFAULT_TTL_SECONDS
+
+
+def _session_key(session_key: Any) -> str:
+    # A non-string is read as the default "" (spec C-4), as bucket_of reads it.
+    return session_key if isinstance(session_key, str) else ""
+
+
 def pause_persistence(app: App, *, ttl_seconds: Any = DEFAULT_TTL_SECONDS, session_key: Any = "") -> dict[str, Any]:
-    """Arm the selected bucket for ``ttl_seconds`` (spec §9.2)."""
+    """:func:`answer_pause_persistence` for a library caller, whose arguments no schema has checked."""
     try:
         ttl = _checked_ttl(ttl_seconds)
     except ValueError as exc:
         return failure(str(exc))
-    bucket = bucket_of(session_key)
+    return answer_pause_persistence(app, PauseArguments(ttl_seconds=ttl, session_key=_session_key(session_key)))
+
+
+def answer_pause_persistence(app: App, args: PauseArguments) -> dict[str, Any]:
+    """Arm the selected bucket for ``ttl_seconds`` (spec §9.2)."""
+    ttl = min(args.ttl_seconds, MAX_TTL_SECONDS)
+    bucket = bucket_of(args.session_key)
     try:
         deadline = app.pause_buckets.arm(bucket, ttl, app.clock())
     except PauseCapacityFull as full:
@@ -168,15 +194,25 @@ def pause_persistence(app: App, *, ttl_seconds: Any = DEFAULT_TTL_SECONDS, sessi
 
 
 def resume_persistence(app: App, *, session_key: Any = "") -> dict[str, Any]:
+    """:func:`answer_resume_persistence` for a library caller, whose arguments no schema has checked."""
+    return answer_resume_persistence(app, SessionArguments(session_key=_session_key(session_key)))
+
+
+def answer_resume_persistence(app: App, args: SessionArguments) -> dict[str, Any]:
     """Clear the selected bucket only (spec §9.3)."""
-    bucket = bucket_of(session_key)
+    bucket = bucket_of(args.session_key)
     was_active = app.pause_buckets.clear(bucket, app.clock())
     return {"paused": False, "was_active": was_active, "scope": scope_of(bucket)}
 
 
 def persistence_status(app: App, *, session_key: Any = "") -> dict[str, Any]:
+    """:func:`answer_persistence_status` for a library caller, whose arguments no schema has checked."""
+    return answer_persistence_status(app, SessionArguments(session_key=_session_key(session_key)))
+
+
+def answer_persistence_status(app: App, args: SessionArguments) -> dict[str, Any]:
     """Report the selected bucket only (spec §9.4)."""
-    state = pause_state(app, session_key)
+    state = pause_state(app, args.session_key)
     remaining = state.remaining_seconds
     return {
         "paused": state.paused,

@@ -42,6 +42,7 @@ from sqlalchemy.orm import Session
 
 from cpersona.services.app import App
 from cpersona.services.operations.pause import pause_state
+from cpersona.services.requests import Request
 from cpersona.storage.repositories.tasks import TaskRepository, wake_after_commit
 
 log = logging.getLogger(__name__)
@@ -126,7 +127,12 @@ def complete_task(session: Session | Connection, task_id: int) -> bool:
 
 
 def get_queue_status(app: App) -> dict[str, Any]:
-    """Queue depth (every agent's rows) and the retry settings (spec Q-9)."""
+    """:func:`answer_get_queue_status` for a library caller."""
+    return answer_get_queue_status(app, Request())
+
+
+def answer_get_queue_status(app: App, args: Request) -> dict[str, Any]:
+    """Queue depth (every agent's rows) and the retry settings (spec Q-9); the tool takes no arguments."""
     settings = app.settings
     pending = 0
     if settings.task_queue_enabled:

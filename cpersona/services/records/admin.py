@@ -22,6 +22,7 @@ gate); ``session_key`` is accepted here only because the tools declare it.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy.exc import IntegrityError
@@ -31,6 +32,7 @@ from cpersona.services.records import remote_vectors
 from cpersona.services.app import App
 from cpersona.services.records.memories import embed_text
 from cpersona.services.records.nodes import QUEUED, queue_build, runs_past_window
+from cpersona.services.requests import Request
 from cpersona.services.responses import ToolFailure, answers_refusals, failure
 from cpersona.services.sanitize import find_lone_surrogate, nul_refusal, sanitize
 from cpersona.storage.repositories.associations import delete_agent_declarations
@@ -57,15 +59,46 @@ def _record_id(name: str, value: Any) -> int:
     return value
 
 
-def _owner_scope(operation: str, row_label: str, row_id: int, agent_id: Any) -> str | None:
+def _owner_scope(operation: str, row_label: str, row_id: int, agent_id: str) -> str | None:
     """The agent a by-id call is scoped to, or None for an unscoped call (OWN-2)."""
-    if agent_id is None or agent_id == "":
+    if agent_id == "":
         log.warning("%s %s %s running UNSCOPED: no agent_id, so no ownership check", operation, row_label, row_id)
         return None
+    return agent_id
+
+
+def _checked_row(id_field: str, row_id: Any, agent_id: Any) -> tuple[int, str]:
+    """A library caller's row id and owner checked as the tool's schema checks a tool call's."""
+    checked_id = _record_id(id_field, row_id)
+    if agent_id is None:
+        agent_id = ""
     if not isinstance(agent_id, str):
         # Never read a malformed scope as "no scope": that would widen the call.
         raise ToolFailure("agent_id must be a string")
-    return agent_id
+    return checked_id, agent_id
+
+
+@dataclass(frozen=True)
+class MemoryRowArguments(Request):
+    """``delete_memory``'s, ``lock_memory``'s and ``unlock_memory``'s arguments; defaults are the schema's."""
+
+    memory_id: int
+    agent_id: str = ""
+    session_key: str = ""
+
+
+@dataclass(frozen=True)
+class EpisodeRowArguments(Request):
+    """``delete_episode``'s arguments; defaults are the schema's."""
+
+    episode_id: int
+    agent_id: str = ""
+    session_key: str = ""
+
+
+def _memory_row_arguments(memory_id: Any, agent_id: Any) -> MemoryRowArguments:
+    row_id, owner = _checked_row("memory_id", memory_id, agent_id)
+    return MemoryRowArguments(memory_id=row_id, agent_id=owner)
 
 
 def _in_range(row_id: int) -> bool:
@@ -125,9 +158,15 @@ def _unmatched(session: Session, memory_id: int, owner: str | None, refused_if_l
 
 @answers_refusals
 def delete_memory(app: App, *, memory_id: Any, agent_id: Any = "", session_key: Any = "") -> dict[str, Any]:
+    """:func:`answer_delete_memory` for a library caller, whose arguments no schema has checked."""
+    return answer_delete_memory.raises(app, _memory_row_arguments(memory_id, agent_id))
+
+
+@answers_refusals
+def answer_delete_memory(app: App, args: MemoryRowArguments) -> dict[str, Any]:
     """Delete one memory; a locked one never (DM-1..DM-3)."""
-    row_id = _record_id("memory_id", memory_id)
-    owner = _owner_scope("delete_memory", "memory", row_id, agent_id)
+    row_id = args.memory_id
+    owner = _owner_scope("delete_memory", "memory", row_id, args.agent_id)
     if not _in_range(row_id):
         raise _absent(row_id, owner)
     with app.db.write() as session:
@@ -140,9 +179,9 @@ def delete_memory(app: App, *, memory_id: Any, agent_id: Any = "", session_key: 
     return {"ok": True, "deleted_id": row_id}
 
 
-def _set_lock(app: App, tool: str, answer_key: str, memory_id: Any, agent_id: Any, value: int) -> dict[str, Any]:
-    row_id = _record_id("memory_id", memory_id)
-    owner = _owner_scope(tool, "memory", row_id, agent_id)
+def _set_lock(app: App, tool: str, answer_key: str, args: MemoryRowArguments, value: int) -> dict[str, Any]:
+    row_id = args.memory_id
+    owner = _owner_scope(tool, "memory", row_id, args.agent_id)
     if not _in_range(row_id):
         raise _absent(row_id, owner)
     with app.db.write() as session:
@@ -156,13 +195,25 @@ def _set_lock(app: App, tool: str, answer_key: str, memory_id: Any, agent_id: An
 
 @answers_refusals
 def lock_memory(app: App, *, memory_id: Any, agent_id: Any = "", session_key: Any = "") -> dict[str, Any]:
+    """:func:`answer_lock_memory` for a library caller, whose arguments no schema has checked."""
+    return answer_lock_memory.raises(app, _memory_row_arguments(memory_id, agent_id))
+
+
+@answers_refusals
+def answer_lock_memory(app: App, args: MemoryRowArguments) -> dict[str, Any]:
     """Protect one memory from delete_memory and update_memory (LK-1..LK-3)."""
-    return _set_lock(app, "lock_memory", "locked_id", memory_id, agent_id, 1)
+    return _set_lock(app, "lock_memory", "locked_id", args, 1)
 
 
 @answers_refusals
 def unlock_memory(app: App, *, memory_id: Any, agent_id: Any = "", session_key: Any = "") -> dict[str, Any]:
-    return _set_lock(app, "unlock_memory", "unlocked_id", memory_id, agent_id, 0)
+    """:func:`answer_unlock_memory` for a library caller, whose arguments no schema has checked."""
+    return answer_unlock_memory.raises(app, _memory_row_arguments(memory_id, agent_id))
+
+
+@answers_refusals
+def answer_unlock_memory(app: App, args: MemoryRowArguments) -> dict[str, Any]:
+    return _set_lock(app, "unlock_memory", "unlocked_id", args, 0)
 
 
 # -- update_memory (memory-and-recall §3.6) ---------------------------------------------
@@ -188,7 +239,7 @@ def update_memory(
         raise ToolFailure("Content cannot be empty")  # UM-1: before the row is looked up
     if not isinstance(content, str):
         raise ToolFailure(f"content must be a string, not {type(content).__name__}")
-    row_id = _record_id("memory_id", memory_id)
+    row_id, agent_id = _checked_row("memory_id", memory_id, agent_id)
     owner = _owner_scope("update_memory", "memory", row_id, agent_id)
     if find_lone_surrogate(content):
         raise ToolFailure("content contains a lone UTF-16 surrogate, which is not valid text; nothing was edited")
@@ -241,9 +292,16 @@ def update_memory(
 
 @answers_refusals
 def delete_episode(app: App, *, episode_id: Any, agent_id: Any = "", session_key: Any = "") -> dict[str, Any]:
+    """:func:`answer_delete_episode` for a library caller, whose arguments no schema has checked."""
+    row_id, owner = _checked_row("episode_id", episode_id, agent_id)
+    return answer_delete_episode.raises(app, EpisodeRowArguments(episode_id=row_id, agent_id=owner))
+
+
+@answers_refusals
+def answer_delete_episode(app: App, args: EpisodeRowArguments) -> dict[str, Any]:
     """Delete one episode; every failure reads the same, scoped or not (DE-1)."""
-    row_id = _record_id("episode_id", episode_id)
-    owner = _owner_scope("delete_episode", "episode", row_id, agent_id)
+    row_id = args.episode_id
+    owner = _owner_scope("delete_episode", "episode", row_id, args.agent_id)
     refusal = ToolFailure(f"Episode {row_id} not found or not owned by agent")
     if not _in_range(row_id):
         raise refusal
@@ -265,12 +323,28 @@ def _forget_calibration(app: App, agent_id: str) -> None:
                     "calibration is gone from this process but may come back from the file at restart", agent_id)
 
 
+@dataclass(frozen=True)
+class AgentArguments(Request):
+    """``delete_agent_data``'s arguments in the types its schema declares."""
+
+    agent_id: str
+    session_key: str = ""
+
+
 def delete_agent_data(app: App, *, agent_id: Any = None, session_key: Any = "") -> dict[str, Any]:
-    """Remove everything one agent owns, locked memories included (DAD-1, LK-3)."""
-    if agent_id is None or agent_id == "":
-        return failure("agent_id is required for bulk deletion")
+    """:func:`answer_delete_agent_data` for a library caller, whose arguments no schema has checked."""
+    if agent_id is None:
+        agent_id = ""  # refused below as missing
     if not isinstance(agent_id, str):
         return failure("agent_id must be a string")
+    return answer_delete_agent_data(app, AgentArguments(agent_id=agent_id))
+
+
+def answer_delete_agent_data(app: App, args: AgentArguments) -> dict[str, Any]:
+    """Remove everything one agent owns, locked memories included (DAD-1, LK-3)."""
+    agent_id = args.agent_id
+    if agent_id == "":
+        return failure("agent_id is required for bulk deletion")
     with app.db.write() as session:
         # Records go first so that their own triggers clear what hangs on them.
         counts = {
