@@ -83,10 +83,19 @@ def fill(db, vectors: np.ndarray) -> None:
     stamp = "2024-01-01 00:00:00"
     with db.write_connection() as conn:
         conn.execute(
-            text("INSERT INTO memories (agent_id, content, timestamp, embedding, created_at) "
-                 "VALUES ('a', :c, :t, :e, :at)"),
-            [{"c": f"row {i}", "t": stamp, "e": v.tobytes(), "at": f"2024-01-01 {i // 3600 % 24:02d}:"
-              f"{i // 60 % 60:02d}:{i % 60:02d}"} for i, v in enumerate(vectors)],
+            text(
+                "INSERT INTO memories (agent_id, content, timestamp, embedding, created_at) "
+                "VALUES ('a', :c, :t, :e, :at)"
+            ),
+            [
+                {
+                    "c": f"row {i}",
+                    "t": stamp,
+                    "e": v.tobytes(),
+                    "at": f"2024-01-01 {i // 3600 % 24:02d}:{i // 60 % 60:02d}:{i % 60:02d}",
+                }
+                for i, v in enumerate(vectors)
+            ],
         )
 
 
@@ -117,8 +126,11 @@ def measure(label: str, rows: np.ndarray, queries: np.ndarray, candidate_counts:
                 coarse_ms.append((time.perf_counter() - started) * 1000)
                 overlaps.append(len(set(found) & set(exact)) / max(1, len(exact)))
             coarse_sqlite.MIN_CANDIDATES = saved
-            print(f"  candidates {count:5d}: overlap mean {statistics.mean(overlaps):.4f}, "
-                  f"min {min(overlaps):.2f}, coarse p50 {statistics.median(coarse_ms):.1f} ms", flush=True)
+            print(
+                f"  candidates {count:5d}: overlap mean {statistics.mean(overlaps):.4f}, "
+                f"min {min(overlaps):.2f}, coarse p50 {statistics.median(coarse_ms):.1f} ms",
+                flush=True,
+            )
         db.close()
 
 
@@ -133,12 +145,20 @@ def main() -> None:
     rows, questions = texts(args.rows)
     rng = random.Random(11)
     questions = rng.sample(questions, min(args.queries, len(questions)))
-    measure("MiniLM, LoCoMo turns", embedded("rows", rows, query=False),
-            embedded("questions", questions, query=True), counts)
+    measure(
+        "MiniLM, LoCoMo turns",
+        embedded("rows", rows, query=False),
+        embedded("questions", questions, query=True),
+        counts,
+    )
     if args.random:
         gen = np.random.default_rng(5)
-        measure("Gaussian 384-d", gen.standard_normal((args.random, 384)).astype("<f4"),
-                gen.standard_normal((min(args.queries, 100), 384)).astype("<f4"), counts)
+        measure(
+            "Gaussian 384-d",
+            gen.standard_normal((args.random, 384)).astype("<f4"),
+            gen.standard_normal((min(args.queries, 100), 384)).astype("<f4"),
+            counts,
+        )
 
 
 if __name__ == "__main__":

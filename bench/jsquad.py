@@ -44,8 +44,11 @@ from run_matrix import add_run_arguments, run_all  # noqa: E402
 
 # shared/ sits beside the main checkout, or two levels above a worktree
 DEFAULT_DATA = next(
-    (path for base in (REPO_DIR.parent, REPO_DIR.parent.parent)
-     if (path := base / "shared" / "data" / "jsquad-dev" / "jsquad-v1.3-valid.json").exists()),
+    (
+        path
+        for base in (REPO_DIR.parent, REPO_DIR.parent.parent)
+        if (path := base / "shared" / "data" / "jsquad-dev" / "jsquad-v1.3-valid.json").exists()
+    ),
     REPO_DIR.parent / "shared" / "data" / "jsquad-dev" / "jsquad-v1.3-valid.json",
 )
 RECALL_LIMIT = 10
@@ -81,7 +84,9 @@ def load(path: Path, sample: int) -> tuple[list[Paragraph], list[Question]]:
     chosen = data["questions"]
     if sample and sample < len(chosen):
         chosen = random.Random(SAMPLE_SEED).sample(chosen, sample)
-    return paragraphs, [Question(q["id"], q["question"], q["paragraph"], part_of(titles[q["paragraph"]])) for q in chosen]
+    return paragraphs, [
+        Question(q["id"], q["question"], q["paragraph"], part_of(titles[q["paragraph"]])) for q in chosen
+    ]
 
 
 def score(ranked: list[str], gold: str) -> dict[str, float]:
@@ -129,14 +134,18 @@ class RunResult:
     aborted: str = ""
 
 
-async def run_server(run: RunResult, embed_url: str | None, paragraphs: list[Paragraph], questions: list[Question]) -> None:
+async def run_server(
+    run: RunResult, embed_url: str | None, paragraphs: list[Paragraph], questions: list[Question]
+) -> None:
     started = time.perf_counter()
     by_content = {p.content: p.id for p in paragraphs}
     async with start_server(run.server, embedding_env(run.mode, embed_url)) as server:
         run.server_version = str(server.server_info.get("version", ""))
         by_ref: dict[str, str] = {}
         for paragraph in paragraphs:
-            answer, _ = await server.try_call("store", {"agent_id": AGENT, "content": paragraph.content, "id": paragraph.id})
+            answer, _ = await server.try_call(
+                "store", {"agent_id": AGENT, "content": paragraph.content, "id": paragraph.id}
+            )
             if answer.get("ok") is True and answer.get("result") == "stored":
                 by_ref[f"mem:{answer['id']}"] = paragraph.id
                 run.stored += 1
@@ -145,7 +154,9 @@ async def run_server(run: RunResult, embed_url: str | None, paragraphs: list[Par
         print(f"  [{run.mode}/{run.server}] stored {run.stored} paragraphs", file=sys.stderr, flush=True)
         scores = []
         for question in questions:
-            answer, elapsed = await server.try_call("recall", {"agent_id": AGENT, "query": question.text, "limit": RECALL_LIMIT})
+            answer, elapsed = await server.try_call(
+                "recall", {"agent_id": AGENT, "query": question.text, "limit": RECALL_LIMIT}
+            )
             run.recall_ms.append(elapsed)
             if "messages" not in answer or answer.get("ok") is False:
                 run.problems.append(f"recall {question.id}: {json.dumps(answer, ensure_ascii=False)[:200]}")
@@ -168,12 +179,17 @@ def ranked_ids(messages: list[dict[str, Any]], by_ref: dict[str, str], by_conten
 
 
 def format_table(rows: list[tuple[str, str, dict[str, Any], float | None]]) -> str:
-    header = f"{'mode':<6} {'server':<18} " + " ".join(f"{p + ' ' + m:>15}" for p in PARTS for m in ("r@1", "mrr@10")) + \
-        f" {'all r@5':>8} {'all r@10':>9} {'p50 ms':>7}"
+    header = (
+        f"{'mode':<6} {'server':<18} "
+        + " ".join(f"{p + ' ' + m:>15}" for p in PARTS for m in ("r@1", "mrr@10"))
+        + f" {'all r@5':>8} {'all r@10':>9} {'p50 ms':>7}"
+    )
     lines = [header, "-" * len(header)]
     for mode, server, figures, p50 in rows:
         cells = " ".join(f"{figures[p][m]:>15.3f}" for p in PARTS for m in ("r@1", "mrr@10"))
-        tail = f" {figures['all']['r@5']:>8.3f} {figures['all']['r@10']:>9.3f} " + (f"{p50:>7.1f}" if p50 is not None else f"{'-':>7}")
+        tail = f" {figures['all']['r@5']:>8.3f} {figures['all']['r@10']:>9.3f} " + (
+            f"{p50:>7.1f}" if p50 is not None else f"{'-':>7}"
+        )
         lines.append(f"{mode:<6} {server:<18} {cells}{tail}")
     return "\n".join(lines)
 
@@ -181,8 +197,11 @@ def format_table(rows: list[tuple[str, str, dict[str, Any], float | None]]) -> s
 async def main_async(args: argparse.Namespace) -> None:
     paragraphs, questions = load(args.data, args.questions)
     counts = {part: sum(q.part == part for q in questions) for part in ("tuning", "held")}
-    print(f"JSQuAD: {len(paragraphs)} paragraphs, {len(questions)} questions "
-          f"({counts['tuning']} tuning, {counts['held']} held), limit {RECALL_LIMIT}", flush=True)
+    print(
+        f"JSQuAD: {len(paragraphs)} paragraphs, {len(questions)} questions "
+        f"({counts['tuning']} tuning, {counts['held']} held), limit {RECALL_LIMIT}",
+        flush=True,
+    )
 
     async def run_one(run: RunResult, embed_url: str | None) -> None:
         await run_server(run, embed_url, paragraphs, questions)
@@ -198,21 +217,34 @@ async def main_async(args: argparse.Namespace) -> None:
             print(f"  ! {run.mode}/{run.server}: {problem}")
         if run.problems:
             print(f"  ! {run.mode}/{run.server}: {len(run.problems)} problems in all")
-    path = write_results("jsquad", {
-        "benchmark": "jsquad",
-        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "data": str(args.data),
-        "paragraphs": len(paragraphs),
-        "questions": len(questions),
-        "recall_limit": RECALL_LIMIT,
-        "runs": [{
-            "server": r.server, "mode": r.mode, "server_version": r.server_version, "stored": r.stored,
-            "figures": r.figures, "problems": len(r.problems), "recall_p50_ms": percentile(r.recall_ms, 0.5),
-            "recall_p95_ms": percentile(r.recall_ms, 0.95), "seconds": round(r.seconds, 1), "aborted": r.aborted or None,
-        } for r in runs],
-        "bigram_bm25": baseline,
-        "per_question": {f"{r.mode}/{r.server}": r.ranked for r in runs} if args.per_question else None,
-    })
+    path = write_results(
+        "jsquad",
+        {
+            "benchmark": "jsquad",
+            "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "data": str(args.data),
+            "paragraphs": len(paragraphs),
+            "questions": len(questions),
+            "recall_limit": RECALL_LIMIT,
+            "runs": [
+                {
+                    "server": r.server,
+                    "mode": r.mode,
+                    "server_version": r.server_version,
+                    "stored": r.stored,
+                    "figures": r.figures,
+                    "problems": len(r.problems),
+                    "recall_p50_ms": percentile(r.recall_ms, 0.5),
+                    "recall_p95_ms": percentile(r.recall_ms, 0.95),
+                    "seconds": round(r.seconds, 1),
+                    "aborted": r.aborted or None,
+                }
+                for r in runs
+            ],
+            "bigram_bm25": baseline,
+            "per_question": {f"{r.mode}/{r.server}": r.ranked for r in runs} if args.per_question else None,
+        },
+    )
     print(f"\nresults written to {path}")
 
 

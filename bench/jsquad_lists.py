@@ -48,8 +48,11 @@ def main() -> None:
     workdir = Path(tempfile.mkdtemp(prefix="cpersona-jsquad-lists-"))
     db = open_sqlite(workdir / "cpersona.db")
     upgrade(db)
-    env = {"CPERSONA_DB_PATH": str(workdir / "cpersona.db"), "CPERSONA_UPDATE_CHECK": "false",
-           "CPERSONA_DEGRADED_ADVISORY": "false"}
+    env = {
+        "CPERSONA_DB_PATH": str(workdir / "cpersona.db"),
+        "CPERSONA_UPDATE_CHECK": "false",
+        "CPERSONA_DEGRADED_ADVISORY": "false",
+    }
     if args.embedding == "local":
         env.update({"CPERSONA_EMBEDDING_MODE": "local", "CPERSONA_EMBEDDING_MODEL_PATH": str(LOCAL_MODEL)})
     app = App(db=db, settings=load_settings(env))
@@ -66,14 +69,25 @@ def main() -> None:
             found = retrieve(app, backend, req.retriever_query(), depth_for(app, req), exclusion(()))
             answer = run_recall(app, req)
         label = {key: record.msg_id for key, record in found.records.items()}
-        out.append({
-            "conversation": question.part, "question": question.text, "evidence": [question.paragraph],
-            "lists": [{"channel": lst.channel, "weight": lst.weight,
-                       "rows": [[f"{e.key[0]}:{e.key[1]}", label[e.key], e.rank, e.raw] for e in lst.entries]}
-                      for lst in found.lists],
-            "answer": [m.get("id") for m in reversed(answer.messages)],
-        })
-    args.out.write_text(json.dumps({"embedding": args.embedding, "settings": env, "questions": out}, ensure_ascii=False))
+        out.append(
+            {
+                "conversation": question.part,
+                "question": question.text,
+                "evidence": [question.paragraph],
+                "lists": [
+                    {
+                        "channel": lst.channel,
+                        "weight": lst.weight,
+                        "rows": [[f"{e.key[0]}:{e.key[1]}", label[e.key], e.rank, e.raw] for e in lst.entries],
+                    }
+                    for lst in found.lists
+                ],
+                "answer": [m.get("id") for m in reversed(answer.messages)],
+            }
+        )
+    args.out.write_text(
+        json.dumps({"embedding": args.embedding, "settings": env, "questions": out}, ensure_ascii=False)
+    )
     print(f"{len(out)} questions written to {args.out} in {time.perf_counter() - started:.0f} s", file=sys.stderr)
 
 

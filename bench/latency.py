@@ -184,7 +184,9 @@ def batches(start: int, stop: int, size: int) -> Iterator[range]:
         yield range(first, min(first + size, stop))
 
 
-async def fill(server: RunningServer, corpus: Corpus, start: int, stop: int, concurrency: int, label: str) -> tuple[float, int]:
+async def fill(
+    server: RunningServer, corpus: Corpus, start: int, stop: int, concurrency: int, label: str
+) -> tuple[float, int]:
     """Store rows start..stop-1; returns (rows per second, failed stores)."""
     failures = 0
     started = last_report = time.perf_counter()
@@ -224,7 +226,9 @@ async def measure_mode(
             fill_to = max(stored, size - args.store_probes)
             fills = {}
             for server in servers:
-                fills[server.name] = await fill(server, corpus, stored, fill_to, args.concurrency, f"{mode}/{server.name}/{size}")
+                fills[server.name] = await fill(
+                    server, corpus, stored, fill_to, args.concurrency, f"{mode}/{server.name}/{size}"
+                )
             store_ms: dict[str, list[float]] = {server.name: [] for server in servers}
             failures = {server.name: fills[server.name][1] for server in servers}
             cpu_before = {name: cpu_ms(pid) for name, pid in pids.items()}
@@ -250,8 +254,17 @@ async def measure_mode(
             for server in servers:
                 name = server.name
                 result = SizeResult(
-                    name, mode, size, fill_to, fills[name][0], store_ms[name], recall_ms[name], recall_rows[name], failures[name],
-                    store_cpu[name], recall_cpu[name],
+                    name,
+                    mode,
+                    size,
+                    fill_to,
+                    fills[name][0],
+                    store_ms[name],
+                    recall_ms[name],
+                    recall_rows[name],
+                    failures[name],
+                    store_cpu[name],
+                    recall_cpu[name],
                 )
                 results.append(result)
                 summary = result.summary()
@@ -270,8 +283,16 @@ def ratio(ours: float | None, ref: float | None) -> str:
 
 
 def format_tables(summaries: list[dict[str, Any]]) -> str:
-    columns = ("fill_rows_per_s", "store_p50_ms", "store_p95_ms", "recall_p50_ms", "recall_p95_ms",
-               "store_cpu_ms", "recall_cpu_ms", "recall_mean_rows")
+    columns = (
+        "fill_rows_per_s",
+        "store_p50_ms",
+        "store_p95_ms",
+        "recall_p50_ms",
+        "recall_p95_ms",
+        "store_cpu_ms",
+        "recall_cpu_ms",
+        "recall_mean_rows",
+    )
     header = f"{'mode':<6} {'size':>7} {'server':<7} " + " ".join(f"{c:>16}" for c in columns) + f" {'failures':>8}"
     lines = [header, "-" * len(header)]
     for s in summaries:
@@ -300,7 +321,9 @@ def target_lines(keyed: dict[tuple[str, int, str], dict[str, Any]]) -> list[str]
     if ours and ref:
         for column in ("store_p50_ms", "recall_p50_ms"):
             verdict = "met" if ours[column] <= ref[column] / 2 else "MISSED"
-            lines.append(f"target 10k/none {column} <= half the reference's: {ours[column]} vs {ref[column]} -> {verdict}")
+            lines.append(
+                f"target 10k/none {column} <= half the reference's: {ours[column]} vs {ref[column]} -> {verdict}"
+            )
     ours_100k = keyed.get(("stub", 100000, "ours"))
     if ours_100k:
         verdict = "met" if ours_100k["recall_p95_ms"] < 150 else "MISSED"

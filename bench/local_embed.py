@@ -69,11 +69,20 @@ print(json.dumps({"import_s": imported - started, "first_embed_s": first - start
 def server_latency(model: Path, threads: int, texts: list[str]) -> dict[str, float]:
     import httpx
 
-    env = {**os.environ, "CPERSONA_EMBEDDING_MODEL_PATH": str(model), "CPERSONA_EMBEDDING_THREADS": str(threads),
-           "CPERSONA_UPDATE_CHECK": "false"}
+    env = {
+        **os.environ,
+        "CPERSONA_EMBEDDING_MODEL_PATH": str(model),
+        "CPERSONA_EMBEDDING_THREADS": str(threads),
+        "CPERSONA_UPDATE_CHECK": "false",
+    }
     started = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "cpersona", "embed-server", "--port", "0"], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cpersona", "embed-server", "--port", "0"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     try:
         url = proc.stdout.readline().strip().removeprefix("listening on ")
         ready = time.perf_counter() - started
@@ -89,8 +98,13 @@ def server_latency(model: Path, threads: int, texts: list[str]) -> dict[str, flo
             if line.startswith("VmRSS:"):
                 rss = int(line.split()[1]) / 1024
         client = stdio_server_rss({"CPERSONA_EMBEDDING_MODE": "http", "CPERSONA_EMBEDDING_URL": url})
-        return {"ready_s": ready, "single_p50_ms": percentile(timings, 0.5), "single_p95_ms": percentile(timings, 0.95),
-                "rss_mib": rss, "stdio_server_in_http_mode_rss_mib": client}
+        return {
+            "ready_s": ready,
+            "single_p50_ms": percentile(timings, 0.5),
+            "single_p95_ms": percentile(timings, 0.95),
+            "rss_mib": rss,
+            "stdio_server_in_http_mode_rss_mib": client,
+        }
     finally:
         proc.terminate()
         proc.wait(timeout=10)
@@ -101,22 +115,37 @@ def stdio_server_rss(env_extra: dict[str, str]) -> float:
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="cpersona-rss-") as workdir:
-        env = {**{k: v for k, v in os.environ.items() if not k.startswith("CPERSONA_")},
-               "CPERSONA_DB_PATH": f"{workdir}/memory.db", "CPERSONA_UPDATE_CHECK": "false", **env_extra}
-        proc = subprocess.Popen([sys.executable, "-m", "cpersona"], env=env, stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith("CPERSONA_")},
+            "CPERSONA_DB_PATH": f"{workdir}/memory.db",
+            "CPERSONA_UPDATE_CHECK": "false",
+            **env_extra,
+        }
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "cpersona"],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
         try:
+
             def ask(message_id: int, method: str, params: dict) -> dict:
-                proc.stdin.write(json.dumps({"jsonrpc": "2.0", "id": message_id, "method": method,
-                                             "params": params}) + "\n")
+                proc.stdin.write(
+                    json.dumps({"jsonrpc": "2.0", "id": message_id, "method": method, "params": params}) + "\n"
+                )
                 proc.stdin.flush()
                 while True:
                     answer = json.loads(proc.stdout.readline())
                     if answer.get("id") == message_id:
                         return answer
 
-            ask(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {},
-                                  "clientInfo": {"name": "rss", "version": "0"}})
+            ask(
+                1,
+                "initialize",
+                {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "rss", "version": "0"}},
+            )
             proc.stdin.write('{"jsonrpc":"2.0","method":"notifications/initialized"}\n')
             proc.stdin.flush()
             ask(2, "tools/call", {"name": "store", "arguments": {"agent_id": "a", "content": "a first memory"}})
@@ -144,14 +173,21 @@ def main() -> None:
     child = json.loads(done.stdout)
     batch_per_text = [ms / 32 for ms in child["batch32_ms"]]
     figures = {
-        "model": str(args.model_path), "threads": args.threads, "texts": len(turns),
-        "mean_chars": sum(map(len, turns)) / len(turns), "load_average": load,
-        "cold_first_embed_s": child["first_embed_s"], "import_s": child["import_s"],
+        "model": str(args.model_path),
+        "threads": args.threads,
+        "texts": len(turns),
+        "mean_chars": sum(map(len, turns)) / len(turns),
+        "load_average": load,
+        "cold_first_embed_s": child["first_embed_s"],
+        "import_s": child["import_s"],
         "load_and_first_embed_s": child["load_and_first_s"],
-        "rss_before_load_mib": child["rss_before_mib"], "rss_loaded_mib": child["rss_after_mib"],
+        "rss_before_load_mib": child["rss_before_mib"],
+        "rss_loaded_mib": child["rss_after_mib"],
         "rss_peak_mib": child["rss_peak_mib"],
-        "single_p50_ms": percentile(child["single_ms"], 0.5), "single_p95_ms": percentile(child["single_ms"], 0.95),
-        "batch32_p50_ms": percentile(child["batch32_ms"], 0.5), "batch32_p95_ms": percentile(child["batch32_ms"], 0.95),
+        "single_p50_ms": percentile(child["single_ms"], 0.5),
+        "single_p95_ms": percentile(child["single_ms"], 0.95),
+        "batch32_p50_ms": percentile(child["batch32_ms"], 0.5),
+        "batch32_p95_ms": percentile(child["batch32_ms"], 0.95),
         "batch32_per_text_p50_ms": percentile(batch_per_text, 0.5),
         "batch32_per_text_p95_ms": percentile(batch_per_text, 0.95),
         "single_total_s": sum(child["single_ms"]) / 1000,
@@ -162,8 +198,9 @@ def main() -> None:
         figures["embed_server"] = server_latency(args.model_path, args.threads, turns)
         figures["stdio_rss_mib"] = {
             "none": stdio_server_rss({"CPERSONA_EMBEDDING_MODE": "none"}),
-            "local": stdio_server_rss({"CPERSONA_EMBEDDING_MODE": "local",
-                                       "CPERSONA_EMBEDDING_MODEL_PATH": str(args.model_path)}),
+            "local": stdio_server_rss(
+                {"CPERSONA_EMBEDDING_MODE": "local", "CPERSONA_EMBEDDING_MODEL_PATH": str(args.model_path)}
+            ),
         }
     for key, value in figures.items():
         print(f"{key:28} {value:.2f}" if isinstance(value, float) else f"{key:28} {value}")

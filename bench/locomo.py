@@ -147,7 +147,12 @@ async def store_conversation(
     dia_id_by_ref: dict[str, str] = {}
     session_ends = {session.last_dia_id: session for session in conversation.sessions} if episodes else {}
     for turn in conversation.turns:
-        arguments = {"agent_id": conversation.agent_id, "content": turn.content, "id": turn.dia_id, "timestamp": turn.timestamp}
+        arguments = {
+            "agent_id": conversation.agent_id,
+            "content": turn.content,
+            "id": turn.dia_id,
+            "timestamp": turn.timestamp,
+        }
         try:
             answer = await server.call("store", arguments)
         except ToolCallError as exc:
@@ -164,8 +169,12 @@ async def store_conversation(
 
 
 async def run_server(
-    run: RunResult, embed_url: str | None, conversations: list[Conversation], extra_settings: dict[str, str] | None = None,
-    *, episodes: bool = False,
+    run: RunResult,
+    embed_url: str | None,
+    conversations: list[Conversation],
+    extra_settings: dict[str, str] | None = None,
+    *,
+    episodes: bool = False,
 ) -> None:
     """Fill `run` with one server's answers; a server that dies mid-run leaves what it answered so far."""
     name, mode = run.server, run.mode
@@ -214,7 +223,9 @@ def bm25_floor(conversations: list[Conversation], **options: Any) -> dict[str, A
     scores = []
     for conversation in conversations:
         index = BM25Index([t.dia_id for t in conversation.turns], [t.content for t in conversation.turns], **options)
-        scores.extend(score_question(index.search(q.question, RECALL_LIMIT), q.evidence) for q in conversation.questions)
+        scores.extend(
+            score_question(index.search(q.question, RECALL_LIMIT), q.evidence) for q in conversation.questions
+        )
     return {"questions": len(scores), "metrics": average(scores)}
 
 
@@ -225,7 +236,11 @@ def embedder_health(url: str) -> dict[str, Any]:
 
 
 def format_table(summaries: list[dict[str, Any]], floors: dict[str, dict[str, Any]]) -> str:
-    header = f"{'mode':<8} {'server':<18} " + " ".join(f"{m:>9}" for m in METRIC_NAMES) + f" {'rc p50 ms':>10} {'embedded':>9}"
+    header = (
+        f"{'mode':<8} {'server':<18} "
+        + " ".join(f"{m:>9}" for m in METRIC_NAMES)
+        + f" {'rc p50 ms':>10} {'embedded':>9}"
+    )
     lines = [header, "-" * len(header)]
     for s in summaries:
         metrics = " ".join(f"{s['metrics'][m]:>9.3f}" for m in METRIC_NAMES)
@@ -314,11 +329,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA_DIR, help="directory of LoCoMo *.json files")
     parser.add_argument("--conversations", default="", help="comma list of file stems to keep (default: all)")
     parser.add_argument(
-        "--episodes", choices=("none", "per-session"), default="none",
+        "--episodes",
+        choices=("none", "per-session"),
+        default="none",
         help="per-session: after each session's turns, archive its summary (session_<n>_summary) as an episode",
     )
     parser.add_argument(
-        "--setting", action="append", default=[], metavar="CPERSONA_X=VALUE",
+        "--setting",
+        action="append",
+        default=[],
+        metavar="CPERSONA_X=VALUE",
         help="an extra setting for our server only (repeatable), e.g. CPERSONA_RECALL_MODE=rsf",
     )
     return parser.parse_args(argv)

@@ -108,8 +108,13 @@ def load_conversation(path: Path) -> Conversation:
             skipped += 1
             continue
         questions.append(Question(question=str(raw["question"]), evidence=evidence, category=int(raw["category"])))
-    return Conversation(name=path.stem, turns=tuple(turns), questions=tuple(questions), skipped_questions=skipped,
-                        sessions=tuple(session_rows))
+    return Conversation(
+        name=path.stem,
+        turns=tuple(turns),
+        questions=tuple(questions),
+        skipped_questions=skipped,
+        sessions=tuple(session_rows),
+    )
 
 
 def load_conversations(data_dir: Path = DEFAULT_DATA_DIR) -> list[Conversation]:

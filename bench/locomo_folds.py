@@ -89,9 +89,12 @@ def main() -> None:
         print(f"{'plain BM25':<70} " + " ".join(f"{cell:>13}" for cell in cells))
         print()
 
-    print(f"{'held out':>8}  {'chosen on the other four':<70} {'R@10':>6} {'NDCG':>6} {'BM25 R@10':>9} {'BM25 NDCG':>9}")
+    print(
+        f"{'held out':>8}  {'chosen on the other four':<70} {'R@10':>6} {'NDCG':>6} {'BM25 R@10':>9} {'BM25 NDCG':>9}"
+    )
     held_scores: list[dict[str, float]] = []
     for held in conversations:
+
         def train_score(label: str) -> float:
             return objective([s for c, rows in runs[label].items() if c != held for s in rows])  # noqa: B023 - called in this iteration only
 
@@ -99,8 +102,10 @@ def main() -> None:
         rows = runs[chosen].get(held, [])
         held_scores.extend(rows)
         figures = average(rows)
-        print(f"{held:>8}  {chosen[:70]:<70} {figures['recall@10']:>6.3f} {figures['ndcg@10']:>6.3f} "
-              f"{floor[held]['recall@10']:>9.3f} {floor[held]['ndcg@10']:>9.3f}")
+        print(
+            f"{held:>8}  {chosen[:70]:<70} {figures['recall@10']:>6.3f} {figures['ndcg@10']:>6.3f} "
+            f"{floor[held]['recall@10']:>9.3f} {floor[held]['ndcg@10']:>9.3f}"
+        )
     total = average(held_scores)
     print(f"{'all':>8}  {'(held-out answers pooled)':<70} {total['recall@10']:>6.3f} {total['ndcg@10']:>6.3f}")
 

@@ -245,11 +245,14 @@ def format_details(summaries: list[dict[str, Any]]) -> str:
     for s in summaries:
         rx = s["reconstruct"]
         cats = ", ".join(
-            f"cat {c}: rx {v['reconstruct_quoted_recall']:.3f} / rc {v['recall_recall@10']:.3f}" for c, v in s["by_category"].items()
+            f"cat {c}: rx {v['reconstruct_quoted_recall']:.3f} / rc {v['recall_recall@10']:.3f}"
+            for c, v in s["by_category"].items()
         )
         lines.append(f"{s['mode']}/{s['server']}: {cats}")
         lines.append(f"  shortfall_reason {rx['shortfall_reason']}; independence_reason {rx['independence_reason']}")
-        lines.append(f"  claims per answer {rx['claims_mean']:.1f}; reconstruct p95 {rx['p95_ms']:.1f} ms; run {s['seconds']} s")
+        lines.append(
+            f"  claims per answer {rx['claims_mean']:.1f}; reconstruct p95 {rx['p95_ms']:.1f} ms; run {s['seconds']} s"
+        )
     return "\n".join(lines)
 
 

@@ -177,10 +177,17 @@ def make_handler(embedder: CachedEmbedder, backend: str) -> type[BaseHTTPRequest
 
         def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
             if self.path.rstrip("/") == "/health":
-                self._send(200, {"ok": True, "backend": backend, "dimensions": DIMENSIONS,
-                                 "texts_embedded": embedder.texts_embedded,
-                                 "texts_served": embedder.texts_served,
-                                 "requests": dict(requests_seen)})
+                self._send(
+                    200,
+                    {
+                        "ok": True,
+                        "backend": backend,
+                        "dimensions": DIMENSIONS,
+                        "texts_embedded": embedder.texts_embedded,
+                        "texts_served": embedder.texts_served,
+                        "requests": dict(requests_seen),
+                    },
+                )
             else:
                 self._send(404, {"error": f"no route {self.path}"})
 
@@ -221,8 +228,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=8401, help="0 picks a free port")
     parser.add_argument("--stub", action="store_true", help="near-zero-cost deterministic vectors, no model")
     parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads (minilm)")
-    parser.add_argument("--cache-file", default=os.environ.get("CPERSONA_BENCH_EMBED_CACHE") or None,
-                        help="JSON-lines file of vectors kept across runs (default $CPERSONA_BENCH_EMBED_CACHE)")
+    parser.add_argument(
+        "--cache-file",
+        default=os.environ.get("CPERSONA_BENCH_EMBED_CACHE") or None,
+        help="JSON-lines file of vectors kept across runs (default $CPERSONA_BENCH_EMBED_CACHE)",
+    )
     args = parser.parse_args(argv)
 
     backend = "stub" if args.stub else "all-MiniLM-L6-v2"

@@ -14,7 +14,9 @@ from typing import Any, Awaitable, Callable, Protocol, TypeVar
 
 from mcp_driver import check_server_available, start_embedder
 
-MODES_HELP = "comma list of: none, minilm (http to bench/minilm_server.py), stub, local (in-process ONNX MiniLM; ours only)"
+MODES_HELP = (
+    "comma list of: none, minilm (http to bench/minilm_server.py), stub, local (in-process ONNX MiniLM; ours only)"
+)
 
 
 class Run(Protocol):
@@ -31,7 +33,10 @@ def add_run_arguments(parser: argparse.ArgumentParser, *, servers: str, default_
     parser.add_argument("--servers", default="ours,ref", help=f"comma list of: {servers}")
     parser.add_argument("--modes", default=default_modes, help=MODES_HELP)
     parser.add_argument(
-        "--no-per-question", dest="per_question", action="store_false", help="leave per-question rankings out of the JSON"
+        "--no-per-question",
+        dest="per_question",
+        action="store_false",
+        help="leave per-question rankings out of the JSON",
     )
 
 

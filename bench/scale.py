@@ -84,9 +84,15 @@ def bulk_fill(db, corpus: Corpus, size: int) -> float:
         rows = [corpus.row(i) for i in range(first, min(size, first + BATCH))]
         vectors = np.asarray(stub_embed([r["content"] for r in rows]), dtype="<f4")
         values = [
-            {"agent_id": r["agent_id"], "content": r["content"], "msg_id": r["id"], "timestamp": r["timestamp"],
-             "created_at": r["timestamp"][:19].replace("T", " "), "embedding": v.tobytes(),
-             "source": json.dumps({"type": "User", "id": "bench", "name": "bench"})}
+            {
+                "agent_id": r["agent_id"],
+                "content": r["content"],
+                "msg_id": r["id"],
+                "timestamp": r["timestamp"],
+                "created_at": r["timestamp"][:19].replace("T", " "),
+                "embedding": v.tobytes(),
+                "source": json.dumps({"type": "User", "id": "bench", "name": "bench"}),
+            }
             for r, v in zip(rows, vectors)
         ]
         with db.write_connection() as conn:
@@ -122,16 +128,18 @@ def memory_kb(pid: int | None) -> tuple[int | None, int | None]:
     return kb("VmRSS"), kb("VmHWM")
 
 
-async def time_server(env: dict[str, str], workdir: Path, corpus: Corpus, size: int, first: int,
-                      args) -> dict[str, Any]:
+async def time_server(
+    env: dict[str, str], workdir: Path, corpus: Corpus, size: int, first: int, args
+) -> dict[str, Any]:
     from mcp import ClientSession, StdioServerParameters
     from mcp.client.stdio import get_default_environment, stdio_client
 
     from latency import RunningServer
 
     full = {**get_default_environment(), **env, "CPERSONA_UPDATE_CHECK": "false", "PYTHONUNBUFFERED": "1"}
-    params = StdioServerParameters(command=str(BENCH.parent / ".venv" / "bin" / "python"), args=["-m", "cpersona"],
-                                   env=full, cwd=str(workdir))
+    params = StdioServerParameters(
+        command=str(BENCH.parent / ".venv" / "bin" / "python"), args=["-m", "cpersona"], env=full, cwd=str(workdir)
+    )
     with open(workdir / "server.log", "w") as errlog:
         async with stdio_client(params, errlog=errlog) as (read, write), ClientSession(read, write) as session:
             await session.initialize()
@@ -196,8 +204,9 @@ async def one_size(kind: str, size: int, corpus: Corpus, embed_url: str, args) -
     for number, reach in enumerate(args.reaches):
         # Each server stores its own --stores rows past the fill (new ids, so none is a duplicate).
         first = size + number * args.stores
-        timed[f"reach={reach}"] = await time_server({**env, "CPERSONA_VECTOR_REACH": str(reach)}, workdir, corpus,
-                                                    size, first, args)
+        timed[f"reach={reach}"] = await time_server(
+            {**env, "CPERSONA_VECTOR_REACH": str(reach)}, workdir, corpus, size, first, args
+        )
     rows = size + args.stores * len(args.reaches)
     total = sqlite_bytes(workdir / "cpersona.db") if kind == "sqlite" else postgres_bytes(pg_url)
     if kind == "postgresql":
@@ -208,8 +217,14 @@ async def one_size(kind: str, size: int, corpus: Corpus, embed_url: str, args) -
         for path in workdir.glob("*"):
             path.unlink()
         workdir.rmdir()
-    result = {"backend": kind, "size": size, "fill_rows_per_s": round(rate), "servers": timed,
-              "bytes_per_row": round(total / rows), "bytes_per_row_without_vector": round(total / rows - VECTOR_BYTES)}
+    result = {
+        "backend": kind,
+        "size": size,
+        "fill_rows_per_s": round(rate),
+        "servers": timed,
+        "bytes_per_row": round(total / rows),
+        "bytes_per_row_without_vector": round(total / rows - VECTOR_BYTES),
+    }
     print(f"  [{kind}/{size}] {result}", file=sys.stderr, flush=True)
     return result
 
@@ -222,8 +237,12 @@ async def main_async(args) -> None:
             for size in args.sizes:
                 results.append(await one_size(kind, size, corpus, embed_url, args))
     load = os.getloadavg()
-    payload = {"date_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"), "load": [round(x, 2) for x in load],
-               "command": " ".join(sys.argv), "results": results}
+    payload = {
+        "date_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "load": [round(x, 2) for x in load],
+        "command": " ".join(sys.argv),
+        "results": results,
+    }
     print(json.dumps(payload, indent=1))
     write_results("scale", payload)
 
@@ -233,9 +252,12 @@ def main() -> None:
     parser.add_argument("--sizes", default="10000,100000")
     parser.add_argument("--recalls", type=int, default=200)
     parser.add_argument("--stores", type=int, default=100)
-    parser.add_argument("--reaches", default="0,1000000000",
-                        help="CPERSONA_VECTOR_REACH of each timed server, one after the other on the same database "
-                             "(0: the exact window only; 1000000000: the far list over the whole corpus)")
+    parser.add_argument(
+        "--reaches",
+        default="0,1000000000",
+        help="CPERSONA_VECTOR_REACH of each timed server, one after the other on the same database "
+        "(0: the exact window only; 1000000000: the far list over the whole corpus)",
+    )
     parser.add_argument("--pg-url", default="", help="also run on PostgreSQL (a cluster URL with CREATE DATABASE)")
     parser.add_argument("--workdir", default=None, help="where the SQLite files go (default: the temp dir)")
     parser.add_argument("--keep", action="store_true", help="keep the database files")

@@ -50,11 +50,23 @@ TOKEN = "bench-startup-token"
 SEED_ROWS = 20
 TIMEOUT = 180.0
 
-INITIALIZE = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-    "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "bench-startup", "version": "0"}}}
+INITIALIZE = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {
+        "protocolVersion": "2025-06-18",
+        "capabilities": {},
+        "clientInfo": {"name": "bench-startup", "version": "0"},
+    },
+}
 INITIALIZED = {"jsonrpc": "2.0", "method": "notifications/initialized"}
-RECALL = {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
-          "params": {"name": "recall", "arguments": {"agent_id": "bench", "query": "seed memory about start-up"}}}
+RECALL = {
+    "jsonrpc": "2.0",
+    "id": 2,
+    "method": "tools/call",
+    "params": {"name": "recall", "arguments": {"agent_id": "bench", "query": "seed memory about start-up"}},
+}
 
 
 def base_env(db_path: Path) -> dict[str, str]:
@@ -70,8 +82,9 @@ class Wire:
         self.started = time.monotonic()
         # The working directory is the run's own: `-m cpersona` must never find this checkout by accident.
         cwd = Path(env["CPERSONA_DB_PATH"]).parent if "CPERSONA_DB_PATH" in env else Path(tempfile.gettempdir())
-        self.proc = subprocess.Popen(command, env=env, cwd=cwd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            command, env=env, cwd=cwd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+        )
 
     def send(self, message: dict[str, Any]) -> None:
         self.proc.stdin.write(json.dumps(message).encode() + b"\n")
@@ -108,8 +121,13 @@ def one_run(command: list[str], env: dict[str, str]) -> dict[str, float]:
     if "result" not in answer or answer["result"].get("isError"):
         raise RuntimeError(f"recall failed: {str(answer)[:300]}")
     exit_after_close, cpu, rss = wire.finish()
-    return {"initialize_s": initialized, "recall_s": recalled, "exit_after_close_s": exit_after_close,
-            "cpu_s": cpu, "peak_rss_mib": rss}
+    return {
+        "initialize_s": initialized,
+        "recall_s": recalled,
+        "exit_after_close_s": exit_after_close,
+        "cpu_s": cpu,
+        "peak_rss_mib": rss,
+    }
 
 
 def floor_run(python: Path) -> dict[str, float]:
@@ -119,14 +137,24 @@ def floor_run(python: Path) -> dict[str, float]:
     its client and server halves whole, so this is the least any server built on
     it can cost.
     """
-    proc = subprocess.Popen([str(python), "-c", "import mcp"], cwd=tempfile.gettempdir(),
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [str(python), "-c", "import mcp"],
+        cwd=tempfile.gettempdir(),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     _, status, usage = os.wait4(proc.pid, 0)
     if os.waitstatus_to_exitcode(status) != 0:
         raise RuntimeError(f"{python} -c 'import mcp' failed")
     nan = float("nan")
-    return {"initialize_s": nan, "recall_s": nan, "exit_after_close_s": nan,
-            "cpu_s": usage.ru_utime + usage.ru_stime, "peak_rss_mib": usage.ru_maxrss / 1024}
+    return {
+        "initialize_s": nan,
+        "recall_s": nan,
+        "exit_after_close_s": nan,
+        "cpu_s": usage.ru_utime + usage.ru_stime,
+        "peak_rss_mib": usage.ru_maxrss / 1024,
+    }
 
 
 def seed(command: list[str], env: dict[str, str]) -> None:
@@ -135,8 +163,20 @@ def seed(command: list[str], env: dict[str, str]) -> None:
     wire.answer(1)
     wire.send(INITIALIZED)
     for n in range(SEED_ROWS):
-        wire.send({"jsonrpc": "2.0", "id": 10 + n, "method": "tools/call", "params": {"name": "store", "arguments": {
-            "agent_id": "bench", "content": f"seed memory {n} about start-up, databases and proxies"}}})
+        wire.send(
+            {
+                "jsonrpc": "2.0",
+                "id": 10 + n,
+                "method": "tools/call",
+                "params": {
+                    "name": "store",
+                    "arguments": {
+                        "agent_id": "bench",
+                        "content": f"seed memory {n} about start-up, databases and proxies",
+                    },
+                },
+            }
+        )
         wire.answer(10 + n)
     wire.finish()
 
@@ -149,11 +189,21 @@ def installed_python(source: Path, target: Path) -> Path:
     directories, so .venv's editable-install hook never runs here.
     """
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(target)], check=True)
-    ours_site = subprocess.run([str(PYTHONS["ours"]), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-                               check=True, capture_output=True, text=True).stdout.strip()
+    ours_site = subprocess.run(
+        [str(PYTHONS["ours"]), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
     python = target / "bin" / "python"
-    site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-                               check=True, capture_output=True, text=True).stdout.strip())
+    site = Path(
+        subprocess.run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    )
     skip = shutil.ignore_patterns("__pycache__", "*.pyc")
     shutil.copytree(source / "cpersona", site / "cpersona", ignore=skip)
     if (source / "migrations").is_dir():  # the wheel ships them as cpersona.migrations (pyproject.toml)
@@ -177,8 +227,14 @@ def start_warm_server(python: Path, db_path: Path) -> tuple[subprocess.Popen[byt
     port = free_port()
     env = base_env(db_path)
     env.update(CPERSONA_TRANSPORT="streamable-http", CPERSONA_HTTP_PORT=str(port), CPERSONA_AUTH_TOKEN=TOKEN)
-    proc = subprocess.Popen([str(python), "-m", "cpersona"], env=env, cwd=db_path.parent, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # cwd: as Wire's
+    proc = subprocess.Popen(
+        [str(python), "-m", "cpersona"],
+        env=env,
+        cwd=db_path.parent,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # cwd: as Wire's
     endpoint = Endpoint(f"http://127.0.0.1:{port}/mcp", TOKEN)
     deadline = time.monotonic() + TIMEOUT
     while not answers(endpoint, timeout=2):
@@ -193,8 +249,10 @@ def median_table(results: dict[str, list[dict[str, float]]]) -> tuple[dict[str, 
     medians = {kind: {m: statistics.median(r[m] for r in runs) for m in metrics} for kind, runs in results.items()}
     ref = medians.get("ref")
     compared = [k for k in ("old", "ours", "old-proxy", "proxy", "floor", "ref-floor") if k in medians]
-    lines = ["| | " + " | ".join(medians) + " | " + " | ".join(f"{k}/ref" for k in compared) + " |",
-             "|---|" + "---|" * (len(medians) + len(compared))]
+    lines = [
+        "| | " + " | ".join(medians) + " | " + " | ".join(f"{k}/ref" for k in compared) + " |",
+        "|---|" + "---|" * (len(medians) + len(compared)),
+    ]
     for metric in metrics:
         cells = [f"{medians[k][metric]:.2f}" for k in medians]
         ratios = []
@@ -210,14 +268,24 @@ def median_table(results: dict[str, list[dict[str, float]]]) -> tuple[dict[str, 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--kinds", default="ours,ref,proxy",
-                        help="comma-separated: ours, ref, proxy, old, old-proxy (the earlier proxy, to the same "
-                        "warm server), floor and ref-floor (`import mcp` alone with each interpreter)")
-    parser.add_argument("--old-src", type=Path, help="a checkout of an earlier cpersona, run as kind 'old' "
-                        "(installed as ours is): the before of a before/after")
-    parser.add_argument("--editable", action="store_true",
-                        help="run ours and the proxy from this checkout's .venv as it is (and 'old' with its "
-                        "source first on PYTHONPATH) instead of from installed, byte-compiled copies")
+    parser.add_argument(
+        "--kinds",
+        default="ours,ref,proxy",
+        help="comma-separated: ours, ref, proxy, old, old-proxy (the earlier proxy, to the same "
+        "warm server), floor and ref-floor (`import mcp` alone with each interpreter)",
+    )
+    parser.add_argument(
+        "--old-src",
+        type=Path,
+        help="a checkout of an earlier cpersona, run as kind 'old' "
+        "(installed as ours is): the before of a before/after",
+    )
+    parser.add_argument(
+        "--editable",
+        action="store_true",
+        help="run ours and the proxy from this checkout's .venv as it is (and 'old' with its "
+        "source first on PYTHONPATH) instead of from installed, byte-compiled copies",
+    )
     args = parser.parse_args(argv)
     kinds = [k for k in args.kinds.split(",") if k]
     if {"old", "old-proxy"} & set(kinds) and args.old_src is None:
@@ -234,8 +302,11 @@ def main(argv: list[str] | None = None) -> int:
     warm = None
     try:
         for kind, python in PYTHONS.items():
-            if kind in kinds or (kind == "ours" and set(kinds) & {"proxy", "old", "old-proxy", "floor"}) or (
-                    kind == "ref" and "ref-floor" in kinds):
+            if (
+                kind in kinds
+                or (kind == "ours" and set(kinds) & {"proxy", "old", "old-proxy", "floor"})
+                or (kind == "ref" and "ref-floor" in kinds)
+            ):
                 if not python.exists():
                     raise SystemExit(f"{kind}: {python} does not exist (bench/.venvs, see COMMON.md)")
         pythons = {"ref": PYTHONS["ref"], "ours": PYTHONS["ours"], "old": PYTHONS["ours"]}
@@ -282,8 +353,9 @@ def main(argv: list[str] | None = None) -> int:
         print(table)
         RESULTS_DIR.mkdir(exist_ok=True)
         out = RESULTS_DIR / f"startup-{time.strftime('%Y%m%d-%H%M%S')}.json"
-        out.write_text(json.dumps({"runs": results, "medians": medians, "load": load, "editable": args.editable},
-                                  indent=2))
+        out.write_text(
+            json.dumps({"runs": results, "medians": medians, "load": load, "editable": args.editable}, indent=2)
+        )
         print(f"\nwritten: {out}")
     finally:
         if warm is not None:

@@ -147,13 +147,16 @@ def _export(args: argparse.Namespace) -> dict[str, Any]:
     from cpersona.services.portability import export_memories
 
     with _app(must_exist=True) as app:
-        answer = export_memories(app, agent_id=args.agent, output_path=args.path,
-                                 include_embeddings=args.include_embeddings)
+        answer = export_memories(
+            app, agent_id=args.agent, output_path=args.path, include_embeddings=args.include_embeddings
+        )
     if answer.get("ok") and not args.json:
         graph = answer.get("associations")
         extra = f", associations {graph}" if graph else ""
-        print(f"exported to {answer['path']}: memories {answer['memories']}, episodes {answer['episodes']}, "
-              f"profiles {answer['profiles']}{extra}")
+        print(
+            f"exported to {answer['path']}: memories {answer['memories']}, episodes {answer['episodes']}, "
+            f"profiles {answer['profiles']}{extra}"
+        )
     return answer
 
 
@@ -268,19 +271,21 @@ def _import(args: argparse.Namespace) -> dict[str, Any]:
     with _app(must_exist=False) as app:
         show = not args.no_progress and path.is_file() and path.stat().st_size >= PROGRESS_MIN_BYTES
         with ImportProgress(path) if show else _nothing():
-            answer = import_memories(app, input_path=args.path, target_agent_id=args.target_agent,
-                                     dry_run=args.dry_run)
+            answer = import_memories(app, input_path=args.path, target_agent_id=args.target_agent, dry_run=args.dry_run)
     if answer.get("ok") and _read_nothing(answer):
         # Every line refused and nothing counted: not an export at all, so not a success.
         errors = answer["errors"]
         more = f" (and {len(errors) - 1} more errors)" if len(errors) > 1 else ""
-        raise _Exit(f"nothing was imported: {path} holds no cpersona record; {errors[0]}{more}",
-                    _codes().EXIT_START_FAILED)
+        raise _Exit(
+            f"nothing was imported: {path} holds no cpersona record; {errors[0]}{more}", _codes().EXIT_START_FAILED
+        )
     if answer.get("ok") and not args.json:
         verb = "would import" if answer.get("dry_run") else "imported"
-        print(f"{verb} {answer.get('imported_memories', 0)} memories (skipped {answer.get('skipped_memories', 0)}), "
-              f"{answer.get('imported_episodes', 0)} episodes (skipped {answer.get('skipped_episodes', 0)}), "
-              f"profile updated: {'yes' if answer.get('profile_updated') else 'no'}")
+        print(
+            f"{verb} {answer.get('imported_memories', 0)} memories (skipped {answer.get('skipped_memories', 0)}), "
+            f"{answer.get('imported_episodes', 0)} episodes (skipped {answer.get('skipped_episodes', 0)}), "
+            f"profile updated: {'yes' if answer.get('profile_updated') else 'no'}"
+        )
         for line in answer.get("errors", [])[:20]:
             print(f"  {line}", file=sys.stderr)
     return answer
@@ -316,10 +321,16 @@ def _import_db(args: argparse.Namespace) -> dict[str, Any]:
     if not target:
         ours = settings.db_file
         if ours.resolve() == source or (ours.exists() and os.path.samefile(ours, source)):
-            raise _Exit(f"CPERSONA_DB_PATH names {source}, the database being copied: import-db copies it into a "
-                        f"new file; run `{import_db_command(source)}`", _codes().EXIT_START_FAILED)
-        named = ("CPERSONA_DB_PATH" if "db_path" in settings.model_fields_set
-                 else "CPERSONA_DB_PATH is unset: the default, under the working directory")
+            raise _Exit(
+                f"CPERSONA_DB_PATH names {source}, the database being copied: import-db copies it into a "
+                f"new file; run `{import_db_command(source)}`",
+                _codes().EXIT_START_FAILED,
+            )
+        named = (
+            "CPERSONA_DB_PATH"
+            if "db_path" in settings.model_fields_set
+            else "CPERSONA_DB_PATH is unset: the default, under the working directory"
+        )
         target = f"{ours} ({named})"
     announced: list[bool] = []
 
@@ -338,13 +349,15 @@ def _import_db(args: argparse.Namespace) -> dict[str, Any]:
             raise _Exit(read_only_sentence(app.db.label, app.db.read_only), _codes().EXIT_START_FAILED)
         answer = import_db(app, source, progress=progress)
     if answer.get("ok"):
-        serve_with = ("the same CPERSONA_DATABASE_URL" if settings.database_url
-                      else f"CPERSONA_DB_PATH={shlex.quote(str(settings.db_file))}")
+        serve_with = (
+            "the same CPERSONA_DATABASE_URL"
+            if settings.database_url
+            else f"CPERSONA_DB_PATH={shlex.quote(str(settings.db_file))}"
+        )
         print(f"import-db: done; serve the copy with {serve_with}", file=sys.stderr)
     if answer.get("ok") and not args.json:
         mem, ep = answer["memories"], answer["episodes"]
-        print(f"copied from {answer['source']} (schema_version {answer.get('source_schema_version')}) "
-              f"into {target}:")
+        print(f"copied from {answer['source']} (schema_version {answer.get('source_schema_version')}) into {target}:")
         print(f"  memories  {mem['copied']} copied, {mem['skipped']} already present")
         print(f"  episodes  {ep['copied']} copied, {ep['skipped']} already present")
         print(f"  profiles  {answer['profiles']['copied']} copied")
@@ -370,8 +383,10 @@ def collect_stats(path: Path) -> dict[str, Any]:
     found = probe(path)
     if found is None:
         raise _Exit(f"no database at {path} (CPERSONA_DB_PATH)", _codes().EXIT_START_FAILED)
-    sizes = {suffix or "db": (Path(f"{path}{suffix}").stat().st_size if Path(f"{path}{suffix}").exists() else 0)
-             for suffix in ("", "-wal", "-shm")}
+    sizes = {
+        suffix or "db": (Path(f"{path}{suffix}").stat().st_size if Path(f"{path}{suffix}").exists() else 0)
+        for suffix in ("", "-wal", "-shm")
+    }
     stats: dict[str, Any] = {
         "path": str(path.resolve()),
         "size_bytes": sizes["db"],
@@ -395,6 +410,7 @@ def collect_stats_postgres(url: str) -> dict[str, Any]:
     db = open_postgres(url)
     try:
         with db.read() as session:
+
             def rows(sql: str) -> list[Any]:
                 return list(session.execute(text(sql)).all())
 
@@ -421,11 +437,14 @@ def _count_rows(stats: dict[str, Any], tables: frozenset[str], rows: Callable[[s
         if table not in tables:
             continue
         stats[table] = rows(f"SELECT count(*) FROM {table}")[0][0]
-        buckets = rows(f"SELECT agent_id, project_id, channel, count(*) AS n FROM {table} "
-                       f"GROUP BY agent_id, project_id, channel ORDER BY n DESC, agent_id, project_id, channel "
-                       f"LIMIT {STATS_BUCKET_LIMIT + 1}")
+        buckets = rows(
+            f"SELECT agent_id, project_id, channel, count(*) AS n FROM {table} "
+            f"GROUP BY agent_id, project_id, channel ORDER BY n DESC, agent_id, project_id, channel "
+            f"LIMIT {STATS_BUCKET_LIMIT + 1}"
+        )
         stats[f"{table}_by_bucket"] = [
-            {"agent_id": a, "project_id": p, "channel": c, "count": n} for a, p, c, n in buckets[:STATS_BUCKET_LIMIT]]
+            {"agent_id": a, "project_id": p, "channel": c, "count": n} for a, p, c, n in buckets[:STATS_BUCKET_LIMIT]
+        ]
         if len(buckets) > STATS_BUCKET_LIMIT:
             stats[f"{table}_by_bucket_truncated"] = True
     if "profiles" in tables:
@@ -452,10 +471,17 @@ def _stats(args: argparse.Namespace) -> None:
     wal = "" if stats["wal_bytes"] is None else f" (WAL {stats['wal_bytes'] / 1e6:.1f} MB)"
     print(f"size            {stats['size_bytes'] / 1e6:.1f} MB{wal}")
     print(f"schema_version  {stats['schema_version']}")
-    print(f"alembic         {revision or 'not managed by cpersona yet'}"
-          + (f" ({state})" if revision else ""))
-    for key in ("memories", "episodes", "profiles", "pending_tasks", "entities", "relations", "entity_mentions",
-                "record_nodes"):
+    print(f"alembic         {revision or 'not managed by cpersona yet'}" + (f" ({state})" if revision else ""))
+    for key in (
+        "memories",
+        "episodes",
+        "profiles",
+        "pending_tasks",
+        "entities",
+        "relations",
+        "entity_mentions",
+        "record_nodes",
+    ):
         if key in stats:
             print(f"{key:<16}{stats[key]}")
     for table in ("memories", "episodes"):

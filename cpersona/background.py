@@ -77,8 +77,9 @@ class BackgroundWork:
                 # Writers without sqlite-vec (the sqlite3 shell, CPersona 2.6) leave the coarse
                 # index behind; it is a cache, so it is put back in step here, off the first answer.
                 # Only the far list reads it: with the reach inside the window a start pays nothing.
-                self._coarse = threading.Thread(target=self._reconcile_coarse, name="cpersona-coarse-reconcile",
-                                                daemon=True)
+                self._coarse = threading.Thread(
+                    target=self._reconcile_coarse, name="cpersona-coarse-reconcile", daemon=True
+                )
                 self._coarse.start()
             start_backfill(self.app)
             self._queue = start_task_queue(self.app)

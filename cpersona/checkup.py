@@ -30,8 +30,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m cpersona.checkup",
-                                     description="Run the cpersona health registry against a database file.")
+    parser = argparse.ArgumentParser(
+        prog="python -m cpersona.checkup", description="Run the cpersona health registry against a database file."
+    )
     add_arguments(parser)
     return parser
 
@@ -63,9 +64,14 @@ def exit_code(summary: dict[str, int], strict: bool) -> int:
 
 def agents_of(app: Any) -> list[str]:
     from sqlalchemy import text
+
     with app.db.read() as session:
-        rows = session.execute(text("SELECT agent_id FROM memories UNION SELECT agent_id FROM profiles "
-                                    "UNION SELECT agent_id FROM episodes ORDER BY 1"))
+        rows = session.execute(
+            text(
+                "SELECT agent_id FROM memories UNION SELECT agent_id FROM profiles "
+                "UNION SELECT agent_id FROM episodes ORDER BY 1"
+            )
+        )
         return [r[0] for r in rows]
 
 
@@ -83,8 +89,10 @@ def _deep_worth_printing(result: dict[str, Any]) -> bool:
 def render(report: dict[str, Any], *, fix: bool, code: int, strict: bool) -> str:
     """CLI-8: first line, one line per issue, deep lines, last line."""
     s = report["severity_summary"]
-    lines = [f"cpersona checkup: {report['total_memories']} memories, {s['critical']} critical / {s['warn']} warn / "
-             f"{s['info']} info" + (" (fix applied)" if fix else "")]
+    lines = [
+        f"cpersona checkup: {report['total_memories']} memories, {s['critical']} critical / {s['warn']} warn / "
+        f"{s['info']} info" + (" (fix applied)" if fix else "")
+    ]
     for issue in report["issues"]:
         rest = {k: v for k, v in issue.items() if k not in ("type", "severity", "check")}
         lines.append(f"  [{issue.get('severity', ''):<8}] {issue.get('type')}: {rest}")
@@ -105,8 +113,9 @@ def report_database(path: Path) -> Any:
     """
     from cpersona.storage.engine import Database, sqlite_engine
 
-    return Database(sqlite_engine(path, read_only=True), path=Path(path).resolve(),
-                    read_only="a checkup report never writes")
+    return Database(
+        sqlite_engine(path, read_only=True), path=Path(path).resolve(), read_only="a checkup report never writes"
+    )
 
 
 def vet_database(path: Path, *, fix: bool) -> str | None:

@@ -39,23 +39,28 @@ def build_parser(*, proxy_only: bool = False) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="cpersona",
         description="Persistent memory for LLM agents over MCP. Configuration comes from CPERSONA_* "
-                    "environment variables (see docs/configuration.md).",
+        "environment variables (see docs/configuration.md).",
     )
     parser.add_argument("--version", action="version", version=f"cpersona {__version__} ({DISTRIBUTION})")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     commands.add_parser("serve", help="serve MCP on the transport CPERSONA_TRANSPORT names (the default command)")
     proxy = commands.add_parser(
-        "proxy", help="stdio MCP for one client, forwarded to the shared HTTP server at CPERSONA_REMOTE_URL")
-    proxy.add_argument("--spawn", action="store_true",
-                       help="when nothing answers, start the shared server (CPERSONA_PROXY_SPAWN)")
+        "proxy", help="stdio MCP for one client, forwarded to the shared HTTP server at CPERSONA_REMOTE_URL"
+    )
+    proxy.add_argument(
+        "--spawn", action="store_true", help="when nothing answers, start the shared server (CPERSONA_PROXY_SPAWN)"
+    )
     if proxy_only:
         return parser
     from cpersona import admin_cli, checkup, hooks, model_cli, people_cli
     from cpersona.ui import cli as ui_cli
 
     admin_cli.add_subcommands(commands)  # export, import, stats, import-db
-    checkup.add_arguments(commands.add_parser(
-        "checkup", help="run the health registry against the database (exit 2 on critical, 1 with --strict on warn)"))
+    checkup.add_arguments(
+        commands.add_parser(
+            "checkup", help="run the health registry against the database (exit 2 on critical, 1 with --strict on warn)"
+        )
+    )
     model_cli.add_subcommands(commands)  # fetch-model, embed-server
     ui_cli.add_subcommands(commands)  # ui
     people_cli.add_subcommands(commands)  # search, list, show, delete
@@ -75,14 +80,21 @@ def add_database_option(commands: Any) -> None:
             continue
         for parser in [sub, *_nested_parsers(sub)]:
             if "--db" not in parser._option_string_actions:
-                parser.add_argument("--db", metavar="PATH", default=None,
-                                    help="SQLite database file for this command (overrides CPERSONA_DB_PATH and "
-                                         "CPERSONA_DATABASE_URL)")
+                parser.add_argument(
+                    "--db",
+                    metavar="PATH",
+                    default=None,
+                    help="SQLite database file for this command (overrides CPERSONA_DB_PATH and CPERSONA_DATABASE_URL)",
+                )
 
 
 def _nested_parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
-    return [nested for action in parser._actions if isinstance(action, argparse._SubParsersAction)
-            for nested in action.choices.values()]
+    return [
+        nested
+        for action in parser._actions
+        if isinstance(action, argparse._SubParsersAction)
+        for nested in action.choices.values()
+    ]
 
 
 def apply_database_option(args: argparse.Namespace) -> None:
@@ -111,8 +123,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     return guarded(handler, args)
 
 
-def guarded(handler: Callable[[argparse.Namespace], int], args: argparse.Namespace, *,
-            prefix: str = "cpersona: ", status: int = EXIT_START_FAILED) -> int:
+def guarded(
+    handler: Callable[[argparse.Namespace], int],
+    args: argparse.Namespace,
+    *,
+    prefix: str = "cpersona: ",
+    status: int = EXIT_START_FAILED,
+) -> int:
     """Run a maintenance command: any failure is one line, a closed output pipe a quiet 141."""
     try:
         code = handler(args)
@@ -147,8 +164,9 @@ def failure_line(exc: BaseException) -> str:
 
 
 def _log_to_stderr() -> None:
-    logging.basicConfig(stream=sys.stderr, level=logging.INFO,
-                        format="%(asctime)s [%(name)s] %(levelname)s: %(message)s")
+    logging.basicConfig(
+        stream=sys.stderr, level=logging.INFO, format="%(asctime)s [%(name)s] %(levelname)s: %(message)s"
+    )
     # Alembic announces every plugin it loads at INFO; only its problems matter here.
     logging.getLogger("alembic").setLevel(logging.WARNING)
 
@@ -214,24 +232,37 @@ def _serve(args: argparse.Namespace) -> int:
     gates = tool_gates(policy, settings, settings.transport)
     if db.read_only is not None:
         # Said once, here; each refused write then answers the same sentence.
-        log.warning("the database is read-only: %s cannot be written (%s); reads are served, every write "
-                    "is refused", db.label, db.read_only)
+        log.warning(
+            "the database is read-only: %s cannot be written (%s); reads are served, every write is refused",
+            db.label,
+            db.read_only,
+        )
     app = App(db=db, settings=settings, embedder=embedder, remote_callers=http)
     background = BackgroundWork(app)
     background.prepare()
     server = build_server(app, gates=gates)
     try:
-        log.info("cpersona %s serving %s, database %s, embeddings %s", __version__, settings.transport,
-                 settings.db_file, settings.embedding_mode)
+        log.info(
+            "cpersona %s serving %s, database %s, embeddings %s",
+            __version__,
+            settings.transport,
+            settings.db_file,
+            settings.embedding_mode,
+        )
         if http:
             from cpersona.mcp.http import build_http_app, serve_http
             from cpersona.mcp.http_guard import connection_limits
 
             background.start()
-            asgi = build_http_app(server, host=settings.http_host, auth=auth, oauth=oauth,
-                                  max_body_bytes=settings.http_max_body_bytes,
-                                  body_limit_mode=settings.http_body_limit_mode,
-                                  stream_max_seconds=settings.http_stream_max_secs)
+            asgi = build_http_app(
+                server,
+                host=settings.http_host,
+                auth=auth,
+                oauth=oauth,
+                max_body_bytes=settings.http_max_body_bytes,
+                body_limit_mode=settings.http_body_limit_mode,
+                stream_max_seconds=settings.http_stream_max_secs,
+            )
             if settings.http_idle_exit_seconds > 0:
                 from cpersona.mcp.idle_exit import IdleExit
 
@@ -337,5 +368,11 @@ def commands() -> dict[str, Callable[[argparse.Namespace], int]]:
     from cpersona import admin_cli, checkup, model_cli
     from cpersona.ui import cli as ui_cli
 
-    return {"serve": serve, "proxy": proxy, **admin_cli.COMMANDS, "checkup": checkup.run, **model_cli.COMMANDS,
-            **ui_cli.COMMANDS}
+    return {
+        "serve": serve,
+        "proxy": proxy,
+        **admin_cli.COMMANDS,
+        "checkup": checkup.run,
+        **model_cli.COMMANDS,
+        **ui_cli.COMMANDS,
+    }

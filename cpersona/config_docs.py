@@ -122,14 +122,18 @@ def settings_markdown() -> str:
     parts = [INTRO]
     fields = Settings.model_fields
     for key, title in SECTIONS.items():
-        rows = [_row(name, info) for name, info in fields.items()
-                if field_rule(info).section == key or key in field_rule(info).also]
+        rows = [
+            _row(name, info)
+            for name, info in fields.items()
+            if field_rule(info).section == key or key in field_rule(info).also
+        ]
         parts.append(f"\n## {title}\n\n| Variable | Type | Default | Meaning |\n|---|---|---|---|\n")
         parts.append("\n".join(rows) + "\n")
-    parts.append("\n## Not read by cpersona\n\n"
-                 "These CPersona 2.6 variables belong to features cpersona does not have; "
-                 "setting them changes nothing: "
-                 + ", ".join(_code(v) for v in LEFT_OUT) + ".\n")
+    parts.append(
+        "\n## Not read by cpersona\n\n"
+        "These CPersona 2.6 variables belong to features cpersona does not have; "
+        "setting them changes nothing: " + ", ".join(_code(v) for v in LEFT_OUT) + ".\n"
+    )
     return "".join(parts)
 
 

@@ -56,20 +56,30 @@ def add_subcommands(commands: Any) -> None:
     hook = commands.add_parser("hook", help="Claude Code hooks: push memory into a session as it starts")
     events = hook.add_subparsers(dest="event", metavar="EVENT", required=True)
 
-    start = events.add_parser("session-start", help="print the SessionStart hook output: profile, what is known "
-                                                    "about the project, recent episodes")
+    start = events.add_parser(
+        "session-start",
+        help="print the SessionStart hook output: profile, what is known about the project, recent episodes",
+    )
     start.add_argument("--agent", required=True, help="the agent whose memory is pushed")
-    start.add_argument("--project", default=None,
-                       help="project to read (default: the agent's [defaults] project in the operating context, "
-                            "else every project)")
-    start.add_argument("--query", default=None,
-                       help="what reconstruct is asked (default: the project's name, else the working "
-                            "directory's name)")
-    start.add_argument("--budget", type=int, default=DEFAULT_BUDGET,
-                       help=f"most tokens of context to add (default {DEFAULT_BUDGET}; "
-                            f"never more than {CONTEXT_CHAR_CAP} characters)")
-    start.add_argument("--episodes", type=int, default=DEFAULT_EPISODES,
-                       help=f"recent episodes to list (default {DEFAULT_EPISODES})")
+    start.add_argument(
+        "--project",
+        default=None,
+        help="project to read (default: the agent's [defaults] project in the operating context, else every project)",
+    )
+    start.add_argument(
+        "--query",
+        default=None,
+        help="what reconstruct is asked (default: the project's name, else the working directory's name)",
+    )
+    start.add_argument(
+        "--budget",
+        type=int,
+        default=DEFAULT_BUDGET,
+        help=f"most tokens of context to add (default {DEFAULT_BUDGET}; never more than {CONTEXT_CHAR_CAP} characters)",
+    )
+    start.add_argument(
+        "--episodes", type=int, default=DEFAULT_EPISODES, help=f"recent episodes to list (default {DEFAULT_EPISODES})"
+    )
     start.set_defaults(handler=lambda args: _hook(session_start, args, "SessionStart"))
 
     end = events.add_parser("session-end", help="record the session's end as an episode (no summary is made)")
@@ -82,8 +92,11 @@ def _note(message: str) -> None:
     print(f"cpersona hook: {message}", file=sys.stderr)
 
 
-def _hook(body: Callable[[argparse.Namespace, dict[str, Any], Any], dict[str, Any] | None],
-          args: argparse.Namespace, event: str) -> int:
+def _hook(
+    body: Callable[[argparse.Namespace, dict[str, Any], Any], dict[str, Any] | None],
+    args: argparse.Namespace,
+    event: str,
+) -> int:
     from cpersona.admin_cli import _Exit
     from cpersona.tool_cli import ToolRefused, open_tools
 
@@ -209,8 +222,14 @@ def session_start(args: argparse.Namespace, hook_input: dict[str, Any], tools: A
     scoped = {"project_id": project} if project is not None else {}
 
     profile = tools.call("get_profile", agent_id=args.agent).get("profile") or ""
-    known = tools.call("reconstruct", agent_id=args.agent, query=query, count=RECONSTRUCT_COUNT,
-                       budget=max(1, args.budget * 4), **scoped)
+    known = tools.call(
+        "reconstruct",
+        agent_id=args.agent,
+        query=query,
+        count=RECONSTRUCT_COUNT,
+        budget=max(1, args.budget * 4),
+        **scoped,
+    )
     listed = tools.call("list_episodes", agent_id=args.agent, limit=max(0, args.episodes) * 4 + 10, **scoped)
     episodes = [e for e in listed.get("episodes", []) if BOUNDARY_KEYWORD not in (e.get("keywords") or "")]
     boundaries = [e for e in listed.get("episodes", []) if BOUNDARY_KEYWORD in (e.get("keywords") or "")]
@@ -218,25 +237,44 @@ def session_start(args: argparse.Namespace, hook_input: dict[str, Any], tools: A
     shown_project = known.get("resolved_project_id", project_name) if project is not None else ""
     where = f", project '{shown_project}'" if shown_project else ""
     source = _text(hook_input, "source")
-    header = (f"Memory from cpersona for agent '{args.agent}'{where}"
-              + (f" (session {source})" if source else "") + ": quoted from stored records; get_contents "
-              "reads a ref (mem:12, ep:3) in full.")
+    header = (
+        f"Memory from cpersona for agent '{args.agent}'{where}"
+        + (f" (session {source})" if source else "")
+        + ": quoted from stored records; get_contents "
+        "reads a ref (mem:12, ep:3) in full."
+    )
     sections: list[tuple[str, list[str]]] = []
     if profile:
         sections.append(("## Profile", [profile]))
     boundary_refs = {f"ep:{e['id']}" for e in boundaries}
-    items = [f"- [{item.get('head_ref', '-')}{_as_of(item)}] {_flat(item.get('content'))}"
-             for item in known.get("items", []) if item.get("head_ref") not in boundary_refs]
+    items = [
+        f"- [{item.get('head_ref', '-')}{_as_of(item)}] {_flat(item.get('content'))}"
+        for item in known.get("items", [])
+        if item.get("head_ref") not in boundary_refs
+    ]
     if items:
         sections.append((f"## Stored about {query!r}", items))
     if episodes[: args.episodes]:
-        sections.append(("## Recent episodes",
-                         [f"- [ep:{e['id']}, {_day(e.get('created_at'))}] {_flat(e.get('summary'))}"
-                          for e in episodes[: args.episodes]]))
+        sections.append(
+            (
+                "## Recent episodes",
+                [
+                    f"- [ep:{e['id']}, {_day(e.get('created_at'))}] {_flat(e.get('summary'))}"
+                    for e in episodes[: args.episodes]
+                ],
+            )
+        )
     if boundaries:
         last = boundaries[0]
-        sections.append(("## Last session", [f"- [ep:{last['id']}, ended {last.get('end_time') or last.get('created_at')}] "
-                                             f"{_flat(last.get('summary'))}"]))
+        sections.append(
+            (
+                "## Last session",
+                [
+                    f"- [ep:{last['id']}, ended {last.get('end_time') or last.get('created_at')}] "
+                    f"{_flat(last.get('summary'))}"
+                ],
+            )
+        )
     if not sections:
         sections.append(("", ["Nothing is stored for this agent yet."]))
     context = fit_to_budget(header, sections, args.budget)
@@ -323,8 +361,12 @@ def session_end(args: argparse.Namespace, hook_input: dict[str, Any], tools: Any
     if transcript:
         summary += f" Transcript: {transcript}."
     history = [{"role": "system", "content": "", "timestamp": stamp} for stamp in transcript_span(transcript)]
-    arguments: dict[str, Any] = {"agent_id": args.agent, "summary": summary, "history": history,
-                                 "keywords": f"{BOUNDARY_KEYWORD} claude-code {session}"}
+    arguments: dict[str, Any] = {
+        "agent_id": args.agent,
+        "summary": summary,
+        "history": history,
+        "keywords": f"{BOUNDARY_KEYWORD} claude-code {session}",
+    }
     if project is not None:
         arguments["project_id"] = project
     answer = tools.call("archive_episode", **arguments)
@@ -346,10 +388,13 @@ def transcript_span(path: str) -> list[str]:
             tail = handle.read(TRANSCRIPT_PEEK_BYTES)
     except OSError:
         return []
-    first = next((s for s in _stamps(head.split(b"\n")[:-1] if len(head) == TRANSCRIPT_PEEK_BYTES
-                                      else head.split(b"\n"))), None)
-    last = next((s for s in _stamps(reversed(tail.split(b"\n")[1:] if size > TRANSCRIPT_PEEK_BYTES
-                                             else tail.split(b"\n")))), None)
+    first = next(
+        (s for s in _stamps(head.split(b"\n")[:-1] if len(head) == TRANSCRIPT_PEEK_BYTES else head.split(b"\n"))), None
+    )
+    last = next(
+        (s for s in _stamps(reversed(tail.split(b"\n")[1:] if size > TRANSCRIPT_PEEK_BYTES else tail.split(b"\n")))),
+        None,
+    )
     return [s for s in (first, last) if s]
 
 
@@ -361,4 +406,3 @@ def _stamps(lines: Any) -> Any:
             continue
         if isinstance(entry, dict) and isinstance(entry.get("timestamp"), str) and entry["timestamp"]:
             yield entry["timestamp"]
-

@@ -20,13 +20,22 @@ EXIT_OK, EXIT_FAILED, EXIT_BAD_CONFIG = 0, 1, 2
 
 def add_subcommands(commands: Any) -> None:
     fetch = commands.add_parser("fetch-model", help="download a local embedding model into the cache (once)")
-    fetch.add_argument("name", nargs="?", default=None,
-                       help="model profile (default: CPERSONA_EMBEDDING_LOCAL_MODEL, else all-MiniLM-L6-v2)")
+    fetch.add_argument(
+        "name",
+        nargs="?",
+        default=None,
+        help="model profile (default: CPERSONA_EMBEDDING_LOCAL_MODEL, else all-MiniLM-L6-v2)",
+    )
     fetch.add_argument("--list", action="store_true", help="list the profiles and whether each is cached")
     fetch.add_argument("--verify", action="store_true", help="check a cached folder against its SHA256SUMS")
-    fetch.add_argument("--cache-dir", type=Path, default=None, help="cache folder (default: CPERSONA_EMBEDDING_CACHE_DIR)")
-    fetch.add_argument("--source", default=None,
-                       help="URL of a folder laid out like a cached model folder (default: the Hugging Face hub)")
+    fetch.add_argument(
+        "--cache-dir", type=Path, default=None, help="cache folder (default: CPERSONA_EMBEDDING_CACHE_DIR)"
+    )
+    fetch.add_argument(
+        "--source",
+        default=None,
+        help="URL of a folder laid out like a cached model folder (default: the Hugging Face hub)",
+    )
 
     server = commands.add_parser("embed-server", help="serve the local model over the http embedding contract")
     server.add_argument("--host", default=None, help="address to bind (default 127.0.0.1)")
@@ -59,8 +68,10 @@ def fetch(args: argparse.Namespace) -> int:
         for item in PROFILES.values():
             state = "cached" if is_complete(cache_folder(cache_dir, item), item) else "not cached"
             measured = "measured here" if item.measured else "not measured here"
-            print(f"{item.name:24} {item.dimension}-wide, {item.languages}, ~{item.approx_download_mb} MB, "
-                  f"{measured}, {state}")
+            print(
+                f"{item.name:24} {item.dimension}-wide, {item.languages}, ~{item.approx_download_mb} MB, "
+                f"{measured}, {state}"
+            )
         return EXIT_OK
     try:
         chosen = profile(args.name or settings.embedding_local_model)
@@ -72,8 +83,10 @@ def fetch(args: argparse.Namespace) -> int:
             return _fail(f"{folder} holds no complete copy of {chosen.name}", EXIT_FAILED)
         bad = verify_folder(folder)
         if bad:
-            return _fail(f"{folder}: {', '.join(bad)} do(es) not match SHA256SUMS; delete the folder and fetch again",
-                         EXIT_FAILED)
+            return _fail(
+                f"{folder}: {', '.join(bad)} do(es) not match SHA256SUMS; delete the folder and fetch again",
+                EXIT_FAILED,
+            )
         print(f"{folder}: every file matches SHA256SUMS")
         return EXIT_OK
     try:
@@ -95,15 +108,15 @@ def embed_server(args: argparse.Namespace) -> int:
         provider = build_provider(settings)
     except (ConfigError, ValueError) as exc:
         return _fail(str(exc), EXIT_BAD_CONFIG)
-    logging.basicConfig(stream=sys.stderr, level=logging.INFO,
-                        format="%(asctime)s [%(name)s] %(levelname)s: %(message)s")
+    logging.basicConfig(
+        stream=sys.stderr, level=logging.INFO, format="%(asctime)s [%(name)s] %(levelname)s: %(message)s"
+    )
     try:
         model = provider.load_now(stderr_progress)
     except ModelUnavailable as exc:
         return _fail(str(exc), EXIT_FAILED)
     try:
-        server.serve(model, args.host or server.DEFAULT_HOST,
-                     server.DEFAULT_PORT if args.port is None else args.port)
+        server.serve(model, args.host or server.DEFAULT_HOST, server.DEFAULT_PORT if args.port is None else args.port)
     except OSError as exc:
         return _fail(f"embed-server cannot listen: {exc}", EXIT_FAILED)
     return EXIT_OK

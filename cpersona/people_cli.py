@@ -42,13 +42,18 @@ def add_subcommands(commands: Any) -> None:
     search.set_defaults(handler=lambda args: _run(_search, args))
 
     listing = commands.add_parser("list", help="list the newest memories and episodes, optionally since a date")
-    listing.add_argument("--since", default=None, metavar="WHEN",
-                         help="only rows stored since: a date (2026-12-01), today, yesterday, or 12h / 7d / 2w ago")
+    listing.add_argument(
+        "--since",
+        default=None,
+        metavar="WHEN",
+        help="only rows stored since: a date (2026-12-01), today, yesterday, or 12h / 7d / 2w ago",
+    )
     listing.add_argument("--agent", default=None, help="only this agent's rows (default: every agent)")
     listing.add_argument("--type", choices=tuple(LIST_TOOLS), default=None, help="only memories or only episodes")
     listing.add_argument("--project", default=None, help="only this project (exactly; the global pool is '')")
-    listing.add_argument("--limit", type=int, default=LIST_DEFAULT,
-                         help=f"rows on this page (default {LIST_DEFAULT}, at most 500)")
+    listing.add_argument(
+        "--limit", type=int, default=LIST_DEFAULT, help=f"rows on this page (default {LIST_DEFAULT}, at most 500)"
+    )
     listing.add_argument("--offset", type=int, default=0, help="skip this many of the newest rows (the next page)")
     listing.add_argument("--json", action="store_true", help="print the rows as JSON")
     listing.set_defaults(handler=lambda args: _run(_list, args))
@@ -56,14 +61,18 @@ def add_subcommands(commands: Any) -> None:
     show = commands.add_parser("show", help="print one record in full: its fields, ranges, entities, relations")
     show.add_argument("ref", help="the record: mem:12 or ep:3")
     show.add_argument("--agent", required=True, help="the agent the record belongs to")
-    show.add_argument("--json", action="store_true",
-                      help="print the get_contents answer, with the whole record under \"record\", as JSON")
+    show.add_argument(
+        "--json",
+        action="store_true",
+        help='print the get_contents answer, with the whole record under "record", as JSON',
+    )
     show.set_defaults(handler=lambda args: _run(_show, args))
 
     delete = commands.add_parser("delete", help="delete one memory or episode (asks first, unless --yes)")
     delete.add_argument("ref", help="the record: mem:12 or ep:3")
-    delete.add_argument("--agent", default=None,
-                        help="refuse unless the record belongs to this agent (and show it before asking)")
+    delete.add_argument(
+        "--agent", default=None, help="refuse unless the record belongs to this agent (and show it before asking)"
+    )
     delete.add_argument("--yes", action="store_true", help="delete without asking (required without a terminal)")
     delete.add_argument("--json", action="store_true", help="print the delete tool's answer as JSON")
     delete.set_defaults(handler=lambda args: _run(_delete, args))
@@ -180,8 +189,10 @@ def parse_since(value: str, now: datetime | None = None) -> datetime:
     except ValueError:
         moment = None
     if moment is None or parse_iso(value.strip()) is None:
-        raise _Usage(f"--since {value!r}: give a date (2026-12-01), a time (2026-12-01T09:30), today, "
-                     "yesterday, or an age such as 12h, 7d, 2w")
+        raise _Usage(
+            f"--since {value!r}: give a date (2026-12-01), a time (2026-12-01T09:30), today, "
+            "yesterday, or an age such as 12h, 7d, 2w"
+        )
     return moment.astimezone() if moment.tzinfo is None else moment  # a naive time is local, as a date is
 
 
@@ -204,9 +215,12 @@ def _list(args: argparse.Namespace, tools: Any) -> int:
         if args.agent is not None:
             probe["agent_id"] = args.agent
         tools.call(LIST_TOOLS[kind][0], **probe)
-    wanted = TimelineFilter(agent_id=args.agent, project_id=args.project,
-                            since=since.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S") if since else "",
-                            kinds=tuple(LIST_TOOLS[kind][2] for kind in kinds))
+    wanted = TimelineFilter(
+        agent_id=args.agent,
+        project_id=args.project,
+        since=since.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S") if since else "",
+        kinds=tuple(LIST_TOOLS[kind][2] for kind in kinds),
+    )
     page = browse.timeline(tools.app, wanted, args.limit, args.offset, with_facets=False)
     kind_of = {prefix: kind for kind, (_, _, prefix) in LIST_TOOLS.items()}
     rows = [{"type": kind_of[row["kind"]], "ref": f"{row['kind']}:{row['id']}", **row} for row in page["rows"]]
@@ -214,9 +228,17 @@ def _list(args: argparse.Namespace, tools: Any) -> int:
     if args.json:
         from cpersona.tool_cli import print_json
 
-        print_json({"ok": True, "rows": rows, "count": len(rows), "complete": next_offset is None,
-                    "offset": args.offset, "next_offset": next_offset,
-                    "since": since.isoformat() if since else None})
+        print_json(
+            {
+                "ok": True,
+                "rows": rows,
+                "count": len(rows),
+                "complete": next_offset is None,
+                "offset": args.offset,
+                "next_offset": next_offset,
+                "since": since.isoformat() if since else None,
+            }
+        )
         return EXIT_OK
     if not rows:
         window = f" since {since:%Y-%m-%d %H:%M}" if since else ""
@@ -275,8 +297,13 @@ def render_full_record(found: dict[str, Any]) -> str:
     """A record as :func:`cpersona.services.records.browse.record` reads it, for a terminal."""
     fields = found["fields"]
     memory = found["kind"] == "mem"
-    lines = [found["ref"], f"agent      {fields.get('agent_id')}", f"project    {fields.get('project_id') or '-'}",
-             f"channel    {fields.get('channel') or '-'}", f"stored     {local_time(fields.get('created_at'))}"]
+    lines = [
+        found["ref"],
+        f"agent      {fields.get('agent_id')}",
+        f"project    {fields.get('project_id') or '-'}",
+        f"channel    {fields.get('channel') or '-'}",
+        f"stored     {local_time(fields.get('created_at'))}",
+    ]
     if memory:
         lines.append(f"time       {local_time(fields.get('timestamp'))}")
         lines.append(f"locked     {'yes' if fields.get('locked') else 'no'}")
@@ -285,8 +312,11 @@ def render_full_record(found: dict[str, Any]) -> str:
         lines.append(f"recalled   {recall.get('count') or 0} time(s), last {last}")
     else:
         span = f"{local_time(fields.get('start_time'))} to {local_time(fields.get('end_time'))}"
-        lines += [f"span       {span}", f"resolved   {'yes' if fields.get('resolved') else 'no'}",
-                  "recalled   (episodes keep no recall counter)"]
+        lines += [
+            f"span       {span}",
+            f"resolved   {'yes' if fields.get('resolved') else 'no'}",
+            "recalled   (episodes keep no recall counter)",
+        ]
         if fields.get("keywords"):
             lines.append(f"keywords   {one_line(fields['keywords'], LINE_CHARS - 11)}")
     source = fields.get("source")
@@ -297,8 +327,11 @@ def render_full_record(found: dict[str, Any]) -> str:
     lines.append(f"vector     {'yes' if fields.get('embedded') else 'no'}")
     ranges = found["ranges"]
     lines.append(f"ranges     {len(ranges)}" + ("" if ranges else " (short enough to be one range)"))
-    lines += [f"  #{r['index']:<3} chars {r['start']}-{r['end']}, {r['tokens']} tokens, "
-              f"{'embedded' if r['embedded'] else 'no vector'}" for r in ranges]
+    lines += [
+        f"  #{r['index']:<3} chars {r['start']}-{r['end']}, {r['tokens']} tokens, "
+        f"{'embedded' if r['embedded'] else 'no vector'}"
+        for r in ranges
+    ]
     entities = [e["name"] + (f" (also {', '.join(e['aliases'])})" if e["aliases"] else "") for e in found["entities"]]
     lines.append(f"entities   {'; '.join(entities) if entities else 'none'}")
     lines.append(f"relations  {len(found['relations']) or 'none'}")
@@ -320,8 +353,9 @@ def _delete(args: argparse.Namespace, tools: Any) -> int:
     ref = parse_ref_argument(args.ref)
     if not args.yes:
         if not sys.stdin.isatty():
-            raise _Usage(f"not deleting {ref.canonical}: stdin is not a terminal, so nobody can confirm; "
-                         "pass --yes to delete")
+            raise _Usage(
+                f"not deleting {ref.canonical}: stdin is not a terminal, so nobody can confirm; pass --yes to delete"
+            )
         if args.agent is not None:
             _, found = visible_record(tools, ref, args.agent)
             if found is None:

@@ -127,8 +127,12 @@ class Spawner:
         try:
             state = json.loads(self.state_path.read_text(encoding="utf-8"))
             token, pid, acl = state.get("token"), state.get("pid"), state.get("acl_file")
-            return Recorded(str(state["url"]), token if isinstance(token, str) else None,
-                            pid if isinstance(pid, int) else None, acl if isinstance(acl, str) else None)
+            return Recorded(
+                str(state["url"]),
+                token if isinstance(token, str) else None,
+                pid if isinstance(pid, int) else None,
+                acl if isinstance(acl, str) else None,
+            )
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return None
 
@@ -136,8 +140,10 @@ class Spawner:
         return f"enforcing CPERSONA_ACL_FILE={acl}" if acl else "without an ACL file"
 
     def _refused_token(self, where: str) -> SpawnRefused:
-        return SpawnRefused(f"the shared server {where} refused this proxy's CPERSONA_AUTH_TOKEN: under "
-                            f"CPERSONA_ACL_FILE={self.acl_file} it must be a token that file grants")
+        return SpawnRefused(
+            f"the shared server {where} refused this proxy's CPERSONA_AUTH_TOKEN: under "
+            f"CPERSONA_ACL_FILE={self.acl_file} it must be a token that file grants"
+        )
 
     def _running(self) -> Endpoint | None:
         """The recorded server, when it answers this proxy; None when none is running."""
@@ -153,9 +159,11 @@ class Spawner:
         where = f"for {self.db_file} (pid {recorded.pid})"
         if recorded.acl_file != mine:
             # Joining would lift this proxy's restrictions, or leave it with no credential.
-            raise SpawnRefused(f"the shared server {where} runs {self._policy(recorded.acl_file)}, and this proxy "
-                               f"is configured {self._policy(mine)}; stop that server or start this proxy with "
-                               "the same CPERSONA_ACL_FILE")
+            raise SpawnRefused(
+                f"the shared server {where} runs {self._policy(recorded.acl_file)}, and this proxy "
+                f"is configured {self._policy(mine)}; stop that server or start this proxy with "
+                "the same CPERSONA_ACL_FILE"
+            )
         if status == REFUSED:
             if mine is not None:
                 raise self._refused_token(where)
@@ -165,8 +173,10 @@ class Spawner:
     def ensure_server(self) -> Endpoint:
         """An endpoint that answers: the recorded one, or a server started now (one per database)."""
         if self.acl_file is not None and not self.own_token:
-            raise SpawnRefused(f"CPERSONA_ACL_FILE={self.acl_file} is set, so the shared server enforces it for "
-                               "every proxy: set CPERSONA_AUTH_TOKEN to this client's token from that file")
+            raise SpawnRefused(
+                f"CPERSONA_ACL_FILE={self.acl_file} is set, so the shared server enforces it for "
+                "every proxy: set CPERSONA_AUTH_TOKEN to this client's token from that file"
+            )
         found = self._running()
         if found is not None:
             return found
@@ -184,9 +194,14 @@ class Spawner:
     def _start(self) -> Endpoint:
         port = free_port()
         url = f"http://127.0.0.1:{port}/mcp"
-        env = {**self.environ, "CPERSONA_TRANSPORT": "streamable-http", "CPERSONA_HTTP_HOST": "127.0.0.1",
-               "CPERSONA_HTTP_PORT": str(port), "CPERSONA_DB_PATH": str(self.db_file),
-               "CPERSONA_HTTP_IDLE_EXIT_SECONDS": repr(self.idle_seconds)}
+        env = {
+            **self.environ,
+            "CPERSONA_TRANSPORT": "streamable-http",
+            "CPERSONA_HTTP_HOST": "127.0.0.1",
+            "CPERSONA_HTTP_PORT": str(port),
+            "CPERSONA_DB_PATH": str(self.db_file),
+            "CPERSONA_HTTP_IDLE_EXIT_SECONDS": repr(self.idle_seconds),
+        }
         if self.acl_file is not None:
             endpoint, recorded_token = Endpoint(url, self.own_token), None
             env["CPERSONA_ACL_FILE"] = str(self.acl_file)  # the server may start in another directory later
@@ -196,12 +211,19 @@ class Spawner:
             recorded_token = endpoint.token
             env["CPERSONA_AUTH_TOKEN"] = endpoint.token
         with open(self.log_path, "ab") as server_log:
-            process = subprocess.Popen([sys.executable, "-m", "cpersona"], env=env, stdin=subprocess.DEVNULL,
-                                       stdout=subprocess.DEVNULL, stderr=server_log, start_new_session=True,
-                                       close_fds=True)
+            process = subprocess.Popen(
+                [sys.executable, "-m", "cpersona"],
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=server_log,
+                start_new_session=True,
+                close_fds=True,
+            )
         self._write_state(url, recorded_token, process.pid)
-        log.info("started the shared cpersona server (pid %d) on %s; its log: %s", process.pid, endpoint.url,
-                 self.log_path)
+        log.info(
+            "started the shared cpersona server (pid %d) on %s; its log: %s", process.pid, endpoint.url, self.log_path
+        )
         deadline = time.monotonic() + START_TIMEOUT_SECONDS
         while time.monotonic() < deadline:
             if process.poll() is not None:

@@ -50,7 +50,6 @@ from dataclasses import dataclass
 from typing import Any
 
 
-
 def _import_httpx() -> Any:
     """httpx, without the modules only its async half and its command-line tool use.
 
@@ -204,8 +203,10 @@ class Proxy:
         self.token = settings.auth_token
         self._spawner = spawner
         # One client for every thread: httpx's synchronous client and its pool are thread-safe.
-        self._http = httpx.Client(timeout=httpx.Timeout(READ_TIMEOUT_SECONDS, connect=CONNECT_TIMEOUT_SECONDS),
-                                  verify=tls_verification(settings.remote_url))
+        self._http = httpx.Client(
+            timeout=httpx.Timeout(READ_TIMEOUT_SECONDS, connect=CONNECT_TIMEOUT_SECONDS),
+            verify=tls_verification(settings.remote_url),
+        )
         self._room = threading.BoundedSemaphore(settings.max_inflight)
         self._out = threading.Lock()  # one writer of stdout at a time: every line whole
         self._closed = False  # set once exit has answered what was still in flight; later writes are dropped
@@ -339,8 +340,9 @@ class Proxy:
                 return
             self._session_id = None
             init_id = f"cpersona-proxy-initialize-{next(self._ids)}"
-            body = json.dumps({"jsonrpc": "2.0", "id": init_id, "method": "initialize",
-                               "params": self._init_params}).encode("utf-8")
+            body = json.dumps(
+                {"jsonrpc": "2.0", "id": init_id, "method": "initialize", "params": self._init_params}
+            ).encode("utf-8")
             answered = self._post(body, relay=False, capture=True)
             if init_id not in answered:
                 raise Broken("the server did not answer initialize")
@@ -381,8 +383,9 @@ class Proxy:
                     self._received(payload, answered, relay, capture)
                     return answered
                 if response.status_code >= 400:
-                    raise Broken(f"the server answered HTTP {response.status_code}: "
-                                 f"{payload[:200].decode('utf-8', 'replace')}")
+                    raise Broken(
+                        f"the server answered HTTP {response.status_code}: {payload[:200].decode('utf-8', 'replace')}"
+                    )
                 return answered
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
             raise Unreachable(f"nothing answers at {self.url} ({type(exc).__name__})") from None
@@ -432,8 +435,9 @@ def _sse_data(response: Any) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(stream=sys.stderr, level=logging.INFO,
-                        format="%(asctime)s [%(name)s] %(levelname)s: %(message)s")
+    logging.basicConfig(
+        stream=sys.stderr, level=logging.INFO, format="%(asctime)s [%(name)s] %(levelname)s: %(message)s"
+    )
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is noise on the client's stderr
     try:
         settings = proxy_settings()
@@ -450,12 +454,12 @@ def run(args: argparse.Namespace) -> int:
         except Exception as exc:  # noqa: BLE001 - a start-up failure is one line on stderr
             print(f"cpersona: could not start the shared server: {exc}", file=sys.stderr)
             return 1
-        settings = ProxySettings(endpoint.url, endpoint.token, settings.max_inflight, True,
-                                 settings.server_idle_seconds)
+        settings = ProxySettings(
+            endpoint.url, endpoint.token, settings.max_inflight, True, settings.server_idle_seconds
+        )
     proxy = Proxy(settings, spawner=spawner)
     if spawner is not None:
-        threading.Thread(target=spawner.heartbeat, args=(proxy,), name="cpersona-proxy-heartbeat",
-                         daemon=True).start()
+        threading.Thread(target=spawner.heartbeat, args=(proxy,), name="cpersona-proxy-heartbeat", daemon=True).start()
     try:
         proxy.run(sys.stdin.buffer)
     except KeyboardInterrupt:

@@ -40,7 +40,9 @@ def _include_name_filter(connection: Connection):
     SQLite's own bookkeeping, and Alembic's version table (spec IMPL-4)."""
     from cpersona.storage import coarse_sqlite
 
-    virtual = _virtual_tables(connection) | (set(coarse_sqlite.TABLE_NAMES) if connection.dialect.name == "sqlite" else set())
+    virtual = _virtual_tables(connection) | (
+        set(coarse_sqlite.TABLE_NAMES) if connection.dialect.name == "sqlite" else set()
+    )
 
     def include_name(name, type_, parent_names):
         if type_ != "table" or name is None:
@@ -86,10 +88,7 @@ def _refuse_unadopted(connection: Connection) -> None:
     """The CLI does not run the legacy adoption ladder; the server does."""
     if connection.dialect.name != "sqlite":
         return
-    names = {
-        row[0]
-        for row in connection.execute(text("SELECT name FROM sqlite_master WHERE type = 'table'"))
-    }
+    names = {row[0] for row in connection.execute(text("SELECT name FROM sqlite_master WHERE type = 'table'"))}
     if "schema_version" in names and "alembic_version" not in names:
         raise SystemExit(
             "this is a CPersona database not yet adopted by cpersona; "

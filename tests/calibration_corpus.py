@@ -39,18 +39,27 @@ def sessions(groups: int, per_group: int, gap_minutes: int = 5, seed: int = 7) -
         words = TOPICS[g % len(TOPICS)].split()
         for i in range(per_group):
             stamp = BASE + timedelta(days=g, minutes=i * gap_minutes)
-            content = f"note {g}-{i}: " + " ".join(rng.sample(words, 3)) + f" {rng.choice(['today', 'again', 'later', 'maybe'])}"
+            content = (
+                f"note {g}-{i}: "
+                + " ".join(rng.sample(words, 3))
+                + f" {rng.choice(['today', 'again', 'later', 'maybe'])}"
+            )
             rows.append((content, stamp.isoformat().replace("+00:00", "Z")))
     return rows
 
 
-def insert(db: Database, agent_id: str, rows: list[tuple[str, str]], *, dimension: int = 64,
-           blob: bytes | None = None) -> list[int]:
+def insert(
+    db: Database, agent_id: str, rows: list[tuple[str, str]], *, dimension: int = 64, blob: bytes | None = None
+) -> list[int]:
     """Insert memories with their vectors (or the given ``blob``); returns their ids."""
     with db.write() as session:
         made = [
-            Memory(agent_id=agent_id, content=content, timestamp=stamp,
-                   embedding=blob if blob is not None else to_blob(embed_text(content, dimension)))
+            Memory(
+                agent_id=agent_id,
+                content=content,
+                timestamp=stamp,
+                embedding=blob if blob is not None else to_blob(embed_text(content, dimension)),
+            )
             for content, stamp in rows
         ]
         session.add_all(made)

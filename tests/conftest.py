@@ -32,14 +32,15 @@ BACKENDS = ("sqlite", "postgres")
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "both_backends: run the test's db/app fixtures on SQLite and on PostgreSQL")
     config.addinivalue_line(
-        "markers", "both_backends: run the test's db/app fixtures on SQLite and on PostgreSQL")
-    config.addinivalue_line(
-        "markers", "sqlite_only(reason): about SQLite itself; not run on PostgreSQL in a both_backends module")
+        "markers", "sqlite_only(reason): about SQLite itself; not run on PostgreSQL in a both_backends module"
+    )
     config.addinivalue_line("markers", "postgres: the PostgreSQL half of a both_backends test")
     config.addinivalue_line("markers", "docker: builds and runs the Dockerfile; skipped when no docker daemon answers")
     config.addinivalue_line(
-        "markers", "xfail_on_postgres(reason): a known behavioural difference; the PostgreSQL half must fail")
+        "markers", "xfail_on_postgres(reason): a known behavioural difference; the PostgreSQL half must fail"
+    )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -106,8 +107,7 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     # Each rebuild costs seconds: a test that changes the schema should say so in its name.
     rebuilds = sum(shared.rebuilds for shared in _PG_SHARED)
     if rebuilds:
-        terminalreporter.write_line(
-            f"PostgreSQL test database rebuilt {rebuilds} time(s): tests changed its schema")
+        terminalreporter.write_line(f"PostgreSQL test database rebuilt {rebuilds} time(s): tests changed its schema")
 
 
 @pytest.fixture
@@ -175,14 +175,14 @@ def refuse_inserts(db: Database, table: str, message: str, *, when: tuple[str, s
     name = f"refuse_{table}"
     if db.is_sqlite:
         condition = f"WHEN new.{when[0]} = '{when[1]}' " if when else ""
-        ddl = [f"CREATE TRIGGER {name} BEFORE INSERT ON {table} {condition}"
-               f"BEGIN SELECT RAISE(ABORT, '{message}'); END"]
+        ddl = [f"CREATE TRIGGER {name} BEFORE INSERT ON {table} {condition}BEGIN SELECT RAISE(ABORT, '{message}'); END"]
     else:
         condition = f"WHEN (NEW.{when[0]} = '{when[1]}') " if when else ""
-        ddl = [f"CREATE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS "
-               f"$$ BEGIN RAISE EXCEPTION '{message}'; END $$",
-               f"CREATE TRIGGER {name} BEFORE INSERT ON {table} FOR EACH ROW {condition}"
-               f"EXECUTE FUNCTION {name}()"]
+        ddl = [
+            f"CREATE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS "
+            f"$$ BEGIN RAISE EXCEPTION '{message}'; END $$",
+            f"CREATE TRIGGER {name} BEFORE INSERT ON {table} FOR EACH ROW {condition}EXECUTE FUNCTION {name}()",
+        ]
     with db.write_connection() as conn:
         for statement in ddl:
             conn.exec_driver_sql(statement)

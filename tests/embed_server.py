@@ -186,8 +186,9 @@ class EmbedServer:
     def embed_requests(self) -> list[RecordedRequest]:
         """Recorded POSTs to either embedding route."""
         with self._lock:
-            return [r for r in self.requests
-                    if r.method == "POST" and r.path.split("?")[0] in ("/embed", "/v1/embeddings")]
+            return [
+                r for r in self.requests if r.method == "POST" and r.path.split("?")[0] in ("/embed", "/v1/embeddings")
+            ]
 
     def token_requests(self) -> list[RecordedRequest]:
         """Recorded POSTs to ``/count_tokens``."""

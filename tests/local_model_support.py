@@ -19,9 +19,11 @@ from pathlib import Path
 
 import numpy as np
 
-WORDS = ("the automobile needs new tyres car wants fresh tires bicycle bike pedals cranks "
-         "weather sunny rain cloudy today tomorrow coffee tea morning evening cat dog "
-         "music piano guitar lesson book library reading garden tomato").split()
+WORDS = (
+    "the automobile needs new tyres car wants fresh tires bicycle bike pedals cranks "
+    "weather sunny rain cloudy today tomorrow coffee tea morning evening cat dog "
+    "music piano guitar lesson book library reading garden tomato"
+).split()
 SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]")
 
 
@@ -38,7 +40,8 @@ def write_tokenizer(path: Path) -> None:
     tokenizer.normalizer = normalizers.Lowercase()
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
     tokenizer.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])])
+        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])]
+    )
     tokenizer.save(str(path))
 
 
@@ -54,12 +57,17 @@ def write_onnx(path: Path, *, dimension: int, seed: int, vocab_size: int) -> Non
         helper.make_node("Mul", ["tokens", "mask_3d"], ["last_hidden_state"]),
     ]
     graph = helper.make_graph(
-        nodes, "tiny-embedder",
-        inputs=[helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"]),
-                helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "seq"])],
+        nodes,
+        "tiny-embedder",
+        inputs=[
+            helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"]),
+            helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "seq"]),
+        ],
         outputs=[helper.make_tensor_value_info("last_hidden_state", TensorProto.FLOAT, ["batch", "seq", dimension])],
-        initializer=[numpy_helper.from_array(table, "table"),
-                     numpy_helper.from_array(np.array([2], dtype=np.int64), "last_axis")],
+        initializer=[
+            numpy_helper.from_array(table, "table"),
+            numpy_helper.from_array(np.array([2], dtype=np.int64), "last_axis"),
+        ],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8  # readable by every onnxruntime release of the last years
@@ -67,14 +75,23 @@ def write_onnx(path: Path, *, dimension: int, seed: int, vocab_size: int) -> Non
     onnx.save(model, str(path))
 
 
-def build_model_folder(folder: Path, *, dimension: int = 16, seed: int = 7, name: str = "tiny-test",
-                       max_tokens: int = 12, **config: object) -> Path:
+def build_model_folder(
+    folder: Path, *, dimension: int = 16, seed: int = 7, name: str = "tiny-test", max_tokens: int = 12, **config: object
+) -> Path:
     """A complete model folder at ``folder`` (created); returns it."""
     folder.mkdir(parents=True, exist_ok=True)
     write_tokenizer(folder / "tokenizer.json")
     write_onnx(folder / "model.onnx", dimension=dimension, seed=seed, vocab_size=len(vocabulary()))
-    settings = {"name": name, "model_file": "model.onnx", "pooling": "mean", "normalize": True,
-                "max_tokens": max_tokens, "query_prefix": "", "passage_prefix": "", "dimension": dimension}
+    settings = {
+        "name": name,
+        "model_file": "model.onnx",
+        "pooling": "mean",
+        "normalize": True,
+        "max_tokens": max_tokens,
+        "query_prefix": "",
+        "passage_prefix": "",
+        "dimension": dimension,
+    }
     settings.update(config)
     (folder / "cpersona-model.json").write_text(json.dumps(settings), encoding="utf-8")
     return folder

@@ -63,7 +63,6 @@ def fresh_pg_url() -> Iterator[str]:
         admin.dispose()
 
 
-
 # Catalogue objects of the current schema (tables with their column counts,
 # indexes, sequences, triggers, functions): if a test changed any of them,
 # the shared database is rebuilt rather than emptied.
@@ -133,22 +132,37 @@ class PgSessionDatabase:
         try:
             with engine.connect() as conn:
                 self._fingerprint = conn.exec_driver_sql(_SCHEMA_FINGERPRINT).scalar()
-                self._baseline_triggers = {r[0] for r in conn.exec_driver_sql(
-                    "SELECT tgname FROM pg_trigger WHERE NOT tgisinternal")}
-                self._baseline_functions = {r[0] for r in conn.exec_driver_sql(
-                    "SELECT p.proname FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "
-                    "WHERE n.nspname = current_schema()")}
-                tables = [r[0] for r in conn.exec_driver_sql(
-                    "SELECT tablename FROM pg_tables WHERE schemaname = current_schema()")]
-                sequences = [r[0] for r in conn.exec_driver_sql(
-                    "SELECT sequencename FROM pg_sequences WHERE schemaname = current_schema()")]
-                self._kept_rows = {t: [tuple(r) for r in conn.exec_driver_sql(f'SELECT * FROM "{t}"')]
-                                   for t in _KEPT_TABLES if t in tables}
+                self._baseline_triggers = {
+                    r[0] for r in conn.exec_driver_sql("SELECT tgname FROM pg_trigger WHERE NOT tgisinternal")
+                }
+                self._baseline_functions = {
+                    r[0]
+                    for r in conn.exec_driver_sql(
+                        "SELECT p.proname FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "
+                        "WHERE n.nspname = current_schema()"
+                    )
+                }
+                tables = [
+                    r[0]
+                    for r in conn.exec_driver_sql("SELECT tablename FROM pg_tables WHERE schemaname = current_schema()")
+                ]
+                sequences = [
+                    r[0]
+                    for r in conn.exec_driver_sql(
+                        "SELECT sequencename FROM pg_sequences WHERE schemaname = current_schema()"
+                    )
+                ]
+                self._kept_rows = {
+                    t: [tuple(r) for r in conn.exec_driver_sql(f'SELECT * FROM "{t}"')]
+                    for t in _KEPT_TABLES
+                    if t in tables
+                }
         finally:
             engine.dispose()
         self._reset_sql = "; ".join(
             [f'DELETE FROM "{t}"' for t in tables if t != "alembic_version"]
-            + [f'ALTER SEQUENCE "{s}" RESTART' for s in sequences])
+            + [f'ALTER SEQUENCE "{s}" RESTART' for s in sequences]
+        )
 
     def _reset(self) -> None:
         """Empty the database for the next test, or rebuild it if its schema moved."""
@@ -156,8 +170,13 @@ class PgSessionDatabase:
 
         with self._admin.connect() as conn:
             # A test may have left an engine open; its sessions would hold locks.
-            conn.execute(text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                              "WHERE datname = :d AND pid <> pg_backend_pid()"), {"d": self._name})
+            conn.execute(
+                text(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE datname = :d AND pid <> pg_backend_pid()"
+                ),
+                {"d": self._name},
+            )
         engine = create_engine(self._url(), isolation_level="AUTOCOMMIT")
         try:
             with engine.connect() as conn:
@@ -168,8 +187,7 @@ class PgSessionDatabase:
                 if not rebuild:
                     conn.exec_driver_sql(self._reset_sql)
                     for row in self._kept_rows.get("schema_version", []):
-                        conn.execute(text("INSERT INTO schema_version VALUES (:v, :a)"),
-                                     {"v": row[0], "a": row[1]})
+                        conn.execute(text("INSERT INTO schema_version VALUES (:v, :a)"), {"v": row[0], "a": row[1]})
         finally:
             engine.dispose()
         if rebuild:
@@ -179,14 +197,16 @@ class PgSessionDatabase:
     def _drop_added_triggers(self, conn) -> None:
         """Drop triggers and functions a test added (tests/conftest.py refuse_inserts), keeping the migrations'."""
         for table, trigger in conn.exec_driver_sql(
-                "SELECT c.relname, t.tgname FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid "
-                "JOIN pg_namespace n ON n.oid = c.relnamespace "
-                "WHERE NOT t.tgisinternal AND n.nspname = current_schema()").all():
+            "SELECT c.relname, t.tgname FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid "
+            "JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE NOT t.tgisinternal AND n.nspname = current_schema()"
+        ).all():
             if trigger not in self._baseline_triggers:
                 conn.exec_driver_sql(f'DROP TRIGGER "{trigger}" ON "{table}"')
         for (function,) in conn.exec_driver_sql(
-                "SELECT p.proname FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "
-                "WHERE n.nspname = current_schema()").all():
+            "SELECT p.proname FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "
+            "WHERE n.nspname = current_schema()"
+        ).all():
             if function not in self._baseline_functions:
                 conn.exec_driver_sql(f'DROP FUNCTION IF EXISTS "{function}" CASCADE')
 

@@ -12,8 +12,18 @@ from typing import Any
 import pytest
 
 from conftest import make_app
-from cpersona.mcp.acl import (ALL, READ, access_for, READ_WRITE, AclConfigError, AclGate, Principal, acl_gates,
-                              load_acl_file, parse_acl)
+from cpersona.mcp.acl import (
+    ALL,
+    READ,
+    access_for,
+    READ_WRITE,
+    AclConfigError,
+    AclGate,
+    Principal,
+    acl_gates,
+    load_acl_file,
+    parse_acl,
+)
 from cpersona.mcp.dispatch import call_tool
 from cpersona.mcp.gates import GateChain, ToolCall
 from cpersona.mcp.registry import Annotations, ToolSpec, keyword_tool
@@ -24,14 +34,16 @@ pytestmark = pytest.mark.anyio
 
 REFERENCE_TOOLS = json.loads((Path(__file__).parent / "e2e" / "reference_tools.json").read_text())
 
-FILE = {"clients": [
-    {"client_id": "writer", "token": "tok-writer", "grants": {"alice": "read-write"}},
-    {"client_id": "bobby", "token": "tok-bob", "grants": {"bob": "read-write", "alice": "read"}},
-    {"client_id": "reader", "token": "tok-reader", "grants": {"*": "read", "prod": "none"}},
-    {"client_id": "admin", "token": "tok-admin", "grants": {"*": "read-write"}},
-    {"client_id": "oauth-app", "token": None, "grants": {"alice": "read"}},
-    {"client_id": "local", "grants": {"alice": "read-write", "bob": "read"}},
-]}
+FILE = {
+    "clients": [
+        {"client_id": "writer", "token": "tok-writer", "grants": {"alice": "read-write"}},
+        {"client_id": "bobby", "token": "tok-bob", "grants": {"bob": "read-write", "alice": "read"}},
+        {"client_id": "reader", "token": "tok-reader", "grants": {"*": "read", "prod": "none"}},
+        {"client_id": "admin", "token": "tok-admin", "grants": {"*": "read-write"}},
+        {"client_id": "oauth-app", "token": None, "grants": {"alice": "read"}},
+        {"client_id": "local", "grants": {"alice": "read-write", "bob": "read"}},
+    ]
+}
 
 
 def policy(document: dict[str, Any] = FILE, environ: dict[str, str] | None = None):
@@ -52,32 +64,45 @@ def test_a_valid_file_loads_every_client():  # spec ACL-1..ACL-4
     assert p.client("oauth-app").token is None
 
 
-@pytest.mark.parametrize("document, words", [
-    ({"clients": []}, "non-empty"),
-    ({"clients": [], "extra": 1}, "exactly"),
-    ([], "exactly"),
-    (with_clients({"client_id": "a", "token": "t", "grants": {}, "role": "x"}), "unknown key"),
-    (with_clients({"client_id": "", "token": "t", "grants": {}}), "client_id"),
-    (with_clients({"client_id": "a", "token": "t", "grants": {"x": "write"}}), "'write'"),
-    (with_clients({"client_id": "a", "token": "t", "grants": {"": "read"}}), "agent pattern"),
-    (with_clients({"client_id": "a", "token": "t", "grants": []}), "grants"),
-    (with_clients({"client_id": "a", "grants": {}}), "token is required"),
-    (with_clients({"client_id": "a", "token": "", "grants": {}}), "non-empty"),
-    (with_clients({"client_id": "a", "token": "t\n", "grants": {}}), "whitespace"),
-    (with_clients({"client_id": "a", "token": "tök", "grants": {}}), "ASCII"),
-    (with_clients({"client_id": "a", "token": "t\x01x", "grants": {}}), "control"),
-    (with_clients({"client_id": "a", "token": "pre-${X}", "grants": {}}), "partial"),
-    (with_clients({"client_id": "a", "token": "${UNSET_VAR}", "grants": {}}), "UNSET_VAR"),
-    (with_clients({"client_id": "a", "token": "t", "grants": {}}, {"client_id": "a", "token": "u", "grants": {}}),
-     "twice"),
-    (with_clients({"client_id": "a", "token": "t", "grants": {}}, {"client_id": "b", "token": "t", "grants": {}}),
-     "unique"),
-    (with_clients({"client_id": "local", "token": "t", "grants": {}}), "stdio principal"),
-    (with_clients({"client_id": "a", "token": "t", "per_subject": True, "grants": {}}), "token: null"),
-    (with_clients({"client_id": "a", "token": None, "per_subject": "yes", "grants": {}}), "per_subject"),
-    (with_clients({"client_id": "web", "token": None, "per_subject": True, "grants": {"*": "read-write"}}),
-     "not supported"),
-])
+@pytest.mark.parametrize(
+    "document, words",
+    [
+        ({"clients": []}, "non-empty"),
+        ({"clients": [], "extra": 1}, "exactly"),
+        ([], "exactly"),
+        (with_clients({"client_id": "a", "token": "t", "grants": {}, "role": "x"}), "unknown key"),
+        (with_clients({"client_id": "", "token": "t", "grants": {}}), "client_id"),
+        (with_clients({"client_id": "a", "token": "t", "grants": {"x": "write"}}), "'write'"),
+        (with_clients({"client_id": "a", "token": "t", "grants": {"": "read"}}), "agent pattern"),
+        (with_clients({"client_id": "a", "token": "t", "grants": []}), "grants"),
+        (with_clients({"client_id": "a", "grants": {}}), "token is required"),
+        (with_clients({"client_id": "a", "token": "", "grants": {}}), "non-empty"),
+        (with_clients({"client_id": "a", "token": "t\n", "grants": {}}), "whitespace"),
+        (with_clients({"client_id": "a", "token": "tök", "grants": {}}), "ASCII"),
+        (with_clients({"client_id": "a", "token": "t\x01x", "grants": {}}), "control"),
+        (with_clients({"client_id": "a", "token": "pre-${X}", "grants": {}}), "partial"),
+        (with_clients({"client_id": "a", "token": "${UNSET_VAR}", "grants": {}}), "UNSET_VAR"),
+        (
+            with_clients(
+                {"client_id": "a", "token": "t", "grants": {}}, {"client_id": "a", "token": "u", "grants": {}}
+            ),
+            "twice",
+        ),
+        (
+            with_clients(
+                {"client_id": "a", "token": "t", "grants": {}}, {"client_id": "b", "token": "t", "grants": {}}
+            ),
+            "unique",
+        ),
+        (with_clients({"client_id": "local", "token": "t", "grants": {}}), "stdio principal"),
+        (with_clients({"client_id": "a", "token": "t", "per_subject": True, "grants": {}}), "token: null"),
+        (with_clients({"client_id": "a", "token": None, "per_subject": "yes", "grants": {}}), "per_subject"),
+        (
+            with_clients({"client_id": "web", "token": None, "per_subject": True, "grants": {"*": "read-write"}}),
+            "not supported",
+        ),
+    ],
+)
 def test_every_defect_is_a_start_up_error_naming_the_problem(document, words):  # spec ACL-1..ACL-6
     with pytest.raises(AclConfigError) as err:
         parse_acl(document, {})
@@ -121,8 +146,11 @@ def test_tokens_resolve_exactly():  # spec ACL-8
 
 
 def test_every_tool_of_the_reference_is_classified():  # spec ACL-14
-    names = {tool["name"] for tool in REFERENCE_TOOLS["tools"]} if isinstance(REFERENCE_TOOLS, dict) else {
-        tool["name"] for tool in REFERENCE_TOOLS}
+    names = (
+        {tool["name"] for tool in REFERENCE_TOOLS["tools"]}
+        if isinstance(REFERENCE_TOOLS, dict)
+        else {tool["name"] for tool in REFERENCE_TOOLS}
+    )
     assert len(names) == 34
     registry = default_registry()
     assert names == set(registry.names())  # every one declared, each with its demand
@@ -149,15 +177,22 @@ def test_demands_follow_the_table():  # spec §4.4, ACL-13
     assert demands("delete_memory", {"memory_id": 3}) == [(ALL, READ_WRITE)]
     assert demands("store", {"agent_id": "a"}) == [("a", READ_WRITE)]
     assert demands("merge_memories", {"source_agent_id": "a", "target_agent_id": "b"}) == [
-        ("a", READ), ("b", READ_WRITE)]
+        ("a", READ),
+        ("b", READ_WRITE),
+    ]
     assert demands("merge_memories", {"source_agent_id": "a", "target_agent_id": "b", "mode": "move"}) == [
-        ("a", READ_WRITE), ("b", READ_WRITE)]
+        ("a", READ_WRITE),
+        ("b", READ_WRITE),
+    ]
     assert demands("check_health", {"agent_id": "a"}) == [("a", READ)]
     assert demands("check_health", {"agent_id": "a", "fix": True}) == [("a", READ_WRITE), (ALL, READ_WRITE)]
     assert demands("check_health", {"agent_id": "a", "fix": True, "checks": ["duplicate_content"]}) == [
-        ("a", READ_WRITE)]
+        ("a", READ_WRITE)
+    ]
     assert demands("check_health", {"agent_id": "a", "fix": True, "checks": ["file_permissions"]}) == [
-        ("a", READ_WRITE), (ALL, READ_WRITE)]
+        ("a", READ_WRITE),
+        (ALL, READ_WRITE),
+    ]
     assert demands("deep_check", {"agent_id": "a", "fix": True}) == [("a", READ_WRITE)]
     assert demands("export_memories", {"agent_id": "a", "output_path": "/tmp/x"}) == [(ALL, READ_WRITE)]
     assert demands("import_memories", {"input_path": "/tmp/x", "target_agent_id": "a"}) == [(ALL, READ_WRITE)]
@@ -168,27 +203,51 @@ def test_export_and_import_under_an_export_dir_demand_the_agents_the_files_name(
     root.mkdir()
     env = {"export_dir": str(root)}
     assert demands("export_memories", {"agent_id": "a", "output_path": str(root / "new.jsonl")}, **env) == [
-        ("a", READ_WRITE)]
+        ("a", READ_WRITE)
+    ]
     owned = root / "bob.jsonl"
     owned.write_text(json.dumps({"_type": "header", "version": "cpersona-export/1.1", "agent_id": "bob"}) + "\n")
     assert demands("export_memories", {"agent_id": "a", "output_path": str(owned)}, **env) == [
-        ("a", READ_WRITE), ("bob", READ_WRITE)]
+        ("a", READ_WRITE),
+        ("bob", READ_WRITE),
+    ]
     everyone = root / "all.jsonl"
-    everyone.write_text(json.dumps({"_type": "header", "version": "cpersona-export/1.1", "agent_id": ""}) + "\n"
-                        + json.dumps({"_type": "memory", "agent_id": "carol", "content": "c"}) + "\n")
+    everyone.write_text(
+        json.dumps({"_type": "header", "version": "cpersona-export/1.1", "agent_id": ""})
+        + "\n"
+        + json.dumps({"_type": "memory", "agent_id": "carol", "content": "c"})
+        + "\n"
+    )
     assert demands("export_memories", {"agent_id": "a", "output_path": str(everyone)}, **env) == [
-        ("a", READ_WRITE), (ALL, READ_WRITE)]
+        ("a", READ_WRITE),
+        (ALL, READ_WRITE),
+    ]
     assert demands("import_memories", {"input_path": str(everyone), "target_agent_id": "a"}, **env) == [
-        ("a", READ_WRITE), (ALL, READ)]
+        ("a", READ_WRITE),
+        (ALL, READ),
+    ]
     mixed = root / "mixed.jsonl"
-    mixed.write_text("\n".join(json.dumps(r) for r in (
-        {"_type": "header", "version": "cpersona-export/1.1", "agent_id": "bob"},
-        {"_type": "memory", "agent_id": "bob", "content": "b"},
-        {"_type": "memory", "agent_id": "dave", "content": "d"})) + "\n")
+    mixed.write_text(
+        "\n".join(
+            json.dumps(r)
+            for r in (
+                {"_type": "header", "version": "cpersona-export/1.1", "agent_id": "bob"},
+                {"_type": "memory", "agent_id": "bob", "content": "b"},
+                {"_type": "memory", "agent_id": "dave", "content": "d"},
+            )
+        )
+        + "\n"
+    )
     assert demands("import_memories", {"input_path": str(mixed)}, **env) == [
-        (ALL, READ_WRITE), ("bob", READ), ("dave", READ)]
+        (ALL, READ_WRITE),
+        ("bob", READ),
+        ("dave", READ),
+    ]
     assert demands("import_memories", {"input_path": str(mixed), "target_agent_id": "t"}, **env) == [
-        ("t", READ_WRITE), ("bob", READ), ("dave", READ)]
+        ("t", READ_WRITE),
+        ("bob", READ),
+        ("dave", READ),
+    ]
 
 
 # --- the gate ------------------------------------------------------------------------
@@ -199,8 +258,13 @@ def stub_spec(name: str) -> ToolSpec:
     real = default_registry().get(name)
     if real is not None:
         return real
-    return keyword_tool(name=name, description="", input_schema={"type": "object", "properties": {}},
-                        annotations=Annotations(read_only=False), service=lambda app, **kw: {"ok": True})
+    return keyword_tool(
+        name=name,
+        description="",
+        input_schema={"type": "object", "properties": {}},
+        annotations=Annotations(read_only=False),
+        service=lambda app, **kw: {"ok": True},
+    )
 
 
 async def through_gate(app, tool: str, arguments: dict[str, Any], client: str | None) -> dict[str, Any]:
@@ -224,8 +288,7 @@ EVERY_TOOL = [spec.name for spec in default_registry()]
 def test_the_writing_forms_name_tools_that_write():
     registry = default_registry()
     assert len(EVERY_TOOL) >= 34
-    assert all(registry.get(name) is not None and not registry.get(name).annotations.read_only
-               for name in WRITING_FORM)
+    assert all(registry.get(name) is not None and not registry.get(name).annotations.read_only for name in WRITING_FORM)
 
 
 @pytest.mark.parametrize("tool", EVERY_TOOL)
@@ -258,42 +321,64 @@ async def test_a_tool_that_is_not_read_only_demands_a_read_write_grant(app, tool
 
 async def test_a_named_agent_denial_has_the_spec_shape(app):  # spec ACL-15
     denied = await through_gate(app, "store", {"agent_id": "bob", "content": "x"}, "writer")
-    assert denied == {"ok": False, "error": "permission_denied", "tool": "store", "agent_id": "bob",
-                      "required": "read-write", "client_id": "writer", "result": "rejected"}
+    assert denied == {
+        "ok": False,
+        "error": "permission_denied",
+        "tool": "store",
+        "agent_id": "bob",
+        "required": "read-write",
+        "client_id": "writer",
+        "result": "rejected",
+    }
     locked = await through_gate(app, "store", {"agent_id": "bob", "content": "x", "lock": True}, "writer")
     assert locked["locked"] is False and locked["result"] == "rejected"
     assoc = await through_gate(app, "declare_associations", {"agent_id": "bob"}, "writer")
     assert assoc["result"] == "rejected"
     read = await through_gate(app, "recall", {"agent_id": "prod", "query": "q"}, "reader")
-    assert read == {"ok": False, "error": "permission_denied", "tool": "recall", "agent_id": "prod",
-                    "required": "read", "client_id": "reader"}
+    assert read == {
+        "ok": False,
+        "error": "permission_denied",
+        "tool": "recall",
+        "agent_id": "prod",
+        "required": "read",
+        "client_id": "reader",
+    }
 
 
 async def test_all_agent_denials_explain_themselves(app):  # spec ACL-16
     omitted = await through_gate(app, "list_memories", {}, "writer")
     assert omitted["agent_id"] == "*" and omitted["detail"] == (
-        "no agent scope was sent, so the call resolved to the all-agents demand — pass agent_id to scope it")
+        "no agent scope was sent, so the call resolved to the all-agents demand — pass agent_id to scope it"
+    )
     merge = await through_gate(app, "merge_memories", {"source_agent_id": "", "target_agent_id": ""}, "writer")
     assert merge["required"] == "read" and merge["detail"].endswith(
-        "pass source_agent_id and target_agent_id to scope it")
+        "pass source_agent_id and target_agent_id to scope it"
+    )
     star = await through_gate(app, "list_memories", {"agent_id": "*"}, "writer")
-    assert star["detail"] == ('agent_id was sent as "*", so the call demands every agent at once — this client '
-                              "holds no all-agents grant, and named grants never add up to one. Name a single "
-                              "agent to scope it")
+    assert star["detail"] == (
+        'agent_id was sent as "*", so the call demands every agent at once — this client '
+        "holds no all-agents grant, and named grants never add up to one. Name a single "
+        "agent to scope it"
+    )
     weakest = await through_gate(app, "check_health", {"agent_id": "*"}, "reader")
-    assert weakest["detail"] == ('agent_id was sent as "*", so the call demands every agent at once — a sweep is '
-                                 "satisfied only at the weakest grant this client holds (none on prod). Name a "
-                                 "single agent to scope it")
+    assert weakest["detail"] == (
+        'agent_id was sent as "*", so the call demands every agent at once — a sweep is '
+        "satisfied only at the weakest grant this client holds (none on prod). Name a "
+        "single agent to scope it"
+    )
     non_string = await through_gate(app, "list_memories", {"agent_id": 7}, "writer")
     assert non_string["detail"] == "non-string agent_id argument resolved to the all-agents demand"
     export = await through_gate(app, "export_memories", {"agent_id": "alice", "output_path": "/tmp/x"}, "writer")
     assert export["required"] == "read-write" and export["detail"] == (
         "CPERSONA_EXPORT_DIR is unset, so the path argument is caller-chosen anywhere on the filesystem and the "
         "call is not confined to one agent; no agent scope narrows this call — it demands every agent by its "
-        "nature, and this client holds no all-agents grant, and named grants never add up to one")
+        "nature, and this client holds no all-agents grant, and named grants never add up to one"
+    )
     repair = await through_gate(app, "check_health", {"agent_id": "alice", "fix": True}, "writer")
-    assert repair["agent_id"] == "*" and "block_index, coarse_index, dedup_msg_id_index, file_permissions" in (
-        repair["detail"])
+    assert (
+        repair["agent_id"] == "*"
+        and "block_index, coarse_index, dedup_msg_id_index, file_permissions" in (repair["detail"])
+    )
     pause = await through_gate(app, "pause_persistence", {"session_key": "k"}, "writer")
     assert pause["required"] == "read-write" and "session_key" in pause["detail"]
 
@@ -323,7 +408,9 @@ async def test_unknown_principals_unclassified_tools_and_missing_principals_are_
     # demands read-write on every agent (ACL-13, ACL-14: never wider than what it writes).
     undeclared = await through_gate(app, "brand_new_tool", {}, "reader")
     assert undeclared["error"] == "permission_denied" and (undeclared["agent_id"], undeclared["required"]) == (
-        "*", "read-write")
+        "*",
+        "read-write",
+    )
     with caplog.at_level(logging.ERROR):
         nobody = await through_gate(app, "persistence_status", {}, None)
     assert nobody["detail"] == "no principal resolved" and "no principal" in caplog.text
@@ -333,8 +420,9 @@ async def test_store_without_agent_id_goes_to_the_one_writable_agent(db):  # spe
     app = make_app(db)
     chain = GateChain([AclGate(policy(), app.settings)])
     registry = default_registry()
-    out = await call_tool(app, registry, chain, "store", {"content": "implicit owner"},
-                          {"principal": Principal("writer")})
+    out = await call_tool(
+        app, registry, chain, "store", {"content": "implicit owner"}, {"principal": Principal("writer")}
+    )
     assert out.payload["ok"] is True and out.payload["resolved_agent_id"] == "alice"
     with sqlite3.connect(db.path) as conn:
         assert conn.execute("SELECT agent_id FROM memories").fetchall() == [("alice",)]
@@ -357,7 +445,8 @@ async def test_stdio_runs_as_local(db):  # spec T-2, ACL-19
     assert (await call_tool(app, registry, chain, "list_memories", {"agent_id": "bob"})).payload.get("ok") is not False
     over_http = GateChain(acl_gates(policy(), app.settings, "streamable-http"))
     assert (await call_tool(app, registry, over_http, "list_memories", {"agent_id": "bob"})).payload[
-        "detail"] == "no principal resolved"
+        "detail"
+    ] == "no principal resolved"
 
 
 # --- two clients over HTTP ------------------------------------------------------------
@@ -380,10 +469,15 @@ async def test_two_clients_never_reach_each_others_agent_over_http(acl_server): 
     b = await mcp_call(url, "tok-bob", "store", {"agent_id": "bob", "content": "bob's secret plan"})
     assert a["ok"] and b["ok"]
     assert (await mcp_call(url, "tok-writer", "store", {"agent_id": "bob", "content": "intrusion"}))[
-        "error"] == "permission_denied"
-    for tool, args in (("recall", {"agent_id": "bob", "query": "secret plan"}),
-                       ("list_memories", {"agent_id": "bob"}), ("list_memories", {}),
-                       ("list_episodes", {"agent_id": "bob"}), ("get_profile", {"agent_id": "bob"})):
+        "error"
+    ] == "permission_denied"
+    for tool, args in (
+        ("recall", {"agent_id": "bob", "query": "secret plan"}),
+        ("list_memories", {"agent_id": "bob"}),
+        ("list_memories", {}),
+        ("list_episodes", {"agent_id": "bob"}),
+        ("get_profile", {"agent_id": "bob"}),
+    ):
         denied = await mcp_call(url, "tok-writer", tool, args)
         assert denied["error"] == "permission_denied" and denied["client_id"] == "writer", tool
     mine = await mcp_call(url, "tok-writer", "recall", {"agent_id": "alice", "query": "secret plan"})
@@ -392,7 +486,8 @@ async def test_two_clients_never_reach_each_others_agent_over_http(acl_server): 
     seen = await mcp_call(url, "tok-bob", "list_memories", {"agent_id": "alice"})
     assert [m["content"] for m in seen["memories"]] == ["alice's secret plan"]
     assert (await mcp_call(url, "tok-bob", "update_profile", {"agent_id": "alice", "profile": "x"}))[
-        "required"] == "read-write"
+        "required"
+    ] == "read-write"
     everything = await mcp_call(url, "tok-admin", "list_memories", {})
     assert sorted(m["content"] for m in everything["memories"]) == ["alice's secret plan", "bob's secret plan"]
     # the legacy single token is not a client in ACL mode.
@@ -400,7 +495,9 @@ async def test_two_clients_never_reach_each_others_agent_over_http(acl_server): 
         await mcp_call(url, "legacy-token", "list_memories", {"agent_id": "alice"})
     with sqlite3.connect(acl_server.db_path) as conn:
         assert sorted(conn.execute("SELECT agent_id, content FROM memories").fetchall()) == [
-            ("alice", "alice's secret plan"), ("bob", "bob's secret plan")]
+            ("alice", "alice's secret plan"),
+            ("bob", "bob's secret plan"),
+        ]
 
 
 async def test_an_omitted_agent_id_over_http_resolves_per_client(acl_server):  # spec ACL-17, ACL-18
@@ -418,8 +515,13 @@ async def test_the_stdio_process_runs_as_local_under_an_acl_file(tmp_path):  # s
     acl.write_text(json.dumps(FILE))
     os.chmod(acl, 0o600)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CPERSONA_", "EMBEDDING_"))}
-    env.update({"CPERSONA_DB_PATH": str(tmp_path / "stdio.db"), "CPERSONA_UPDATE_CHECK": "false",
-                "CPERSONA_ACL_FILE": str(acl)})
+    env.update(
+        {
+            "CPERSONA_DB_PATH": str(tmp_path / "stdio.db"),
+            "CPERSONA_UPDATE_CHECK": "false",
+            "CPERSONA_ACL_FILE": str(acl),
+        }
+    )
     params = StdioServerParameters(command=sys.executable, args=["-m", "cpersona"], env=env)
     async with Client(stdio_client(params)) as client:
         stored = (await client.call_tool("store", {"content": "local note"})).structured_content

@@ -64,10 +64,16 @@ def fts_hits(app: App, table: str, phrase: str) -> list[int]:
     with app.db.read() as session:
         if not app.db.is_sqlite:
             base, indexed = _INDEXED_TEXT[table]
-            return [r[0] for r in session.execute(
-                text(f"SELECT id FROM {base} WHERE strpos({indexed}, :q) > 0 ORDER BY id"), {"q": phrase})]
-        return [r[0] for r in session.execute(
-            text(f"SELECT rowid FROM {table} WHERE {table} MATCH :q"), {"q": f'"{phrase}"'})]
+            return [
+                r[0]
+                for r in session.execute(
+                    text(f"SELECT id FROM {base} WHERE strpos({indexed}, :q) > 0 ORDER BY id"), {"q": phrase}
+                )
+            ]
+        return [
+            r[0]
+            for r in session.execute(text(f"SELECT rowid FROM {table} WHERE {table} MATCH :q"), {"q": f'"{phrase}"'})
+        ]
 
 
 def ambiguous(memory_id: int) -> dict[str, Any]:
@@ -94,10 +100,18 @@ async def test_delete_removes_the_row_and_its_full_text_entry(app):  # spec DM-1
 async def test_delete_takes_the_declarations_that_hang_on_the_memory(app):  # spec DM-1, LR-2
     target = await remember(app, "Miso is the cat")
     with app.db.write() as session:
-        session.execute(text("INSERT INTO entities (agent_id, name, normalized, declared_by, created_at) "
-                             "VALUES ('a', 'Miso', 'miso', 'agent', 'now')"))
-        session.execute(text("INSERT INTO entity_mentions (entity_id, ref, declared_by, created_at) "
-                             "VALUES (1, :r, 'agent', 'now')"), {"r": f"mem:{target}"})
+        session.execute(
+            text(
+                "INSERT INTO entities (agent_id, name, normalized, declared_by, created_at) "
+                "VALUES ('a', 'Miso', 'miso', 'agent', 'now')"
+            )
+        )
+        session.execute(
+            text(
+                "INSERT INTO entity_mentions (entity_id, ref, declared_by, created_at) VALUES (1, :r, 'agent', 'now')"
+            ),
+            {"r": f"mem:{target}"},
+        )
     await call(app, "delete_memory", memory_id=target)
     with app.db.read() as session:
         assert session.execute(text("SELECT count(*) FROM entity_mentions")).scalar_one() == 0
@@ -108,7 +122,9 @@ async def test_deleting_again_is_a_refusal_not_a_success(app):  # spec DM-3
     memory_id = await remember(app, "short lived")
     await call(app, "delete_memory", memory_id=memory_id)
     assert await call(app, "delete_memory", memory_id=memory_id) == {
-        "ok": False, "error": f"Memory {memory_id} not found"}
+        "ok": False,
+        "error": f"Memory {memory_id} not found",
+    }
     assert await call(app, "delete_memory", memory_id=memory_id, agent_id="a") == ambiguous(memory_id)
 
 
@@ -134,9 +150,13 @@ async def test_unscoped_calls_answer_specifically_and_are_logged(app, caplog):  
     memory_id = await remember(app, "anyone may touch this")
     await call(app, "lock_memory", memory_id=memory_id)
     assert await call(app, "delete_memory", memory_id=memory_id) == {
-        "ok": False, "error": f"Memory {memory_id} is locked and cannot be deleted"}
+        "ok": False,
+        "error": f"Memory {memory_id} is locked and cannot be deleted",
+    }
     assert await call(app, "update_memory", memory_id=memory_id, content="x") == {
-        "ok": False, "error": f"Memory {memory_id} is locked and cannot be edited"}
+        "ok": False,
+        "error": f"Memory {memory_id} is locked and cannot be edited",
+    }
     assert await call(app, "unlock_memory", memory_id=9999) == {"ok": False, "error": "Memory 9999 not found"}
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert f"delete_memory memory {memory_id} running UNSCOPED: no agent_id, so no ownership check" in warnings
@@ -147,23 +167,28 @@ async def test_the_empty_agent_is_unscoped_and_scoped_agents_do_not_widen(app): 
     empty_agents = await remember(app, "a row of the empty agent", agent="")
     assert await call(app, "delete_memory", memory_id=empty_agents, agent_id="b") == ambiguous(empty_agents)
     assert await call(app, "delete_memory", memory_id=empty_agents, agent_id="") == {
-        "ok": True, "deleted_id": empty_agents}
+        "ok": True,
+        "deleted_id": empty_agents,
+    }
 
 
 async def test_ids_outside_64_bits_or_negative_are_not_found(app):  # spec OWN-3, DE-1
     assert await call(app, "delete_memory", memory_id=-1) == {"ok": False, "error": "Memory -1 not found"}
     assert await call(app, "delete_episode", episode_id=-3) == {
-        "ok": False, "error": "Episode -3 not found or not owned by agent"}
+        "ok": False,
+        "error": "Episode -3 not found or not owned by agent",
+    }
     # The facade refuses integers wider than 64 bits before any service; a library caller gets "not found".
     huge = 2**63
     outcome = await call_tool(app, REGISTRY, GATES, "delete_memory", {"memory_id": huge})
     assert outcome.is_error and "wider than 64 bits" in outcome.payload["error"]
     assert admin.delete_memory(app, memory_id=huge) == {"ok": False, "error": f"Memory {huge} not found"}
     assert admin.update_memory(app, memory_id=huge, content="x", agent_id="a") == ambiguous(huge)
-    assert admin.lock_memory(app, memory_id=-(2**63) - 1) == {
-        "ok": False, "error": f"Memory {-(2**63) - 1} not found"}
+    assert admin.lock_memory(app, memory_id=-(2**63) - 1) == {"ok": False, "error": f"Memory {-(2**63) - 1} not found"}
     assert admin.delete_episode(app, episode_id=huge) == {
-        "ok": False, "error": f"Episode {huge} not found or not owned by agent"}
+        "ok": False,
+        "error": f"Episode {huge} not found or not owned by agent",
+    }
 
 
 async def test_the_mutating_statement_repeats_its_guards(app, monkeypatch):  # spec OWN-4
@@ -171,13 +196,18 @@ async def test_the_mutating_statement_repeats_its_guards(app, monkeypatch):  # s
     locked = await remember(app, "locked after the check")
     foreign = await remember(app, "owned by someone else", agent="b")
     await call(app, "lock_memory", memory_id=locked)
-    monkeypatch.setattr(admin, "_checked_memory", lambda session, memory_id, owner, **kw: admin._memory_row(
-        session, memory_id))
+    monkeypatch.setattr(
+        admin, "_checked_memory", lambda session, memory_id, owner, **kw: admin._memory_row(session, memory_id)
+    )
 
     assert await call(app, "delete_memory", memory_id=locked) == {
-        "ok": False, "error": f"Memory {locked} is locked and cannot be deleted"}
+        "ok": False,
+        "error": f"Memory {locked} is locked and cannot be deleted",
+    }
     assert await call(app, "update_memory", memory_id=locked, content="overwritten") == {
-        "ok": False, "error": f"Memory {locked} is locked and cannot be edited"}
+        "ok": False,
+        "error": f"Memory {locked} is locked and cannot be edited",
+    }
     assert await call(app, "delete_memory", memory_id=foreign, agent_id="a") == ambiguous(foreign)
     assert await call(app, "lock_memory", memory_id=foreign, agent_id="a") == ambiguous(foreign)
     assert row(app, locked)["content"] == "locked after the check"
@@ -186,7 +216,10 @@ async def test_the_mutating_statement_repeats_its_guards(app, monkeypatch):  # s
 
 async def test_library_callers_get_type_refusals_not_a_wider_scope(app):
     memory_id = await remember(app, "typed")
-    assert admin.delete_memory(app, memory_id=memory_id, agent_id=7) == {"ok": False, "error": "agent_id must be a string"}
+    assert admin.delete_memory(app, memory_id=memory_id, agent_id=7) == {
+        "ok": False,
+        "error": "agent_id must be a string",
+    }
     assert admin.delete_memory(app, memory_id="1") == {"ok": False, "error": "memory_id must be an integer"}
     assert admin.delete_memory(app, memory_id=True) == {"ok": False, "error": "memory_id must be an integer"}
     assert admin.delete_episode(app, episode_id=None) == {"ok": False, "error": "episode_id must be an integer"}
@@ -197,8 +230,9 @@ async def test_library_callers_get_type_refusals_not_a_wider_scope(app):
 
 
 async def test_delete_episode_scoped_and_unscoped(app):  # spec DE-1, DE-2
-    first = (await call(app, "archive_episode", agent_id="a", summary="we planned the orchard",
-                        keywords="orchard apples"))["episode_id"]
+    first = (
+        await call(app, "archive_episode", agent_id="a", summary="we planned the orchard", keywords="orchard apples")
+    )["episode_id"]
     second = (await call(app, "archive_episode", agent_id="a", summary="we fixed the fence"))["episode_id"]
     assert fts_hits(app, "episodes_fts", "orchard") == [first]
 
@@ -228,9 +262,13 @@ async def test_lock_is_idempotent_and_protects_against_edit_and_delete(app):  # 
 
     for _ in range(2):
         assert await call(app, "unlock_memory", memory_id=memory_id, agent_id="a") == {
-            "ok": True, "unlocked_id": memory_id}
+            "ok": True,
+            "unlocked_id": memory_id,
+        }
     assert await call(app, "update_memory", memory_id=memory_id, content="now it may change") == {
-        "ok": True, "updated_id": memory_id}
+        "ok": True,
+        "updated_id": memory_id,
+    }
     assert await call(app, "delete_memory", memory_id=memory_id) == {"ok": True, "deleted_id": memory_id}
 
 
@@ -248,8 +286,9 @@ async def test_lock_does_not_change_ranking(app):  # spec LK-3
 async def test_update_replaces_the_text_and_the_index_follows(app):  # spec UM-6, DB-3
     memory_id = await remember(app, "the meeting is on Tuesday", id="msg-7", timestamp="2026-01-02T03:04:05+00:00")
     before = row(app, memory_id)
-    assert await call(app, "update_memory", memory_id=memory_id, content="the meeting moved to Thursday",
-                      agent_id="a") == {"ok": True, "updated_id": memory_id}
+    assert await call(
+        app, "update_memory", memory_id=memory_id, content="the meeting moved to Thursday", agent_id="a"
+    ) == {"ok": True, "updated_id": memory_id}
     after = row(app, memory_id)
     assert after["content"] == "the meeting moved to Thursday"
     for unchanged in ("timestamp", "msg_id", "source", "recall_count", "created_at", "project_id", "channel"):
@@ -262,11 +301,17 @@ async def test_update_checks_in_the_references_order(app):  # spec UM-1, UM-2, U
     memory_id = await remember(app, "something")
     for empty in ("", "   \n"):
         assert await call(app, "update_memory", memory_id=9999, content=empty) == {
-            "ok": False, "error": "Content cannot be empty"}  # before the row is looked up
+            "ok": False,
+            "error": "Content cannot be empty",
+        }  # before the row is looked up
     assert await call(app, "update_memory", memory_id=9999, content="[Memory from x] ") == {
-        "ok": False, "error": "Memory 9999 not found"}  # the row before the sanitizer's verdict
+        "ok": False,
+        "error": "Memory 9999 not found",
+    }  # the row before the sanitizer's verdict
     assert await call(app, "update_memory", memory_id=memory_id, content="[Memory from x] ") == {
-        "ok": False, "error": "Content cannot be empty after sanitization"}
+        "ok": False,
+        "error": "Content cannot be empty after sanitization",
+    }
     assert row(app, memory_id)["content"] == "something"
 
 
@@ -274,10 +319,15 @@ async def test_update_sanitizes_and_reports_truncation(db):  # spec UM-4, ST-3
     app = make_app(db, max_content_length="10")
     memory_id = await remember(app, "short")
     assert await call(app, "update_memory", memory_id=memory_id, content="[Memory from bot] 0123456789abc") == {
-        "ok": True, "updated_id": memory_id, "truncated": True}
+        "ok": True,
+        "updated_id": memory_id,
+        "truncated": True,
+    }
     assert row(app, memory_id)["content"] == "0123456789"
     assert await call(app, "update_memory", memory_id=memory_id, content="  [Memory from q] fits  ") == {
-        "ok": True, "updated_id": memory_id}
+        "ok": True,
+        "updated_id": memory_id,
+    }
     assert row(app, memory_id)["content"] == "fits"
 
 
@@ -287,9 +337,13 @@ async def test_update_refuses_a_text_another_row_of_the_bucket_holds(app):  # sp
     other_channel = await remember(app, "gamma", channel="c1")
     other_agent = await remember(app, "delta", agent="b")
 
-    assert await call(app, "update_memory", memory_id=first, content="beta") == {"ok": False, "error": (
-        f"Memory {first} was not edited: memory {holder} in the same agent, project and channel already holds "
-        "this content, and one copy is kept per bucket")}
+    assert await call(app, "update_memory", memory_id=first, content="beta") == {
+        "ok": False,
+        "error": (
+            f"Memory {first} was not edited: memory {holder} in the same agent, project and channel already holds "
+            "this content, and one copy is kept per bucket"
+        ),
+    }
     assert row(app, first)["content"] == "alpha"
     # Other buckets do not count, and a row may be given its own text again.
     assert (await call(app, "update_memory", memory_id=first, content="gamma"))["ok"] is True
@@ -299,8 +353,13 @@ async def test_update_refuses_a_text_another_row_of_the_bucket_holds(app):  # sp
 
 
 async def test_update_re_embeds_and_clears_the_vector_when_embedding_fails(db, embed_server):  # spec UM-6
-    settings = load_settings({"CPERSONA_DB_PATH": str(db.path), "CPERSONA_EMBEDDING_MODE": "http",
-                              "CPERSONA_EMBEDDING_URL": embed_server.url})
+    settings = load_settings(
+        {
+            "CPERSONA_DB_PATH": str(db.path),
+            "CPERSONA_EMBEDDING_MODE": "http",
+            "CPERSONA_EMBEDDING_URL": embed_server.url,
+        }
+    )
     app = App(db=db, settings=settings, embedder=build_embedder(settings))
     try:
         memory_id = await remember(app, "first wording of the note")
@@ -308,8 +367,10 @@ async def test_update_re_embeds_and_clears_the_vector_when_embedding_fails(db, e
         assert old_vector == np.asarray(embed_text("first wording of the note"), dtype="<f4").tobytes()
 
         await call(app, "update_memory", memory_id=memory_id, content="second wording of the note")
-        assert row(app, memory_id)["embedding"] == np.asarray(
-            embed_text("second wording of the note"), dtype="<f4").tobytes()
+        assert (
+            row(app, memory_id)["embedding"]
+            == np.asarray(embed_text("second wording of the note"), dtype="<f4").tobytes()
+        )
 
         embed_server.status = 500  # the backend fails: the old vector must not survive the edit
         assert (await call(app, "update_memory", memory_id=memory_id, content="third wording"))["ok"] is True
@@ -319,8 +380,13 @@ async def test_update_re_embeds_and_clears_the_vector_when_embedding_fails(db, e
 
 
 async def test_a_refused_update_costs_no_embedding_request(db, embed_server):  # spec UM-2, PG-4
-    settings = load_settings({"CPERSONA_DB_PATH": str(db.path), "CPERSONA_EMBEDDING_MODE": "http",
-                              "CPERSONA_EMBEDDING_URL": embed_server.url})
+    settings = load_settings(
+        {
+            "CPERSONA_DB_PATH": str(db.path),
+            "CPERSONA_EMBEDDING_MODE": "http",
+            "CPERSONA_EMBEDDING_URL": embed_server.url,
+        }
+    )
     app = App(db=db, settings=settings, embedder=build_embedder(settings))
     try:
         memory_id = await remember(app, "locked text")
@@ -346,22 +412,42 @@ async def test_delete_agent_data_removes_everything_the_agent_owns(app):  # spec
     survivor = await remember(app, "b keeps this", agent="b")
     await call(app, "archive_episode", agent_id="b", summary="an episode of b")
     with app.db.write() as session:
-        session.execute(text("INSERT INTO pending_memory_tasks (task_type, agent_id, payload) "
-                             "VALUES ('update_profile', 'a', '\"x\"'), ('update_profile', 'b', '\"y\"')"))
-        session.execute(text("INSERT INTO entities (agent_id, name, normalized, declared_by, created_at) "
-                             "VALUES ('a', 'Miso', 'miso', 'agent', 'now'), ('b', 'Rex', 'rex', 'agent', 'now')"))
-        session.execute(text("INSERT INTO entity_aliases (entity_id, alias, normalized) VALUES (1, 'the cat', 'the cat')"))
-        session.execute(text(
-            "INSERT INTO relations (agent_id, subject_kind, subject_id, predicate, object_kind, object_id, "
-            "declared_by, declared_at) VALUES ('a', 'entity', 1, 'likes', 'entity', 1, 'agent', 'now')"))
+        session.execute(
+            text(
+                "INSERT INTO pending_memory_tasks (task_type, agent_id, payload) "
+                "VALUES ('update_profile', 'a', '\"x\"'), ('update_profile', 'b', '\"y\"')"
+            )
+        )
+        session.execute(
+            text(
+                "INSERT INTO entities (agent_id, name, normalized, declared_by, created_at) "
+                "VALUES ('a', 'Miso', 'miso', 'agent', 'now'), ('b', 'Rex', 'rex', 'agent', 'now')"
+            )
+        )
+        session.execute(
+            text("INSERT INTO entity_aliases (entity_id, alias, normalized) VALUES (1, 'the cat', 'the cat')")
+        )
+        session.execute(
+            text(
+                "INSERT INTO relations (agent_id, subject_kind, subject_id, predicate, object_kind, object_id, "
+                "declared_by, declared_at) VALUES ('a', 'entity', 1, 'likes', 'entity', 1, 'agent', 'now')"
+            )
+        )
 
     assert await call(app, "delete_agent_data", agent_id="a") == {
-        "ok": True, "agent_id": "a", "deleted_memories": 4, "deleted_profiles": 1, "deleted_episodes": 1,
-        "deleted_pending_tasks": 1}
+        "ok": True,
+        "agent_id": "a",
+        "deleted_memories": 4,
+        "deleted_profiles": 1,
+        "deleted_episodes": 1,
+        "deleted_pending_tasks": 1,
+    }
 
     with app.db.read() as session:
+
         def count(sql: str) -> int:
             return session.execute(text(sql)).scalar_one()
+
         assert count("SELECT count(*) FROM memories WHERE agent_id = 'a'") == 0
         assert count("SELECT count(*) FROM episodes WHERE agent_id = 'a'") == 0
         assert count("SELECT count(*) FROM profiles WHERE agent_id = 'a'") == 0
@@ -376,14 +462,21 @@ async def test_delete_agent_data_removes_everything_the_agent_owns(app):  # spec
 
     # DAD-4: an agent with nothing left is not an error.
     assert await call(app, "delete_agent_data", agent_id="a") == {
-        "ok": True, "agent_id": "a", "deleted_memories": 0, "deleted_profiles": 0, "deleted_episodes": 0,
-        "deleted_pending_tasks": 0}
+        "ok": True,
+        "agent_id": "a",
+        "deleted_memories": 0,
+        "deleted_profiles": 0,
+        "deleted_episodes": 0,
+        "deleted_pending_tasks": 0,
+    }
 
 
 async def test_delete_agent_data_refuses_the_empty_agent(app):  # spec DAD-5, §1.2
     kept = await remember(app, "the empty agent's row", agent="")
     assert await call(app, "delete_agent_data", agent_id="") == {
-        "ok": False, "error": "agent_id is required for bulk deletion"}
+        "ok": False,
+        "error": "agent_id is required for bulk deletion",
+    }
     assert row(app, kept) is not None
     outcome = await call_tool(app, REGISTRY, GATES, "delete_agent_data", {})
     assert outcome.is_error and "'agent_id' is a required property" in outcome.payload["error"]
@@ -405,17 +498,38 @@ async def test_delete_agent_data_forgets_the_agents_calibration(app):  # spec DA
 # -- declarations ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("tool", "facts"), [
-    ("delete_memory", ["one memory", "ownership is enforced", "agent_id"]),
-    ("delete_episode", ["one episode", "ownership is enforced", "agent_id"]),
-    ("lock_memory", ["delete_memory and update_memory refuse", "migrate_channel_axis", "move mode",
-                     "stays locked", "delete_agent_data still removes it", "ownership is enforced"]),
-    ("unlock_memory", ["delete_memory and update_memory may change it again", "ownership is enforced"]),
-    ("delete_agent_data", ["memories", "profile", "episodes"]),
-    ("update_memory", ["locked memory is refused", "ownership is enforced", "'[Memory from ...]'",
-                       "truncated:true", "same agent, project and channel", "ok:false naming that memory",
-                       "nodes:{status:'queued'}"]),
-])
+@pytest.mark.parametrize(
+    ("tool", "facts"),
+    [
+        ("delete_memory", ["one memory", "ownership is enforced", "agent_id"]),
+        ("delete_episode", ["one episode", "ownership is enforced", "agent_id"]),
+        (
+            "lock_memory",
+            [
+                "delete_memory and update_memory refuse",
+                "migrate_channel_axis",
+                "move mode",
+                "stays locked",
+                "delete_agent_data still removes it",
+                "ownership is enforced",
+            ],
+        ),
+        ("unlock_memory", ["delete_memory and update_memory may change it again", "ownership is enforced"]),
+        ("delete_agent_data", ["memories", "profile", "episodes"]),
+        (
+            "update_memory",
+            [
+                "locked memory is refused",
+                "ownership is enforced",
+                "'[Memory from ...]'",
+                "truncated:true",
+                "same agent, project and channel",
+                "ok:false naming that memory",
+                "nodes:{status:'queued'}",
+            ],
+        ),
+    ],
+)
 def test_descriptions_carry_the_required_facts(tool, facts):  # spec §14
     description = REGISTRY.get(tool).description
     for fact in facts:

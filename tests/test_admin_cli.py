@@ -33,8 +33,14 @@ def env_for(db_path: Path, **extra: str) -> dict[str, str]:
 
 
 def cli(db_path: Path, *args: str, timeout: float = 120, **extra: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "cpersona", *args], env=env_for(db_path, **extra),
-                          capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [sys.executable, "-m", "cpersona", *args],
+        env=env_for(db_path, **extra),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def digest(path: Path) -> str:
@@ -168,13 +174,36 @@ def test_import_refusals_exit_non_zero(tmp_path):  # spec IM-1
 
 def write_big_export(path: Path, count: int = 5000) -> None:
     with path.open("w", encoding="utf-8") as handle:
-        handle.write(json.dumps({"_type": "header", "version": "cpersona-export/1.1", "agent_id": "",
-                                 "exported_at": "2026-01-01T00:00:00", "memory_count": count,
-                                 "episode_count": 0, "profile_count": 0}) + "\n")
+        handle.write(
+            json.dumps(
+                {
+                    "_type": "header",
+                    "version": "cpersona-export/1.1",
+                    "agent_id": "",
+                    "exported_at": "2026-01-01T00:00:00",
+                    "memory_count": count,
+                    "episode_count": 0,
+                    "profile_count": 0,
+                }
+            )
+            + "\n"
+        )
         for i in range(count):
-            handle.write(json.dumps({"_type": "memory", "agent_id": "bulk", "project_id": "", "channel": "",
-                                     "content": f"bulk memory {i} " + "x" * 400,
-                                     "timestamp": "2026-01-01T00:00:00", "source": {}, "metadata": {}}) + "\n")
+            handle.write(
+                json.dumps(
+                    {
+                        "_type": "memory",
+                        "agent_id": "bulk",
+                        "project_id": "",
+                        "channel": "",
+                        "content": f"bulk memory {i} " + "x" * 400,
+                        "timestamp": "2026-01-01T00:00:00",
+                        "source": {},
+                        "metadata": {},
+                    }
+                )
+                + "\n"
+            )
 
 
 def test_large_import_shows_progress_on_stderr(tmp_path):
@@ -231,8 +260,9 @@ def _run_shell(command: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     env = env_for(Path("unused"))
     del env["CPERSONA_DB_PATH"]
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    return subprocess.run(["bash", "-c", command], env=env, cwd=cwd, capture_output=True, text=True, timeout=120,
-                          stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        ["bash", "-c", command], env=env, cwd=cwd, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL
+    )
 
 
 def _quoted_command(message: str) -> str:
@@ -332,8 +362,11 @@ def test_serve_drains_the_task_queue_at_start(db_path):  # spec Q-2, wiring of s
     from cpersona.storage.models import PendingMemoryTask
 
     with database.write() as session:
-        session.execute(insert(PendingMemoryTask).values(task_type="update_profile", agent_id="kai",
-                                                         payload=json.dumps("left by an older run")))
+        session.execute(
+            insert(PendingMemoryTask).values(
+                task_type="update_profile", agent_id="kai", payload=json.dumps("left by an older run")
+            )
+        )
     database.close()
 
     sys.path.insert(0, str(Path(__file__).parent / "e2e"))

@@ -57,16 +57,22 @@ async def test_a_refusal_is_one_json_text_item_not_an_mcp_error_and_keeps_non_as
     assert json.loads(wiped.content[0].text)["ok"] is True
 
 
-@pytest.mark.parametrize("tool, arguments, message", [
-    ("delete_agent_data", {"agent_id": ""}, "agent_id is required for bulk deletion"),
-    ("merge_memories", {"source_agent_id": "", "target_agent_id": "b"}, "source_agent_id is required"),
-    ("merge_memories", {"source_agent_id": "a", "target_agent_id": "a"},
-     "source_agent_id and target_agent_id must differ"),
-    ("delete_episode", {"episode_id": 99, "agent_id": "a"}, "Episode 99 not found or not owned by agent"),
-    ("unlock_memory", {"memory_id": 99}, "Memory 99 not found"),
-    ("export_memories", {"agent_id": "a", "output_path": ""}, "output_path rejected"),
-    ("import_memories", {"input_path": "/nonexistent/nowhere.jsonl"}, "File not found"),
-])
+@pytest.mark.parametrize(
+    "tool, arguments, message",
+    [
+        ("delete_agent_data", {"agent_id": ""}, "agent_id is required for bulk deletion"),
+        ("merge_memories", {"source_agent_id": "", "target_agent_id": "b"}, "source_agent_id is required"),
+        (
+            "merge_memories",
+            {"source_agent_id": "a", "target_agent_id": "a"},
+            "source_agent_id and target_agent_id must differ",
+        ),
+        ("delete_episode", {"episode_id": 99, "agent_id": "a"}, "Episode 99 not found or not owned by agent"),
+        ("unlock_memory", {"memory_id": 99}, "Memory 99 not found"),
+        ("export_memories", {"agent_id": "a", "output_path": ""}, "output_path rejected"),
+        ("import_memories", {"input_path": "/nonexistent/nowhere.jsonl"}, "File not found"),
+    ],
+)
 async def test_handler_failures_share_one_shape(app, tool, arguments, message):  # spec C-2
     outcome = await call(app, tool, **arguments)
     assert outcome.is_error is False
@@ -84,14 +90,17 @@ async def test_an_integral_float_id_is_read_as_an_integer_and_a_boolean_is_not(a
         assert session.scalar(select(Memory.locked).where(Memory.id == memory_id)) == 1  # nothing half-done
 
 
-@pytest.mark.parametrize("tool, arguments", [
-    ("delete_agent_data", {"agent_id": "a\ud800"}),
-    ("merge_memories", {"source_agent_id": "a", "target_agent_id": "b\udfff"}),
-    ("delete_memory", {"memory_id": 1, "agent_id": "\ud800"}),
-    ("export_memories", {"agent_id": "a", "output_path": "/tmp/x\ud800.jsonl"}),
-    ("import_memories", {"input_path": "/tmp/x.jsonl", "target_agent_id": "\ud800"}),
-    ("pause_persistence", {"session_key": "k\ud800"}),
-])
+@pytest.mark.parametrize(
+    "tool, arguments",
+    [
+        ("delete_agent_data", {"agent_id": "a\ud800"}),
+        ("merge_memories", {"source_agent_id": "a", "target_agent_id": "b\udfff"}),
+        ("delete_memory", {"memory_id": 1, "agent_id": "\ud800"}),
+        ("export_memories", {"agent_id": "a", "output_path": "/tmp/x\ud800.jsonl"}),
+        ("import_memories", {"input_path": "/tmp/x.jsonl", "target_agent_id": "\ud800"}),
+        ("pause_persistence", {"session_key": "k\ud800"}),
+    ],
+)
 async def test_a_lone_surrogate_is_refused_before_the_handler(app, tool, arguments):  # spec C-6
     memory_id = await stored_id(app, agent_id="a", content="survives a surrogate attack")
     outcome = await call(app, tool, **arguments)
@@ -125,11 +134,21 @@ def test_the_scope_builder_follows_the_axis_table_in_both_forms(app):  # spec AX
     rows = list(itertools.product(AGENTS, PROJECTS, CHANNELS))
     with app.db.write() as session:
         for agent, project, channel in rows:
-            session.add(Memory(agent_id=agent, project_id=project, channel=channel,
-                               content=f"{agent}|{project}|{channel}", msg_id="", source="{}",
-                               timestamp="2026-11-30T00:00:00+00:00", metadata_="{}"))
-    scopes = [Scope(a, p, c) for a in (None, *AGENTS, "zed") for p in (None, *PROJECTS, "R")
-              for c in (None, *CHANNELS, "E")]
+            session.add(
+                Memory(
+                    agent_id=agent,
+                    project_id=project,
+                    channel=channel,
+                    content=f"{agent}|{project}|{channel}",
+                    msg_id="",
+                    source="{}",
+                    timestamp="2026-11-30T00:00:00+00:00",
+                    metadata_="{}",
+                )
+            )
+    scopes = [
+        Scope(a, p, c) for a in (None, *AGENTS, "zed") for p in (None, *PROJECTS, "R") for c in (None, *CHANNELS, "E")
+    ]
     with app.db.read() as session:
         for scope in scopes:
             want = {"|".join(r) for r in rows if expected(r, scope)}
@@ -146,16 +165,19 @@ async def test_writes_store_the_bucket_verbatim_and_omitted_axes_as_global(app):
     # Narrow buckets first: store's dedup probe also reads the global pool (memory-and-recall
     # DD-3), so a global copy written first would answer the later bucketed writes.
     same = "the same sentence in several buckets"
-    ids = [await stored_id(app, agent_id="a", content=same, project_id="P", channel="C"),
-           await stored_id(app, agent_id="a", content=same, project_id="P"),
-           await stored_id(app, agent_id="a", content=same, channel="C"),
-           await stored_id(app, agent_id="a", content=same)]
+    ids = [
+        await stored_id(app, agent_id="a", content=same, project_id="P", channel="C"),
+        await stored_id(app, agent_id="a", content=same, project_id="P"),
+        await stored_id(app, agent_id="a", content=same, channel="C"),
+        await stored_id(app, agent_id="a", content=same),
+    ]
     assert len(set(ids)) == 4
     again = (await call(app, "store", agent_id="a", content=same, project_id="P", channel="C")).payload
     assert again["result"] == "skipped", again
     with app.db.read() as session:
-        buckets = session.execute(select(Memory.project_id, Memory.channel).where(Memory.content == same)
-                                  .order_by(Memory.id)).all()
+        buckets = session.execute(
+            select(Memory.project_id, Memory.channel).where(Memory.content == same).order_by(Memory.id)
+        ).all()
     assert [tuple(b) for b in buckets] == [("P", "C"), ("P", ""), ("", "C"), ("", "")]
 
 
@@ -179,13 +201,34 @@ async def test_a_pause_silences_only_the_server_that_holds_it(db):  # spec P-3, 
 
 def episode_file(path) -> str:
     lines = [
-        {"_type": "episode", "agent_id": "a", "summary": "Planned the garden.", "keywords": ["garden", "plan"],
-         "start_time": "2026-01-01T10:00:00+00:00", "end_time": "2026-01-01T11:00:00+00:00", "resolved": True,
-         "created_at": "2026-01-01 11:00:00", "project_id": "home", "channel": "C"},
-        {"_type": "episode", "agent_id": "a", "summary": "Planned the garden.", "keywords": "dup",
-         "project_id": "home", "channel": "C"},  # same bucket, same summary: a within-file duplicate
-        {"_type": "episode", "agent_id": "a", "summary": "Planned the garden.", "keywords": "other bucket",
-         "project_id": "work", "channel": "C"},
+        {
+            "_type": "episode",
+            "agent_id": "a",
+            "summary": "Planned the garden.",
+            "keywords": ["garden", "plan"],
+            "start_time": "2026-01-01T10:00:00+00:00",
+            "end_time": "2026-01-01T11:00:00+00:00",
+            "resolved": True,
+            "created_at": "2026-01-01 11:00:00",
+            "project_id": "home",
+            "channel": "C",
+        },
+        {
+            "_type": "episode",
+            "agent_id": "a",
+            "summary": "Planned the garden.",
+            "keywords": "dup",
+            "project_id": "home",
+            "channel": "C",
+        },  # same bucket, same summary: a within-file duplicate
+        {
+            "_type": "episode",
+            "agent_id": "a",
+            "summary": "Planned the garden.",
+            "keywords": "other bucket",
+            "project_id": "work",
+            "channel": "C",
+        },
         {"_type": "episode", "agent_id": "a", "summary": "", "keywords": "ignored"},
         {"_type": "episode", "agent_id": "a", "summary": "[Memory from 2026-01-01]", "project_id": ""},
     ]
@@ -193,7 +236,9 @@ def episode_file(path) -> str:
     return str(path)
 
 
-async def test_episode_records_join_keywords_dedup_within_the_run_and_keep_their_times(app, tmp_path):  # spec IM-7, IM-14
+async def test_episode_records_join_keywords_dedup_within_the_run_and_keep_their_times(
+    app, tmp_path
+):  # spec IM-7, IM-14
     path = episode_file(tmp_path / "episodes.jsonl")
     preview = (await call(app, "import_memories", input_path=path, dry_run=True)).payload
     real = (await call(app, "import_memories", input_path=path)).payload
@@ -202,11 +247,22 @@ async def test_episode_records_join_keywords_dedup_within_the_run_and_keep_their
         assert [e for e in body["errors"] if e.startswith("Line 5: episode")], body  # empty after sanitising
     assert {k: v for k, v in preview.items() if k != "dry_run"} == {k: v for k, v in real.items() if k != "dry_run"}
     with app.db.read() as session:
-        rows = session.execute(text(
-            "SELECT project_id, channel, summary, keywords, start_time, end_time, resolved, created_at "
-            "FROM episodes ORDER BY id")).all()
+        rows = session.execute(
+            text(
+                "SELECT project_id, channel, summary, keywords, start_time, end_time, resolved, created_at "
+                "FROM episodes ORDER BY id"
+            )
+        ).all()
     assert [tuple(r) for r in rows] == [
-        ("home", "C", "Planned the garden.", "garden plan", "2026-01-01T10:00:00+00:00",
-         "2026-01-01T11:00:00+00:00", 1, "2026-01-01 11:00:00"),
+        (
+            "home",
+            "C",
+            "Planned the garden.",
+            "garden plan",
+            "2026-01-01T10:00:00+00:00",
+            "2026-01-01T11:00:00+00:00",
+            1,
+            "2026-01-01 11:00:00",
+        ),
         ("work", "C", "Planned the garden.", "other bucket", None, None, 0, rows[1][7]),
     ]

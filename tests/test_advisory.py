@@ -24,8 +24,11 @@ pytestmark = pytest.mark.both_backends  # storage/service behaviour: run on SQLi
 
 
 def embedding_app(db, url: str | None, **env: str) -> App:
-    environ = {"CPERSONA_DB_PATH": str(db.path), "CPERSONA_EMBEDDING_MODE": "http",
-               **{f"CPERSONA_{k}": v for k, v in env.items()}}
+    environ = {
+        "CPERSONA_DB_PATH": str(db.path),
+        "CPERSONA_EMBEDDING_MODE": "http",
+        **{f"CPERSONA_{k}": v for k, v in env.items()},
+    }
     if url is not None:
         environ["CPERSONA_EMBEDDING_URL"] = url
     settings = load_settings(environ)

@@ -46,8 +46,11 @@ def columns(db: Database, table: str) -> list[tuple]:
 
 
 def memory(db: Database, content: str, agent: str = "rc") -> int:
-    return w(db, "INSERT INTO memories (agent_id, content, timestamp) VALUES (?, ?, '2026-01-01T00:00:00+00:00')",
-             (agent, content))
+    return w(
+        db,
+        "INSERT INTO memories (agent_id, content, timestamp) VALUES (?, ?, '2026-01-01T00:00:00+00:00')",
+        (agent, content),
+    )
 
 
 def episode(db: Database, summary: str, agent: str = "rc") -> int:
@@ -55,24 +58,37 @@ def episode(db: Database, summary: str, agent: str = "rc") -> int:
 
 
 def entity(db: Database, name: str, agent: str = "rc") -> int:
-    return w(db, "INSERT INTO entities (agent_id, name, normalized, declared_by, created_at) "
-                 "VALUES (?, ?, ?, 'agent', ?)", (agent, name, name.lower(), STAMP))
+    return w(
+        db,
+        "INSERT INTO entities (agent_id, name, normalized, declared_by, created_at) VALUES (?, ?, ?, 'agent', ?)",
+        (agent, name, name.lower(), STAMP),
+    )
 
 
 def relation(db: Database, subject: tuple[str, int], predicate: str, obj: tuple[str, int], anchor: str = "") -> int:
-    return w(db, "INSERT INTO relations (agent_id, subject_kind, subject_id, predicate, object_kind, object_id, "
-                 "anchor_ref, declared_by, declared_at) VALUES ('rc', ?, ?, ?, ?, ?, ?, 'agent', ?)",
-             (*subject, predicate, *obj, anchor, STAMP))
+    return w(
+        db,
+        "INSERT INTO relations (agent_id, subject_kind, subject_id, predicate, object_kind, object_id, "
+        "anchor_ref, declared_by, declared_at) VALUES ('rc', ?, ?, ?, ?, ?, ?, 'agent', ?)",
+        (*subject, predicate, *obj, anchor, STAMP),
+    )
 
 
 def mention(db: Database, entity_id: int, ref: str) -> None:
-    w(db, "INSERT INTO entity_mentions (entity_id, ref, declared_by, created_at) VALUES (?, ?, 'agent', ?)",
-      (entity_id, ref, STAMP))
+    w(
+        db,
+        "INSERT INTO entity_mentions (entity_id, ref, declared_by, created_at) VALUES (?, ?, 'agent', ?)",
+        (entity_id, ref, STAMP),
+    )
 
 
 def node(db: Database, kind: str, parent: int, index: int, start: int, end: int) -> None:
-    w(db, 'INSERT INTO record_nodes (parent_kind, parent_id, node_index, start_char, end_char, token_count, "window") '
-          "VALUES (?, ?, ?, ?, ?, 1, 8)", (kind, parent, index, start, end))
+    w(
+        db,
+        'INSERT INTO record_nodes (parent_kind, parent_id, node_index, start_char, end_char, token_count, "window") '
+        "VALUES (?, ?, ?, ?, ?, 1, 8)",
+        (kind, parent, index, start, end),
+    )
 
 
 def relation_ids(db: Database) -> list[int]:
@@ -84,28 +100,54 @@ def relation_ids(db: Database) -> list[int]:
 
 def test_association_tables_have_the_26_layout(db: Database) -> None:  # spec storage §6.2, LR-5
     assert columns(db, "entities") == [
-        ("id", "INTEGER", 0, None, 1), ("agent_id", "TEXT", 1, None, 0), ("project_id", "TEXT", 1, "''", 0),
-        ("channel", "TEXT", 1, "''", 0), ("name", "TEXT", 1, None, 0), ("normalized", "TEXT", 1, None, 0),
-        ("declared_by", "TEXT", 1, None, 0), ("created_at", "TEXT", 1, None, 0),
+        ("id", "INTEGER", 0, None, 1),
+        ("agent_id", "TEXT", 1, None, 0),
+        ("project_id", "TEXT", 1, "''", 0),
+        ("channel", "TEXT", 1, "''", 0),
+        ("name", "TEXT", 1, None, 0),
+        ("normalized", "TEXT", 1, None, 0),
+        ("declared_by", "TEXT", 1, None, 0),
+        ("created_at", "TEXT", 1, None, 0),
     ]
     assert columns(db, "entity_aliases") == [
-        ("entity_id", "INTEGER", 1, None, 1), ("alias", "TEXT", 1, None, 0), ("normalized", "TEXT", 1, None, 2),
+        ("entity_id", "INTEGER", 1, None, 1),
+        ("alias", "TEXT", 1, None, 0),
+        ("normalized", "TEXT", 1, None, 2),
     ]
     assert columns(db, "entity_mentions") == [
-        ("entity_id", "INTEGER", 1, None, 1), ("ref", "TEXT", 1, None, 2),
-        ("declared_by", "TEXT", 1, None, 0), ("created_at", "TEXT", 1, None, 0),
+        ("entity_id", "INTEGER", 1, None, 1),
+        ("ref", "TEXT", 1, None, 2),
+        ("declared_by", "TEXT", 1, None, 0),
+        ("created_at", "TEXT", 1, None, 0),
     ]
     assert columns(db, "relations") == [
-        ("id", "INTEGER", 0, None, 1), ("agent_id", "TEXT", 1, None, 0), ("project_id", "TEXT", 1, "''", 0),
-        ("channel", "TEXT", 1, "''", 0), ("subject_kind", "TEXT", 1, None, 0), ("subject_id", "INTEGER", 1, None, 0),
-        ("predicate", "TEXT", 1, None, 0), ("object_kind", "TEXT", 1, None, 0), ("object_id", "INTEGER", 1, None, 0),
-        ("anchor_ref", "TEXT", 1, "''", 0), ("declared_by", "TEXT", 1, None, 0), ("declared_at", "TEXT", 1, None, 0),
+        ("id", "INTEGER", 0, None, 1),
+        ("agent_id", "TEXT", 1, None, 0),
+        ("project_id", "TEXT", 1, "''", 0),
+        ("channel", "TEXT", 1, "''", 0),
+        ("subject_kind", "TEXT", 1, None, 0),
+        ("subject_id", "INTEGER", 1, None, 0),
+        ("predicate", "TEXT", 1, None, 0),
+        ("object_kind", "TEXT", 1, None, 0),
+        ("object_id", "INTEGER", 1, None, 0),
+        ("anchor_ref", "TEXT", 1, "''", 0),
+        ("declared_by", "TEXT", 1, None, 0),
+        ("declared_at", "TEXT", 1, None, 0),
     ]
-    indexes = {r[0]: r[1] for r in q(db, "SELECT name, tbl_name FROM sqlite_master WHERE type = 'index' "
-                                         "AND name NOT LIKE 'sqlite_autoindex%'")}
-    assert {k: v for k, v in indexes.items() if v in ("entities", "entity_aliases", "entity_mentions", "relations")} == {
-        "idx_entity_aliases_normalized": "entity_aliases", "idx_entity_mentions_ref": "entity_mentions",
-        "idx_relations_subject": "relations", "idx_relations_object": "relations", "idx_relations_anchor": "relations",
+    indexes = {
+        r[0]: r[1]
+        for r in q(
+            db, "SELECT name, tbl_name FROM sqlite_master WHERE type = 'index' AND name NOT LIKE 'sqlite_autoindex%'"
+        )
+    }
+    assert {
+        k: v for k, v in indexes.items() if v in ("entities", "entity_aliases", "entity_mentions", "relations")
+    } == {
+        "idx_entity_aliases_normalized": "entity_aliases",
+        "idx_entity_mentions_ref": "entity_mentions",
+        "idx_relations_subject": "relations",
+        "idx_relations_object": "relations",
+        "idx_relations_anchor": "relations",
     }
     # the two unique keys
     e = entity(db, "Mina")
@@ -119,13 +161,24 @@ def test_association_tables_have_the_26_layout(db: Database) -> None:  # spec st
 
 def test_record_nodes_table_has_the_26_layout(db: Database) -> None:  # spec storage §6.1
     assert columns(db, "record_nodes") == [
-        ("parent_kind", "TEXT", 1, None, 1), ("parent_id", "INTEGER", 1, None, 2), ("node_index", "INTEGER", 1, None, 3),
-        ("start_char", "INTEGER", 1, None, 0), ("end_char", "INTEGER", 1, None, 0),
-        ("token_count", "INTEGER", 1, None, 0), ("window", "INTEGER", 1, None, 0), ("embedding", "BLOB", 0, None, 0),
+        ("parent_kind", "TEXT", 1, None, 1),
+        ("parent_id", "INTEGER", 1, None, 2),
+        ("node_index", "INTEGER", 1, None, 3),
+        ("start_char", "INTEGER", 1, None, 0),
+        ("end_char", "INTEGER", 1, None, 0),
+        ("token_count", "INTEGER", 1, None, 0),
+        ("window", "INTEGER", 1, None, 0),
+        ("embedding", "BLOB", 0, None, 0),
         ("embedding_model", "TEXT", 1, "''", 0),
     ]
-    assert [r[0] for r in q(db, "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'record_nodes' "
-                                "AND name NOT LIKE 'sqlite_autoindex%'")] == []
+    assert [
+        r[0]
+        for r in q(
+            db,
+            "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'record_nodes' "
+            "AND name NOT LIKE 'sqlite_autoindex%'",
+        )
+    ] == []
 
 
 def test_later_revisions_claim_no_schema_version(db: Database) -> None:  # spec README decision 8, LR-4
@@ -139,8 +192,11 @@ def test_downgrade_below_the_association_revisions_and_back(db: Database) -> Non
         command.downgrade(alembic_config(conn), "0002_unversioned_indexes")
     tables = {r[0] for r in q(db, "SELECT name FROM sqlite_master WHERE type = 'table'")}
     assert not tables & {"entities", "entity_aliases", "entity_mentions", "relations", "record_nodes"}
-    assert not [r for r in q(db, "SELECT name FROM sqlite_master WHERE type = 'trigger'")
-                if r[0].startswith(("associations_", "record_nodes_"))]
+    assert not [
+        r
+        for r in q(db, "SELECT name FROM sqlite_master WHERE type = 'trigger'")
+        if r[0].startswith(("associations_", "record_nodes_"))
+    ]
     w(db, "DELETE FROM memories WHERE id = ?", (m,))  # no trigger left pointing at a dropped table
     upgrade(db)
     assert q(db, "SELECT version_num FROM alembic_version") == [(head_revision(),)]
@@ -240,13 +296,28 @@ def test_nodes_follow_their_parent(db: Database) -> None:  # LR-1
 def _declare_sample(app) -> None:
     store(app, agent_id="rc", content="Kirari maintains the MizEye vision module")
     store(app, agent_id="rc", content="MizEye depends on OpenCV", project_id="P")
-    declare_associations(app, agent_id="rc", anchor_ref="mem:1", associations={
-        "entities": [{"name": "MizEye", "aliases": ["mizeye", "ミズアイ"]}, {"name": "Kirari"}],
-        "relations": [{"subject": "Kirari", "predicate": "Maintains", "object": "MizEye"},
-                      {"subject": "mem:2", "predicate": "supports", "object": "mem:1"}]})
-    declare_associations(app, agent_id="rc", anchor_ref="mem:2", project_id="P", associations={
-        "entities": [{"name": "OpenCV"}],
-        "relations": [{"subject": "MizEye", "predicate": "depends on", "object": "OpenCV"}]})
+    declare_associations(
+        app,
+        agent_id="rc",
+        anchor_ref="mem:1",
+        associations={
+            "entities": [{"name": "MizEye", "aliases": ["mizeye", "ミズアイ"]}, {"name": "Kirari"}],
+            "relations": [
+                {"subject": "Kirari", "predicate": "Maintains", "object": "MizEye"},
+                {"subject": "mem:2", "predicate": "supports", "object": "mem:1"},
+            ],
+        },
+    )
+    declare_associations(
+        app,
+        agent_id="rc",
+        anchor_ref="mem:2",
+        project_id="P",
+        associations={
+            "entities": [{"name": "OpenCV"}],
+            "relations": [{"subject": "MizEye", "predicate": "depends on", "object": "OpenCV"}],
+        },
+    )
 
 
 def test_export_then_import_carries_the_graph(db: Database, tmp_path: Path) -> None:  # spec CA-1, CA-2
@@ -268,12 +339,16 @@ def test_export_then_import_carries_the_graph(db: Database, tmp_path: Path) -> N
         before = traverse(app, agent_id="rc", entity="mizeye")
         after = traverse(other, agent_id="rc", entity="mizeye")
         # the same graph, its record refs re-pointed to the rows that now hold them
-        assert [(e["name"], e["hops"], e.get("aliases")) for e in after["entities"]] == \
-               [(e["name"], e["hops"], e.get("aliases")) for e in before["entities"]]
+        assert [(e["name"], e["hops"], e.get("aliases")) for e in after["entities"]] == [
+            (e["name"], e["hops"], e.get("aliases")) for e in before["entities"]
+        ]
         assert {m for e in after["entities"] for m in e.get("mentions", [])} == {"mem:2", "mem:3"}
         assert [r["predicate"] for r in after["relations"]] == [r["predicate"] for r in before["relations"]]
-        rows = q(target, "SELECT subject_kind, subject_id, predicate, object_kind, object_id FROM relations "
-                         "WHERE subject_kind = 'mem'")
+        rows = q(
+            target,
+            "SELECT subject_kind, subject_id, predicate, object_kind, object_id FROM relations "
+            "WHERE subject_kind = 'mem'",
+        )
         assert rows == [("mem", 3, "supports", "mem", 2)]
         # carrying twice writes once
         again = import_memories(other, input_path=str(out))
@@ -285,9 +360,16 @@ def test_export_then_import_carries_the_graph(db: Database, tmp_path: Path) -> N
 
 def _reference_call(env: dict[str, str], tool: str, arguments: dict) -> dict:
     """One tool call to the reference over stdio (a black box: never imported)."""
-    process = subprocess.Popen([str(REFERENCE_BIN)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                               stderr=subprocess.DEVNULL, text=True, env=env)
+    process = subprocess.Popen(
+        [str(REFERENCE_BIN)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=env,
+    )
     try:
+
         def send(message: dict) -> None:
             process.stdin.write(json.dumps(message) + "\n")
             process.stdin.flush()
@@ -300,8 +382,18 @@ def _reference_call(env: dict[str, str], tool: str, arguments: dict) -> dict:
                 if message.get("id") == wanted:
                     return message
 
-        send({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
-            "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}})
+        send(
+            {
+                "jsonrpc": "2.0",
+                "id": 0,
+                "method": "initialize",
+                "params": {
+                    "protocolVersion": "2025-11-25",
+                    "capabilities": {},
+                    "clientInfo": {"name": "t", "version": "0"},
+                },
+            }
+        )
         answer(0)
         send({"jsonrpc": "2.0", "method": "notifications/initialized"})
         send({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": tool, "arguments": arguments}})

@@ -31,8 +31,12 @@ pytestmark = pytest.mark.both_backends  # storage/service behaviour: run on SQLi
 
 
 def embedding_app(db, server, **env: str) -> App:
-    environ = {"CPERSONA_DB_PATH": str(db.path), "CPERSONA_EMBEDDING_MODE": "http",
-               "CPERSONA_EMBEDDING_URL": server.url, **{f"CPERSONA_{k}": v for k, v in env.items()}}
+    environ = {
+        "CPERSONA_DB_PATH": str(db.path),
+        "CPERSONA_EMBEDDING_MODE": "http",
+        "CPERSONA_EMBEDDING_URL": server.url,
+        **{f"CPERSONA_{k}": v for k, v in env.items()},
+    }
     settings = load_settings(environ)
     return App(db=db, settings=settings, embedder=build_embedder(settings))
 
@@ -65,8 +69,9 @@ def test_rows_stored_while_down_get_the_vector_of_their_text(db, app, embed_serv
     assert unembedded_count(app) == 4
     report = backfill_pass(app)
     assert (report.memories, report.episodes, report.remaining, report.stopped) == (3, 1, 0, None)
-    assert vectors(db) == {i + 1: to_blob(embed_server.vector(t)) for i, t in
-                           enumerate(["first note", "second note", "third note"])}
+    assert vectors(db) == {
+        i + 1: to_blob(embed_server.vector(t)) for i, t in enumerate(["first note", "second note", "third note"])
+    }
     assert vectors(db, Episode) == {1: to_blob(embed_server.vector("we talked about notes"))}
     # The vector channel now sees them (spec VEC-2: only rows with a vector are scanned).
     why = recall(app, agent_id="a", query="second note")["messages"][-1]["match_reason"]

@@ -59,6 +59,7 @@ def test_backup_command(db, tmp_path: Path):
     ok = cli(db.path, "backup", str(tmp_path / "b.db"))
     assert ok.returncode == 0, ok.stderr
     assert sqlite3.connect(tmp_path / "b.db").execute("SELECT content FROM memories").fetchall() == [
-        ("remember the backup drill",)]
+        ("remember the backup drill",)
+    ]
     again = cli(db.path, "backup", str(tmp_path / "b.db"))
     assert again.returncode != 0 and "already exists" in again.stderr

@@ -45,7 +45,11 @@ SCHEMA_VIOLATIONS = [
     ("recall", {"agent_id": "a", "query": "q", "deep": "yes"}, "'yes' is not of type 'boolean'"),
     ("recall", {"agent_id": "a", "query": "q", "exclude_contents": "text"}, "'text' is not of type 'array'"),
     ("recall", {"agent_id": "a", "query": "q", "session_key": "k" * 257}, "is too long"),
-    ("recall", {"agent_id": "a", "query": "q", "time_cue": {"after": "2026-01-01"}}, "'confidence' is a required property"),
+    (
+        "recall",
+        {"agent_id": "a", "query": "q", "time_cue": {"after": "2026-01-01"}},
+        "'confidence' is a required property",
+    ),
     ("recall", {"agent_id": 7, "query": "q"}, "7 is not of type 'string'"),
     ("store", {"agent_id": "a", "content": 5}, "5 is not of type 'string'"),
     ("store", {"agent_id": "a", "content": "c", "id": "i" * 257}, "is too long"),
@@ -106,10 +110,19 @@ async def test_integer_wider_than_sqlite_in_a_limit_is_refused(app):
 
 LONE_SURROGATE_SHAPES = [
     ("store", {"agent_id": "a", "content": "bad \ud800"}, {"ok": False, "result": "rejected"}, "reason"),
-    ("store", {"agent_id": "a", "content": "x", "lock": True, "source": {"name": "\udfff"}},
-     {"ok": False, "result": "rejected", "locked": False}, "reason"),  # spec ST-12
+    (
+        "store",
+        {"agent_id": "a", "content": "x", "lock": True, "source": {"name": "\udfff"}},
+        {"ok": False, "result": "rejected", "locked": False},
+        "reason",
+    ),  # spec ST-12
     ("recall", {"agent_id": "a", "query": "q\udc00"}, {"ok": False, "messages": []}, "error"),
-    ("archive_episode", {"agent_id": "a", "summary": "s", "keywords": "\ud800"}, {"ok": False, "episode_id": None}, "error"),
+    (
+        "archive_episode",
+        {"agent_id": "a", "summary": "s", "keywords": "\ud800"},
+        {"ok": False, "episode_id": None},
+        "error",
+    ),
     ("update_profile", {"agent_id": "a", "profile": "\ud800"}, {"ok": False, "profiles_updated": 0}, "reason"),
     ("get_profile", {"agent_id": "\ud800"}, {"ok": False}, "error"),
     ("list_memories", {"project_id": "\ud800"}, {"ok": False}, "error"),
@@ -130,6 +143,7 @@ async def test_lone_surrogates_are_refused_in_the_tools_own_shape(app, tool, arg
 
 
 # --- accepted, and handled as documented ---------------------------------------------
+
 
 async def test_unknown_arguments_are_ignored(app):  # spec G-5
     async with Client(build_server(app)) as client:
@@ -154,7 +168,10 @@ async def test_nul_bytes_are_refused_in_text_and_in_keys(app):
         stored = answer(await client.call_tool("store", {"agent_id": "a", "content": "before\x00after"}))
         in_key = answer(await client.call_tool("store", {"agent_id": "a", "content": "c", "channel": "x\x00y"}))
         listed = answer(await client.call_tool("list_memories", {"agent_id": "a"}))
-    assert stored["result"] == "rejected" and "$.content contains the NUL character (U+0000) at position 6" in stored["reason"]
+    assert (
+        stored["result"] == "rejected"
+        and "$.content contains the NUL character (U+0000) at position 6" in stored["reason"]
+    )
     assert in_key["ok"] is False and in_key["result"] == "rejected" and "$.channel" in in_key["reason"]
     assert listed["memories"] == []
 

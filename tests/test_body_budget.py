@@ -13,8 +13,14 @@ import httpx
 import pytest
 
 from cpersona.mcp.http import BodyBudget
-from cpersona.mcp.validation import (ENVELOPE_BYTES, JSON_BYTES_PER_CHAR, JSON_BYTES_PER_VALUE, MAX_REQUEST_BYTES,
-                                     MAX_TEXT_CHARS, MAX_VALUES)
+from cpersona.mcp.validation import (
+    ENVELOPE_BYTES,
+    JSON_BYTES_PER_CHAR,
+    JSON_BYTES_PER_VALUE,
+    MAX_REQUEST_BYTES,
+    MAX_TEXT_CHARS,
+    MAX_VALUES,
+)
 from test_http_transport import MCP_HEADERS, HttpServer, auth, raw_post, sse_result, tool_request
 
 pytestmark = pytest.mark.anyio
@@ -28,8 +34,9 @@ def big_store(chars: int) -> dict[str, Any]:
 
 @pytest.fixture
 def reject_server(tmp_path) -> Iterator[HttpServer]:
-    server = HttpServer(tmp_path, CPERSONA_AUTH_TOKEN=TOKEN, CPERSONA_HTTP_MAX_BODY_BYTES="2000",
-                        CPERSONA_HTTP_BODY_LIMIT_MODE="reject")
+    server = HttpServer(
+        tmp_path, CPERSONA_AUTH_TOKEN=TOKEN, CPERSONA_HTTP_MAX_BODY_BYTES="2000", CPERSONA_HTTP_BODY_LIMIT_MODE="reject"
+    )
     yield server
     server.stop()
 
@@ -49,7 +56,7 @@ def test_a_chunked_body_is_measured_by_what_arrives(reject_server):  # spec BB-1
     def chunks() -> Iterator[bytes]:
         payload = json.dumps(big_store(6000)).encode()
         for i in range(0, len(payload), 500):
-            yield payload[i:i + 500]
+            yield payload[i : i + 500]
 
     response = httpx.post(reject_server.url, headers={**MCP_HEADERS, **auth(TOKEN)}, content=chunks())
     assert response.status_code == 413
@@ -72,8 +79,11 @@ def test_an_unauthenticated_request_gets_401_whatever_its_size(reject_server):  
 
 
 def test_a_413_carries_cors_headers(reject_server):  # spec BB-4 (budget inside CORS)
-    response = httpx.post(reject_server.url, headers={**MCP_HEADERS, **auth(TOKEN), "Origin": "https://claude.ai"},
-                          content=json.dumps(big_store(5000)))
+    response = httpx.post(
+        reject_server.url,
+        headers={**MCP_HEADERS, **auth(TOKEN), "Origin": "https://claude.ai"},
+        content=json.dumps(big_store(5000)),
+    )
     assert response.status_code == 413
     assert response.headers["access-control-allow-origin"] == "https://claude.ai"
 
@@ -90,8 +100,9 @@ def test_warn_serves_in_full_and_logs(tmp_path):  # spec BB-2, BB-3
 
 
 def test_off_does_not_count_and_the_sdk_ceiling_is_gone(tmp_path):  # spec BB-2, T-3
-    server = HttpServer(tmp_path, CPERSONA_AUTH_TOKEN=TOKEN, CPERSONA_HTTP_MAX_BODY_BYTES="2000",
-                        CPERSONA_HTTP_BODY_LIMIT_MODE="off")
+    server = HttpServer(
+        tmp_path, CPERSONA_AUTH_TOKEN=TOKEN, CPERSONA_HTTP_MAX_BODY_BYTES="2000", CPERSONA_HTTP_BODY_LIMIT_MODE="off"
+    )
     try:
         # 5 MB: past both our budget and the SDK's own 4 MiB default.
         response = raw_post(server.url, auth(TOKEN), big_store(5_000_000))
@@ -127,8 +138,7 @@ class Recorder:
 
 
 async def drive(budget: BodyBudget, declared: int, chunks: list[bytes]) -> tuple[list[dict[str, Any]], int]:
-    scope = {"type": "http", "method": "POST", "path": "/mcp",
-             "headers": [(b"content-length", str(declared).encode())]}
+    scope = {"type": "http", "method": "POST", "path": "/mcp", "headers": [(b"content-length", str(declared).encode())]}
     pending = [{"type": "http.request", "body": c, "more_body": i < len(chunks) - 1} for i, c in enumerate(chunks)]
     pulled = 0
     sent: list[dict[str, Any]] = []
@@ -164,8 +174,11 @@ async def test_crossings_are_logged_at_the_1st_10th_100th(caplog):  # spec BB-3
             assert sent[0]["status"] == 200
     occurrences = [r.getMessage() for r in caplog.records if "exceeded" in r.getMessage()]
     assert len(occurrences) == 3
-    assert ["Occurrence 1 " in occurrences[0], "Occurrence 10 " in occurrences[1],
-            "Occurrence 100 " in occurrences[2]] == [True, True, True]
+    assert [
+        "Occurrence 1 " in occurrences[0],
+        "Occurrence 10 " in occurrences[1],
+        "Occurrence 100 " in occurrences[2],
+    ] == [True, True, True]
     assert budget.crossings == 120
 
 
@@ -219,9 +232,10 @@ def peak_rss_kib(pid: int) -> int:
 
 
 def huge_request(server: HttpServer, framing: str) -> bytes:
-    return (f"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\nAuthorization: Bearer {TOKEN}\r\n"
-            f"Accept: application/json, text/event-stream\r\nContent-Type: application/json\r\n{framing}\r\n\r\n"
-            ).encode()
+    return (
+        f"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\nAuthorization: Bearer {TOKEN}\r\n"
+        f"Accept: application/json, text/event-stream\r\nContent-Type: application/json\r\n{framing}\r\n\r\n"
+    ).encode()
 
 
 def answer_status(sock: socket.socket, timeout: float = 60, whole: bool = False) -> bytes:
@@ -285,25 +299,39 @@ def test_a_chunked_200_mb_body_is_refused_once_past_the_cap_without_holding_it(w
 async def test_the_hard_cap_binds_in_every_mode_and_the_budget_below_it_keeps_its_meaning():
     for mode in ("warn", "off", "reject"):
         at_cap = Recorder()
-        sent, _ = await drive(BodyBudget(at_cap, 10_000, mode, hard_max_bytes=1000), declared=0,
-                              chunks=[b"x" * 500] * 2)
+        sent, _ = await drive(
+            BodyBudget(at_cap, 10_000, mode, hard_max_bytes=1000), declared=0, chunks=[b"x" * 500] * 2
+        )
         assert sent[0]["status"] == 200 and at_cap.read == 1000  # exactly at the cap: served
         over = Recorder()
-        sent, pulled = await drive(BodyBudget(over, 10_000, mode, hard_max_bytes=1000), declared=0,
-                                   chunks=[b"x" * 600] * 5)
-        assert sent[0]["status"] == 413 and json.loads(sent[1]["body"]) == {"error": "payload_too_large",
-                                                                            "max_bytes": 1000}
+        sent, pulled = await drive(
+            BodyBudget(over, 10_000, mode, hard_max_bytes=1000), declared=0, chunks=[b"x" * 600] * 5
+        )
+        assert sent[0]["status"] == 413 and json.loads(sent[1]["body"]) == {
+            "error": "payload_too_large",
+            "max_bytes": 1000,
+        }
         assert pulled == 2  # refused at the chunk that crossed it
         declared = Recorder()
-        sent, pulled = await drive(BodyBudget(declared, 10_000, mode, hard_max_bytes=1000), declared=1001,
-                                   chunks=[b"x"])
+        sent, pulled = await drive(
+            BodyBudget(declared, 10_000, mode, hard_max_bytes=1000), declared=1001, chunks=[b"x"]
+        )
         assert sent[0]["status"] == 413 and pulled == 0  # the Content-Length fast path reads nothing
 
 
 def test_the_hard_cap_is_the_largest_request_the_argument_walk_accepts():
     # One place: the walk's own bounds at their worst JSON spelling, plus the envelope.
-    assert MAX_REQUEST_BYTES == (MAX_TEXT_CHARS * JSON_BYTES_PER_CHAR + MAX_VALUES * JSON_BYTES_PER_VALUE
-                                 + ENVELOPE_BYTES)
-    longest = json.dumps(tool_request("recall_with_context", {"agent_id": "a", "query": "q", "external_context": [
-        {"role": "user", "content": "\u00e9" * (MAX_TEXT_CHARS - 100)}]})).encode()  # ensure_ascii: 6 bytes a char
+    assert MAX_REQUEST_BYTES == (
+        MAX_TEXT_CHARS * JSON_BYTES_PER_CHAR + MAX_VALUES * JSON_BYTES_PER_VALUE + ENVELOPE_BYTES
+    )
+    longest = json.dumps(
+        tool_request(
+            "recall_with_context",
+            {
+                "agent_id": "a",
+                "query": "q",
+                "external_context": [{"role": "user", "content": "\u00e9" * (MAX_TEXT_CHARS - 100)}],
+            },
+        )
+    ).encode()  # ensure_ascii: 6 bytes a char
     assert len(longest) <= MAX_REQUEST_BYTES

@@ -122,8 +122,12 @@ def test_separation_falls_back_to_nearest_neighbours_like_the_reference(app, db)
     result = calibrate_threshold(app, agent_id="c")
     assert result["proxy_source"] == "nn_fallback"
     assert result["distribution"] == {"mean": 0.3468, "std": 0.1422, "median": 0.3433, "p95": 0.5875}
-    assert (result["new_threshold"], result["youden_j"], result["pos_admit_rate"], result["pos_mean"]) == \
-        (0.5651, 0.9051, 0.9667, 0.7236)
+    assert (result["new_threshold"], result["youden_j"], result["pos_admit_rate"], result["pos_mean"]) == (
+        0.5651,
+        0.9051,
+        0.9667,
+        0.7236,
+    )
 
 
 def test_distribution_is_every_pair_of_the_sample(app, db):
@@ -190,7 +194,9 @@ def test_the_sample_is_capped_and_random_but_repeatable_with_a_seed(db):
     insert(db, "a", sessions(20, 5))
     first, second, other = (make_app(db, CALIBRATE_MAX_SAMPLE="30") for _ in range(3))
     install(first, seed=3), install(second, seed=3), install(other, seed=4)
-    runs = [calibrate_threshold(x, agent_id="a", sample_size=99999, method="percentile") for x in (first, second, other)]
+    runs = [
+        calibrate_threshold(x, agent_id="a", sample_size=99999, method="percentile") for x in (first, second, other)
+    ]
     assert all(r["sampled_embeddings"] == 30 and r["num_pairs"] == 435 for r in runs)
     assert runs[0]["distribution"] == runs[1]["distribution"] != runs[2]["distribution"]
 
@@ -280,7 +286,9 @@ def test_calibrations_of_one_process_run_one_at_a_time(app, db):
 def test_an_agent_gets_its_fused_gate_measured_through_recall(db, embed_server):
     # spec CT-4, §5.18.3, GATE-3
     insert(db, "g", sessions(16, 5))
-    app = gate_app(db, embed_server, RECALL_MODE="rsf", FUSED_GATE_SAMPLE_QUERIES="40", FUSED_GATE_CALIBRATION_DRAWS="5")
+    app = gate_app(
+        db, embed_server, RECALL_MODE="rsf", FUSED_GATE_SAMPLE_QUERIES="40", FUSED_GATE_CALIBRATION_DRAWS="5"
+    )
     result = calibrate_threshold(app, agent_id="g")
     gate = result["fused_gate"]
     assert gate["signal"] == "rsf" and gate["beta"] == 1.0 and gate["queries_run"] == 40
@@ -294,8 +302,14 @@ def test_an_agent_gets_its_fused_gate_measured_through_recall(db, embed_server):
     assert gate["youden_j"] > 0.9
     # ... and without it the populations are the reference's on this corpus (rsf): pos_mean 0.44,
     # null_mean 0.04, gate ~0.18 (ours: 0.45, 0.04, 0.19, J 0.972).
-    app = gate_app(db, embed_server, RECALL_MODE="rsf", FUSED_GATE_SAMPLE_QUERIES="40",
-                   FUSED_GATE_CALIBRATION_DRAWS="5", RECALL_WORD_WEIGHT="0")
+    app = gate_app(
+        db,
+        embed_server,
+        RECALL_MODE="rsf",
+        FUSED_GATE_SAMPLE_QUERIES="40",
+        FUSED_GATE_CALIBRATION_DRAWS="5",
+        RECALL_WORD_WEIGHT="0",
+    )
     gate = calibrate_threshold(app, agent_id="g")["fused_gate"]
     assert 0.35 < gate["pos_mean"] < 0.5 and gate["null_mean"] < 0.1 and 0.15 < gate["threshold"] < 0.21
     found = calibrated_gate_for(app, "g", enabled=True)
@@ -338,7 +352,9 @@ def test_a_calibrated_rrf_gate_is_reachable_by_rrf_scores(db, embed_server):
     insert(db, "g", sessions(16, 5))
     # Under rrf the vector arm claims most related rows (they are judged on cosine), so few rows are
     # judged on rrf: the default 40 pseudo-queries and 5 draws are needed to see 5 positives.
-    app = gate_app(db, embed_server, RECALL_MODE="rrf", FUSED_GATE_SAMPLE_QUERIES="40", FUSED_GATE_CALIBRATION_DRAWS="5")
+    app = gate_app(
+        db, embed_server, RECALL_MODE="rrf", FUSED_GATE_SAMPLE_QUERIES="40", FUSED_GATE_CALIBRATION_DRAWS="5"
+    )
     gate = calibrate_threshold(app, agent_id="g")["fused_gate"]
     assert gate["signal"] == "rrf"
     assert gate["threshold"] < 1 / 61  # a row ranked first by one keyword arm passes
@@ -399,8 +415,12 @@ def test_separation_sweep_picks_the_first_best_and_rises_with_beta():
 
 def test_temporal_positives_pair_only_rows_close_in_time(app, db):
     # spec §5.18.2: consecutive rows at most 30 minutes apart contribute their cosine
-    rows = [("alpha beta", "2026-01-01T09:00:00Z"), ("alpha gamma", "2026-01-01T09:29:00Z"),
-            ("delta", "2026-01-01T10:30:00Z"), ("not a stamp", "yesterday")]
+    rows = [
+        ("alpha beta", "2026-01-01T09:00:00Z"),
+        ("alpha gamma", "2026-01-01T09:29:00Z"),
+        ("delta", "2026-01-01T10:30:00Z"),
+        ("not a stamp", "yesterday"),
+    ]
     insert(db, "a", rows)
     from cpersona.storage.scope import Scope
 
@@ -410,8 +430,9 @@ def test_temporal_positives_pair_only_rows_close_in_time(app, db):
 
 
 def test_vector_blobs_written_by_to_blob_round_trip_into_the_sample(app, db):
-    insert(db, "a", [(f"row {i}", f"2026-01-0{1 + i % 9}T00:00:00Z") for i in range(12)],
-           blob=to_blob([1.0] + [0.0] * 63))
+    insert(
+        db, "a", [(f"row {i}", f"2026-01-0{1 + i % 9}T00:00:00Z") for i in range(12)], blob=to_blob([1.0] + [0.0] * 63)
+    )
     result = calibrate_threshold(app, agent_id="a", method="percentile")
     assert result["distribution"]["mean"] == 1.0 and result["new_threshold"] == 1.0  # identical vectors
 
@@ -420,10 +441,19 @@ def test_vector_blobs_written_by_to_blob_round_trip_into_the_sample(app, db):
 
 
 def write_sidecar_file(app, **values) -> dict:
-    obj = {"embedding_dim": 64, "embedding_model": "", "scoring_version": SCORING_VERSION,
-           "global_threshold": 0.41, "agent_thresholds": {"g": 0.52}, "global_fused_gate": None,
-           "agent_fused_gates": {"g": 0.19}, "fused_gate_signal": "rsf", "agent_betas": {"g": 2.0, "z": 0.5},
-           "calibrated_at": "2026-11-30T04:00:44.150986+00:00", **values}
+    obj = {
+        "embedding_dim": 64,
+        "embedding_model": "",
+        "scoring_version": SCORING_VERSION,
+        "global_threshold": 0.41,
+        "agent_thresholds": {"g": 0.52},
+        "global_fused_gate": None,
+        "agent_fused_gates": {"g": 0.19},
+        "fused_gate_signal": "rsf",
+        "agent_betas": {"g": 2.0, "z": 0.5},
+        "calibrated_at": "2026-11-30T04:00:44.150986+00:00",
+        **values,
+    }
     path = app.settings.calibration_sidecar
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(obj))
@@ -462,10 +492,13 @@ def test_a_stale_sidecar_is_backed_up_and_recalibrated_keeping_the_betas(db, emb
     insert(db, "g", sessions(16, 5))
     insert(db, "c", sessions(60, 1))
     app = gate_app(db, embed_server, RECALL_MODE="rsf")
-    reference = write_sidecar_file(app, scoring_version="260a7-confidence-gates-nothing",
-                                   agent_thresholds={"g": 0.99, "gone": 0.7})
+    reference = write_sidecar_file(
+        app, scoring_version="260a7-confidence-gates-nothing", agent_thresholds={"g": 0.99, "gone": 0.7}
+    )
     assert cal.startup(app, threading.Event()) == "calibrated 2 agents"
-    backups = list(app.settings.calibration_sidecar.parent.glob("*.calibration.json.before-260a7-confidence-gates-nothing-*"))
+    backups = list(
+        app.settings.calibration_sidecar.parent.glob("*.calibration.json.before-260a7-confidence-gates-nothing-*")
+    )
     assert len(backups) == 1 and json.loads(backups[0].read_text()) == reference
     stored = json.loads(app.settings.calibration_sidecar.read_text())
     assert stored["scoring_version"] == SCORING_VERSION
@@ -535,10 +568,15 @@ def test_over_stdio_calibration_and_precision_survive_a_restart(db_path, embed_s
     sys.path.insert(0, str(Path(__file__).parent / "e2e"))
     from stdio_harness import RawSession, server_env
 
-    env = server_env(db_path, CPERSONA_EMBEDDING_MODE="http", CPERSONA_EMBEDDING_URL=embed_server.url,
-                     CPERSONA_RECALL_MODE="rsf", CPERSONA_FUSED_GATE_SAMPLE_QUERIES="10",
-                     CPERSONA_FUSED_GATE_CALIBRATION_DRAWS="2",
-                     CPERSONA_CALIBRATE_ON_MODEL_CHANGE="false")  # only the tools measure here
+    env = server_env(
+        db_path,
+        CPERSONA_EMBEDDING_MODE="http",
+        CPERSONA_EMBEDDING_URL=embed_server.url,
+        CPERSONA_RECALL_MODE="rsf",
+        CPERSONA_FUSED_GATE_SAMPLE_QUERIES="10",
+        CPERSONA_FUSED_GATE_CALIBRATION_DRAWS="2",
+        CPERSONA_CALIBRATE_ON_MODEL_CHANGE="false",
+    )  # only the tools measure here
 
     def answer(session, name, arguments):
         reply = session.call(name, json.dumps(arguments), timeout=60)

@@ -18,18 +18,18 @@ from cpersona.storage.models import Memory
 pytestmark = pytest.mark.both_backends  # storage/service behaviour: run on SQLite and PostgreSQL
 
 ROWS = [  # (agent, channel, metadata, content)
-    ("kai", "discord", {"session_id": "1122334455:77:0"}, "a"),   # 1 recoverable
+    ("kai", "discord", {"session_id": "1122334455:77:0"}, "a"),  # 1 recoverable
     ("kai", "discord", {"session_id": "1122334455:shared"}, "b"),  # 2 recoverable
-    ("kai", "discord", {"session_id": "9988776655:1:3"}, "c"),     # 3 recoverable
-    ("kai", "discord", {"session_id": "abc:1"}, "d"),              # 4 non-numeric prefix
-    ("kai", "discord", "not json", "e"),                            # 5 invalid JSON
-    ("kai", "discord", {}, "f"),                                    # 6 no session id
+    ("kai", "discord", {"session_id": "9988776655:1:3"}, "c"),  # 3 recoverable
+    ("kai", "discord", {"session_id": "abc:1"}, "d"),  # 4 non-numeric prefix
+    ("kai", "discord", "not json", "e"),  # 5 invalid JSON
+    ("kai", "discord", {}, "f"),  # 6 no session id
     ("kai", "discord", {"session_id": "1122334455:77:0"}, "g-dup"),  # 7 recoverable, but its new bucket has it
     ("kai", "1122334455", {"session_id": "1122334455:77:0"}, "g-dup"),  # 8 already there
-    ("zed", "discord", {"session_id": "5:x"}, "h"),                 # 9 another agent
-    ("kai", "discord", {"session_id": 123}, "i"),                   # 10 not a string
-    ("kai", "discord", ["1:2"], "j"),                               # 11 not an object
-    ("kai", "discord", {"session_id": "7"}, "k"),                   # 12 no ':'
+    ("zed", "discord", {"session_id": "5:x"}, "h"),  # 9 another agent
+    ("kai", "discord", {"session_id": 123}, "i"),  # 10 not a string
+    ("kai", "discord", ["1:2"], "j"),  # 11 not an object
+    ("kai", "discord", {"session_id": "7"}, "k"),  # 12 no ':'
 ]
 
 
@@ -37,9 +37,16 @@ ROWS = [  # (agent, channel, metadata, content)
 def seeded(app):
     with app.db.write() as session:
         for agent, channel, metadata, content in ROWS:
-            session.add(Memory(agent_id=agent, channel=channel, content=content, timestamp="2026-01-01T00:00:00",
-                               metadata_=metadata if isinstance(metadata, str) else json.dumps(metadata),
-                               locked=1 if content == "a" else 0))
+            session.add(
+                Memory(
+                    agent_id=agent,
+                    channel=channel,
+                    content=content,
+                    timestamp="2026-01-01T00:00:00",
+                    metadata_=metadata if isinstance(metadata, str) else json.dumps(metadata),
+                    locked=1 if content == "a" else 0,
+                )
+            )
     return app
 
 
@@ -52,10 +59,16 @@ def test_dry_run_reports_buckets_and_changes_nothing(seeded):  # spec MC-1, MC-2
     before = channels(seeded)
     answer = migrate_channel_axis(seeded, agent_id="kai")
     assert answer == {
-        "agent_id": "kai", "dry_run": True, "recoverable_total": 4,
+        "agent_id": "kai",
+        "dry_run": True,
+        "recoverable_total": 4,
         "recoverable_by_channel": [{"channel": "1122334455", "count": 3}, {"channel": "9988776655", "count": 1}],
-        "unrecoverable_total": 6, "invalid_metadata_total": 1, "invalid_metadata_ids": [5],
-        "globalize_unrecoverable": False, "migrated": 0, "globalized": 0,
+        "unrecoverable_total": 6,
+        "invalid_metadata_total": 1,
+        "invalid_metadata_ids": [5],
+        "globalize_unrecoverable": False,
+        "migrated": 0,
+        "globalized": 0,
         "samples": [
             {"id": 1, "recovered_channel": "1122334455", "session_id": "1122334455:77:0"},
             {"id": 2, "recovered_channel": "1122334455", "session_id": "1122334455:shared"},
@@ -70,13 +83,21 @@ def test_empty_agent_means_every_agent(seeded):  # spec §12 (agent_id '' = ever
     answer = migrate_channel_axis(seeded)
     assert answer["agent_id"] == "" and answer["recoverable_total"] == 5
     assert answer["recoverable_by_channel"] == [
-        {"channel": "1122334455", "count": 3}, {"channel": "9988776655", "count": 1}, {"channel": "5", "count": 1}]
+        {"channel": "1122334455", "count": 3},
+        {"channel": "9988776655", "count": 1},
+        {"channel": "5", "count": 1},
+    ]
     assert migrate_channel_axis(seeded, agent_id="nobody")["recoverable_total"] == 0
 
 
 def test_real_run_moves_recoverable_rows_and_skips_a_clash(seeded):  # spec MC-3, MC-4, MC-5
     answer = migrate_channel_axis(seeded, agent_id="kai", dry_run=False)
-    assert (answer["dry_run"], answer["recoverable_total"], answer["migrated"], answer["globalized"]) == (False, 4, 3, 0)
+    assert (answer["dry_run"], answer["recoverable_total"], answer["migrated"], answer["globalized"]) == (
+        False,
+        4,
+        3,
+        0,
+    )
     after = channels(seeded)
     assert (after[1], after[2], after[3]) == ("1122334455", "1122334455", "9988776655")
     assert after[7] == "discord"  # its new bucket already holds "g-dup": skipped, not failed
@@ -89,8 +110,12 @@ def test_real_run_moves_recoverable_rows_and_skips_a_clash(seeded):  # spec MC-3
 def test_globalize_moves_only_the_genuinely_unrecoverable(seeded):  # spec MC-2, MC-3, MC-4
     migrate_channel_axis(seeded, agent_id="kai", dry_run=False)
     answer = migrate_channel_axis(seeded, agent_id="kai", dry_run=False, globalize_unrecoverable=True)
-    assert (answer["recoverable_total"], answer["migrated"], answer["unrecoverable_total"], answer["globalized"]) == \
-        (1, 0, 6, 6)
+    assert (answer["recoverable_total"], answer["migrated"], answer["unrecoverable_total"], answer["globalized"]) == (
+        1,
+        0,
+        6,
+        6,
+    )
     assert answer["samples"] == [{"id": 7, "recovered_channel": "1122334455", "session_id": "1122334455:77:0"}]
     after = channels(seeded)
     assert [after[i] for i in (4, 5, 6, 10, 11, 12)] == [""] * 6
@@ -121,16 +146,19 @@ def test_bad_argument_types_are_refused(app):
     assert migrate_channel_axis(app, dry_run="no") == {"ok": False, "error": "dry_run must be true or false"}
 
 
-@pytest.mark.parametrize(("metadata", "recovered", "invalid"), [
-    ('{"session_id": "1:2:3"}', "1", False),
-    ('{"session_id": "12ab:x"}', "12ab", False),  # the glob only asks for a leading digit
-    ('{"session_id": ":1"}', None, False),
-    ('{"session_id": "1"}', None, False),
-    ('{"session_id": "١٢:x"}', None, False),  # Arabic-Indic digits are not ASCII digits
-    ('{"session_id": NaN}', None, True),
-    ("", None, True),
-    (None, None, True),
-])
+@pytest.mark.parametrize(
+    ("metadata", "recovered", "invalid"),
+    [
+        ('{"session_id": "1:2:3"}', "1", False),
+        ('{"session_id": "12ab:x"}', "12ab", False),  # the glob only asks for a leading digit
+        ('{"session_id": ":1"}', None, False),
+        ('{"session_id": "1"}', None, False),
+        ('{"session_id": "١٢:x"}', None, False),  # Arabic-Indic digits are not ASCII digits
+        ('{"session_id": NaN}', None, True),
+        ("", None, True),
+        (None, None, True),
+    ],
+)
 def test_classification(metadata, recovered, invalid):  # spec MC-1, MC-2
     row = classify(1, "a", "", metadata)
     assert (row.recovered_channel, row.invalid_json) == (recovered, invalid)
@@ -163,14 +191,17 @@ def test_declarations_follow_a_moved_memory(seeded):  # spec CA-4, MC-3
         conn.exec_driver_sql(
             "INSERT INTO entities (id, agent_id, channel, name, normalized, declared_by, created_at) VALUES "
             "(101, 'kai', 'discord', 'Mina', 'mina', 'agent', 't0'), "
-            "(102, 'kai', 'discord', 'Ops', 'ops', 'agent', 't0')")
+            "(102, 'kai', 'discord', 'Ops', 'ops', 'agent', 't0')"
+        )
         conn.exec_driver_sql("INSERT INTO entity_aliases VALUES (101, 'mina-san', 'mina-san')")
-        conn.exec_driver_sql("INSERT INTO entity_mentions VALUES (101, 'mem:1', 'agent', 't1'), "
-                             "(102, 'mem:4', 'agent', 't1')")  # mem:4 is unrecoverable: stays
+        conn.exec_driver_sql(
+            "INSERT INTO entity_mentions VALUES (101, 'mem:1', 'agent', 't1'), (102, 'mem:4', 'agent', 't1')"
+        )  # mem:4 is unrecoverable: stays
         conn.exec_driver_sql(
             "INSERT INTO relations (agent_id, channel, subject_kind, subject_id, predicate, object_kind, object_id, "
             "anchor_ref, declared_by, declared_at) VALUES "
-            "('kai', 'discord', 'entity', 101, 'owns', 'mem', 2, 'mem:1', 'agent', 't2')")
+            "('kai', 'discord', 'entity', 101, 'owns', 'mem', 2, 'mem:1', 'agent', 't2')"
+        )
 
     migrate_channel_axis(seeded, agent_id="kai", dry_run=False)
 
@@ -184,7 +215,8 @@ def test_declarations_follow_a_moved_memory(seeded):  # spec CA-4, MC-3
         assert q(f"SELECT alias FROM entity_aliases WHERE entity_id = {copy[0]}") == [("mina-san",)]
         assert q("SELECT entity_id, ref FROM entity_mentions ORDER BY ref") == [(copy[0], "mem:1"), (102, "mem:4")]
         assert q("SELECT channel, subject_kind, subject_id, object_id, anchor_ref FROM relations") == [
-            ("1122334455", "entity", copy[0], 2, "mem:1")]
+            ("1122334455", "entity", copy[0], 2, "mem:1")
+        ]
 
 
 # --- the tool declaration ------------------------------------------------------------------------
@@ -194,8 +226,18 @@ def test_description_carries_the_facts():  # spec §14
     from cpersona.mcp.tools import default_registry
 
     description = default_registry().get("migrate_channel_axis").description
-    for fact in ("'discord'", "metadata.session_id", "dry_run=true", "non-destructive", "idempotent",
-                 "unrecoverable", "globalize_unrecoverable=true", "channel ''", "locked", "repairs_skipped"):
+    for fact in (
+        "'discord'",
+        "metadata.session_id",
+        "dry_run=true",
+        "non-destructive",
+        "idempotent",
+        "unrecoverable",
+        "globalize_unrecoverable=true",
+        "channel ''",
+        "locked",
+        "repairs_skipped",
+    ):
         assert fact in description, fact
 
 
@@ -223,12 +265,26 @@ async def test_a_paused_real_run_is_a_dry_run(seeded):  # spec MC-6, P-11
 
     pause_persistence(seeded, ttl_seconds=600, session_key="op")
     gates = GateChain([pause_gate.PauseGate()])
-    answer = (await call_tool(seeded, default_registry(), gates, "migrate_channel_axis",
-                              {"agent_id": "kai", "dry_run": False, "session_key": "op"})).payload
+    answer = (
+        await call_tool(
+            seeded,
+            default_registry(),
+            gates,
+            "migrate_channel_axis",
+            {"agent_id": "kai", "dry_run": False, "session_key": "op"},
+        )
+    ).payload
     assert (answer["dry_run"], answer["migrated"], answer["recoverable_total"]) == (True, 0, 4)
     assert answer["repairs_skipped"] is True and "persisted" not in answer
     assert answer["repairs_skip_reason"] == "no-persist mode active — dry_run forced"
     assert channels(seeded)[1] == "discord"
-    other = (await call_tool(seeded, default_registry(), gates, "migrate_channel_axis",
-                             {"agent_id": "kai", "dry_run": False, "session_key": "someone-else"})).payload
+    other = (
+        await call_tool(
+            seeded,
+            default_registry(),
+            gates,
+            "migrate_channel_axis",
+            {"agent_id": "kai", "dry_run": False, "session_key": "someone-else"},
+        )
+    ).payload
     assert other["migrated"] == 3  # P-14: another bucket is not paused

@@ -49,8 +49,12 @@ class World:
         return self.base / "missing" / name
 
     def target(self, kind: str, name: str) -> Path:
-        return {"directory": self.folder, "text file": self.text_file, "missing file": self.missing(name),
-                "read-only location": self.ro_dir / name}[kind]
+        return {
+            "directory": self.folder,
+            "text file": self.text_file,
+            "missing file": self.missing(name),
+            "read-only location": self.ro_dir / name,
+        }[kind]
 
 
 def _chown(path: Path) -> None:
@@ -103,9 +107,16 @@ def world(tmp_path_factory) -> Iterator[World]:
 def run(world: World, db: Path, *args: str, stdout=subprocess.PIPE) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CPERSONA_", "EMBEDDING_"))}
     env.update({"CPERSONA_DB_PATH": str(db), "CPERSONA_UPDATE_CHECK": "false", "HOME": str(world.base)})
-    return subprocess.run(as_other_user([sys.executable, "-m", "cpersona", *args]), env=env, stdout=stdout,
-                          stderr=subprocess.PIPE, text=True, timeout=120, stdin=subprocess.DEVNULL,
-                          cwd=world.base)
+    return subprocess.run(
+        as_other_user([sys.executable, "-m", "cpersona", *args]),
+        env=env,
+        stdout=stdout,
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+        cwd=world.base,
+    )
 
 
 BAD = ("directory", "text file", "missing file", "read-only location")
@@ -133,8 +144,13 @@ def _file_cases(command: str, outcome: dict[str, int], kinds=BAD) -> list[Case]:
 
 
 def _fail_but(**ok: int) -> dict[str, int]:
-    return {"directory": FAILED, "text file": FAILED, "missing file": FAILED, "read-only location": FAILED,
-            **{k.replace("_", " ").replace("read only", "read-only"): v for k, v in ok.items()}}
+    return {
+        "directory": FAILED,
+        "text file": FAILED,
+        "missing file": FAILED,
+        "read-only location": FAILED,
+        **{k.replace("_", " ").replace("read only", "read-only"): v for k, v in ok.items()},
+    }
 
 
 def _new(name: str) -> Callable[[World, str], str]:
@@ -144,9 +160,15 @@ def _new(name: str) -> Callable[[World, str], str]:
 CASES: list[Case] = [
     # reading commands: a read-only database is served, not refused
     *_db_cases("stats", lambda w, k: ["stats"], _fail_but(read_only_location=OK)),
-    *[Case("checkup", "db", kind, expect, lambda w, p: (w.good_db, ["checkup", "--db", str(p)]))
-      for kind, expect in {"directory": CHECKUP_FAILED, "text file": CHECKUP_FAILED,
-                           "missing file": CHECKUP_FAILED, "read-only location": OK}.items()],
+    *[
+        Case("checkup", "db", kind, expect, lambda w, p: (w.good_db, ["checkup", "--db", str(p)]))
+        for kind, expect in {
+            "directory": CHECKUP_FAILED,
+            "text file": CHECKUP_FAILED,
+            "missing file": CHECKUP_FAILED,
+            "read-only location": OK,
+        }.items()
+    ],
     *_db_cases("backup", lambda w, k: ["backup", _new("backup")(w, k)], _fail_but(read_only_location=OK)),
     *_db_cases("export", lambda w, k: ["export", _new("export")(w, k)], _fail_but(read_only_location=OK)),
     # writing commands: a missing database is created, a read-only one refused
@@ -158,8 +180,11 @@ CASES: list[Case] = [
     *_db_cases("show", lambda w, k: ["show", "mem:1", "--agent", "a"], _fail_but(read_only_location=OK)),
     *_db_cases("delete", lambda w, k: ["delete", "mem:1", "--agent", "a", "--yes"], _fail_but()),
     # the page never creates a database; a read-only one it would serve (not run here: it serves until stopped)
-    *[case for case in _db_cases("ui", lambda w, k: ["ui", "--port", "0"], _fail_but())
-      if case.target != "read-only location"],
+    *[
+        case
+        for case in _db_cases("ui", lambda w, k: ["ui", "--port", "0"], _fail_but())
+        if case.target != "read-only location"
+    ],
     # the command's own file
     *_file_cases("backup", _fail_but(missing_file=OK)),  # a new file is what backup writes
     # export onto an existing non-export file: the export-path work of issue 13 item 1 owns that refusal
@@ -172,12 +197,20 @@ CASES: list[Case] = [
 def _resolve(case: Case, world: World) -> tuple[Path, list[str]]:
     name = f"{case.command}-{case.role}-{case.target.replace(' ', '-')}"
     if case.target == "read-only location":
-        path = {("db", "stats"): world.ro_db, ("db", "checkup"): world.ro_db, ("db", "backup"): world.ro_db,
-                ("db", "export"): world.ro_db, ("db", "import"): world.ro_db, ("db", "import-db"): world.ro_db,
-                ("db", "search"): world.ro_db, ("db", "list"): world.ro_db, ("db", "show"): world.ro_db,
-                ("db", "delete"): world.ro_db,
-                ("file", "import"): world.ro_export, ("file", "import-db"): world.ro_source_26,
-                }.get((case.role, case.command), world.ro_dir / name)
+        path = {
+            ("db", "stats"): world.ro_db,
+            ("db", "checkup"): world.ro_db,
+            ("db", "backup"): world.ro_db,
+            ("db", "export"): world.ro_db,
+            ("db", "import"): world.ro_db,
+            ("db", "import-db"): world.ro_db,
+            ("db", "search"): world.ro_db,
+            ("db", "list"): world.ro_db,
+            ("db", "show"): world.ro_db,
+            ("db", "delete"): world.ro_db,
+            ("file", "import"): world.ro_export,
+            ("file", "import-db"): world.ro_source_26,
+        }.get((case.role, case.command), world.ro_dir / name)
     else:
         path = world.target(case.target, name)
     return case.build(world, path)
@@ -219,8 +252,11 @@ def test_checkup_on_a_text_file_is_one_line_not_a_crash_per_check(world):
     assert done.stdout == ""
 
 
-@pytest.mark.parametrize("argv", [["stats"], ["stats", "--json"], ["checkup", "--json"], ["export", "-", "--json"]],
-                         ids=lambda a: " ".join(a))
+@pytest.mark.parametrize(
+    "argv",
+    [["stats"], ["stats", "--json"], ["checkup", "--json"], ["export", "-", "--json"]],
+    ids=lambda a: " ".join(a),
+)
 def test_a_closed_output_pipe_ends_quietly(world, argv):
     # What `cpersona stats | head -1` does: the reader goes away before the writer is done.
     argv = [a if a != "-" else str(world.missing("piped.jsonl")) for a in argv]
@@ -229,8 +265,15 @@ def test_a_closed_output_pipe_ends_quietly(world, argv):
     read, write = os.pipe()
     os.close(read)  # closed before the first byte is written
     try:
-        done = subprocess.run(as_other_user([sys.executable, "-m", "cpersona", *argv]), env=env, stdout=write,
-                              stderr=subprocess.PIPE, text=True, timeout=120, stdin=subprocess.DEVNULL)
+        done = subprocess.run(
+            as_other_user([sys.executable, "-m", "cpersona", *argv]),
+            env=env,
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+            stdin=subprocess.DEVNULL,
+        )
     finally:
         os.close(write)
     assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr, done.stderr

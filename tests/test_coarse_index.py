@@ -65,8 +65,11 @@ def rows(db, sql: str, **params: Any) -> list[tuple]:
 
 def expected(db, table: str) -> set[tuple]:
     """What the coarse table must hold, derived in Python from the rows' own vectors."""
-    source = ", CAST(CASE WHEN json_valid(source) THEN json_extract(source, '$.id') END AS TEXT)" \
-        if table == "memories" else ""
+    source = (
+        ", CAST(CASE WHEN json_valid(source) THEN json_extract(source, '$.id') END AS TEXT)"
+        if table == "memories"
+        else ""
+    )
     found = set()
     for row in rows(db, f"SELECT agent_id, created_at, id, project_id, channel{source}, embedding FROM {table}"):
         blob = row[-1]
@@ -97,8 +100,9 @@ def assert_in_step(db) -> None:
 def _seed(app: App) -> dict[str, int]:
     ids = {}
     for i, content in enumerate(["alpha apples", "beta bananas", "gamma grapes"]):
-        ids[content] = store(app, agent_id="a", content=content, id=f"m{i}",
-                             source={"type": "User", "id": "u1", "name": "U"})["id"]
+        ids[content] = store(
+            app, agent_id="a", content=content, id=f"m{i}", source={"type": "User", "id": "u1", "name": "U"}
+        )["id"]
     store(app, agent_id="b", content="delta dates", channel="c1", project_id="p1")
     assert archive_episode(app, agent_id="a", summary="we ate fruit")["ok"] is True
     ids["ep"] = rows(app.db, "SELECT max(id) FROM episodes")[0][0]
@@ -148,8 +152,13 @@ def path_import_db(app, db, ids, tmp_path, server):
     try:
         upgrade(other)
         with other.write_connection() as conn:
-            conn.execute(text("INSERT INTO memories (agent_id, content, timestamp, embedding) "
-                              "VALUES ('z', 'from another file', '2026-01-01', :e)"), {"e": to_blob(unit(1.0, 2.0))})
+            conn.execute(
+                text(
+                    "INSERT INTO memories (agent_id, content, timestamp, embedding) "
+                    "VALUES ('z', 'from another file', '2026-01-01', :e)"
+                ),
+                {"e": to_blob(unit(1.0, 2.0))},
+            )
     finally:
         other.close()
     assert import_db(app, str(tmp_path / "other" / "other.db"))["ok"] is True
@@ -181,8 +190,13 @@ def path_reembed_after_model_change(app, db, ids, tmp_path, server):
 def path_raw_sql(app, db, ids, tmp_path, server):
     # Any statement, not only ours: scope columns, the stamp and the source move the coarse copy too.
     with db.write_connection() as conn:
-        conn.execute(text("UPDATE memories SET channel = 'moved', project_id = 'p9', created_at = '2020-01-01 00:00:00', "
-                          "source = '{\"id\": \"u2\"}' WHERE id = :i"), {"i": ids["gamma grapes"]})
+        conn.execute(
+            text(
+                "UPDATE memories SET channel = 'moved', project_id = 'p9', created_at = '2020-01-01 00:00:00', "
+                'source = \'{"id": "u2"}\' WHERE id = :i'
+            ),
+            {"i": ids["gamma grapes"]},
+        )
         conn.execute(text("UPDATE memories SET embedding = x'0000' WHERE id = :i"), {"i": ids["alpha apples"]})
 
 
@@ -203,17 +217,39 @@ def test_coarse_index_is_in_step_after_every_write_path(db, app, server, tmp_pat
 
 def test_the_table_of_write_paths_is_complete():
     assert set(WRITE_PATHS) == {
-        "store", "edit", "delete", "archive_episode", "delete_episode", "delete_agent_data", "merge_copy",
-        "merge_move", "import", "import_db", "backfill", "model_change", "reembed_after_model_change", "raw_sql"}
+        "store",
+        "edit",
+        "delete",
+        "archive_episode",
+        "delete_episode",
+        "delete_agent_data",
+        "merge_copy",
+        "merge_move",
+        "import",
+        "import_db",
+        "backfill",
+        "model_change",
+        "reembed_after_model_change",
+        "raw_sql",
+    }
 
 
 # -- the far list through the coarse index -------------------------------------------------------
 
 
-def far(app, scope: Scope, query: list[float], *, window: tuple[int, int], depth: int = 5, source_id: str = "",
-        kind: str = "mem") -> list[int]:
-    hits = search_backend(app).vector_candidates(kind, scope, to_blob(query), depth, threshold=-1.0,
-                                                 window=window, source_id=source_id)
+def far(
+    app,
+    scope: Scope,
+    query: list[float],
+    *,
+    window: tuple[int, int],
+    depth: int = 5,
+    source_id: str = "",
+    kind: str = "mem",
+) -> list[int]:
+    hits = search_backend(app).vector_candidates(
+        kind, scope, to_blob(query), depth, threshold=-1.0, window=window, source_id=source_id
+    )
     return [h.record.id for h in hits]
 
 
@@ -224,16 +260,53 @@ def test_isolation_is_inside_the_coarse_scan(db, app):  # spec ISO-2, ISO-3
     rng = np.random.default_rng(7)
     query = rng.normal(size=DIM)
     near = [list(query + rng.normal(0, 0.05, DIM)) for _ in range(crowd)]  # the query's sign bits, nearly all
-    add_memories(db, *({"agent_id": "b", "content": f"b {i}", "embedding": v, "created_at": stamp(i)}
-                       for i, v in enumerate(near)))
-    add_memories(db, *({"agent_id": "a", "content": f"a other project {i}", "project_id": "p2",
-                        "embedding": v, "created_at": stamp(i)} for i, v in enumerate(near)))
-    add_memories(db, *({"agent_id": "a", "content": f"a other user {i}", "source": '{"id": "u2"}',
-                        "embedding": v, "created_at": stamp(i)} for i, v in enumerate(near)))
-    mine = add_memories(db, {"agent_id": "a", "content": "mine, farther from the query", "source": '{"id": "u1"}',
-                             "embedding": list(query + rng.normal(0, 1.0, DIM)), "created_at": stamp(-5)},
-                        {"agent_id": "a", "content": "mine, newest", "source": '{"id": "u1"}',
-                         "embedding": unit(0.0, 1.0), "created_at": stamp(9999)})
+    add_memories(
+        db,
+        *({"agent_id": "b", "content": f"b {i}", "embedding": v, "created_at": stamp(i)} for i, v in enumerate(near)),
+    )
+    add_memories(
+        db,
+        *(
+            {
+                "agent_id": "a",
+                "content": f"a other project {i}",
+                "project_id": "p2",
+                "embedding": v,
+                "created_at": stamp(i),
+            }
+            for i, v in enumerate(near)
+        ),
+    )
+    add_memories(
+        db,
+        *(
+            {
+                "agent_id": "a",
+                "content": f"a other user {i}",
+                "source": '{"id": "u2"}',
+                "embedding": v,
+                "created_at": stamp(i),
+            }
+            for i, v in enumerate(near)
+        ),
+    )
+    mine = add_memories(
+        db,
+        {
+            "agent_id": "a",
+            "content": "mine, farther from the query",
+            "source": '{"id": "u1"}',
+            "embedding": list(query + rng.normal(0, 1.0, DIM)),
+            "created_at": stamp(-5),
+        },
+        {
+            "agent_id": "a",
+            "content": "mine, newest",
+            "source": '{"id": "u1"}',
+            "embedding": unit(0.0, 1.0),
+            "created_at": stamp(9999),
+        },
+    )
     q = list(query)
     scope = Scope(agent_id="a", project_id="p1")
     assert far(app, scope, q, window=(1, 10**9), source_id="u1") == [mine[0]]  # project and source axes
@@ -242,8 +315,13 @@ def test_isolation_is_inside_the_coarse_scan(db, app):  # spec ISO-2, ISO-3
 
 
 def test_old_rows_beyond_the_window_are_found_by_recall(db, server):  # spec VEC-7
-    add_memories(db, *({"content": f"filler note {i}", "embedding": unit(0.0, 1.0, float(i)),
-                        "created_at": stamp(100 + i)} for i in range(300)))
+    add_memories(
+        db,
+        *(
+            {"content": f"filler note {i}", "embedding": unit(0.0, 1.0, float(i)), "created_at": stamp(100 + i)}
+            for i in range(300)
+        ),
+    )
     old = add_memories(db, {"content": "the oldest, closest", "embedding": unit(1.0, 0.1), "created_at": stamp(0)})[0]
     query = "zz"  # no keyword term: only the vector lists can find anything
     server.vector = lambda text: unit(1.0)  # the query embeds to the old row's direction
@@ -261,8 +339,13 @@ def test_old_rows_beyond_the_window_are_found_by_recall(db, server):  # spec VEC
 
 def test_far_list_matches_the_exact_scan_when_the_window_fits_the_candidates(db, app):  # spec VEC-5, VEC-7
     rng = np.random.default_rng(3)
-    add_memories(db, *({"content": f"r{i}", "embedding": list(rng.normal(size=DIM)), "created_at": stamp(i % 40)}
-                       for i in range(300)))
+    add_memories(
+        db,
+        *(
+            {"content": f"r{i}", "embedding": list(rng.normal(size=DIM)), "created_at": stamp(i % 40)}
+            for i in range(300)
+        ),
+    )
     backend = search_backend(app)
     for seed in range(5):
         q = to_blob(list(np.random.default_rng(100 + seed).normal(size=DIM)))
@@ -280,11 +363,17 @@ def test_migration_backfills_vectors_stored_before_it(db_path):
         with db.write_connection() as conn:
             command.downgrade(alembic_config(conn), "0006_word_index")
         assert not rows(db, "SELECT name FROM sqlite_master WHERE name LIKE '%coarse%'")
-        add_memories(db, {"content": "before", "embedding": unit(1.0), "source": json.dumps({"id": "u"})},
-                     {"content": "unembedded"}, {"content": "odd width", "embedding": [1.0, 2.0, 3.0]})
+        add_memories(
+            db,
+            {"content": "before", "embedding": unit(1.0), "source": json.dumps({"id": "u"})},
+            {"content": "unembedded"},
+            {"content": "odd width", "embedding": [1.0, 2.0, 3.0]},
+        )
         with db.write_connection() as conn:
-            conn.execute(text("INSERT INTO episodes (agent_id, summary, embedding) VALUES ('a', 'ep', :e)"),
-                         {"e": to_blob(unit(0.0, 1.0))})
+            conn.execute(
+                text("INSERT INTO episodes (agent_id, summary, embedding) VALUES ('a', 'ep', :e)"),
+                {"e": to_blob(unit(0.0, 1.0))},
+            )
         upgrade(db)  # the real migration, 0006 -> head
         assert len(actual(db, "memories")) == 1 and len(actual(db, "episodes")) == 1
         assert_in_step(db)
@@ -293,8 +382,9 @@ def test_migration_backfills_vectors_stored_before_it(db_path):
 
 
 def test_a_query_of_an_unquantisable_width_falls_back_to_the_exact_far_scan(db, app):  # spec VEC-3
-    add_memories(db, *({"content": f"w{i}", "embedding": [1.0, float(i), 0.5], "created_at": stamp(i)}
-                       for i in range(5)))
+    add_memories(
+        db, *({"content": f"w{i}", "embedding": [1.0, float(i), 0.5], "created_at": stamp(i)} for i in range(5))
+    )
     assert rows(db, "SELECT count(*) FROM memories_coarse") == [(0,)]
     assert len(far(app, Scope(agent_id="a"), [1.0, 0.0, 0.0], window=(1, 100))) == 4
 
@@ -317,8 +407,10 @@ def outside_writes(conn, ids: dict[str, int]) -> None:
     """Every kind of write an outside program may make to memories and episodes."""
     blob = to_blob(unit(1.0, -1.0, 0.5))
     conn.execute("INSERT INTO memories (agent_id, content, timestamp) VALUES ('a', 'plain, no vector', '2026-01-01')")
-    conn.execute("INSERT INTO memories (agent_id, content, timestamp, embedding) VALUES ('a', 'plain, vector', "
-                 "'2026-01-01', ?)", (blob,))
+    conn.execute(
+        "INSERT INTO memories (agent_id, content, timestamp, embedding) VALUES ('a', 'plain, vector', '2026-01-01', ?)",
+        (blob,),
+    )
     conn.execute("UPDATE memories SET content = 'alpha, edited outside' WHERE id = ?", (ids["alpha apples"],))
     conn.execute("UPDATE memories SET embedding = ?, agent_id = 'moved' WHERE id = ?", (blob, ids["gamma grapes"]))
     conn.execute("DELETE FROM memories WHERE id = ?", (ids["beta bananas"],))
@@ -345,9 +437,11 @@ def test_the_sqlite3_shell_writes_a_migrated_file(db, app):
     if shell is None:
         pytest.skip("no sqlite3 shell on this machine")
     _seed(app)
-    script = ("INSERT INTO memories (agent_id, content, timestamp, embedding) VALUES ('a', 'from the shell', "
-              "'2026-01-01', zeroblob(32));\nUPDATE memories SET channel = 'x';\nDELETE FROM memories "
-              "WHERE content = 'delta dates';\nINSERT INTO episodes (agent_id, summary) VALUES ('a', 'shell');\n")
+    script = (
+        "INSERT INTO memories (agent_id, content, timestamp, embedding) VALUES ('a', 'from the shell', "
+        "'2026-01-01', zeroblob(32));\nUPDATE memories SET channel = 'x';\nDELETE FROM memories "
+        "WHERE content = 'delta dates';\nINSERT INTO episodes (agent_id, summary) VALUES ('a', 'shell');\n"
+    )
     done = subprocess.run([shell, str(db.path)], input=script, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and not done.stderr, done.stderr
     assert rows(db, "SELECT count(*) FROM memories WHERE content = 'from the shell'") == [(1,)]
@@ -445,9 +539,12 @@ def test_the_coarse_index_health_check_reports_and_fixes_drift(db, server):
             conn.close()
         report = [i for i in check_health(app, checks=["coarse_index"])["issues"] if i["check"] == "coarse_index"]
         assert {(i["type"], i["table"], i["stale_rows"], i["missing_rows"]) for i in report} == {
-            ("coarse_index_drift", "memories", 2, 2), ("coarse_index_drift", "episodes", 1, 1)}
-        fixed = [i for i in check_health(app, checks=["coarse_index"], fix=True)["issues"]
-                 if i["check"] == "coarse_index"]
+            ("coarse_index_drift", "memories", 2, 2),
+            ("coarse_index_drift", "episodes", 1, 1),
+        }
+        fixed = [
+            i for i in check_health(app, checks=["coarse_index"], fix=True)["issues"] if i["check"] == "coarse_index"
+        ]
         assert fixed and all(i["fixed"] for i in fixed)
         assert_in_step(db)
         assert [i for i in check_health(app, checks=["coarse_index"])["issues"] if i["check"] == "coarse_index"] == []
@@ -460,13 +557,22 @@ def test_isolation_holds_against_a_stale_coarse_copy(db, app):  # spec ISO-2, IS
     # keeps a row that is gone: the re-rank tests the real row, so none of them is answered.
     q = unit(1.0, 0.2)
     theirs = add_memories(db, {"agent_id": "b", "content": "b's", "embedding": q, "created_at": stamp(1)})[0]
-    other_user = add_memories(db, {"content": "u2's", "embedding": q, "source": '{"id": "u2"}',
-                                   "created_at": stamp(2)})[0]
+    other_user = add_memories(
+        db, {"content": "u2's", "embedding": q, "source": '{"id": "u2"}', "created_at": stamp(2)}
+    )[0]
     gone = add_memories(db, {"content": "gone", "embedding": q, "source": '{"id": "u1"}', "created_at": stamp(3)})[0]
-    mine = add_memories(db, {"content": "mine", "embedding": unit(1.0, 0.9), "source": '{"id": "u1"}',
-                             "created_at": stamp(0)})[0]
-    add_memories(db, {"content": "newest, the exact window", "embedding": unit(0.0, 1.0), "source": '{"id": "u1"}',
-                      "created_at": stamp(9)})
+    mine = add_memories(
+        db, {"content": "mine", "embedding": unit(1.0, 0.9), "source": '{"id": "u1"}', "created_at": stamp(0)}
+    )[0]
+    add_memories(
+        db,
+        {
+            "content": "newest, the exact window",
+            "embedding": unit(0.0, 1.0),
+            "source": '{"id": "u1"}',
+            "created_at": stamp(9),
+        },
+    )
     with db.write_connection() as conn:
         conn.execute(text("UPDATE memories_coarse SET agent_id = 'a', source_key = 'u1' WHERE id = :i"), {"i": theirs})
         conn.execute(text("UPDATE memories_coarse SET source_key = 'u1' WHERE id = :i"), {"i": other_user})

@@ -102,9 +102,11 @@ def test_long_spans_slow_the_decay():  # spec §5.9.3 rate scaling
     short = TimeSpan(NOW - timedelta(hours=100), NOW)  # range ≤ 168 h: nominal rate
     long = TimeSpan(NOW - timedelta(hours=1680), NOW)  # 10 × 168 h: a tenth of the rate
     assert row_confidence(DEFAULTS, now=NOW, span=short, cosine=None, stamp=stamp).score == round(
-        math.sqrt(1 / (1 + 100 * 0.005)), 4)
+        math.sqrt(1 / (1 + 100 * 0.005)), 4
+    )
     assert row_confidence(DEFAULTS, now=NOW, span=long, cosine=None, stamp=stamp).score == round(
-        math.sqrt(1 / (1 + 100 * 0.0005)), 4)
+        math.sqrt(1 / (1 + 100 * 0.0005)), 4
+    )
 
 
 def test_recalls_raise_the_floor_and_the_boost_fades():  # spec §5.9.3 boost / floor
@@ -118,8 +120,9 @@ def test_recalls_raise_the_floor_and_the_boost_fades():  # spec §5.9.3 boost / 
     # the ceiling: a huge count lifts the floor to 0.5, no further
     assert row_confidence(DEFAULTS, **base, recall_count=10**9).score == round(math.sqrt(0.5), 4)
     # 500 h after the last recall the boost is halved: 1/(1 + 500 × 0.002)
-    faded = row_confidence(DEFAULTS, **base, recall_count=n,
-                           last_recalled_at=(NOW - timedelta(hours=500)).strftime("%Y-%m-%d %H:%M:%S"))
+    faded = row_confidence(
+        DEFAULTS, **base, recall_count=n, last_recalled_at=(NOW - timedelta(hours=500)).strftime("%Y-%m-%d %H:%M:%S")
+    )
     assert faded.score == round(math.sqrt(0.3 + math.log1p(n) * 0.02 / 2), 4)
 
 
@@ -135,15 +138,15 @@ def test_recent_recall_and_resolved_factors_and_deep():  # spec §5.9.3, RC-10
     # deep: no completion factor and no time decay, but the payload still says resolved
     old = {**fresh, "stamp": iso(NOW - timedelta(hours=5000))}
     deep = row_confidence(DEFAULTS, **old, resolved=True, deep=True)
-    assert deep.score == 1.0 and deep.payload == {"age_hours": 5000.0, "resolved": True, "cosine": 0.75,
-                                                  "score": 1.0}
+    assert deep.score == 1.0 and deep.payload == {"age_hours": 5000.0, "resolved": True, "cosine": 0.75, "score": 1.0}
 
 
 # -- span and stored vectors (spec §5.9.2, §5.9.4) -----------------------------------------
 
 
-def add_memory(db, content: str, *, agent: str = "a", timestamp: str = "", embedding: Any = "auto",
-               **extra: Any) -> int:
+def add_memory(
+    db, content: str, *, agent: str = "a", timestamp: str = "", embedding: Any = "auto", **extra: Any
+) -> int:
     """A memory row; ``embedding="auto"`` stores the test embedder's vector of ``content``."""
     if embedding == "auto":
         embedding = embed_text(content)
@@ -177,15 +180,19 @@ def test_stored_cosines_only_for_usable_vectors(db):  # spec §5.9.4
     nan = add_memory(db, "xylophone 2", embedding=np.full(64, np.nan, dtype="<f4").tobytes())  # never finite
     bare = add_memory(db, "xylophone 3", embedding=None)
     with db.write() as session:
-        ep = session.execute(insert(Episode).values(
-            agent_id="a", summary="xylophone night", embedding=to_blob(embed_text("xylophone night")))
+        ep = session.execute(
+            insert(Episode).values(
+                agent_id="a", summary="xylophone night", embedding=to_blob(embed_text("xylophone night"))
+            )
         ).inserted_primary_key[0]
     keys = [("mem", good), ("mem", narrow), ("mem", nan), ("mem", bare), ("ep", ep), ("profile", -1)]
     with db.read() as session:
         found = stored_cosines(session, query, keys)
         assert stored_cosines(session, None, keys) == {}  # no query vector, nothing to compare
-    assert found == {("mem", good): pytest.approx(cosine("xylophone", "xylophone practice"), abs=1e-6),
-                     ("ep", ep): pytest.approx(cosine("xylophone", "xylophone night"), abs=1e-6)}
+    assert found == {
+        ("mem", good): pytest.approx(cosine("xylophone", "xylophone practice"), abs=1e-6),
+        ("ep", ep): pytest.approx(cosine("xylophone", "xylophone night"), abs=1e-6),
+    }
 
 
 # -- the gate and autocut on confidence (GATE-5, §5.12) -----------------------------------
@@ -201,10 +208,12 @@ def test_gate_judges_confidence_before_any_other_score():  # spec GATE-5
     high = Candidate(("mem", 2), record(2), cosine=0.1, rrf=0.001, confidence=0.41)
     assert apply_gate([low, high], pool=7, query_blank=False, deep=False, rrf_k=60) == [high]
     # a calibrated gate is used only when it was measured on confidence
-    assert apply_gate([low, high], pool=7, query_blank=False, deep=False, rrf_k=60,
-                      calibrated=CalibratedGate(0.35, "confidence")) == [low, high]
-    assert apply_gate([low, high], pool=7, query_blank=False, deep=False, rrf_k=60,
-                      calibrated=CalibratedGate(0.05, "cosine")) == [high]
+    assert apply_gate(
+        [low, high], pool=7, query_blank=False, deep=False, rrf_k=60, calibrated=CalibratedGate(0.35, "confidence")
+    ) == [low, high]
+    assert apply_gate(
+        [low, high], pool=7, query_blank=False, deep=False, rrf_k=60, calibrated=CalibratedGate(0.05, "cosine")
+    ) == [high]
 
 
 def test_gate_takes_legacy_confidence_as_computed_after_the_penalty():  # spec GATE-5, §5.9 order
@@ -214,8 +223,10 @@ def test_gate_takes_legacy_confidence_as_computed_after_the_penalty():  # spec G
 
 
 def test_autocut_keys_on_confidence_even_on_fused_rows():  # spec §5.12 step 3
-    rows = [Candidate(("mem", i), record(i), rrf=0.03 - i * 0.001, confidence=c)
-            for i, c in enumerate([0.9, 0.85, 0.4, 0.38])]
+    rows = [
+        Candidate(("mem", i), record(i), rrf=0.03 - i * 0.001, confidence=c)
+        for i, c in enumerate([0.9, 0.85, 0.4, 0.38])
+    ]
     assert autocut(rows, min_results=3, min_gap_ratio=0.15) == rows[:2]
     for row in rows:
         row.confidence = None
@@ -250,10 +261,14 @@ def test_prior_reorders_fused_rows_by_age_and_keeps_every_row():  # spec §5.9.6
 
 
 def vec_app(db, server, **env: str) -> App:
-    environ = {**db_settings_env(db), "CPERSONA_EMBEDDING_MODE": "http",
-               "CPERSONA_EMBEDDING_URL": server.url, "CPERSONA_CONFIDENCE_ENABLED": "true",
-               "CPERSONA_EPISODE_PENALTY_ENABLED": "false",
-               **{f"CPERSONA_{k}": v for k, v in env.items()}}
+    environ = {
+        **db_settings_env(db),
+        "CPERSONA_EMBEDDING_MODE": "http",
+        "CPERSONA_EMBEDDING_URL": server.url,
+        "CPERSONA_CONFIDENCE_ENABLED": "true",
+        "CPERSONA_EPISODE_PENALTY_ENABLED": "false",
+        **{f"CPERSONA_{k}": v for k, v in env.items()},
+    }
     settings = load_settings(environ)
     app = App(db=db, settings=settings, embedder=build_embedder(settings))
     app.clock = lambda: NOW
@@ -358,8 +373,10 @@ def test_legacy_orders_every_row_by_confidence_profile_included(db, apps):  # sp
     legacy = recall(apps(CONFIDENCE_ORDERING="legacy"), agent_id="a", query="xylophone")
     scores = [m["confidence"]["score"] for m in legacy["messages"]]
     assert scores == sorted(scores)  # worst → best by confidence (RC-1)
-    assert all(m["match_reason"] == {**m["match_reason"], "signal": "confidence",
-                                     "score": m["confidence"]["score"]} for m in legacy["messages"])
+    assert all(
+        m["match_reason"] == {**m["match_reason"], "signal": "confidence", "score": m["confidence"]["score"]}
+        for m in legacy["messages"]
+    )
     rows = by_ref(legacy)
     assert rows["profile"]["match_reason"] == {"signal": "confidence", "score": rows["profile"]["confidence"]["score"]}
     assert rows["profile"]["confidence"]["age_unknown"] is True
@@ -392,16 +409,29 @@ def test_counters_skip_deep_and_paused_recalls_and_count_in_fusion(db, apps):  #
 
     answer = recall(app, agent_id="a", query="xylophone")
     assert counters(db) == {strong: (1, NOW.strftime("%Y-%m-%d %H:%M:%S")), other: (0, None)}
-    fresh = row_confidence(DEFAULTS, now=NOW, span=TimeSpan(NOW, NOW), stamp=iso(NOW),
-                           cosine=answer["messages"][0]["match_reason"]["cosine"])
+    fresh = row_confidence(
+        DEFAULTS,
+        now=NOW,
+        span=TimeSpan(NOW, NOW),
+        stamp=iso(NOW),
+        cosine=answer["messages"][0]["match_reason"]["cosine"],
+    )
     # the confidence shown was computed before this recall's own bump
     assert answer["messages"][0]["confidence"]["score"] == fresh.score
     app.clock = lambda: NOW + timedelta(minutes=1)
     again = recall(app, agent_id="a", query="xylophone")
-    assert again["messages"][0]["confidence"]["score"] == row_confidence(
-        DEFAULTS, now=NOW + timedelta(minutes=1), span=TimeSpan(NOW, NOW), stamp=iso(NOW),
-        cosine=answer["messages"][0]["match_reason"]["cosine"], recall_count=1,
-        last_recalled_at=NOW.strftime("%Y-%m-%d %H:%M:%S")).score
+    assert (
+        again["messages"][0]["confidence"]["score"]
+        == row_confidence(
+            DEFAULTS,
+            now=NOW + timedelta(minutes=1),
+            span=TimeSpan(NOW, NOW),
+            stamp=iso(NOW),
+            cosine=answer["messages"][0]["match_reason"]["cosine"],
+            recall_count=1,
+            last_recalled_at=NOW.strftime("%Y-%m-%d %H:%M:%S"),
+        ).score
+    )
     assert again["messages"][0]["confidence"]["score"] < fresh.score
 
 
@@ -446,17 +476,31 @@ def test_gate_calibration_under_legacy_measures_confidence(db, apps):  # spec GA
 
 
 def test_legacy_confidence_orders_rrf_and_rsf_alike(db, apps):  # spec §5.9.3: "rrf and rsf return the same order"
-    for i, text in enumerate(["xylophone lessons on tuesday", "xylophone practice", MIDDLING, LEXICAL_ONLY,
-                              "the xylophone is in the hall cupboard", "tuesday dinner plans"]):
+    for i, text in enumerate(
+        [
+            "xylophone lessons on tuesday",
+            "xylophone practice",
+            MIDDLING,
+            LEXICAL_ONLY,
+            "the xylophone is in the hall cupboard",
+            "tuesday dinner plans",
+        ]
+    ):
         add_memory(db, text, timestamp=f"2026-11-{20 + i:02d}T00:00:00+00:00")
     answers = {}
     for mode in ("rrf", "rsf"):
         # deep: no counters bumped, so the second recall sees what the first saw (RC-10)
-        response = recall(apps(CONFIDENCE_ORDERING="legacy", RECALL_MODE=mode), agent_id="a",
-                          query="xylophone tuesday", deep=True)
+        response = recall(
+            apps(CONFIDENCE_ORDERING="legacy", RECALL_MODE=mode), agent_id="a", query="xylophone tuesday", deep=True
+        )
         answers[mode] = [m["ref"] for m in response["messages"]]
     assert len(answers["rrf"]) >= 3
     assert answers["rrf"] == answers["rsf"]
-    fused = {mode: [m["ref"] for m in recall(apps(RECALL_MODE=mode), agent_id="a", query="xylophone tuesday",
-                                              deep=True)["messages"]] for mode in ("rrf", "rsf")}
+    fused = {
+        mode: [
+            m["ref"]
+            for m in recall(apps(RECALL_MODE=mode), agent_id="a", query="xylophone tuesday", deep=True)["messages"]
+        ]
+        for mode in ("rrf", "rsf")
+    }
     assert fused["rrf"] != answers["rrf"] or fused["rsf"] != answers["rsf"]  # confidence did reorder something

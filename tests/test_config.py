@@ -73,13 +73,15 @@ def test_derived_defaults() -> None:
 
 
 def test_derived_defaults_follow_their_inputs() -> None:
-    s = load_settings({
-        "CPERSONA_RECONSTRUCT_MAX_COUNT": "4",
-        "CPERSONA_RECONSTRUCT_QUOTE_CHARS": "300",
-        "CPERSONA_RECALL_PREVIEW_CHARS": "25000",
-        "CPERSONA_BLOCK_BUILD_ENABLED": "false",
-        "CPERSONA_RECALL_PRECISION": "strict",
-    })
+    s = load_settings(
+        {
+            "CPERSONA_RECONSTRUCT_MAX_COUNT": "4",
+            "CPERSONA_RECONSTRUCT_QUOTE_CHARS": "300",
+            "CPERSONA_RECALL_PREVIEW_CHARS": "25000",
+            "CPERSONA_BLOCK_BUILD_ENABLED": "false",
+            "CPERSONA_RECALL_PRECISION": "strict",
+        }
+    )
     assert s.reconstruct_default_count == 4
     assert s.reconstruct_tail_quote_chars == 300
     assert s.reconstruct_max_budget == 25000
@@ -148,8 +150,9 @@ def test_prefixed_name_wins_over_alias(field: str, prefixed: str, alias: str, on
 
 
 @pytest.mark.parametrize(("field", "prefixed", "alias", "one", "other"), ALIASES)
-def test_empty_prefixed_value_falls_through_to_alias(field: str, prefixed: str, alias: str, one: str,
-                                                     other: str) -> None:
+def test_empty_prefixed_value_falls_through_to_alias(
+    field: str, prefixed: str, alias: str, one: str, other: str
+) -> None:
     assert _value(load_settings({prefixed: "", alias: other}), field) == other
     assert _value(load_settings({prefixed: "  ", alias: other}), field) == other
 
@@ -179,9 +182,20 @@ def test_secrets_do_not_leak_into_repr() -> None:
 # --- booleans (spec CFG-3) --------------------------------------------------
 
 BOOLS = [
-    ("true", True), ("TRUE", True), (" True ", True), ("1", True), ("yes", True), ("YES", True),
-    ("on", True), ("On", True),
-    ("false", False), ("False", False), ("0", False), ("no", False), ("NO", False), ("off", False),
+    ("true", True),
+    ("TRUE", True),
+    (" True ", True),
+    ("1", True),
+    ("yes", True),
+    ("YES", True),
+    ("on", True),
+    ("On", True),
+    ("false", False),
+    ("False", False),
+    ("0", False),
+    ("no", False),
+    ("NO", False),
+    ("off", False),
     (" off\n", False),
 ]
 
@@ -229,20 +243,28 @@ def test_allow_unauthenticated_http_other_true_spellings_are_refused(raw: str) -
 
 
 def test_enums_are_trimmed_and_lower_cased() -> None:
-    s = load_settings({"CPERSONA_RECALL_MODE": " RSF ", "CPERSONA_TRANSPORT": "Streamable-HTTP",
-                       "CPERSONA_HTTP_BODY_LIMIT_MODE": "Reject"})
+    s = load_settings(
+        {
+            "CPERSONA_RECALL_MODE": " RSF ",
+            "CPERSONA_TRANSPORT": "Streamable-HTTP",
+            "CPERSONA_HTTP_BODY_LIMIT_MODE": "Reject",
+        }
+    )
     assert (s.recall_mode, s.transport, s.http_body_limit_mode) == ("rsf", "streamable-http", "reject")
 
 
-@pytest.mark.parametrize(("var", "raw", "allowed"), [
-    ("CPERSONA_RECALL_MODE", "fast", "rrf, rsf, cascade"),
-    ("CPERSONA_EMBEDDING_MODE", "onnx", "none, http, api, local"),
-    ("CPERSONA_TRANSPORT", "http", "stdio, streamable-http"),
-    ("CPERSONA_HTTP_BODY_LIMIT_MODE", "block", "warn, reject, off"),
-    ("CPERSONA_CONFIDENCE_ORDERING", "score", "fusion, legacy"),
-    ("CPERSONA_RECALL_PRECISION", "high", "strict, balanced, lenient"),
-    ("CPERSONA_VECTOR_SEARCH_MODE", "cloud", "local, remote"),
-])
+@pytest.mark.parametrize(
+    ("var", "raw", "allowed"),
+    [
+        ("CPERSONA_RECALL_MODE", "fast", "rrf, rsf, cascade"),
+        ("CPERSONA_EMBEDDING_MODE", "onnx", "none, http, api, local"),
+        ("CPERSONA_TRANSPORT", "http", "stdio, streamable-http"),
+        ("CPERSONA_HTTP_BODY_LIMIT_MODE", "block", "warn, reject, off"),
+        ("CPERSONA_CONFIDENCE_ORDERING", "score", "fusion, legacy"),
+        ("CPERSONA_RECALL_PRECISION", "high", "strict, balanced, lenient"),
+        ("CPERSONA_VECTOR_SEARCH_MODE", "cloud", "local, remote"),
+    ],
+)
 def test_unknown_enum_value_names_variable_and_choices(var: str, raw: str, allowed: str) -> None:
     assert bad({var: raw}) == f"{var}={raw!r} is not valid: expected one of {allowed}"
 
@@ -262,15 +284,20 @@ def test_set_but_empty_transport_stops_startup(raw: str) -> None:
 
 
 def test_numbers_are_parsed() -> None:
-    s = load_settings({"CPERSONA_RRF_K": " 42 ", "CPERSONA_VECTOR_MIN_SIMILARITY": "0.45",
-                       "CPERSONA_HTTP_PORT": "9000", "CPERSONA_DECAY_RATE": "1e-3"})
+    s = load_settings(
+        {
+            "CPERSONA_RRF_K": " 42 ",
+            "CPERSONA_VECTOR_MIN_SIMILARITY": "0.45",
+            "CPERSONA_HTTP_PORT": "9000",
+            "CPERSONA_DECAY_RATE": "1e-3",
+        }
+    )
     assert (s.rrf_k, s.vector_min_similarity, s.http_port, s.decay_rate) == (42, 0.45, 9000, 0.001)
 
 
 @pytest.mark.parametrize("raw", ["abc", "80.5", "8o", "0x50", "65536", "0", "-1"])
 def test_bad_port_stops_startup(raw: str) -> None:
-    assert bad({"CPERSONA_HTTP_PORT": raw}) == \
-        f"CPERSONA_HTTP_PORT={raw!r} is not valid: expected an integer 1..65535"
+    assert bad({"CPERSONA_HTTP_PORT": raw}) == f"CPERSONA_HTTP_PORT={raw!r} is not valid: expected an integer 1..65535"
 
 
 @pytest.mark.parametrize("raw", ["sixty", "6.5", "1,000"])
@@ -291,35 +318,41 @@ def test_empty_number_means_default() -> None:
 # --- clamps and range errors (spec §8 tables) -------------------------------
 
 
-@pytest.mark.parametrize(("var", "raw", "field", "expected"), [
-    ("CPERSONA_MAX_MEMORIES", "0", "max_memories", 10000),  # < 1 → default, not 1
-    ("CPERSONA_MAX_MEMORIES", "-5", "max_memories", 10000),
-    ("CPERSONA_MAX_MEMORIES", "1", "max_memories", 1),
-    ("CPERSONA_RRF_K", "0", "rrf_k", 1),  # ≥ 1
-    ("CPERSONA_RRF_K", "-20", "rrf_k", 1),
-    ("CPERSONA_AUTOCUT_MIN_RESULTS", "1", "autocut_min_results", 2),  # min 2
-    ("CPERSONA_AUTOCUT_MIN_RESULTS", "2", "autocut_min_results", 2),
-    ("CPERSONA_AUTOCUT_MIN_RESULTS", "7", "autocut_min_results", 7),
-    ("CPERSONA_PROXY_MAX_INFLIGHT", "0", "proxy_max_inflight", 1),  # < 1 → 1
-    ("CPERSONA_EMBEDDING_CACHE_SIZE", "-1", "embedding_cache_size", 0),
-    ("CPERSONA_NEAR_DUPLICATE_ROW_CAP", "1", "near_duplicate_row_cap", 2),
-    ("CPERSONA_CALIBRATE_MAX_SAMPLE", "0", "calibrate_max_sample", 1),
-    ("CPERSONA_VECTOR_REACH", "-3", "vector_reach", 0),
-    ("CPERSONA_PRIOR_FAR_WEIGHT", "1.5", "prior_far_weight", 1.0),  # [0, 1]
-    ("CPERSONA_PRIOR_FAR_WEIGHT", "-0.2", "prior_far_weight", 0.0),
-    ("CPERSONA_PRIOR_AGE_FLOOR", "0.4", "prior_age_floor", 0.4),
-    ("CPERSONA_RECONSTRUCT_MAX_COUNT", "0", "reconstruct_max_count", 1),
-])
+@pytest.mark.parametrize(
+    ("var", "raw", "field", "expected"),
+    [
+        ("CPERSONA_MAX_MEMORIES", "0", "max_memories", 10000),  # < 1 → default, not 1
+        ("CPERSONA_MAX_MEMORIES", "-5", "max_memories", 10000),
+        ("CPERSONA_MAX_MEMORIES", "1", "max_memories", 1),
+        ("CPERSONA_RRF_K", "0", "rrf_k", 1),  # ≥ 1
+        ("CPERSONA_RRF_K", "-20", "rrf_k", 1),
+        ("CPERSONA_AUTOCUT_MIN_RESULTS", "1", "autocut_min_results", 2),  # min 2
+        ("CPERSONA_AUTOCUT_MIN_RESULTS", "2", "autocut_min_results", 2),
+        ("CPERSONA_AUTOCUT_MIN_RESULTS", "7", "autocut_min_results", 7),
+        ("CPERSONA_PROXY_MAX_INFLIGHT", "0", "proxy_max_inflight", 1),  # < 1 → 1
+        ("CPERSONA_EMBEDDING_CACHE_SIZE", "-1", "embedding_cache_size", 0),
+        ("CPERSONA_NEAR_DUPLICATE_ROW_CAP", "1", "near_duplicate_row_cap", 2),
+        ("CPERSONA_CALIBRATE_MAX_SAMPLE", "0", "calibrate_max_sample", 1),
+        ("CPERSONA_VECTOR_REACH", "-3", "vector_reach", 0),
+        ("CPERSONA_PRIOR_FAR_WEIGHT", "1.5", "prior_far_weight", 1.0),  # [0, 1]
+        ("CPERSONA_PRIOR_FAR_WEIGHT", "-0.2", "prior_far_weight", 0.0),
+        ("CPERSONA_PRIOR_AGE_FLOOR", "0.4", "prior_age_floor", 0.4),
+        ("CPERSONA_RECONSTRUCT_MAX_COUNT", "0", "reconstruct_max_count", 1),
+    ],
+)
 def test_clamps(var: str, raw: str, field: str, expected: float) -> None:
     assert getattr(load_settings({var: raw}), field) == expected
 
 
-@pytest.mark.parametrize(("var", "raw", "expected"), [
-    ("CPERSONA_MAX_CONTENT_LENGTH", "0", "an integer >= 1"),  # §8.1: no "unlimited"
-    ("CPERSONA_MAX_CONTENT_LENGTH", "-1", "an integer >= 1"),
-    ("CPERSONA_MAX_PROFILE_LENGTH", "0", "an integer >= 1"),
-    ("CPERSONA_HTTP_MAX_BODY_BYTES", "0", "an integer >= 1"),
-])
+@pytest.mark.parametrize(
+    ("var", "raw", "expected"),
+    [
+        ("CPERSONA_MAX_CONTENT_LENGTH", "0", "an integer >= 1"),  # §8.1: no "unlimited"
+        ("CPERSONA_MAX_CONTENT_LENGTH", "-1", "an integer >= 1"),
+        ("CPERSONA_MAX_PROFILE_LENGTH", "0", "an integer >= 1"),
+        ("CPERSONA_HTTP_MAX_BODY_BYTES", "0", "an integer >= 1"),
+    ],
+)
 def test_startup_errors_for_values_below_their_minimum(var: str, raw: str, expected: str) -> None:
     assert bad({var: raw}) == f"{var}={raw!r} is not valid: expected {expected}"
 
@@ -348,26 +381,39 @@ def test_calibrate_percentile_out_of_range_stops_startup(raw: str) -> None:
 # --- combinations that are start-up errors (spec §8.3, §8.4, T-7 step 1) ----
 
 
-@pytest.mark.parametrize(("env", "var"), [
-    ({"CPERSONA_RECONSTRUCT_DEFAULT_COUNT": "11"}, "CPERSONA_RECONSTRUCT_DEFAULT_COUNT"),
-    ({"CPERSONA_RECONSTRUCT_MAX_COUNT": "3", "CPERSONA_RECONSTRUCT_FORCED_COUNT": "4"},
-     "CPERSONA_RECONSTRUCT_FORCED_COUNT"),
-    ({"CPERSONA_RECONSTRUCT_TAIL_QUOTE_CHARS": "0"}, "CPERSONA_RECONSTRUCT_TAIL_QUOTE_CHARS"),
-    ({"CPERSONA_RECONSTRUCT_TAIL_QUOTE_CHARS": "801"}, "CPERSONA_RECONSTRUCT_TAIL_QUOTE_CHARS"),
-    ({"CPERSONA_RECONSTRUCT_MAX_BUDGET": "499"}, "CPERSONA_RECONSTRUCT_MAX_BUDGET"),
-    ({"CPERSONA_RECONSTRUCT_DEFAULT_BUDGET": "20001"}, "CPERSONA_RECONSTRUCT_DEFAULT_BUDGET"),
-    ({"CPERSONA_RECONSTRUCT_DEFAULT_BUDGET": "499"}, "CPERSONA_RECONSTRUCT_DEFAULT_BUDGET"),
-    ({"CPERSONA_RECONSTRUCT_FORCED_BUDGET": "100"}, "CPERSONA_RECONSTRUCT_FORCED_BUDGET"),
-    ({"CPERSONA_BLOCK_BUILD_ENABLED": "false", "CPERSONA_BLOCK_RETRIEVAL_ENABLED": "true"},
-     "CPERSONA_BLOCK_RETRIEVAL_ENABLED"),
-])
+@pytest.mark.parametrize(
+    ("env", "var"),
+    [
+        ({"CPERSONA_RECONSTRUCT_DEFAULT_COUNT": "11"}, "CPERSONA_RECONSTRUCT_DEFAULT_COUNT"),
+        (
+            {"CPERSONA_RECONSTRUCT_MAX_COUNT": "3", "CPERSONA_RECONSTRUCT_FORCED_COUNT": "4"},
+            "CPERSONA_RECONSTRUCT_FORCED_COUNT",
+        ),
+        ({"CPERSONA_RECONSTRUCT_TAIL_QUOTE_CHARS": "0"}, "CPERSONA_RECONSTRUCT_TAIL_QUOTE_CHARS"),
+        ({"CPERSONA_RECONSTRUCT_TAIL_QUOTE_CHARS": "801"}, "CPERSONA_RECONSTRUCT_TAIL_QUOTE_CHARS"),
+        ({"CPERSONA_RECONSTRUCT_MAX_BUDGET": "499"}, "CPERSONA_RECONSTRUCT_MAX_BUDGET"),
+        ({"CPERSONA_RECONSTRUCT_DEFAULT_BUDGET": "20001"}, "CPERSONA_RECONSTRUCT_DEFAULT_BUDGET"),
+        ({"CPERSONA_RECONSTRUCT_DEFAULT_BUDGET": "499"}, "CPERSONA_RECONSTRUCT_DEFAULT_BUDGET"),
+        ({"CPERSONA_RECONSTRUCT_FORCED_BUDGET": "100"}, "CPERSONA_RECONSTRUCT_FORCED_BUDGET"),
+        (
+            {"CPERSONA_BLOCK_BUILD_ENABLED": "false", "CPERSONA_BLOCK_RETRIEVAL_ENABLED": "true"},
+            "CPERSONA_BLOCK_RETRIEVAL_ENABLED",
+        ),
+    ],
+)
 def test_invalid_combinations_stop_startup(env: dict[str, str], var: str) -> None:
     assert bad(env).startswith(f"{var}=")
 
 
 def test_valid_reconstruct_overrides_are_kept() -> None:
-    s = load_settings({"CPERSONA_RECONSTRUCT_FORCED_COUNT": "10", "CPERSONA_RECONSTRUCT_FORCED_BUDGET": "900",
-                       "CPERSONA_RECONSTRUCT_QUOTE_CHARS": "0", "CPERSONA_RECONSTRUCT_TAIL_QUOTE_CHARS": "0"})
+    s = load_settings(
+        {
+            "CPERSONA_RECONSTRUCT_FORCED_COUNT": "10",
+            "CPERSONA_RECONSTRUCT_FORCED_BUDGET": "900",
+            "CPERSONA_RECONSTRUCT_QUOTE_CHARS": "0",
+            "CPERSONA_RECONSTRUCT_TAIL_QUOTE_CHARS": "0",
+        }
+    )
     assert (s.reconstruct_forced_count, s.reconstruct_forced_budget) == (10, 900)
     assert s.reconstruct_tail_quote_chars == 0  # quotes off: the tail size no longer matters
     # With previews off the budget floor is 1, so a tiny forced budget is allowed.
@@ -379,11 +425,13 @@ def test_valid_reconstruct_overrides_are_kept() -> None:
 
 
 def test_oauth_lists_split_on_spaces_and_commas() -> None:
-    s = load_settings({
-        "CPERSONA_OAUTH_RESOURCE": " https://memory.example.com/mcp ",
-        "CPERSONA_OAUTH_AUTHORIZATION_SERVERS": "https://auth.example.com, https://login.example.org\n",
-        "CPERSONA_OAUTH_SCOPES": "memory.read,memory.write",
-    })
+    s = load_settings(
+        {
+            "CPERSONA_OAUTH_RESOURCE": " https://memory.example.com/mcp ",
+            "CPERSONA_OAUTH_AUTHORIZATION_SERVERS": "https://auth.example.com, https://login.example.org\n",
+            "CPERSONA_OAUTH_SCOPES": "memory.read,memory.write",
+        }
+    )
     assert s.oauth_resource == "https://memory.example.com/mcp"
     assert s.oauth_authorization_servers == ("https://auth.example.com", "https://login.example.org")
     assert s.oauth_scopes == ("memory.read", "memory.write")
@@ -395,12 +443,15 @@ def test_oauth_needs_resource_and_server() -> None:
     assert load_settings({"CPERSONA_OAUTH_AUTHORIZATION_SERVERS": "https://a.example"}).oauth_enabled is False
 
 
-@pytest.mark.parametrize(("var", "raw"), [
-    ("CPERSONA_OAUTH_RESOURCE", "memory.example.com/mcp"),
-    ("CPERSONA_OAUTH_AUTHORIZATION_SERVERS", "https://ok.example ftp://bad.example"),
-    ("CPERSONA_OAUTH_SCOPES", 'read "write"'),
-    ("CPERSONA_OAUTH_SCOPES", "read wr\\ite"),
-])
+@pytest.mark.parametrize(
+    ("var", "raw"),
+    [
+        ("CPERSONA_OAUTH_RESOURCE", "memory.example.com/mcp"),
+        ("CPERSONA_OAUTH_AUTHORIZATION_SERVERS", "https://ok.example ftp://bad.example"),
+        ("CPERSONA_OAUTH_SCOPES", 'read "write"'),
+        ("CPERSONA_OAUTH_SCOPES", "read wr\\ite"),
+    ],
+)
 def test_bad_oauth_values_stop_startup(var: str, raw: str) -> None:
     assert var in bad({var: raw})
 
@@ -408,8 +459,7 @@ def test_bad_oauth_values_stop_startup(var: str, raw: str) -> None:
 # --- paths --------------------------------------------------------------------
 
 
-def test_relative_db_path_resolves_against_working_directory(tmp_path: Path,
-                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_relative_db_path_resolves_against_working_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     s = load_settings({"CPERSONA_DB_PATH": "sub/mem.db"})
     assert s.db_file == tmp_path / "sub" / "mem.db"
@@ -444,8 +494,9 @@ def test_operating_context_path_expands_home(monkeypatch: pytest.MonkeyPatch, tm
     assert s.operating_context_path == tmp_path / "oc.toml"
 
 
-@pytest.mark.parametrize(("raw", "enabled"), [(None, True), ("off", False), ("OFF", False), ("on", True),
-                                              ("false", True)])
+@pytest.mark.parametrize(
+    ("raw", "enabled"), [(None, True), ("off", False), ("OFF", False), ("on", True), ("false", True)]
+)
 def test_operating_context_kill_switch_is_only_off(raw: str | None, enabled: bool) -> None:
     # spec §8.8 / open point 2: only `off` disables; other words leave it on.
     env = {} if raw is None else {"CPERSONA_OPERATING_CONTEXT": raw}

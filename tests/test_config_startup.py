@@ -34,12 +34,21 @@ REPO = Path(__file__).resolve().parents[1]
 PATH_FIELDS = [name for name, info in Settings.model_fields.items() if field_kind(info)[0] == "path"]
 
 
-def _serve(tmp_path: Path, env: dict[str, str], *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+def _serve(
+    tmp_path: Path, env: dict[str, str], *args: str, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
     """The real server (or a subcommand) with only ``env`` as its CPERSONA_* environment; stdin closed."""
     base = {k: v for k, v in os.environ.items() if not k.startswith(("CPERSONA_", "EMBEDDING_"))}
     base.update({"CPERSONA_DB_PATH": str(tmp_path / "serve.db"), "CPERSONA_UPDATE_CHECK": "false", **env})
-    return subprocess.run([sys.executable, "-m", "cpersona", *args], env=base, cwd=cwd or tmp_path,
-                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "cpersona", *args],
+        env=base,
+        cwd=cwd or tmp_path,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 # --- `~` in every path setting ------------------------------------------------------------------------
@@ -107,8 +116,9 @@ def test_no_known_name_ever_warns() -> None:
     known = {env_name(n): "x" for n in Settings.model_fields}
     known.update({r.alias: "x" for r in map(field_rule, Settings.model_fields.values()) if r.alias})
     known.update({v: "x" for v in (*LEFT_OUT, *READ_ELSEWHERE)})
-    known.update({"CPERSONA_BENCH_OURS_PYTHON": "x", "CPERSONA_BENCH_REF_PYTHON": "x", "PATH": "x",
-                  "cpersona_db_pth": "x"})
+    known.update(
+        {"CPERSONA_BENCH_OURS_PYTHON": "x", "CPERSONA_BENCH_REF_PYTHON": "x", "PATH": "x", "cpersona_db_pth": "x"}
+    )
     assert unknown_variables(known) == []
 
 
@@ -118,14 +128,22 @@ def _tracked_files() -> list[Path]:
     listed = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=False)
     if listed.returncode == 0 and listed.stdout:
         return [REPO / name for name in listed.stdout.decode().split("\0") if name]
-    return [p for top in ("cpersona", "tests", "bench", ".ci", "docs") for p in (REPO / top).rglob("*")
-            if p.is_file() and ".venv" not in p.parts] + [REPO / "README.md"]
+    return [
+        p
+        for top in ("cpersona", "tests", "bench", ".ci", "docs")
+        for p in (REPO / top).rglob("*")
+        if p.is_file() and ".venv" not in p.parts
+    ] + [REPO / "README.md"]
 
 
 def _names_in_repository() -> set[str]:
     names: set[str] = set()
     for path in _tracked_files():
-        if not path.is_file() or path.suffix not in {".py", ".sh", ".md", ".toml", ""} or path.name == Path(__file__).name:
+        if (
+            not path.is_file()
+            or path.suffix not in {".py", ".sh", ".md", ".toml", ""}
+            or path.name == Path(__file__).name
+        ):
             continue
         try:
             names.update(re.findall(r"\bCPERSONA_[A-Z0-9_]*[A-Z0-9]\b", path.read_text(encoding="utf-8")))
@@ -148,20 +166,36 @@ def test_every_cpersona_variable_the_repository_mentions_is_known() -> None:
 
 def test_acl_token_references_are_known(tmp_path: Path) -> None:
     env = {"CPERSONA_ALICE_TOKEN": "s3cret-alice"}
-    policy = parse_acl({"clients": [{"client_id": "alice", "token": "${CPERSONA_ALICE_TOKEN}",
-                                     "grants": {"alice": "read-write"}}]}, env)
+    policy = parse_acl(
+        {"clients": [{"client_id": "alice", "token": "${CPERSONA_ALICE_TOKEN}", "grants": {"alice": "read-write"}}]},
+        env,
+    )
     assert policy.env_refs == {"CPERSONA_ALICE_TOKEN"}
     assert unknown_variables(env) != [] and unknown_variables(env, policy.env_refs) == []
 
 
 def test_server_warns_once_per_unknown_variable_and_still_starts(tmp_path: Path) -> None:
     acl = tmp_path / "acl.json"
-    acl.write_text(json.dumps({"clients": [{"client_id": "local", "grants": {"*": "read-write"}},
-                                           {"client_id": "bob", "token": "${CPERSONA_BOB_TOKEN}",
-                                            "grants": {"bob": "read"}}]}))
+    acl.write_text(
+        json.dumps(
+            {
+                "clients": [
+                    {"client_id": "local", "grants": {"*": "read-write"}},
+                    {"client_id": "bob", "token": "${CPERSONA_BOB_TOKEN}", "grants": {"bob": "read"}},
+                ]
+            }
+        )
+    )
     os.chmod(acl, 0o600)
-    run = _serve(tmp_path, {"CPERSONA_EMBEDING_MODE": "http", "CPERSONA_ACL_FILE": str(acl),
-                            "CPERSONA_BOB_TOKEN": "bob-token-1", "CPERSONA_TEST_PG_URL": "postgresql://x/y"})
+    run = _serve(
+        tmp_path,
+        {
+            "CPERSONA_EMBEDING_MODE": "http",
+            "CPERSONA_ACL_FILE": str(acl),
+            "CPERSONA_BOB_TOKEN": "bob-token-1",
+            "CPERSONA_TEST_PG_URL": "postgresql://x/y",
+        },
+    )
     assert run.returncode == 0, run.stderr
     warned = [line for line in run.stderr.splitlines() if "is not a cpersona setting" in line]
     assert len(warned) == 1, run.stderr
@@ -170,8 +204,9 @@ def test_server_warns_once_per_unknown_variable_and_still_starts(tmp_path: Path)
 
 def test_maintenance_commands_warn_too(tmp_path: Path) -> None:
     run = _serve(tmp_path, {"CPERSONA_EXPORTDIR": str(tmp_path)}, "stats")
-    assert "CPERSONA_EXPORTDIR is not a cpersona setting and is ignored; did you mean CPERSONA_EXPORT_DIR?" \
-        in run.stderr
+    assert (
+        "CPERSONA_EXPORTDIR is not a cpersona setting and is ignored; did you mean CPERSONA_EXPORT_DIR?" in run.stderr
+    )
 
 
 # --- an embedding mode without what it needs ---------------------------------------------------------

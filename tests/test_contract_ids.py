@@ -34,8 +34,11 @@ NOT_CONTRACT_PREFIXES = {"CVE", "UTF", "SHA", "IEEE", "RFC"}
 
 def definitions() -> list[tuple[str, str]]:
     """(id, file name) for every definition, duplicates kept."""
-    return [(ident, path.name) for path in sorted(CONTRACTS.glob("*.md"))
-            for ident in DEFINITION.findall(path.read_text(encoding="utf-8"))]
+    return [
+        (ident, path.name)
+        for path in sorted(CONTRACTS.glob("*.md"))
+        for ident in DEFINITION.findall(path.read_text(encoding="utf-8"))
+    ]
 
 
 def scanned_files() -> Iterator[Path]:
@@ -43,8 +46,12 @@ def scanned_files() -> Iterator[Path]:
         top = ROOT / name
         paths = [top] if top.is_file() else sorted(top.rglob("*"))
         for path in paths:
-            if (path.is_file() and path.suffix in SUFFIXES and path != SELF  # SELF plants bad ids
-                    and not SKIPPED_DIRS.intersection(path.relative_to(ROOT).parts)):
+            if (
+                path.is_file()
+                and path.suffix in SUFFIXES
+                and path != SELF  # SELF plants bad ids
+                and not SKIPPED_DIRS.intersection(path.relative_to(ROOT).parts)
+            ):
                 yield path
 
 
@@ -100,10 +107,12 @@ def test_no_contract_id_is_defined_twice() -> None:
 def test_the_scanner_catches_typos_ranges_and_unknown_prefixes() -> None:
     # The checks above are only as good as the parser: pin what it must see.
     prefixes = {"RC", "RX", "EMB", "CLI"}
-    text = ("# spec RC-3, RC-99\n"
-            "see RX-9..RX-13 and EMB-1..7, TQ-1 … TQ-3\n"
-            "x = 1  # spec QQ-4 and UTF-8 text\n"
-            "CLI-6/7 matters; ISO-8601 does not; neither does ABC-1 outside a spec line\n")
+    text = (
+        "# spec RC-3, RC-99\n"
+        "see RX-9..RX-13 and EMB-1..7, TQ-1 … TQ-3\n"
+        "x = 1  # spec QQ-4 and UTF-8 text\n"
+        "CLI-6/7 matters; ISO-8601 does not; neither does ABC-1 outside a spec line\n"
+    )
     found = {ident for ident, _ in citations(text, prefixes)}
     assert {"RC-3", "RC-99", "RX-9", "RX-13", "EMB-1", "EMB-7", "TQ-1", "TQ-3", "QQ-4", "CLI-6", "CLI-7"} <= found
     assert not {"UTF-8", "ISO-8601", "ABC-1", "RX-10"} & found

@@ -45,10 +45,11 @@ def _skip_reason() -> str | None:
     if probe.returncode != 0:
         return f"no docker daemon answers ({probe.stderr.strip()[:200]}); the image is untested here"
     base = os.environ.get("CPERSONA_TEST_DOCKER_BASE", DEFAULT_BASE)
-    if docker("image", "inspect", base, check=False).returncode != 0 and \
-            docker("pull", base, timeout=300, check=False).returncode != 0:
-        return (f"the base image {base} is neither present nor pullable; set CPERSONA_TEST_DOCKER_BASE to a "
-                "local one")
+    if (
+        docker("image", "inspect", base, check=False).returncode != 0
+        and docker("pull", base, timeout=300, check=False).returncode != 0
+    ):
+        return f"the base image {base} is neither present nor pullable; set CPERSONA_TEST_DOCKER_BASE to a local one"
     return None
 
 
@@ -75,9 +76,26 @@ def volume() -> Iterator[str]:
 class Container:
     def __init__(self, image: str, volume: str, *extra: str) -> None:
         self.name = f"cpersona-test-{uuid.uuid4().hex[:12]}"
-        docker("run", "-d", "--name", self.name, "-p", "127.0.0.1::8402", "-v", f"{volume}:/data",
-               "-e", f"CPERSONA_AUTH_TOKEN={TOKEN}", "-e", "CPERSONA_UPDATE_CHECK=false",
-               "--health-interval", "2s", "--health-start-period", "60s", *extra, image)
+        docker(
+            "run",
+            "-d",
+            "--name",
+            self.name,
+            "-p",
+            "127.0.0.1::8402",
+            "-v",
+            f"{volume}:/data",
+            "-e",
+            f"CPERSONA_AUTH_TOKEN={TOKEN}",
+            "-e",
+            "CPERSONA_UPDATE_CHECK=false",
+            "--health-interval",
+            "2s",
+            "--health-start-period",
+            "60s",
+            *extra,
+            image,
+        )
         port = docker("port", self.name, "8402/tcp").stdout.strip().splitlines()[0].rsplit(":", 1)[1]
         self.url = f"http://127.0.0.1:{port}/mcp"
 
@@ -109,8 +127,13 @@ def test_the_image_serves_a_token_guarded_memory_kept_on_the_volume(image, volum
         first.wait_healthy()
         assert docker("exec", first.name, "id", "-u").stdout.strip() == "10001"  # not root
         assert raw_post(first.url, {}, INIT).status_code == 401  # the token from the environment guards it
-        stored = anyio.run(mcp_call, first.url, TOKEN, "store",
-                           {"agent_id": "dock", "content": "the container keeps its memory on the volume"})
+        stored = anyio.run(
+            mcp_call,
+            first.url,
+            TOKEN,
+            "store",
+            {"agent_id": "dock", "content": "the container keeps its memory on the volume"},
+        )
         assert stored["ok"] is True, stored
     finally:
         first.remove()
@@ -129,8 +152,18 @@ def test_the_image_serves_a_token_guarded_memory_kept_on_the_volume(image, volum
 def test_without_a_token_the_container_refuses_to_start(image, volume):
     name = f"cpersona-test-{uuid.uuid4().hex[:12]}"
     try:
-        done = docker("run", "--name", name, "-v", f"{volume}:/data", "-e", "CPERSONA_UPDATE_CHECK=false", image,
-                      check=False, timeout=120)
+        done = docker(
+            "run",
+            "--name",
+            name,
+            "-v",
+            f"{volume}:/data",
+            "-e",
+            "CPERSONA_UPDATE_CHECK=false",
+            image,
+            check=False,
+            timeout=120,
+        )
         assert done.returncode != 0
         assert "CPERSONA_AUTH_TOKEN" in done.stderr, done.stderr
     finally:

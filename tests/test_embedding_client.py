@@ -428,8 +428,7 @@ def test_probe_uses_a_short_timeout(client, embed_server):
 def test_api_mode_sends_model_input_and_bearer_key(embed_server):
     # spec EMB-2: Bearer key, {"model", "input"}.
     embed_server.api_key = "sk-test-123"
-    embedder = api_embedder(embed_server, CPERSONA_EMBEDDING_API_KEY="sk-test-123",
-                            CPERSONA_EMBEDDING_MODEL="my-model")
+    embedder = api_embedder(embed_server, CPERSONA_EMBEDDING_API_KEY="sk-test-123", CPERSONA_EMBEDDING_MODEL="my-model")
     assert embedder.embed("hello") == expected_blob("hello")
     [request] = embed_server.embed_requests()
     assert request.path == "/v1/embeddings"
@@ -599,8 +598,7 @@ def test_to_blob_refuses_what_may_not_be_stored(values):
 
 @pytest.mark.parametrize(
     "blob",
-    [b"", b"\x00\x00\x80", np.array([1.0, np.nan], dtype="<f4").tobytes(),
-     np.array([np.inf], dtype="<f4").tobytes()],
+    [b"", b"\x00\x00\x80", np.array([1.0, np.nan], dtype="<f4").tobytes(), np.array([np.inf], dtype="<f4").tobytes()],
     ids=["empty", "not-multiple-of-4", "nan", "inf"],
 )
 def test_from_blob_refuses_corrupt_blobs(blob):

@@ -77,17 +77,21 @@ def _unit(values: list[float]) -> list[float]:
 
 def collapsed(payload: dict) -> dict:
     """Every vector pulled to one direction: cosines between any two texts near 0.99."""
+
     def squash(vector: list[float]) -> list[float]:
         return _unit([1.0 + 0.08 * v if i == 0 else 0.08 * v for i, v in enumerate(vector)])
+
     return {"embeddings": [squash(v) for v in payload["embeddings"]]}
 
 
 def scrambled(payload: dict) -> dict:
     """Every vector replaced by a pseudo-random direction seeded by the vector itself."""
+
     def scramble(vector: list[float]) -> list[float]:
         seed = hashlib.sha256(struct.pack(f"{len(vector)}f", *vector)).digest()
         stream = hashlib.shake_256(seed).digest(4 * len(vector))
         return _unit([b / 255.0 - 0.5 for b in stream[: len(vector)]])
+
     return {"embeddings": [scramble(v) for v in payload["embeddings"]]}
 
 
@@ -95,16 +99,18 @@ WEAK = {"collapsed": collapsed, "scrambled": scrambled}
 
 
 def answers(app) -> dict[str, list[str]]:
-    return {q: [m["content"] for m in recall(app, agent_id="a", query=q, limit=LIMIT)["messages"]]
-            for q, _ in QUESTIONS}
+    return {
+        q: [m["content"] for m in recall(app, agent_id="a", query=q, limit=LIMIT)["messages"]] for q, _ in QUESTIONS
+    }
 
 
 @pytest.mark.parametrize("mode", ["rrf", "rsf"])
 @pytest.mark.parametrize("weak", sorted(WEAK))
 def test_a_weak_embedder_never_costs_an_answer_keyword_only_gave(db, embed_server, mode, weak):
     embed_server.mutate = WEAK[weak]
-    app = make_app(db, RECALL_MODE=mode, EMBEDDING_MODE="http", EMBEDDING_URL=embed_server.url,
-                   DEGRADED_ADVISORY="false")
+    app = make_app(
+        db, RECALL_MODE=mode, EMBEDDING_MODE="http", EMBEDDING_URL=embed_server.url, DEGRADED_ADVISORY="false"
+    )
     app.embedder = build_embedder(app.settings)
     try:
         for text in MEMORIES:
@@ -207,8 +213,9 @@ def test_a_vector_list_at_odds_with_a_clear_keyword_first_place_does_not_move_it
         return _toward(1, 0.01 + 0.005 * order.index(text) if text in order else 0.0, embed_server.dimension)
 
     best_first = [m["content"] for m in _best_first(db, embed_server, flat, GARAGE_QUERY)]
-    keyword_only = [m["content"] for m in reversed(
-        recall(make_app(db), agent_id="a", query=GARAGE_QUERY, limit=5)["messages"])]  # the same rows
+    keyword_only = [
+        m["content"] for m in reversed(recall(make_app(db), agent_id="a", query=GARAGE_QUERY, limit=5)["messages"])
+    ]  # the same rows
     assert keyword_only and keyword_only[0] == keyword_first
     assert best_first[0] == keyword_first, best_first
 

@@ -48,8 +48,12 @@ def filler(db, n: int) -> None:
 )
 def test_episodes_older_than_the_boundary_age_like_memories(db, end_time, created_at, factor):
     filler(db, 100)
-    add(db, Episode, {"summary": "alpha episode", "end_time": end_time, "created_at": created_at},
-        {"summary": "unrelated boundary", "created_at": BOUNDARY})
+    add(
+        db,
+        Episode,
+        {"summary": "alpha episode", "end_time": end_time, "created_at": created_at},
+        {"summary": "unrelated boundary", "created_at": BOUNDARY},
+    )
     (row,) = recall(make_app(db), agent_id="a", query="alpha", deep=True)["messages"]
     assert row["ref"] == "ep:1"
     assert row["match_reason"]["rrf"] == pytest.approx(TOP * factor)
@@ -58,8 +62,12 @@ def test_episodes_older_than_the_boundary_age_like_memories(db, end_time, create
 def test_an_old_episode_no_longer_outranks_the_memory_written_since(db):
     filler(db, 100)
     add(db, Memory, {"content": "the alpha memory", "timestamp": "2026-06-02T00:00:00+00:00"})
-    add(db, Episode, {"summary": "alpha alpha alpha", "end_time": "2026-05-01T00:00:00+00:00",
-                      "created_at": "2026-05-01 01:00:00"}, {"summary": "boundary", "created_at": BOUNDARY})
+    add(
+        db,
+        Episode,
+        {"summary": "alpha alpha alpha", "end_time": "2026-05-01T00:00:00+00:00", "created_at": "2026-05-01 01:00:00"},
+        {"summary": "boundary", "created_at": BOUNDARY},
+    )
     response = recall(make_app(db), agent_id="a", query="alpha", deep=True)
     assert [m["ref"] for m in response["messages"]][-1] == "mem:101"  # the best row is the memory
 
@@ -68,8 +76,14 @@ def test_an_answer_is_never_all_episodes_when_a_memory_matched(db):
     filler(db, 100)
     # fresh episodes (at the boundary) and a memory a month older, so halved: every episode outranks it
     add(db, Episode, *({"summary": f"alpha alpha session {i}", "created_at": BOUNDARY} for i in range(6)))
-    add(db, Memory, {"content": "alpha noted once, in a much longer memory row about other things",
-                     "timestamp": "2026-05-01T00:00:00+00:00"})
+    add(
+        db,
+        Memory,
+        {
+            "content": "alpha noted once, in a much longer memory row about other things",
+            "timestamp": "2026-05-01T00:00:00+00:00",
+        },
+    )
     app = make_app(db)
     response = recall(app, agent_id="a", query="alpha", limit=3)
     refs = [m["ref"] for m in response["messages"]]
@@ -84,8 +98,12 @@ def test_an_answer_is_never_all_episodes_when_a_memory_matched(db):
 
 def test_with_the_penalty_off_episodes_do_not_age(db):
     filler(db, 100)
-    add(db, Episode, {"summary": "alpha episode", "end_time": "2026-05-20T12:00:00+00:00",
-                      "created_at": "2026-06-01 11:00:00"}, {"summary": "boundary", "created_at": BOUNDARY})
+    add(
+        db,
+        Episode,
+        {"summary": "alpha episode", "end_time": "2026-05-20T12:00:00+00:00", "created_at": "2026-06-01 11:00:00"},
+        {"summary": "boundary", "created_at": BOUNDARY},
+    )
     (row,) = recall(make_app(db, EPISODE_PENALTY_ENABLED="false"), agent_id="a", query="alpha", deep=True)["messages"]
     assert row["match_reason"]["rrf"] == pytest.approx(TOP)
 
@@ -97,8 +115,7 @@ def test_episode_ranks_count_on_the_scale_of_the_memories(db):
     stretched ranks order rows; the gate still judges the ranks the lists gave."""
     filler(db, 100)
     add(db, Memory, *({"content": f"the harbour ferry leaves at {h} o'clock"} for h in range(6)))
-    add(db, Episode, *({"summary": f"we talked about the harbour, part {i}", "created_at": BOUNDARY}
-                       for i in range(4)))
+    add(db, Episode, *({"summary": f"we talked about the harbour, part {i}", "created_at": BOUNDARY} for i in range(4)))
     app = make_app(db)
     kinds = [m["ref"][:3] for m in reversed(recall(app, agent_id="a", query="harbour", limit=5)["messages"])]
     assert kinds == ["ep:", "mem", "mem", "mem", "mem"]  # best first: the top episode ties the top memory

@@ -32,8 +32,15 @@ def stamps(*values) -> list[dict]:
 
 def test_archive_stores_the_caller_summary(app, db):  # spec §3.5, SH-3
     app.clock = lambda: FIXED_NOW
-    response = archive_episode(app, agent_id="a", summary="Talked about Miso the cat.", keywords="cat miso",
-                               resolved=True, project_id="home", channel="c1")
+    response = archive_episode(
+        app,
+        agent_id="a",
+        summary="Talked about Miso the cat.",
+        keywords="cat miso",
+        resolved=True,
+        project_id="home",
+        channel="c1",
+    )
     assert response == {"ok": True, "episode_id": 1}
     row = episodes(db)[0]
     assert row.ref == "ep:1"
@@ -60,7 +67,9 @@ def test_empty_summary_tells_the_caller_to_precompute_it(app, db):  # spec AE-1
 @pytest.mark.parametrize("summary", ["   ", "[Memory from bot] "])
 def test_summary_empty_after_sanitizing_is_refused(app, db, summary):  # spec AE-2, SAN-1
     assert archive_episode(app, agent_id="a", summary=summary) == {
-        "ok": False, "episode_id": None, "error": "summary is required to archive an episode",
+        "ok": False,
+        "episode_id": None,
+        "error": "summary is required to archive an episode",
     }
     assert episodes(db) == []
 
@@ -108,11 +117,14 @@ def test_history_span_rules():  # spec AE-3
 
 def test_future_history_end_is_reported_in_warn_mode(app, db):  # spec AE-4, FT-2
     app.clock = lambda: FIXED_NOW
-    response = archive_episode(app, agent_id="a", summary="s",
-                               history=stamps("2026-06-01T11:00:00Z", "2026-06-01T13:00:00Z"))
+    response = archive_episode(
+        app, agent_id="a", summary="s", history=stamps("2026-06-01T11:00:00Z", "2026-06-01T13:00:00Z")
+    )
     assert response["ok"] is True
     assert response["timestamp_ahead_of_clock"] == {
-        "timestamp": "2026-06-01T13:00:00Z", "ahead_by_seconds": 3600.0, "allowance_seconds": 300,
+        "timestamp": "2026-06-01T13:00:00Z",
+        "ahead_by_seconds": 3600.0,
+        "allowance_seconds": 300,
     }
 
 
@@ -127,10 +139,12 @@ def test_start_is_checked_after_end(app):  # spec AE-4 (byte-order fallback can 
 def test_future_history_is_refused_in_reject_mode(db):  # spec AE-4, FT-2
     app = make_app(db, future_timestamp_mode="reject")
     app.clock = lambda: FIXED_NOW
-    response = archive_episode(app, agent_id="a", summary="s",
-                               history=stamps("2020-01-01T00:00:00Z", "2026-06-01T13:00:00Z"))
+    response = archive_episode(
+        app, agent_id="a", summary="s", history=stamps("2020-01-01T00:00:00Z", "2026-06-01T13:00:00Z")
+    )
     assert response == {
-        "ok": False, "episode_id": None,
+        "ok": False,
+        "episode_id": None,
         "error": "history timestamp '2026-06-01T13:00:00Z' is 3600s ahead of this clock (allowance 300s)",
     }
     assert episodes(db) == []
@@ -168,14 +182,17 @@ def test_long_channel_or_project_is_refused(app, db, field):  # spec AE-7
     assert episodes(db) == []
 
 
-@pytest.mark.parametrize(("arguments", "error"), [
-    ({"agent_id": None, "summary": "s"}, "agent_id is required"),
-    ({"agent_id": 3, "summary": "s"}, "agent_id must be a string"),
-    ({"agent_id": "a", "summary": ["s"]}, "summary must be a string"),
-    ({"agent_id": "a", "summary": "s", "history": "yesterday"}, "history must be an array"),
-    ({"agent_id": "a", "summary": "s", "resolved": "yes"}, "resolved must be true or false"),
-    ({"agent_id": "a", "summary": "s\ud800"}, "surrogate"),
-])
+@pytest.mark.parametrize(
+    ("arguments", "error"),
+    [
+        ({"agent_id": None, "summary": "s"}, "agent_id is required"),
+        ({"agent_id": 3, "summary": "s"}, "agent_id must be a string"),
+        ({"agent_id": "a", "summary": ["s"]}, "summary must be a string"),
+        ({"agent_id": "a", "summary": "s", "history": "yesterday"}, "history must be an array"),
+        ({"agent_id": "a", "summary": "s", "resolved": "yes"}, "resolved must be true or false"),
+        ({"agent_id": "a", "summary": "s\ud800"}, "surrogate"),
+    ],
+)
 def test_bad_arguments_are_clear_failures(app, db, arguments, error):
     response = archive_episode(app, **arguments)
     assert response["ok"] is False and response["episode_id"] is None and error in response["error"]
@@ -196,14 +213,28 @@ def archive_at(app, when: str, **arguments) -> int:
 
 
 def test_list_row_shape_has_no_channel_and_no_resolved(app):  # spec §3.10, G-2
-    archive_at(app, "2026-06-01 10:00:00", agent_id="i", summary="ep summary",
-               history=stamps("2026-01-01T00:00:00Z"), resolved=True, channel="c")
+    archive_at(
+        app,
+        "2026-06-01 10:00:00",
+        agent_id="i",
+        summary="ep summary",
+        history=stamps("2026-01-01T00:00:00Z"),
+        resolved=True,
+        channel="c",
+    )
     assert list_episodes(app, agent_id="i") == {
-        "episodes": [{
-            "id": 1, "agent_id": "i", "project_id": "", "summary": "ep summary", "keywords": "",
-            "start_time": "2026-01-01T00:00:00Z", "end_time": "2026-01-01T00:00:00Z",
-            "created_at": "2026-06-01 10:00:00",
-        }],
+        "episodes": [
+            {
+                "id": 1,
+                "agent_id": "i",
+                "project_id": "",
+                "summary": "ep summary",
+                "keywords": "",
+                "start_time": "2026-01-01T00:00:00Z",
+                "end_time": "2026-01-01T00:00:00Z",
+                "created_at": "2026-06-01 10:00:00",
+            }
+        ],
         "count": 1,
     }
 
@@ -254,10 +285,10 @@ def test_character_budget_over_summary_and_keywords(app):  # spec LE-1, §5.15.3
     # 25 episodes of 32,000 characters spend exactly the 800,000 budget; the
     # 26th does not fit and is degraded, field by field.
     for i in range(27):
-        archive_at(app, f"2026-06-01 10:{i:02d}:00", agent_id="a",
-                   summary=f"e{i:02d} " + "s" * 15_996, keywords="k" * 16_000)
-    archive_at(app, "2026-06-01 09:00:00", agent_id="a", summary="short old summary",
-               keywords="k" * 16_000)
+        archive_at(
+            app, f"2026-06-01 10:{i:02d}:00", agent_id="a", summary=f"e{i:02d} " + "s" * 15_996, keywords="k" * 16_000
+        )
+    archive_at(app, "2026-06-01 09:00:00", agent_id="a", summary="short old summary", keywords="k" * 16_000)
     listed = list_episodes(app, agent_id="a", limit=200)
     rows = listed["episodes"]
     assert listed["count"] == 28 and listed["budget_chars"] == 800_000
@@ -274,6 +305,9 @@ def test_character_budget_over_summary_and_keywords(app):  # spec LE-1, §5.15.3
 
 def test_bad_list_arguments_are_clear_failures(app):
     assert list_episodes(app, limit="10") == {
-        "ok": False, "error": "limit must be an integer, not str", "episodes": [], "count": 0,
+        "ok": False,
+        "error": "limit must be an integer, not str",
+        "episodes": [],
+        "count": 0,
     }
     assert list_episodes(app, agent_id=5)["ok"] is False

@@ -38,12 +38,31 @@ ALL_AGENTS = LEGACY / "export-2.6.14-dev-all-agents.jsonl"
 VEC = struct.pack("<3f", 0.25, -1.5, 3.0)
 
 MEMORY_COLUMNS = (
-    "agent_id", "project_id", "channel", "msg_id", "content", "source", "timestamp",
-    "metadata", "embedding", "recall_count", "last_recalled_at", "locked", "created_at",
+    "agent_id",
+    "project_id",
+    "channel",
+    "msg_id",
+    "content",
+    "source",
+    "timestamp",
+    "metadata",
+    "embedding",
+    "recall_count",
+    "last_recalled_at",
+    "locked",
+    "created_at",
 )
 EPISODE_COLUMNS = (
-    "agent_id", "project_id", "channel", "summary", "keywords", "embedding",
-    "start_time", "end_time", "resolved", "created_at",
+    "agent_id",
+    "project_id",
+    "channel",
+    "summary",
+    "keywords",
+    "embedding",
+    "start_time",
+    "end_time",
+    "resolved",
+    "created_at",
 )
 PROFILE_COLUMNS = ("agent_id", "user_id", "project_id", "content", "updated_at")
 
@@ -100,23 +119,49 @@ def mem(content: str, **values: Any) -> dict[str, Any]:
 def seed_mixed_corpus(db: Database) -> None:
     """Rows on every axis, with every column that must survive a round trip."""
     add_memory(
-        db, agent_id="alice", project_id="home", msg_id="m-1", content="Alice's cat is Miso 🐈",
-        source='{"type": "Agent", "id": "alice", "name": ""}', metadata_='{"k": [1, 2]}',
-        locked=1, recall_count=7, last_recalled_at="2026-11-30 04:00:00",
-        created_at="2025-01-02 03:04:05", embedding=VEC,
+        db,
+        agent_id="alice",
+        project_id="home",
+        msg_id="m-1",
+        content="Alice's cat is Miso 🐈",
+        source='{"type": "Agent", "id": "alice", "name": ""}',
+        metadata_='{"k": [1, 2]}',
+        locked=1,
+        recall_count=7,
+        last_recalled_at="2026-11-30 04:00:00",
+        created_at="2025-01-02 03:04:05",
+        embedding=VEC,
     )
     add_memory(
-        db, agent_id="", channel="discord", content="a row of the empty-agent bucket",
-        source="not json {", metadata_='{"a": NaN}', created_at="2025-02-03 04:05:06",
+        db,
+        agent_id="",
+        channel="discord",
+        content="a row of the empty-agent bucket",
+        source="not json {",
+        metadata_='{"a": NaN}',
+        created_at="2025-02-03 04:05:06",
     )
     add_memory(
-        db, agent_id="bob", project_id="work", channel="slack",
-        content="line one\u2028still the same line", timestamp="2099-01-01T00:00:00Z",
+        db,
+        agent_id="bob",
+        project_id="work",
+        channel="slack",
+        content="line one\u2028still the same line",
+        timestamp="2099-01-01T00:00:00Z",
     )
-    add(db, Episode, agent_id="alice", project_id="home", summary="Talked about Miso.",
-        keywords="cat miso", start_time="2026-01-01T09:00:00+00:00",
-        end_time="2026-01-01T10:00:00+00:00", resolved=1, created_at="2025-03-04 05:06:07",
-        embedding=VEC)
+    add(
+        db,
+        Episode,
+        agent_id="alice",
+        project_id="home",
+        summary="Talked about Miso.",
+        keywords="cat miso",
+        start_time="2026-01-01T09:00:00+00:00",
+        end_time="2026-01-01T10:00:00+00:00",
+        resolved=1,
+        created_at="2025-03-04 05:06:07",
+        embedding=VEC,
+    )
     add(db, Episode, agent_id="", channel="discord", summary="Empty-agent session.")
     add(db, Profile, agent_id="alice", content="Likes cats.", updated_at="2025-04-05 06:07:08")
     add(db, Profile, agent_id="", user_id="u-1", project_id="p", content="Default profile.")
@@ -197,7 +242,9 @@ def test_export_of_one_agent_and_of_an_unknown_agent(app: App, db: Database, tmp
     assert [r["_type"] for r in read_file(nobody)] == ["header"]
 
 
-def test_export_counts_come_from_one_snapshot(app: App, db: Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_export_counts_come_from_one_snapshot(
+    app: App, db: Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # spec EX-6 / JL-4: a write committed while the export pages through the
     # table is neither counted nor written; header counts equal the records.
     for i in range(5):
@@ -221,7 +268,9 @@ def test_export_counts_come_from_one_snapshot(app: App, db: Database, tmp_path: 
     assert count(db, "memories") == 6
 
 
-def test_export_replaces_atomically_and_cleans_up_on_failure(app: App, db: Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_export_replaces_atomically_and_cleans_up_on_failure(
+    app: App, db: Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # spec EX-5: temp file in the same directory, renamed only when complete; on
     # failure the previous file is untouched and no temporary file remains.
     add_memory(db, content="first")
@@ -257,9 +306,13 @@ def test_export_onto_a_directory_is_a_clear_error(app: App, tmp_path: Path) -> N
 def test_paths_rejected_without_export_dir(app: App, bad: str) -> None:
     # spec EX-1 (empty, NUL), EX-3 (a `..` segment), EX-4 (message)
     assert export_memories(app, agent_id="", output_path=bad) == {
-        "ok": False, "error": f"output_path rejected (path traversal or outside export dir): {bad}"}
+        "ok": False,
+        "error": f"output_path rejected (path traversal or outside export dir): {bad}",
+    }
     assert import_memories(app, input_path=bad) == {
-        "ok": False, "error": f"input_path rejected (path traversal or outside export dir): {bad}"}
+        "ok": False,
+        "error": f"input_path rejected (path traversal or outside export dir): {bad}",
+    }
 
 
 def test_dots_inside_a_name_are_not_traversal(app: App, tmp_path: Path) -> None:
@@ -297,10 +350,14 @@ def test_import_vetting_messages(db: Database, tmp_path: Path) -> None:
     missing = tmp_path / "missing.jsonl"
     assert import_memories(app, input_path=str(missing)) == {"ok": False, "error": f"File not found: {missing}"}
     assert import_memories(app, input_path=str(tmp_path)) == {
-        "ok": False, "error": f"input_path is not a regular file: {tmp_path}"}
+        "ok": False,
+        "error": f"input_path is not a regular file: {tmp_path}",
+    }
     big = write_jsonl(tmp_path / "big.jsonl", *[mem(f"memory number {i}") for i in range(10)])
     assert import_memories(app, input_path=str(big)) == {
-        "ok": False, "error": f"input file exceeds CPERSONA_MAX_IMPORT_BYTES (200): {big}"}
+        "ok": False,
+        "error": f"input file exceeds CPERSONA_MAX_IMPORT_BYTES (200): {big}",
+    }
     latin = tmp_path / "latin1.jsonl"
     latin.write_bytes(b'{"_type": "memory", "agent_id": "a", "content": "caf\xe9"}\n')
     answer = import_memories(app, input_path=str(latin))
@@ -328,8 +385,10 @@ def test_reference_exports_import_losslessly(app: App, db: Database, fixture: Pa
     assert answer["skipped_memories"] == answer["skipped_episodes"] == 0
     # spec CA-2: the declared graph comes along (revision 0003 created its tables)
     assert answer["associations"] == {
-        "entities": header["entity_count"], "mentions": header["mention_count"],
-        "relations": header["relation_count"]}
+        "entities": header["entity_count"],
+        "mentions": header["mention_count"],
+        "relations": header["relation_count"],
+    }
     assert not any("were not restored" in e for e in answer.get("errors", []))
 
     expected = [r for r in records if r["_type"] == "memory"]
@@ -337,18 +396,32 @@ def test_reference_exports_import_losslessly(app: App, db: Database, fixture: Pa
         stored = session.execute(select(Memory).order_by(Memory.id)).scalars().all()
         for record, row in zip(expected, stored, strict=True):
             assert (row.agent_id, row.project_id, row.channel, row.msg_id) == (
-                record["agent_id"], record["project_id"], record["channel"], record["msg_id"])
+                record["agent_id"],
+                record["project_id"],
+                record["channel"],
+                record["msg_id"],
+            )
             assert (row.content, row.timestamp, row.created_at) == (
-                record["content"], record["timestamp"], record["created_at"])
+                record["content"],
+                record["timestamp"],
+                record["created_at"],
+            )
             assert (row.locked, row.recall_count, row.last_recalled_at) == (
-                record["locked"], record["recall_count"], record["last_recalled_at"])
+                record["locked"],
+                record["recall_count"],
+                record["last_recalled_at"],
+            )
             assert json.loads(row.source) == record["source"]
             assert json.loads(row.metadata_) == record["metadata"]
         episodes = session.execute(select(Episode).order_by(Episode.id)).scalars().all()
         for record, row in zip([r for r in records if r["_type"] == "episode"], episodes, strict=True):
             assert (row.agent_id, row.summary, row.keywords, row.resolved, row.created_at) == (
-                record["agent_id"], record["summary"], record["keywords"],
-                int(record["resolved"]), record["created_at"])
+                record["agent_id"],
+                record["summary"],
+                record["keywords"],
+                int(record["resolved"]),
+                record["created_at"],
+            )
         profiles = {(p.agent_id, p.user_id): p for p in session.execute(select(Profile)).scalars()}
         for record in (r for r in records if r["_type"] == "profile"):
             got = profiles[(record["agent_id"], record["user_id"])]
@@ -384,13 +457,18 @@ def test_target_agent_id_rewrites_every_record(app: App, db: Database) -> None:
 # --- dry run ------------------------------------------------------------------
 
 
-def test_dry_run_writes_nothing_and_counts_like_a_real_run(app: App, db: Database, fresh: Database, tmp_path: Path) -> None:
+def test_dry_run_writes_nothing_and_counts_like_a_real_run(
+    app: App, db: Database, fresh: Database, tmp_path: Path
+) -> None:
     # spec IM-14: counts equal a real run's, within-file duplicates included.
     add_memory(db, content="already here")
     source = write_jsonl(
         tmp_path / "in.jsonl",
-        mem("already here"), mem("new one", msg_id="x-1"), mem("new one again", msg_id="x-1"),
-        mem("new two"), mem("new two"),
+        mem("already here"),
+        mem("new one", msg_id="x-1"),
+        mem("new one again", msg_id="x-1"),
+        mem("new two"),
+        mem("new two"),
         {"_type": "episode", "agent_id": "alice", "summary": "ep", "project_id": ""},
         {"_type": "episode", "agent_id": "alice", "summary": "ep", "project_id": ""},
         {"_type": "profile", "agent_id": "alice", "content": "p", "updated_at": "2026-01-01 00:00:00"},
@@ -413,17 +491,17 @@ def test_malformed_lines_are_reported_and_the_rest_imports(app: App, db: Databas
     # numbers; nothing else is affected and no half-written row remains.
     source = write_jsonl(
         tmp_path / "in.jsonl",
-        mem("first"),                                   # line 1
-        "this is not json",                             # line 2
-        "[1, 2]",                                       # line 3
-        {"_type": "weird"},                             # line 4
-        {"_type": "memory", "content": "no agent"},     # line 5
-        mem("int agent", agent_id=7),                   # line 6
-        mem("bad count", recall_count="many"),          # line 7
-        mem(12345),                                     # line 8
-        {"note": "no _type: ignored silently"},         # line 9
-        "",                                             # line 10 (blank)
-        mem("last"),                                    # line 11
+        mem("first"),  # line 1
+        "this is not json",  # line 2
+        "[1, 2]",  # line 3
+        {"_type": "weird"},  # line 4
+        {"_type": "memory", "content": "no agent"},  # line 5
+        mem("int agent", agent_id=7),  # line 6
+        mem("bad count", recall_count="many"),  # line 7
+        mem(12345),  # line 8
+        {"note": "no _type: ignored silently"},  # line 9
+        "",  # line 10 (blank)
+        mem("last"),  # line 11
     )
     answer = import_memories(app, input_path=str(source))
     assert answer["ok"] is True
@@ -444,9 +522,12 @@ def test_a_number_too_long_to_read_refuses_only_its_line(app: App, db: Database,
     # spec IM-3: a line the JSON parser refuses is reported with the parser's
     # message and skipped; an integer longer than Python converts (4300 digits)
     # used to stop the whole import instead.
-    source = write_jsonl(tmp_path / "in.jsonl", mem("first"),
-                         '{"_type": "memory", "agent_id": "alice", "content": "x", "id": ' + "1" * 5000 + "}",
-                         mem("last"))
+    source = write_jsonl(
+        tmp_path / "in.jsonl",
+        mem("first"),
+        '{"_type": "memory", "agent_id": "alice", "content": "x", "id": ' + "1" * 5000 + "}",
+        mem("last"),
+    )
     answer = import_memories(app, input_path=str(source))
     assert answer["ok"] is True and answer["imported_memories"] == 2
     assert len(answer["errors"]) == 1
@@ -456,20 +537,29 @@ def test_a_number_too_long_to_read_refuses_only_its_line(app: App, db: Database,
 def test_truncated_file_aborts_before_anything_is_written(app: App, db: Database, tmp_path: Path) -> None:
     # spec IM-10 / JL-4: header counts that disagree with the file = truncation.
     source = write_jsonl(
-        tmp_path / "cut.jsonl", mem("one"), "{not json",
+        tmp_path / "cut.jsonl",
+        mem("one"),
+        "{not json",
         header={"memory_count": 3, "episode_count": 1, "profile_count": 1},
     )
-    for dry_run, prefix in ((False, "import aborted and rolled back"),
-                            (True, "import aborted (dry run — nothing was written)")):
+    for dry_run, prefix in (
+        (False, "import aborted and rolled back"),
+        (True, "import aborted (dry run — nothing was written)"),
+    ):
         answer = import_memories(app, input_path=str(source), dry_run=dry_run)
         assert answer == {
             "ok": False,
             "error": f"{prefix}: file truncated or inconsistent: header declares 3 memories / "
-                     "1 episodes / 1 profiles, file contains 1 / 0 / 0",
-            "dry_run": dry_run, "imported_memories": 0, "skipped_memories": 0,
-            "imported_episodes": 0, "skipped_episodes": 0, "profile_updated": False,
-            "errors": ["Line 3: invalid JSON: Expecting property name enclosed in double quotes: "
-                       "line 1 column 2 (char 1)"],
+            "1 episodes / 1 profiles, file contains 1 / 0 / 0",
+            "dry_run": dry_run,
+            "imported_memories": 0,
+            "skipped_memories": 0,
+            "imported_episodes": 0,
+            "skipped_episodes": 0,
+            "profile_updated": False,
+            "errors": [
+                "Line 3: invalid JSON: Expecting property name enclosed in double quotes: line 1 column 2 (char 1)"
+            ],
         }
     assert count(db, "memories") == 0
 
@@ -488,8 +578,11 @@ def test_sanitiser_and_cap(db: Database, tmp_path: Path) -> None:
     app = make_app(db, MAX_CONTENT_LENGTH="10")
     source = write_jsonl(
         tmp_path / "in.jsonl",
-        mem(""), mem("[Memory from bob] "), mem("[Memory from bob]  kept text"),
-        mem("0123456789abcdef"), mem("0123456789 and more"),
+        mem(""),
+        mem("[Memory from bob] "),
+        mem("[Memory from bob]  kept text"),
+        mem("0123456789abcdef"),
+        mem("0123456789 and more"),
     )
     answer = import_memories(app, input_path=str(source))
     assert answer["errors"] == [
@@ -507,8 +600,10 @@ def test_vectors_are_checked(app: App, db: Database, tmp_path: Path) -> None:
     source = write_jsonl(
         tmp_path / "in.jsonl",
         mem("good", embedding_b64=good, embedding_model="m"),
-        mem("nan", embedding_b64=nan), mem("short", embedding_b64="AAAA"),
-        mem("garbage", embedding_b64="!!!"), mem("empty", embedding_b64=""),
+        mem("nan", embedding_b64=nan),
+        mem("short", embedding_b64="AAAA"),
+        mem("garbage", embedding_b64="!!!"),
+        mem("empty", embedding_b64=""),
     )
     answer = import_memories(app, input_path=str(source))
     assert answer["imported_memories"] == 5
@@ -519,8 +614,7 @@ def test_vectors_are_checked(app: App, db: Database, tmp_path: Path) -> None:
         "Line 5: memory embedding_b64 is not a whole number of float32 values; it was imported without a vector",
     ]
     stored = dict(rows(db, "memories", ("content", "embedding")))
-    assert stored == {"good": struct.pack("<2f", 1.0, 2.0), "nan": None, "short": None,
-                      "garbage": None, "empty": None}
+    assert stored == {"good": struct.pack("<2f", 1.0, 2.0), "nan": None, "short": None, "garbage": None, "empty": None}
 
 
 def test_tolerances_of_the_format(app: App, db: Database, tmp_path: Path) -> None:
@@ -531,10 +625,10 @@ def test_tolerances_of_the_format(app: App, db: Database, tmp_path: Path) -> Non
         '{"_type": "memory", "agent_id": "a", "content": "c1", "msg_id": null, "project_id": null,'
         ' "channel": null, "timestamp": null, "locked": "yes", "recall_count": "12",'
         ' "metadata": {"x": NaN, "y": [Infinity]}, "source": null}',
-        mem("c2", agent_id="a", recall_count=3.0, locked=0, source_text="raw <source>",
-            metadata_text="raw {metadata"),  # spec JL-5: stored back verbatim
-        {"_type": "episode", "agent_id": "a", "summary": "s", "keywords": ["a", "b"],
-         "resolved": 1, "project_id": ""},
+        mem(
+            "c2", agent_id="a", recall_count=3.0, locked=0, source_text="raw <source>", metadata_text="raw {metadata"
+        ),  # spec JL-5: stored back verbatim
+        {"_type": "episode", "agent_id": "a", "summary": "s", "keywords": ["a", "b"], "resolved": 1, "project_id": ""},
     )
     answer = import_memories(app, input_path=str(source))
     assert answer.get("errors") is None and answer["imported_memories"] == 2
@@ -548,8 +642,7 @@ def test_tolerances_of_the_format(app: App, db: Database, tmp_path: Path) -> Non
 def test_missing_created_at_becomes_now(app: App, db: Database, tmp_path: Path) -> None:
     # spec JL-8: a missing created_at/updated_at becomes the server clock (VF-1 shape)
     app.clock = lambda: datetime(2026, 11, 30, 4, 5, 6, 789, tzinfo=timezone.utc)
-    source = write_jsonl(tmp_path / "in.jsonl", mem("c"),
-                         {"_type": "profile", "agent_id": "alice", "content": "p"})
+    source = write_jsonl(tmp_path / "in.jsonl", mem("c"), {"_type": "profile", "agent_id": "alice", "content": "p"})
     import_memories(app, input_path=str(source))
     assert rows(db, "memories", ("created_at",)) == [("2026-11-30 04:05:06",)]
     assert rows(db, "profiles", ("updated_at",)) == [("2026-11-30 04:05:06",)]
@@ -557,8 +650,9 @@ def test_missing_created_at_becomes_now(app: App, db: Database, tmp_path: Path) 
 
 def test_surrogates_refuse_only_their_line(app: App, db: Database, tmp_path: Path) -> None:
     # spec IM-5: a string with an unencodable surrogate refuses its line
-    source = write_jsonl(tmp_path / "in.jsonl", '{"_type": "memory", "agent_id": "a", "content": "x\\ud800"}',
-                         mem("fine"))
+    source = write_jsonl(
+        tmp_path / "in.jsonl", '{"_type": "memory", "agent_id": "a", "content": "x\\ud800"}', mem("fine")
+    )
     answer = import_memories(app, input_path=str(source))
     assert answer["errors"] == ["Line 1: memory content holds an unpaired surrogate; it was not imported"]
     assert rows(db, "memories", ("content",)) == [("fine",)]
@@ -613,7 +707,8 @@ def test_records_without_project_go_to_the_global_pool(app: App, db: Database, t
     assert rows(db, "memories", ("project_id",)) == [("",)]
     assert answer["errors"] == [
         "1 memory and 0 episode records had no project_id (an export from before that axis "
-        "was exported); they were restored into the global pool"]
+        "was exported); they were restored into the global pool"
+    ]
     plain = write_jsonl(tmp_path / "plain.jsonl", {**record, "content": "hand-written"})
     assert "errors" not in import_memories(app, input_path=str(plain))
 
@@ -639,8 +734,14 @@ def test_only_newline_splits_lines(app: App, db: Database, tmp_path: Path) -> No
 def test_paused_body_matches_the_spec() -> None:
     # spec §9.5: what a paused, non-dry import answers before the facade's keys
     assert paused_import_body() == {
-        "ok": True, "dry_run": True, "imported_memories": 0, "skipped_memories": 0,
-        "imported_episodes": 0, "skipped_episodes": 0, "profile_updated": False}
+        "ok": True,
+        "dry_run": True,
+        "imported_memories": 0,
+        "skipped_memories": 0,
+        "imported_episodes": 0,
+        "skipped_episodes": 0,
+        "profile_updated": False,
+    }
 
 
 # --- declared graph (where the association tables exist) ----------------------
@@ -660,13 +761,23 @@ def test_graph_export_and_import_repoint_refs(app: App, db: Database, fresh: Dat
     add_graph_tables_to(fresh)
     m1 = add_memory(db, content="Mina owns the ledger.")
     e1 = add(db, Episode, agent_id="alice", summary="Ledger review.")
-    _declare(db, "INSERT INTO entities (agent_id, name, normalized, declared_by, created_at) "
-                 "VALUES ('alice', 'Mina', 'mina', 'agent', :s)", s=STAMP)
+    _declare(
+        db,
+        "INSERT INTO entities (agent_id, name, normalized, declared_by, created_at) "
+        "VALUES ('alice', 'Mina', 'mina', 'agent', :s)",
+        s=STAMP,
+    )
     _declare(db, "INSERT INTO entity_aliases VALUES (1, 'mina-san', 'mina-san')")
     _declare(db, "INSERT INTO entity_mentions VALUES (1, :r, 'agent', :s)", r=f"mem:{m1}", s=STAMP)
-    _declare(db, "INSERT INTO relations (agent_id, subject_kind, subject_id, predicate, object_kind, "
-                 "object_id, anchor_ref, declared_by, declared_at) VALUES "
-                 "('alice', 'entity', 1, 'reviewed', 'ep', :e, :r, 'agent', :s)", e=e1, r=f"mem:{m1}", s=STAMP)
+    _declare(
+        db,
+        "INSERT INTO relations (agent_id, subject_kind, subject_id, predicate, object_kind, "
+        "object_id, anchor_ref, declared_by, declared_at) VALUES "
+        "('alice', 'entity', 1, 'reviewed', 'ep', :e, :r, 'agent', :s)",
+        e=e1,
+        r=f"mem:{m1}",
+        s=STAMP,
+    )
     out = tmp_path / "graph.jsonl"
     answer = export_memories(app, agent_id="alice", output_path=str(out))
     assert answer["associations"] == {"entities": 1, "mentions": 1, "relations": 1}
@@ -688,7 +799,8 @@ def test_graph_export_and_import_repoint_refs(app: App, db: Database, fresh: Dat
     assert new_m1 != m1
     assert rows(fresh, "entity_mentions", ("ref",)) == [(f"mem:{new_m1}",)]
     assert rows(fresh, "relations", ("subject_kind", "predicate", "object_kind", "object_id", "anchor_ref")) == [
-        ("entity", "reviewed", "ep", new_e1, f"mem:{new_m1}")]
+        ("entity", "reviewed", "ep", new_e1, f"mem:{new_m1}")
+    ]
     assert rows(fresh, "entity_aliases", ("alias", "normalized")) == [("mina-san", "mina-san")]
     again = import_memories(target, input_path=str(out))  # carrying twice writes once
     assert again["associations"] == {"entities": 1, "mentions": 1, "relations": 1}
@@ -701,14 +813,26 @@ def test_graph_items_that_cannot_be_carried_are_summarised(app: App, db: Databas
     from test_import_db import add_graph_tables_to
 
     add_graph_tables_to(db)
-    _declare(db, "INSERT INTO entities (agent_id, name, normalized, declared_by, created_at) "
-                 "VALUES ('alice', 'Bob', 'bob', 'agent', 'x')")
+    _declare(
+        db,
+        "INSERT INTO entities (agent_id, name, normalized, declared_by, created_at) "
+        "VALUES ('alice', 'Bob', 'bob', 'agent', 'x')",
+    )
     source = write_jsonl(
         tmp_path / "in.jsonl",
         mem("kept", id=10),
         mem("", id=11),  # empty: not restored, so nothing may point at it
-        {"_type": "entity", "id": 5, "agent_id": "alice", "project_id": "", "channel": "",
-         "name": "Robert", "declared_by": "agent", "created_at": "t", "aliases": ["bob", "Rob"]},
+        {
+            "_type": "entity",
+            "id": 5,
+            "agent_id": "alice",
+            "project_id": "",
+            "channel": "",
+            "name": "Robert",
+            "declared_by": "agent",
+            "created_at": "t",
+            "aliases": ["bob", "Rob"],
+        },
         {"_type": "mention", "entity": 5, "ref": "mem:10", "declared_by": "agent", "created_at": "t"},
         {"_type": "mention", "entity": 5, "ref": "mem:11", "declared_by": "agent", "created_at": "t"},
         {"_type": "mention", "entity": 99, "ref": "mem:10", "declared_by": "agent", "created_at": "t"},
@@ -718,7 +842,8 @@ def test_graph_items_that_cannot_be_carried_are_summarised(app: App, db: Databas
     assert answer["errors"] == [
         "3 association items were not carried (0 entities, 2 mentions, 0 relations, 1 aliases): "
         "they name a record or entity that was not restored, are malformed, or the alias "
-        "already names another entity in scope"]
+        "already names another entity in scope"
+    ]
     assert rows(db, "entity_aliases", ("alias",)) == [("Rob",)]
 
 
@@ -727,9 +852,16 @@ def test_import_is_all_or_nothing(app: App, db: Database, tmp_path: Path) -> Non
     refuse_inserts(db, "memories", "disk said no", when=("content", "poison"))
     source = write_jsonl(tmp_path / "in.jsonl", mem("one"), mem("two"), mem("poison"), mem("four"))
     answer = import_memories(app, input_path=str(source))
-    assert answer == {"ok": False, "error": "import aborted and rolled back: database error: disk said no",
-                      "dry_run": False, "imported_memories": 0, "skipped_memories": 0,
-                      "imported_episodes": 0, "skipped_episodes": 0, "profile_updated": False}
+    assert answer == {
+        "ok": False,
+        "error": "import aborted and rolled back: database error: disk said no",
+        "dry_run": False,
+        "imported_memories": 0,
+        "skipped_memories": 0,
+        "imported_episodes": 0,
+        "skipped_episodes": 0,
+        "profile_updated": False,
+    }
     assert count(db, "memories") == 0
 
 

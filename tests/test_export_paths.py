@@ -32,8 +32,12 @@ from cpersona.storage.engine import Database
 from test_admin_cli import cli
 from test_http_transport import HttpServer, mcp_call
 
-EXPORT_LINE = json.dumps({"_type": "header", "version": "cpersona-export/1.1", "agent_id": "old",
-                          "memory_count": 0, "episode_count": 0}) + "\n"
+EXPORT_LINE = (
+    json.dumps(
+        {"_type": "header", "version": "cpersona-export/1.1", "agent_id": "old", "memory_count": 0, "episode_count": 0}
+    )
+    + "\n"
+)
 
 
 # --- the server's own files -------------------------------------------------------------
@@ -49,9 +53,14 @@ def served(db: Database, tmp_path: Path) -> tuple[App, dict[str, Path]]:
     store(app, agent_id="alice", content="the row that must survive")
     s = app.settings
     files = {
-        "database": Path(db.path), "wal": Path(f"{db.path}-wal"), "shm": Path(f"{db.path}-shm"),
-        "journal": Path(f"{db.path}-journal"), "calibration sidecar": s.calibration_sidecar,
-        "update-check cache": s.update_check_cache, "ACL file": acl, "alias ledger": s.alias_ledger_path,
+        "database": Path(db.path),
+        "wal": Path(f"{db.path}-wal"),
+        "shm": Path(f"{db.path}-shm"),
+        "journal": Path(f"{db.path}-journal"),
+        "calibration sidecar": s.calibration_sidecar,
+        "update-check cache": s.update_check_cache,
+        "ACL file": acl,
+        "alias ledger": s.alias_ledger_path,
         "operating-context file": context,
     }
     for name in ("calibration sidecar", "update-check cache", "alias ledger"):
@@ -82,10 +91,15 @@ def database_is_whole(app: App, db_path: Path) -> None:
 
 
 PROTECTED = {  # spec decision 12: each of these is never written over
-    "database": "the memory database", "wal": "write-ahead log", "shm": "shared-memory index",
-    "journal": "rollback journal", "calibration sidecar": "the calibration sidecar",
-    "update-check cache": "the update-check cache", "ACL file": "the ACL file",
-    "alias ledger": "the alias ledger", "operating-context file": "the operating-context file",
+    "database": "the memory database",
+    "wal": "write-ahead log",
+    "shm": "shared-memory index",
+    "journal": "rollback journal",
+    "calibration sidecar": "the calibration sidecar",
+    "update-check cache": "the update-check cache",
+    "ACL file": "the ACL file",
+    "alias ledger": "the alias ledger",
+    "operating-context file": "the operating-context file",
 }
 
 
@@ -97,8 +111,10 @@ def test_export_never_writes_over_a_server_file(served, kind: str) -> None:
     before = {name: snapshot(path) for name, path in files.items() if name != "shm"}
     shm_inode = os.stat(files["shm"]).st_ino
     answer = export_memories(app, agent_id="", output_path=str(target))
-    assert answer == {"ok": False, "error": f"output_path refused: {target} is {_what(kind)}, which is never "
-                                            "written over; choose another file"}
+    assert answer == {
+        "ok": False,
+        "error": f"output_path refused: {target} is {_what(kind)}, which is never written over; choose another file",
+    }
     assert {name: snapshot(path) for name, path in files.items() if name != "shm"} == before
     assert os.stat(files["shm"]).st_ino == shm_inode
     assert [p.name for p in target.parent.iterdir() if p.name.endswith(".tmp")] == []
@@ -118,7 +134,8 @@ def test_a_hard_link_of_the_database_is_the_database(served, tmp_path: Path) -> 
     os.link(files["database"], alias)
     answer = export_memories(app, agent_id="", output_path=str(alias))
     assert answer["ok"] is False and answer["error"] == (
-        f"output_path refused: {alias} is the memory database, which is never written over; choose another file")
+        f"output_path refused: {alias} is the memory database, which is never written over; choose another file"
+    )
     assert os.stat(alias).st_ino == os.stat(files["database"]).st_ino
     database_is_whole(app, files["database"])
 
@@ -128,8 +145,12 @@ def test_another_spelling_of_a_server_file_is_that_file(served, tmp_path: Path, 
     app, files = served
     (tmp_path / "via").symlink_to(files["database"].parent)
     monkeypatch.chdir(files["database"].parent)
-    spellings = [files["database"].name, f"./{files['calibration sidecar'].name}",
-                 str(tmp_path / "via" / files["database"].name), str(tmp_path / "via" / "alias_ledger.json")]
+    spellings = [
+        files["database"].name,
+        f"./{files['calibration sidecar'].name}",
+        str(tmp_path / "via" / files["database"].name),
+        str(tmp_path / "via" / "alias_ledger.json"),
+    ]
     for spelling in spellings:
         answer = export_memories(app, agent_id="", output_path=spelling)
         assert answer["ok"] is False and "which is never written over" in answer["error"], spelling
@@ -169,25 +190,49 @@ def _export_file(path: Path) -> Path:
 
 # (name, make the target, what the refusal says)
 NOT_AN_EXPORT: list[tuple[str, Callable[[Path, dict[str, Path]], Path], str]] = [
-    ("symlink to an export", lambda d, f: _symlink(d / "link.jsonl", _export_file(d / "real.jsonl")),
-     "is a symbolic link, which is never written through; name the file itself"),
-    ("dangling symlink", lambda d, f: _symlink(d / "dangling.jsonl", d / "nowhere"),
-     "is a symbolic link, which is never written through; name the file itself"),
-    ("symlink to the database", lambda d, f: _symlink(d / "db-link.jsonl", f["database"]),
-     "is the memory database, which is never written over; choose another file"),
+    (
+        "symlink to an export",
+        lambda d, f: _symlink(d / "link.jsonl", _export_file(d / "real.jsonl")),
+        "is a symbolic link, which is never written through; name the file itself",
+    ),
+    (
+        "dangling symlink",
+        lambda d, f: _symlink(d / "dangling.jsonl", d / "nowhere"),
+        "is a symbolic link, which is never written through; name the file itself",
+    ),
+    (
+        "symlink to the database",
+        lambda d, f: _symlink(d / "db-link.jsonl", f["database"]),
+        "is the memory database, which is never written over; choose another file",
+    ),
     ("FIFO", lambda d, f: _fifo(d / "pipe"), "is a FIFO, not a regular file, so nothing was written"),
     ("socket", lambda d, f: make_socket(d / "s.sock"), "is a socket, not a regular file, so nothing was written"),
     ("directory", lambda d, f: _mkdir(d / "adir"), "is a directory, not a regular file, so nothing was written"),
-    ("character device", lambda d, f: char_device(d),
-     "is a character device, not a regular file, so nothing was written"),
-    ("a document", lambda d, f: _write(d / "notes.txt", "my notes\n"),
-     "already exists and is not a cpersona export, so it was not replaced; choose a new file name"),
-    ("an empty file", lambda d, f: _write(d / "empty.jsonl", ""),
-     "already exists and is not a cpersona export, so it was not replaced; choose a new file name"),
-    ("JSON that is not a header", lambda d, f: _write(d / "rec.jsonl", '{"_type": "memory", "content": "x"}\n'),
-     "already exists and is not a cpersona export, so it was not replaced; choose a new file name"),
-    ("a header of another format", lambda d, f: _write(d / "other.jsonl", '{"_type": "header", "version": "x/1"}\n'),
-     "already exists and is not a cpersona export, so it was not replaced; choose a new file name"),
+    (
+        "character device",
+        lambda d, f: char_device(d),
+        "is a character device, not a regular file, so nothing was written",
+    ),
+    (
+        "a document",
+        lambda d, f: _write(d / "notes.txt", "my notes\n"),
+        "already exists and is not a cpersona export, so it was not replaced; choose a new file name",
+    ),
+    (
+        "an empty file",
+        lambda d, f: _write(d / "empty.jsonl", ""),
+        "already exists and is not a cpersona export, so it was not replaced; choose a new file name",
+    ),
+    (
+        "JSON that is not a header",
+        lambda d, f: _write(d / "rec.jsonl", '{"_type": "memory", "content": "x"}\n'),
+        "already exists and is not a cpersona export, so it was not replaced; choose a new file name",
+    ),
+    (
+        "a header of another format",
+        lambda d, f: _write(d / "other.jsonl", '{"_type": "header", "version": "x/1"}\n'),
+        "already exists and is not a cpersona export, so it was not replaced; choose a new file name",
+    ),
 ]
 
 
@@ -289,17 +334,22 @@ def test_import_never_reads_a_server_file(served, kind: str) -> None:
     app, files = served
     target = files[kind]
     answer = run_bounded(lambda: import_memories(app, input_path=str(target)))
-    assert answer == {"ok": False, "error": f"input_path refused: {target} is {_what(kind)}, not an export; "
-                                            "import reads only export files"}
+    assert answer == {
+        "ok": False,
+        "error": f"input_path refused: {target} is {_what(kind)}, not an export; import reads only export files",
+    }
     database_is_whole(app, files["database"])
 
 
 @pytest.mark.parametrize("make", ["fifo", "dev-zero", "directory", "symlink to a FIFO"])
 def test_import_refuses_what_would_hang_or_never_end(served, tmp_path: Path, make: str) -> None:  # spec IM-1
     app, _ = served
-    target = {"fifo": lambda: _fifo(tmp_path / "pipe"), "dev-zero": lambda: Path("/dev/zero"),
-              "directory": lambda: _mkdir(tmp_path / "adir"),
-              "symlink to a FIFO": lambda: _symlink(tmp_path / "l.jsonl", _fifo(tmp_path / "p2"))}[make]()
+    target = {
+        "fifo": lambda: _fifo(tmp_path / "pipe"),
+        "dev-zero": lambda: Path("/dev/zero"),
+        "directory": lambda: _mkdir(tmp_path / "adir"),
+        "symlink to a FIFO": lambda: _symlink(tmp_path / "l.jsonl", _fifo(tmp_path / "p2")),
+    }[make]()
     answer = run_bounded(lambda: import_memories(app, input_path=str(target)))
     assert answer == {"ok": False, "error": f"input_path is not a regular file: {target}"}
 
@@ -329,7 +379,8 @@ def test_import_of_a_hard_link_of_the_database_is_refused(served, tmp_path: Path
     alias = tmp_path / "dump.jsonl"
     os.link(files["database"], alias)
     assert import_memories(app, input_path=str(alias))["error"] == (
-        f"input_path refused: {alias} is the memory database, not an export; import reads only export files")
+        f"input_path refused: {alias} is the memory database, not an export; import reads only export files"
+    )
 
 
 # --- confined for remote callers --------------------------------------------------------
@@ -346,7 +397,8 @@ def test_remote_callers_are_confined_to_the_exports_directory(served, tmp_path: 
     for bad in (str(tmp_path / "x.jsonl"), "../x.jsonl", "escape/x.jsonl", str(files["database"]), "/dev/null"):
         answer = export_memories(remote, agent_id="", output_path=bad)
         assert answer["ok"] is False and answer["error"].startswith(
-            f"output_path rejected (path traversal or outside export dir): {bad} — over streamable HTTP"), bad
+            f"output_path rejected (path traversal or outside export dir): {bad} — over streamable HTTP"
+        ), bad
         assert import_memories(remote, input_path=bad)["error"].startswith("input_path rejected"), bad
     assert not (tmp_path / "x.jsonl").exists()
     assert import_memories(remote, input_path="dump.jsonl", dry_run=True)["ok"] is True
@@ -370,8 +422,9 @@ async def test_http_export_and_import_stay_in_the_exports_directory(tmp_path: Pa
         (root / "out").symlink_to(tmp_path)
         for bad in (str(tmp_path / "x.jsonl"), str(server.db_path), "../http.db", "out/x.jsonl"):
             refused = await mcp_call(server.url, "tok", "export_memories", {"agent_id": "", "output_path": bad})
-            assert refused["ok"] is False and refused["error"].startswith(f"output_path rejected (path traversal "
-                                                                          f"or outside export dir): {bad}"), bad
+            assert refused["ok"] is False and refused["error"].startswith(
+                f"output_path rejected (path traversal or outside export dir): {bad}"
+            ), bad
             imported = await mcp_call(server.url, "tok", "import_memories", {"input_path": bad})
             assert imported["ok"] is False and imported["error"].startswith("input_path rejected"), bad
         assert not (tmp_path / "x.jsonl").exists()
@@ -396,8 +449,8 @@ async def test_stdio_keeps_any_path_minus_the_refusals(tmp_path: Path) -> None: 
     anywhere = tmp_path / "somewhere" / "else.jsonl"
     async with Client(stdio_client(params)) as client:
         await client.call_tool("store", {"agent_id": "a", "content": "over stdio"})
-        written = (await client.call_tool("export_memories", {"agent_id": "", "output_path": str(anywhere)}))
-        onto_db = (await client.call_tool("export_memories", {"agent_id": "", "output_path": str(db_path)}))
+        written = await client.call_tool("export_memories", {"agent_id": "", "output_path": str(anywhere)})
+        onto_db = await client.call_tool("export_memories", {"agent_id": "", "output_path": str(db_path)})
     assert written.structured_content["ok"] is True and anywhere.is_file()
     assert onto_db.structured_content["error"].startswith(f"output_path refused: {db_path} is the memory database")
     check = sqlite3.connect(db_path)
@@ -417,12 +470,14 @@ def test_cli_export_and_backup_refuse_in_one_line(served, tmp_path: Path) -> Non
     # A CLI process closing the database may checkpoint the WAL away: the database is judged by its rows.
     side_files = [name for name in files if name not in ("database", "wal", "shm")]
     before = {name: snapshot(files[name]) for name in side_files}
-    cases = [("export", str(files["database"]), "is the memory database"),
-             ("export", str(document), "is not a cpersona export"),
-             ("export", acl, "is the ACL file"),
-             ("backup", str(files["journal"]), "is the database's rollback journal"),
-             ("backup", str(files["operating-context file"]), "is the operating-context file"),
-             ("backup", str(dangling), "already exists (a symbolic link)")]
+    cases = [
+        ("export", str(files["database"]), "is the memory database"),
+        ("export", str(document), "is not a cpersona export"),
+        ("export", acl, "is the ACL file"),
+        ("backup", str(files["journal"]), "is the database's rollback journal"),
+        ("backup", str(files["operating-context file"]), "is the operating-context file"),
+        ("backup", str(dangling), "already exists (a symbolic link)"),
+    ]
     for command, target, says in cases:
         done = cli(files["database"], command, target, **extra)
         assert done.returncode == 1, (command, target, done.stderr)

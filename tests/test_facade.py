@@ -89,8 +89,11 @@ def partial_service(app, text: str, n: int = 1, flag: bool = False) -> dict:  # 
 
 
 def make_schema(**extra_props: Any) -> dict:
-    props = {"text": {"type": "string", "maxLength": 20}, "n": {"type": "integer", "minimum": 0, "maximum": 100},
-             "flag": {"type": "boolean", "default": False}}
+    props = {
+        "text": {"type": "string", "maxLength": 20},
+        "n": {"type": "integer", "minimum": 0, "maximum": 100},
+        "flag": {"type": "boolean", "default": False},
+    }
     props.update(extra_props)
     return {"type": "object", "properties": props, "required": ["text"]}
 
@@ -98,22 +101,32 @@ def make_schema(**extra_props: Any) -> dict:
 def tool(name: str, description: str, schema: dict, annotations: Annotations, service, **more: Any) -> ToolSpec:
     if annotations.read_only is not True:
         more.setdefault("paused", PassThrough())
-    return keyword_tool(name=name, description=description, input_schema=schema, annotations=annotations,
-                        service=service, **more)
+    return keyword_tool(
+        name=name, description=description, input_schema=schema, annotations=annotations, service=service, **more
+    )
 
 
 def make_registry() -> Registry:
     rw = Annotations(read_only=False, destructive=False)
-    return Registry([
-        tool("echo", "Echo.", make_schema(), READ_ONLY, echo),
-        tool("boom", "Crashes.", {"type": "object", "properties": {"text": {"type": "string"}}}, rw, boom),
-        tool("refuse", "Refuses.", {"type": "object", "properties": {"text": {"type": "string"}}}, rw, refuse),
-        tool("not_a_dict", "Wrong type.", {"type": "object", "properties": {}}, READ_ONLY, not_a_dict),
-        tool("surrogate_answer", "Bad text out.", {"type": "object", "properties": {}}, READ_ONLY, surrogate_answer),
-        tool("partial", "Declares two arguments it does not carry out.",
-             make_schema(later={"type": "string", "default": ""}, cue={"type": "object"}), READ_ONLY,
-             partial_service, unsupported=frozenset({"later", "cue"})),
-    ])
+    return Registry(
+        [
+            tool("echo", "Echo.", make_schema(), READ_ONLY, echo),
+            tool("boom", "Crashes.", {"type": "object", "properties": {"text": {"type": "string"}}}, rw, boom),
+            tool("refuse", "Refuses.", {"type": "object", "properties": {"text": {"type": "string"}}}, rw, refuse),
+            tool("not_a_dict", "Wrong type.", {"type": "object", "properties": {}}, READ_ONLY, not_a_dict),
+            tool(
+                "surrogate_answer", "Bad text out.", {"type": "object", "properties": {}}, READ_ONLY, surrogate_answer
+            ),
+            tool(
+                "partial",
+                "Declares two arguments it does not carry out.",
+                make_schema(later={"type": "string", "default": ""}, cue={"type": "object"}),
+                READ_ONLY,
+                partial_service,
+                unsupported=frozenset({"later", "cue"}),
+            ),
+        ]
+    )
 
 
 def payload(result) -> dict:
@@ -125,6 +138,7 @@ def payload(result) -> dict:
 
 
 # --- declarations ----------------------------------------------------------
+
 
 async def test_lists_the_seven_tools_with_the_reference_schemas_and_annotations(app):  # spec G-3, T-6
     async with Client(build_server(app)) as client:
@@ -163,22 +177,79 @@ def test_instructions_name_only_tools_the_server_offers():
     assert "recall" not in text and "archive_episode" not in text and "list_memories" not in text
 
 
-@pytest.mark.parametrize(("tool", "facts"), [
-    ("store", ["result", "'stored'", "'skipped'", "'rejected'", "'duplicate (unique index)'", "resolved_agent_id",
-               "locked:true|false", "persisted:false", "'no-persist'", "nodes:{status:'queued'}", "truncated:true",
-               "message={content, id, source, timestamp, metadata}", "never both"]),
-    ("recall", ["reconstruct", "LAST row", "gate_fallback:true", "CPERSONA_CONFIDENCE_ORDERING=legacy",
-                "800 characters", "CPERSONA_RECALL_EXCERPT_CHARS", "' … '", "excerpt_basis", "get_contents",
-                "200,000", "full_content_budget_chars", "match_reason {signal, score, ...}", "rsf", "cosine",
-                "prior"]),
-    ("get_profile", ["profile"]),
-    ("update_profile", ["2000", "CPERSONA_MAX_PROFILE_LENGTH", "truncated:true", "not kept anywhere"]),
-    ("archive_episode", ["summary", "keywords", "resolved", "no language model", "nodes:{status:'queued'}"]),
-    ("list_memories", ["500", "budget_rows", "export_memories", "1,000,000", "CPERSONA_RECALL_PREVIEW_CHARS",
-                       "content_truncated", "content_len", "budget_chars", "own agent_id", "preview cap of 0"]),
-    ("list_episodes", ["200", "budget_rows", "800,000", "summary_truncated/summary_len",
-                       "keywords_truncated/keywords_len", "budget_chars", "export_memories"]),
-])
+@pytest.mark.parametrize(
+    ("tool", "facts"),
+    [
+        (
+            "store",
+            [
+                "result",
+                "'stored'",
+                "'skipped'",
+                "'rejected'",
+                "'duplicate (unique index)'",
+                "resolved_agent_id",
+                "locked:true|false",
+                "persisted:false",
+                "'no-persist'",
+                "nodes:{status:'queued'}",
+                "truncated:true",
+                "message={content, id, source, timestamp, metadata}",
+                "never both",
+            ],
+        ),
+        (
+            "recall",
+            [
+                "reconstruct",
+                "LAST row",
+                "gate_fallback:true",
+                "CPERSONA_CONFIDENCE_ORDERING=legacy",
+                "800 characters",
+                "CPERSONA_RECALL_EXCERPT_CHARS",
+                "' … '",
+                "excerpt_basis",
+                "get_contents",
+                "200,000",
+                "full_content_budget_chars",
+                "match_reason {signal, score, ...}",
+                "rsf",
+                "cosine",
+                "prior",
+            ],
+        ),
+        ("get_profile", ["profile"]),
+        ("update_profile", ["2000", "CPERSONA_MAX_PROFILE_LENGTH", "truncated:true", "not kept anywhere"]),
+        ("archive_episode", ["summary", "keywords", "resolved", "no language model", "nodes:{status:'queued'}"]),
+        (
+            "list_memories",
+            [
+                "500",
+                "budget_rows",
+                "export_memories",
+                "1,000,000",
+                "CPERSONA_RECALL_PREVIEW_CHARS",
+                "content_truncated",
+                "content_len",
+                "budget_chars",
+                "own agent_id",
+                "preview cap of 0",
+            ],
+        ),
+        (
+            "list_episodes",
+            [
+                "200",
+                "budget_rows",
+                "800,000",
+                "summary_truncated/summary_len",
+                "keywords_truncated/keywords_len",
+                "budget_chars",
+                "export_memories",
+            ],
+        ),
+    ],
+)
 def test_descriptions_carry_the_facts_of_the_users_tool_descriptions(tool, facts):
     description = default_registry().get(tool).description
     for fact in facts:
@@ -195,11 +266,22 @@ def test_a_request_must_carry_every_declared_argument():
     # What the schema declares, the request carries (or the declaration says it is not carried out).
     schema = make_schema(later={"type": "string"})
     with pytest.raises(ValueError, match="its request carries"):
-        Registry([ToolSpec("echo", "Echo.", schema, READ_ONLY, by_keywords(echo),
-                           request=keyword_request("echo", tuple(make_schema()["properties"])))])
+        Registry(
+            [
+                ToolSpec(
+                    "echo",
+                    "Echo.",
+                    schema,
+                    READ_ONLY,
+                    by_keywords(echo),
+                    request=keyword_request("echo", tuple(make_schema()["properties"])),
+                )
+            ]
+        )
 
 
 # --- the call path -----------------------------------------------------------
+
 
 async def test_success_is_one_json_text_plus_the_same_structured_content(app):
     async with Client(build_server(app, make_registry())) as client:
@@ -229,17 +311,20 @@ async def test_integral_float_reaches_the_service_as_int(app):
     assert payload(result)["n"] == 5 and isinstance(SEEN["echo"]["n"], int)
 
 
-@pytest.mark.parametrize(("arguments", "detail"), [
-    ({"text": "x", "n": 101}, "101 is greater than the maximum of 100"),
-    ({"text": "x", "n": -1}, "-1 is less than the minimum of 0"),
-    ({"text": "x", "n": "5"}, "'5' is not of type 'integer'"),
-    ({"text": "x", "n": True}, "True is not of type 'integer'"),
-    ({"text": "x", "n": 1.5}, "1.5 is not of type 'integer'"),
-    ({"n": 1}, "'text' is a required property"),
-    ({"text": 5}, "5 is not of type 'string'"),
-    ({"text": "x" * 21}, "is too long"),
-    ({"text": None}, "None is not of type 'string'"),
-])
+@pytest.mark.parametrize(
+    ("arguments", "detail"),
+    [
+        ({"text": "x", "n": 101}, "101 is greater than the maximum of 100"),
+        ({"text": "x", "n": -1}, "-1 is less than the minimum of 0"),
+        ({"text": "x", "n": "5"}, "'5' is not of type 'integer'"),
+        ({"text": "x", "n": True}, "True is not of type 'integer'"),
+        ({"text": "x", "n": 1.5}, "1.5 is not of type 'integer'"),
+        ({"n": 1}, "'text' is a required property"),
+        ({"text": 5}, "5 is not of type 'string'"),
+        ({"text": "x" * 21}, "is too long"),
+        ({"text": None}, "None is not of type 'string'"),
+    ],
+)
 async def test_schema_violations_are_input_validation_errors(app, arguments, detail):  # spec G-3
     async with Client(build_server(app, make_registry())) as client:
         result = await client.call_tool("echo", arguments)
@@ -300,7 +385,9 @@ async def test_lone_surrogate_in_arguments_is_refused_in_the_tools_own_shape(app
         in_value = await client.call_tool("refuse", {"text": "a\ud800b"})
     assert in_value.is_error is False
     assert payload(in_value) == {
-        "ok": False, "error": "$.text contains a lone UTF-16 surrogate, which is not valid text; nothing was done"}
+        "ok": False,
+        "error": "$.text contains a lone UTF-16 surrogate, which is not valid text; nothing was done",
+    }
     # The SDK client rewrites a surrogate in a key before sending, so call the path directly.
     SEEN.pop("echo", None)
     in_key = await call_tool(app, make_registry(), GateChain(), "echo", {"text": "fine", "\udfffodd": 1})
@@ -317,6 +404,7 @@ async def test_declared_argument_the_server_does_not_carry_out_is_refused_unless
 
 
 # --- bounds and validation helpers ------------------------------------------
+
 
 def nested(depth: int) -> Any:
     value: Any = "leaf"
@@ -358,7 +446,8 @@ def test_schema_messages_read_like_the_references():  # spec G-3 examples
     recall = default_registry().get("recall").input_schema
     # The reference's words, plus where the value sits (the reference does not say).
     assert schema_violation(recall, {"agent_id": "a", "query": "q", "limit": 101}) == (
-        "101 is greater than the maximum of 100 (at $.limit)")
+        "101 is greater than the maximum of 100 (at $.limit)"
+    )
     assert schema_violation(recall, {"agent_id": "a"}) == "'query' is a required property"
     cue = {"agent_id": "a", "query": "q", "time_cue": {"confidence": "maybe"}}
     assert "is not one of ['sure', 'likely', 'vague'] (at $.time_cue.confidence)" in schema_violation(recall, cue)
@@ -371,6 +460,7 @@ def test_conform_keeps_declared_keys_and_nested_unknowns():
 
 
 # --- the gate chain -----------------------------------------------------------
+
 
 async def test_empty_gate_chain_passes_the_call_through(app):
     outcome = await call_tool(app, make_registry(), GateChain(), "echo", {"text": "plain"})
@@ -386,6 +476,7 @@ async def test_gates_run_in_order_and_see_validated_arguments(app):
             response = await call_next(call)
             order.append(f"{label} done")
             return response
+
         return gate
 
     chain = GateChain([recording("outer"), recording("inner")])
@@ -456,9 +547,13 @@ async def test_requests_are_served_concurrently(app):
 
 # --- stdio second chance helpers ---------------------------------------------
 
+
 def test_top_level_member_finds_the_id_past_any_nesting():
     deep = '{"k":' * 10_000 + "1" + "}" * 10_000
-    line = '{"jsonrpc":"2.0","method":"tools/call","params":{"name":"store","arguments":{"metadata":%s,"id":"inner"}},"id":42}' % deep
+    line = (
+        '{"jsonrpc":"2.0","method":"tools/call","params":{"name":"store","arguments":{"metadata":%s,"id":"inner"}},"id":42}'
+        % deep
+    )
     assert top_level_member(line, "id") == 42
     assert top_level_member(line, "method") == "tools/call"
     assert top_level_member('{"id":"abc\\"d","method":"x"}', "id") == 'abc"d'

@@ -126,8 +126,13 @@ def test_a_source_serving_another_model_is_refused(tmp_path, served):
 
 def test_local_mode_fetches_on_first_use_in_the_background_then_embeds(tmp_path, served):
     server, _ = served
-    settings = load_settings({"CPERSONA_EMBEDDING_MODE": "local", "CPERSONA_EMBEDDING_CACHE_DIR": str(tmp_path / "c"),
-                              "CPERSONA_EMBEDDING_MODEL_SOURCE": server.url})
+    settings = load_settings(
+        {
+            "CPERSONA_EMBEDDING_MODE": "local",
+            "CPERSONA_EMBEDDING_CACHE_DIR": str(tmp_path / "c"),
+            "CPERSONA_EMBEDDING_MODEL_SOURCE": server.url,
+        }
+    )
     embedder = build_embedder(settings)
     try:
         first = embedder.embed_query("cat")
@@ -140,11 +145,20 @@ def test_local_mode_fetches_on_first_use_in_the_background_then_embeds(tmp_path,
 
 
 def test_offline_with_nothing_cached_names_both_ways_out(tmp_path):
-    env = {"PATH": "/usr/bin:/bin", "CPERSONA_UPDATE_CHECK": "false",
-           "CPERSONA_EMBEDDING_CACHE_DIR": str(tmp_path / "empty"),
-           "CPERSONA_EMBEDDING_MODEL_SOURCE": "http://127.0.0.1:9/nothing-listens-here"}
-    done = subprocess.run([sys.executable, "-m", "cpersona", "embed-server", "--port", "0"], env=env,
-                          capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "CPERSONA_UPDATE_CHECK": "false",
+        "CPERSONA_EMBEDDING_CACHE_DIR": str(tmp_path / "empty"),
+        "CPERSONA_EMBEDDING_MODEL_SOURCE": "http://127.0.0.1:9/nothing-listens-here",
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "cpersona", "embed-server", "--port", "0"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
     assert done.returncode == 1
     message = done.stderr.strip().splitlines()[-1]
     assert "cpersona fetch-model all-MiniLM-L6-v2" in message and "CPERSONA_EMBEDDING_MODEL_PATH" in message
@@ -157,13 +171,22 @@ def test_fetch_model_command_fetches_lists_and_verifies(tmp_path, served):
     cache = str(tmp_path / "cache")
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "cpersona", "fetch-model", *args, "--cache-dir", cache],
-                              env=env, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+        return subprocess.run(
+            [sys.executable, "-m", "cpersona", "fetch-model", *args, "--cache-dir", cache],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            stdin=subprocess.DEVNULL,
+        )
 
     listed = cli("--list")
     assert listed.returncode == 0
     assert [line.split()[0] for line in listed.stdout.splitlines()] == [
-        "all-MiniLM-L6-v2", "bge-small-en-v1.5", "multilingual-e5-small"]
+        "all-MiniLM-L6-v2",
+        "bge-small-en-v1.5",
+        "multilingual-e5-small",
+    ]
     assert "not cached" in listed.stdout.splitlines()[0]
     fetched = cli("minilm", "--source", server.url)
     assert fetched.returncode == 0, fetched.stderr

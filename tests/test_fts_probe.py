@@ -19,10 +19,18 @@ from cpersona.storage.scope import Scope
 from cpersona.storage.search import query_terms
 from cpersona.storage.search_sqlite import SqliteSearch, fts5_match
 
-WORDS = ("garden painting camping pottery museum guitar adoption charity yoga beach "
-         "mountain bakery library concert").split()
-QUERIES = ["painting", "camping pottery", "What did Melanie paint at the museum?", "guitar concert beach",
-           "yoga", "the", "zzqx"]
+WORDS = (
+    "garden painting camping pottery museum guitar adoption charity yoga beach mountain bakery library concert"
+).split()
+QUERIES = [
+    "painting",
+    "camping pottery",
+    "What did Melanie paint at the museum?",
+    "guitar concert beach",
+    "yoga",
+    "the",
+    "zzqx",
+]
 
 
 @pytest.fixture
@@ -33,11 +41,16 @@ def mixed_db(db):
     for i in range(600):
         agent = "small" if i % 20 == 0 else "big"
         words = " ".join(rng.choice(WORDS) for _ in range(rng.randint(2, 9)))
-        memories.append({
-            "agent_id": agent, "content": f"{rng.choice(['Melanie', 'Jon'])}: {words} ({i})",
-            "timestamp": "2026-01-01T00:00:00+00:00", "source": '{"id": "u%d"}' % (i % 3),
-            "project_id": "p" if i % 7 == 0 else "", "channel": "c" if i % 5 == 0 else "",
-        })
+        memories.append(
+            {
+                "agent_id": agent,
+                "content": f"{rng.choice(['Melanie', 'Jon'])}: {words} ({i})",
+                "timestamp": "2026-01-01T00:00:00+00:00",
+                "source": '{"id": "u%d"}' % (i % 3),
+                "project_id": "p" if i % 7 == 0 else "",
+                "channel": "c" if i % 5 == 0 else "",
+            }
+        )
         if i % 6 == 0:
             episodes.append({"agent_id": agent, "summary": f"episode {words}", "keywords": rng.choice(WORDS)})
     with db.write() as session:
@@ -58,7 +71,9 @@ def joined(search: SqliteSearch, kind: str, scope: Scope, match: str, depth: int
         statements = search_sqlite._fts_search("memories_fts", "memories", "m", search_sqlite.MEMORY_COLUMNS, where)
     else:
         statements = search_sqlite._fts_search("episodes_fts", "episodes", "e", search_sqlite.EPISODE_COLUMNS, where)
-    rows = SqliteSearch._run(search, "test", statements.joined, {**params, "match": match, "depth": depth})  # not counted
+    rows = SqliteSearch._run(
+        search, "test", statements.joined, {**params, "match": match, "depth": depth}
+    )  # not counted
     return [(r.id, r.rank) for r in rows]
 
 
@@ -84,11 +99,14 @@ def test_the_shortcut_returns_what_the_joined_statement_returns(mixed_db, depth,
                 where, params = search_sqlite.sql_fragment(scope, "m")
                 by_source, source_params = search_sqlite.source_filter(source_id)
                 statements = search_sqlite._fts_search(
-                    "memories_fts", "memories", "m", search_sqlite.MEMORY_COLUMNS, f"{where} AND {by_source}")
+                    "memories_fts", "memories", "m", search_sqlite.MEMORY_COLUMNS, f"{where} AND {by_source}"
+                )
                 got = search._best_in_scope("t", statements, {**params, **source_params}, match, depth)
                 assert [(r.id, rank) for r, rank in got] == joined(search, "mem", scope, match, depth, source_id)
             where, params = search_sqlite.sql_fragment(scope, "e")
-            statements = search_sqlite._fts_search("episodes_fts", "episodes", "e", search_sqlite.EPISODE_COLUMNS, where)
+            statements = search_sqlite._fts_search(
+                "episodes_fts", "episodes", "e", search_sqlite.EPISODE_COLUMNS, where
+            )
             got = search._best_in_scope("t", statements, params, match, depth)
             assert [(r.id, rank) for r, rank in got] == joined(search, "ep", scope, match, depth)
     assert fell_back  # the small agent's scope holds few of the best matches: the joined statement answered
@@ -101,7 +119,9 @@ def test_keyword_arms_give_the_same_hits_with_and_without_the_shortcut(mixed_db,
         out = []
         for scope in SCOPES:
             for query in QUERIES:
-                out.append([(h.record.ref, h.raw, h.record.text) for h in search.keyword_memories(scope, query, 10).hits])
+                out.append(
+                    [(h.record.ref, h.raw, h.record.text) for h in search.keyword_memories(scope, query, 10).hits]
+                )
                 out.append([(h.record.ref, h.raw, h.record.text) for h in search.keyword_episodes(scope, query, 10)])
         return out
 

@@ -59,8 +59,9 @@ def test_rrf_tie_goes_to_the_row_with_more_lexical_votes():  # issue 14: differe
     assert [row.key for row in fused] == [M3, M2, M1]
     assert fused[1].score == fused[2].score
     # on both lists: equal sums, the better lexical rank first
-    swapped = rrf([RankedList.of("vector", [(M1, 0.9), (M2, 0.8)]),
-                   RankedList.of("memories", [(M2, None), (M1, None)])], K)
+    swapped = rrf(
+        [RankedList.of("vector", [(M1, 0.9), (M2, 0.8)]), RankedList.of("memories", [(M2, None), (M1, None)])], K
+    )
     assert [row.key for row in swapped] == [M2, M1]
 
 
@@ -202,8 +203,9 @@ def test_calibrated_gate_lookup_prefers_the_agent_then_global(app):
 
     assert calibrated_gate_for(app, "a", enabled=True) is None  # nothing calibrated: the heuristic
     app.calibration = CalibrationState()
-    app.calibration.restore(SidecarValues(fused_gate_signal="rsf", global_fused_gate=0.2,
-                                          agent_fused_gates={"a": 0.4}), measured=True)
+    app.calibration.restore(
+        SidecarValues(fused_gate_signal="rsf", global_fused_gate=0.2, agent_fused_gates={"a": 0.4}), measured=True
+    )
     assert calibrated_gate_for(app, "a", enabled=True) == CalibratedGate(0.4, "rsf")
     assert calibrated_gate_for(app, "b", enabled=True) == CalibratedGate(0.2, "rsf")
     assert calibrated_gate_for(app, "a", enabled=False) is None  # spec GATE-8

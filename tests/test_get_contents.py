@@ -187,7 +187,9 @@ def test_the_budget_does_not_follow_the_content_cap(db):  # spec GC-4
     assert refs_of(response) == ["mem:1"] and response["deferred"] == ["mem:2", "mem:3"]
 
 
-def test_a_preview_cap_of_zero_lifts_the_budget(db):  # configuration seed (CPERSONA_RECALL_PREVIEW_CHARS); differs from 2.6.14
+def test_a_preview_cap_of_zero_lifts_the_budget(
+    db,
+):  # configuration seed (CPERSONA_RECALL_PREVIEW_CHARS); differs from 2.6.14
     app = make_app(db, RECALL_PREVIEW_CHARS="0")
     add_memories(db, *({"content": str(i) * 16000} for i in range(5)))
     response = get_contents(app, agent_id="b", refs=[f"mem:{i}" for i in range(1, 6)])

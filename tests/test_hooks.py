@@ -34,13 +34,18 @@ def hook_input(event: str = "SessionStart", cwd: str = "/home/someone/src/websho
     return json.dumps({**base, **fields})
 
 
-def run_hook(db_path: Path, event: str, stdin: bytes | str | None, *args: str, agent: str = "alice",
-             **extra: str) -> subprocess.CompletedProcess[bytes]:
+def run_hook(
+    db_path: Path, event: str, stdin: bytes | str | None, *args: str, agent: str = "alice", **extra: str
+) -> subprocess.CompletedProcess[bytes]:
     data = stdin.encode() if isinstance(stdin, str) else stdin
-    return subprocess.run([sys.executable, "-m", "cpersona", "hook", event, "--agent", agent, *args,
-                           "--db", str(db_path)],
-                          env=env_for(db_path.with_name("decoy.db"), TZ="UTC", **extra), capture_output=True,
-                          timeout=120, input=data, stdin=subprocess.DEVNULL if data is None else None)
+    return subprocess.run(
+        [sys.executable, "-m", "cpersona", "hook", event, "--agent", agent, *args, "--db", str(db_path)],
+        env=env_for(db_path.with_name("decoy.db"), TZ="UTC", **extra),
+        capture_output=True,
+        timeout=120,
+        input=data,
+        stdin=subprocess.DEVNULL if data is None else None,
+    )
 
 
 def context_of(done: subprocess.CompletedProcess[bytes]) -> str:
@@ -62,10 +67,12 @@ def memory(db):
     app = make_app(db)
     update_profile(app, agent_id="alice", profile="alice prefers terse answers")
     ids = {
-        "web": store(app, content="webshop checkout uses the stripe sandbox key", agent_id="alice",
-                     project_id="web")["id"],
-        "mobile": store(app, content="webshop mobile app ships through testflight", agent_id="alice",
-                        project_id="mobile")["id"],
+        "web": store(app, content="webshop checkout uses the stripe sandbox key", agent_id="alice", project_id="web")[
+            "id"
+        ],
+        "mobile": store(
+            app, content="webshop mobile app ships through testflight", agent_id="alice", project_id="mobile"
+        )["id"],
         "bob": store(app, content="webshop admin password lives in bob's vault", agent_id="bob")["id"],
         "episode": archive_episode(app, agent_id="alice", summary="paired on the webshop cart bug")["episode_id"],
     }
@@ -87,7 +94,8 @@ def test_session_start_prints_the_agents_context_as_hook_output(memory):
 
 def test_session_start_for_an_agent_with_nothing_stored_says_so(memory):
     assert "Nothing is stored for this agent yet." in context_of(
-        run_hook(memory.path, "session-start", hook_input(), agent="nobody"))
+        run_hook(memory.path, "session-start", hook_input(), agent="nobody")
+    )
 
 
 def test_the_operating_contexts_default_project_scopes_the_context(memory, tmp_path):
@@ -95,11 +103,20 @@ def test_the_operating_contexts_default_project_scopes_the_context(memory, tmp_p
     assert "stripe sandbox" in everything and "testflight" in everything  # no project rule: every project
     rules = tmp_path / "operating-context.toml"
     rules.write_text('version = 1\n[registry]\nproject_ids = ["", "web", "mobile"]\n[defaults]\nalice = "web"\n')
-    scoped = context_of(run_hook(memory.path, "session-start", hook_input(),
-                                 CPERSONA_OPERATING_CONTEXT_PATH=str(rules)))
+    scoped = context_of(
+        run_hook(memory.path, "session-start", hook_input(), CPERSONA_OPERATING_CONTEXT_PATH=str(rules))
+    )
     assert "project 'web'" in scoped and "stripe sandbox" in scoped and "testflight" not in scoped
-    explicit = context_of(run_hook(memory.path, "session-start", hook_input(), "--project", "mobile",
-                                   CPERSONA_OPERATING_CONTEXT_PATH=str(rules)))
+    explicit = context_of(
+        run_hook(
+            memory.path,
+            "session-start",
+            hook_input(),
+            "--project",
+            "mobile",
+            CPERSONA_OPERATING_CONTEXT_PATH=str(rules),
+        )
+    )
     assert "testflight" in explicit and "stripe sandbox" not in explicit
 
 
@@ -156,9 +173,13 @@ def test_input_for_another_event_is_left_alone(memory):
 
 
 def test_stdin_left_open_after_the_object_does_not_hang_the_hook(memory):
-    child = subprocess.Popen([sys.executable, "-m", "cpersona", "hook", "session-start", "--agent", "alice",
-                              "--db", str(memory.path)], env=env_for(memory.path, TZ="UTC"),
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    child = subprocess.Popen(
+        [sys.executable, "-m", "cpersona", "hook", "session-start", "--agent", "alice", "--db", str(memory.path)],
+        env=env_for(memory.path, TZ="UTC"),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         child.stdin.write(hook_input().encode())
         child.stdin.flush()  # and never closed while the hook runs
@@ -185,13 +206,22 @@ def test_a_missing_database_adds_nothing_and_a_broken_one_fails_in_one_line(tmp_
 
 def test_session_end_records_the_boundary_and_the_next_start_shows_it(memory, tmp_path):
     transcript = tmp_path / "abc-123.jsonl"
-    transcript.write_text("\n".join(json.dumps(line) for line in [
-        {"type": "summary", "summary": "no timestamp here"},
-        {"type": "user", "timestamp": "2026-11-30T09:00:00.000Z", "message": {"content": "hi"}},
-        {"type": "assistant", "timestamp": "2026-11-30T09:45:10.500Z", "message": {"content": "bye"}},
-    ]) + "\n")
-    done = run_hook(memory.path, "session-end", hook_input("SessionEnd", reason="prompt_input_exit",
-                                                           transcript_path=str(transcript)))
+    transcript.write_text(
+        "\n".join(
+            json.dumps(line)
+            for line in [
+                {"type": "summary", "summary": "no timestamp here"},
+                {"type": "user", "timestamp": "2026-11-30T09:00:00.000Z", "message": {"content": "hi"}},
+                {"type": "assistant", "timestamp": "2026-11-30T09:45:10.500Z", "message": {"content": "bye"}},
+            ]
+        )
+        + "\n"
+    )
+    done = run_hook(
+        memory.path,
+        "session-end",
+        hook_input("SessionEnd", reason="prompt_input_exit", transcript_path=str(transcript)),
+    )
     assert done.returncode == 0 and done.stdout == b"", done.stderr.decode()
     with memory.read() as session:
         rows = session.execute(select(Episode).where(Episode.keywords.contains(BOUNDARY_KEYWORD))).scalars().all()
@@ -206,7 +236,11 @@ def test_session_end_records_the_boundary_and_the_next_start_shows_it(memory, tm
     recent = context.split("## Recent episodes", 1)[1].split("## Last session", 1)
     assert f"ep:{boundary}" not in recent[0]  # not listed as a conversation episode
     assert f"ep:{boundary}, ended 2026-11-30T09:45:10.500Z" in recent[1]
-    bob = subprocess.run([sys.executable, "-m", "cpersona", "list", "--agent", "bob", "--json",
-                          "--db", str(memory.path)], env=env_for(memory.path, TZ="UTC"), capture_output=True,
-                         text=True, timeout=120)
+    bob = subprocess.run(
+        [sys.executable, "-m", "cpersona", "list", "--agent", "bob", "--json", "--db", str(memory.path)],
+        env=env_for(memory.path, TZ="UTC"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert f"ep:{boundary}" not in {row["ref"] for row in json.loads(bob.stdout)["rows"]}

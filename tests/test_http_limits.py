@@ -18,8 +18,14 @@ from collections.abc import Iterator
 import pytest
 
 from cpersona.config import load_settings
-from cpersona.mcp.http_guard import (FD_RESERVE, MAX_CONNECTIONS, MIN_CONNECTIONS, RateLimitedLog,
-                                     connection_limits, install_accept_error_limit)
+from cpersona.mcp.http_guard import (
+    FD_RESERVE,
+    MAX_CONNECTIONS,
+    MIN_CONNECTIONS,
+    RateLimitedLog,
+    connection_limits,
+    install_accept_error_limit,
+)
 from test_http_transport import HttpServer, auth, raw_post, tool_request
 
 TOKEN = "limits-token"
@@ -31,8 +37,10 @@ def connect(server: HttpServer) -> socket.socket:
 
 
 def request_head(server: HttpServer, method: str = "POST", extra: str = "") -> bytes:
-    return (f"{method} /mcp HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\nAuthorization: Bearer {TOKEN}\r\n"
-            f"Accept: application/json, text/event-stream\r\nContent-Type: application/json\r\n{extra}\r\n").encode()
+    return (
+        f"{method} /mcp HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\nAuthorization: Bearer {TOKEN}\r\n"
+        f"Accept: application/json, text/event-stream\r\nContent-Type: application/json\r\n{extra}\r\n"
+    ).encode()
 
 
 def closed_by_server(sock: socket.socket, within: float = LIVENESS, trickle: bytes = b"") -> bool:
@@ -63,9 +71,14 @@ def descriptors(pid: int) -> int:
 
 @pytest.fixture
 def short_server(tmp_path) -> Iterator[HttpServer]:
-    server = HttpServer(tmp_path, CPERSONA_AUTH_TOKEN=TOKEN, CPERSONA_HTTP_HEADER_TIMEOUT_SECS="1",
-                        CPERSONA_HTTP_BODY_TIMEOUT_SECS="1", CPERSONA_HTTP_STREAM_MAX_SECS="1",
-                        CPERSONA_HTTP_KEEP_ALIVE_TIMEOUT_SECS="30")
+    server = HttpServer(
+        tmp_path,
+        CPERSONA_AUTH_TOKEN=TOKEN,
+        CPERSONA_HTTP_HEADER_TIMEOUT_SECS="1",
+        CPERSONA_HTTP_BODY_TIMEOUT_SECS="1",
+        CPERSONA_HTTP_STREAM_MAX_SECS="1",
+        CPERSONA_HTTP_KEEP_ALIVE_TIMEOUT_SECS="30",
+    )
     yield server
     server.stop()
 
@@ -212,8 +225,10 @@ def test_a_configured_bound_is_lowered_to_what_the_file_limit_allows(caplog) -> 
         limits = connection_limits(settings, limit=256, in_use=10)
     assert limits.max_connections == (256 - 10 - FD_RESERVE) * 3 // 4
     assert "CPERSONA_HTTP_MAX_CONNECTIONS=100000 is more than the file limit allows" in caplog.text
-    assert connection_limits(load_settings({"CPERSONA_HTTP_MAX_CONNECTIONS": "5"}), limit=256,
-                             in_use=10).max_connections == 5
+    assert (
+        connection_limits(load_settings({"CPERSONA_HTTP_MAX_CONNECTIONS": "5"}), limit=256, in_use=10).max_connections
+        == 5
+    )
 
 
 def test_a_recurring_event_is_logged_once_per_interval(caplog) -> None:
@@ -226,7 +241,8 @@ def test_a_recurring_event_is_logged_once_per_interval(caplog) -> None:
     assert logged.count(True) == 2
     assert [r.getMessage() for r in caplog.records] == [
         "refused (1 since the last such message, 1 this process)",
-        "refused (1000 since the last such message, 1001 this process)"]
+        "refused (1000 since the last such message, 1001 this process)",
+    ]
 
 
 def test_accept_running_out_of_descriptors_is_logged_once_per_interval(caplog) -> None:
@@ -235,8 +251,12 @@ def test_accept_running_out_of_descriptors_is_logged_once_per_interval(caplog) -
         install_accept_error_limit(loop)
         with caplog.at_level(logging.WARNING):
             for _ in range(2048):  # what one EMFILE burst of asyncio's accept loop reports
-                loop.call_exception_handler({"message": "socket.accept() out of system resource",
-                                             "exception": OSError(24, "Too many open files")})
+                loop.call_exception_handler(
+                    {
+                        "message": "socket.accept() out of system resource",
+                        "exception": OSError(24, "Too many open files"),
+                    }
+                )
             loop.call_exception_handler({"message": "something else"})
     finally:
         loop.close()

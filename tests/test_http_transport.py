@@ -27,9 +27,12 @@ from mcp.client.streamable_http import streamable_http_client
 
 pytestmark = pytest.mark.anyio
 
-INIT = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
-        "params": {"protocolVersion": "2025-06-18", "capabilities": {},
-                   "clientInfo": {"name": "raw", "version": "0"}}}
+INIT = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}},
+}
 MCP_HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
 
 
@@ -47,14 +50,26 @@ class HttpServer:
         self.db_path = tmp_path / "http.db"
         self.log_path = tmp_path / f"server-{self.port}.log"
         base = {k: v for k, v in os.environ.items() if not k.startswith(("CPERSONA_", "EMBEDDING_"))}
-        base.update({"CPERSONA_DB_PATH": str(self.db_path), "CPERSONA_UPDATE_CHECK": "false",
-                     "CPERSONA_TRANSPORT": "streamable-http", "CPERSONA_HTTP_PORT": str(self.port)})
+        base.update(
+            {
+                "CPERSONA_DB_PATH": str(self.db_path),
+                "CPERSONA_UPDATE_CHECK": "false",
+                "CPERSONA_TRANSPORT": "streamable-http",
+                "CPERSONA_HTTP_PORT": str(self.port),
+            }
+        )
         base.update(env)
         self._log = self.log_path.open("wb")
         # nofile lowers the server's RLIMIT_NOFILE before it starts (the file-limit tests).
         limit = None if nofile is None else (lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile)))
-        self.proc = subprocess.Popen([sys.executable, "-m", "cpersona"], env=base, stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.DEVNULL, stderr=self._log, preexec_fn=limit)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "cpersona"],
+            env=base,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=self._log,
+            preexec_fn=limit,
+        )
         self._wait_ready()
 
     @property
@@ -119,7 +134,12 @@ def sse_result(response: httpx.Response) -> dict[str, Any]:
 
 
 def tool_request(tool: str, arguments: dict[str, Any], request_id: int = 2) -> dict[str, Any]:
-    return {"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": {"name": tool, "arguments": arguments}}
+    return {
+        "jsonrpc": "2.0",
+        "id": request_id,
+        "method": "tools/call",
+        "params": {"name": tool, "arguments": arguments},
+    }
 
 
 @pytest.fixture
@@ -131,11 +151,23 @@ def token_server(tmp_path: Path) -> Iterator[HttpServer]:
 
 def run_cli(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items() if not k.startswith(("CPERSONA_", "EMBEDDING_"))}
-    base.update({"CPERSONA_DB_PATH": str(tmp_path / "refused.db"), "CPERSONA_UPDATE_CHECK": "false",
-                 "CPERSONA_TRANSPORT": "streamable-http", "CPERSONA_HTTP_PORT": str(free_port())})
+    base.update(
+        {
+            "CPERSONA_DB_PATH": str(tmp_path / "refused.db"),
+            "CPERSONA_UPDATE_CHECK": "false",
+            "CPERSONA_TRANSPORT": "streamable-http",
+            "CPERSONA_HTTP_PORT": str(free_port()),
+        }
+    )
     base.update(env)
-    return subprocess.run([sys.executable, "-m", "cpersona"], env=base, capture_output=True, text=True,
-                          timeout=60, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [sys.executable, "-m", "cpersona"],
+        env=base,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 # --- start-up ---------------------------------------------------------------------
@@ -182,8 +214,13 @@ def test_an_unusable_acl_file_stops_start_up(tmp_path):  # spec ACL-6, T-7
 
 
 def test_requests_without_the_token_get_401(token_server):  # spec AUTH-1..AUTH-3
-    for headers in ({}, auth("wrong"), {"Authorization": "s3cret-token"}, {"Authorization": "Basic s3cret-token"},
-                    {"Authorization": "Bearer"}):
+    for headers in (
+        {},
+        auth("wrong"),
+        {"Authorization": "s3cret-token"},
+        {"Authorization": "Basic s3cret-token"},
+        {"Authorization": "Bearer"},
+    ):
         response = raw_post(token_server.url, headers, INIT)
         assert response.status_code == 401, headers
         assert response.content == b'{"error":"unauthorized"}'
@@ -191,8 +228,11 @@ def test_requests_without_the_token_get_401(token_server):  # spec AUTH-1..AUTH-
 
 
 def test_a_non_ascii_credential_is_a_401_not_a_500(token_server):  # spec AUTH-2
-    response = httpx.post(token_server.url, headers=[("Authorization", "Bearer s3cret-tokén".encode("utf-8")),
-                                                     ("Content-Type", "application/json")], content=b"{}")
+    response = httpx.post(
+        token_server.url,
+        headers=[("Authorization", "Bearer s3cret-tokén".encode("utf-8")), ("Content-Type", "application/json")],
+        content=b"{}",
+    )
     assert response.status_code == 401
 
 
@@ -205,8 +245,11 @@ def test_the_scheme_is_case_insensitive_and_both_mounts_answer(token_server):  #
 
 
 def test_cors_preflight_needs_no_token_and_names_only_claude(token_server):  # spec T-5, AUTH-4
-    preflight = {"Origin": "https://claude.ai", "Access-Control-Request-Method": "POST",
-                 "Access-Control-Request-Headers": "authorization, content-type"}
+    preflight = {
+        "Origin": "https://claude.ai",
+        "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "authorization, content-type",
+    }
     ok = httpx.options(token_server.url, headers=preflight)
     assert ok.status_code == 200
     assert ok.headers["access-control-allow-origin"] == "https://claude.ai"
@@ -222,8 +265,9 @@ def test_a_rebinding_host_name_is_refused(token_server):  # stack.md §1 (DNS-re
 
 
 async def test_sdk_client_stores_and_recalls_with_the_token(token_server):  # spec T-3, AUTH-2
-    stored = await mcp_call(token_server.url, "s3cret-token", "store",
-                            {"agent_id": "alice", "content": "the deploy key rotates on Mondays"})
+    stored = await mcp_call(
+        token_server.url, "s3cret-token", "store", {"agent_id": "alice", "content": "the deploy key rotates on Mondays"}
+    )
     assert stored["ok"] is True and stored["result"] == "stored"
     found = await mcp_call(token_server.url, "s3cret-token", "recall", {"agent_id": "alice", "query": "deploy key"})
     assert [m["content"] for m in found["messages"]] == ["the deploy key rotates on Mondays"]
@@ -242,8 +286,9 @@ async def test_concurrent_writers_from_eight_clients_lose_nothing(token_server):
         async with httpx2.AsyncClient(headers=auth("s3cret-token"), timeout=60) as http:
             async with Client(streamable_http_client(token_server.url, http_client=http)) as client:
                 for i in range(per_client):
-                    result = await client.call_tool("store", {"agent_id": f"agent-{n % 2}",
-                                                              "content": f"client {n} note {i}"})
+                    result = await client.call_tool(
+                        "store", {"agent_id": f"agent-{n % 2}", "content": f"client {n} note {i}"}
+                    )
                     answers.append(result.structured_content)
 
     async with anyio.create_task_group() as tg:
@@ -265,11 +310,13 @@ async def test_keyless_pause_is_process_wide_and_a_keyed_one_is_not(token_server
     assert "pause_persistence" in tools
     token = "s3cret-token"
     await mcp_call(token_server.url, token, "pause_persistence", {"session_key": "client-a"})
-    other = await mcp_call(token_server.url, token, "store", {"agent_id": "x", "content": "from b",
-                                                              "session_key": "client-b"})
+    other = await mcp_call(
+        token_server.url, token, "store", {"agent_id": "x", "content": "from b", "session_key": "client-b"}
+    )
     assert other["ok"] is True and other.get("persisted", True) is True
-    mine = await mcp_call(token_server.url, token, "store", {"agent_id": "x", "content": "from a",
-                                                             "session_key": "client-a"})
+    mine = await mcp_call(
+        token_server.url, token, "store", {"agent_id": "x", "content": "from a", "session_key": "client-a"}
+    )
     assert mine.get("persisted") is False
     await mcp_call(token_server.url, token, "pause_persistence", {})
     keyless = await mcp_call(token_server.url, token, "store", {"agent_id": "x", "content": "keyless"})

@@ -115,7 +115,7 @@ def make_26_database(tmp_path: Path) -> Path:
     for statement in _statements(LATER_26_DDL):
         con.execute(statement)
     con.execute("INSERT INTO schema_version (version) VALUES (21)")
-    first, = con.execute("SELECT min(id) FROM memories WHERE agent_id = 'agent-a'").fetchone()
+    (first,) = con.execute("SELECT min(id) FROM memories WHERE agent_id = 'agent-a'").fetchone()
     con.execute("UPDATE memories SET embedding = ?, embedding_model = 'e5-small' WHERE id = ?", (VEC, first))
     rows = [
         "INSERT INTO entities VALUES (1, 'agent-a', '', '', 'Alice', 'alice', 'agent', '{s}')",
@@ -153,7 +153,9 @@ def test_fixture_is_a_26_database_our_server_refuses(tmp_path: Path) -> None:
     assert digest(path) == before
 
 
-def test_import_db_copies_everything_and_leaves_the_source_byte_identical(app: App, db: Database, tmp_path: Path) -> None:
+def test_import_db_copies_everything_and_leaves_the_source_byte_identical(
+    app: App, db: Database, tmp_path: Path
+) -> None:
     source = make_26_database(tmp_path)
     before = digest(source)
     answer = import_db(app, str(source))
@@ -170,19 +172,26 @@ def test_import_db_copies_everything_and_leaves_the_source_byte_identical(app: A
     assert scalar(db, "SELECT count(*) FROM memories WHERE agent_id = ''") == 24
     assert scalar(db, "SELECT count(*) FROM pending_memory_tasks") == 0
 
-    compare = ("agent_id, project_id, channel, msg_id, content, source, timestamp, metadata, "
-               "embedding, recall_count, last_recalled_at, locked, created_at")
+    compare = (
+        "agent_id, project_id, channel, msg_id, content, source, timestamp, metadata, "
+        "embedding, recall_count, last_recalled_at, locked, created_at"
+    )
     con = sqlean.connect(f"file:{source}?mode=ro", uri=True)
     theirs = sorted(con.execute(f"SELECT {compare} FROM memories").fetchall(), key=repr)
-    their_episodes = sorted(con.execute("SELECT agent_id, summary, keywords, resolved, created_at FROM episodes").fetchall())
+    their_episodes = sorted(
+        con.execute("SELECT agent_id, summary, keywords, resolved, created_at FROM episodes").fetchall()
+    )
     their_profiles = sorted(con.execute("SELECT agent_id, user_id, content, updated_at FROM profiles").fetchall())
     con.close()
     with db.read() as session:
         ours = sorted((tuple(r) for r in session.execute(text(f"SELECT {compare} FROM memories"))), key=repr)
-        our_episodes = sorted(tuple(r) for r in session.execute(
-            text("SELECT agent_id, summary, keywords, resolved, created_at FROM episodes")))
-        our_profiles = sorted(tuple(r) for r in session.execute(
-            text("SELECT agent_id, user_id, content, updated_at FROM profiles")))
+        our_episodes = sorted(
+            tuple(r)
+            for r in session.execute(text("SELECT agent_id, summary, keywords, resolved, created_at FROM episodes"))
+        )
+        our_profiles = sorted(
+            tuple(r) for r in session.execute(text("SELECT agent_id, user_id, content, updated_at FROM profiles"))
+        )
     assert ours == theirs
     assert our_episodes == their_episodes
     assert our_profiles == their_profiles
@@ -204,8 +213,9 @@ def test_import_db_carries_the_graph_when_our_tables_exist(app: App, db: Databas
     add_graph_tables_to(db)
     with db.write() as session:  # shift our ids so a copied ref cannot be right by accident
         for i in range(5):
-            session.execute(text("INSERT INTO memories (agent_id, content, timestamp) VALUES ('x', :c, '')"),
-                            {"c": f"filler {i}"})
+            session.execute(
+                text("INSERT INTO memories (agent_id, content, timestamp) VALUES ('x', :c, '')"), {"c": f"filler {i}"}
+            )
     source = make_26_database(tmp_path)
     con = sqlean.connect(f"file:{source}?mode=ro", uri=True)
     ref = con.execute("SELECT ref FROM entity_mentions WHERE entity_id = 1").fetchone()[0]
@@ -219,9 +229,12 @@ def test_import_db_carries_the_graph_when_our_tables_exist(app: App, db: Databas
     assert new_id != int(ref[4:])
     with db.read() as session:
         mentions = sorted(session.execute(text("SELECT ref, declared_by FROM entity_mentions")).all())
-        relations = session.execute(text(
-            "SELECT subject_kind, subject_id, predicate, object_kind, object_id, anchor_ref "
-            "FROM relations ORDER BY id")).all()
+        relations = session.execute(
+            text(
+                "SELECT subject_kind, subject_id, predicate, object_kind, object_id, anchor_ref "
+                "FROM relations ORDER BY id"
+            )
+        ).all()
         aliases = session.execute(text("SELECT alias, normalized FROM entity_aliases")).all()
         entities = session.execute(text("SELECT id, name, normalized FROM entities ORDER BY id")).all()
     assert mentions == sorted([(f"mem:{new_id}", "agent"), (f"ep:{episode_id}", "operator")])
@@ -249,7 +262,8 @@ def test_import_db_refusals(app: App, db: Database, tmp_path: Path) -> None:
     empty = tmp_path / "empty.db"
     sqlean.connect(str(empty)).execute("CREATE TABLE t (x)").connection.close()
     assert import_db(app, str(empty))["error"].endswith(
-        "is not a CPersona database (no memories/episodes/profiles tables)")
+        "is not a CPersona database (no memories/episodes/profiles tables)"
+    )
     assert "own database" in import_db(app, str(db.path))["error"]
     assert scalar(db, "SELECT count(*) FROM memories") == 0
 
@@ -258,8 +272,8 @@ def test_import_db_is_all_or_nothing(app: App, db: Database, tmp_path: Path) -> 
     # One write transaction: a failure half-way leaves our database as it was.
     with db.write_connection() as conn:
         conn.exec_driver_sql(
-            "CREATE TRIGGER refuse_episodes BEFORE INSERT ON episodes "
-            "BEGIN SELECT RAISE(ABORT, 'disk said no'); END")
+            "CREATE TRIGGER refuse_episodes BEFORE INSERT ON episodes BEGIN SELECT RAISE(ABORT, 'disk said no'); END"
+        )
     answer = import_db(app, str(make_26_database(tmp_path)))
     assert answer == {"ok": False, "error": "import-db aborted and rolled back: disk said no"}
     assert scalar(db, "SELECT count(*) FROM memories") == 0

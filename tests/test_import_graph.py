@@ -42,9 +42,19 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "cpersona"
 COMPOSITION_ROOT = "cpersona.services.app"
 
-ENTRY = {"cpersona.cli", "cpersona.admin_cli", "cpersona.checkup", "cpersona.__main__", "cpersona.model_cli",
-         "cpersona.proxy_stdio", "cpersona.proxy_spawn", "cpersona.background", "cpersona.people_cli",
-         "cpersona.tool_cli", "cpersona.hooks"}
+ENTRY = {
+    "cpersona.cli",
+    "cpersona.admin_cli",
+    "cpersona.checkup",
+    "cpersona.__main__",
+    "cpersona.model_cli",
+    "cpersona.proxy_stdio",
+    "cpersona.proxy_spawn",
+    "cpersona.background",
+    "cpersona.people_cli",
+    "cpersona.tool_cli",
+    "cpersona.hooks",
+}
 BASE = {"cpersona", "cpersona.config", "cpersona.config_docs"}
 RANK = {"entry": 4, "mcp": 3, "services": 2, "storage": 1, "base": 0}
 
@@ -142,7 +152,7 @@ def find_cycle(graph: dict[str, dict[str, list[tuple[str, str]]]]) -> list[str] 
         path.append(node)
         for nxt in sorted(graph.get(node, {})):
             if state.get(nxt) == 1:
-                return path[path.index(nxt):] + [nxt]
+                return path[path.index(nxt) :] + [nxt]
             if nxt not in state and (cycle := visit(nxt)) is not None:
                 return cycle
         path.pop()
@@ -177,7 +187,8 @@ def test_layers_point_down_only():
     graph = package_graph()
     upward = [
         f"{a} ({layer_of(a)}) -> {b} ({layer_of(b)}): {sorted(set(why))[:3]}"
-        for a, targets in graph.items() for b, why in targets.items()
+        for a, targets in graph.items()
+        for b, why in targets.items()
         if RANK[layer_of(a)] < RANK[layer_of(b)]
     ]
     assert upward == [], "imports that point up a layer:\n" + "\n".join(upward)
@@ -191,8 +202,13 @@ def test_only_the_mcp_layer_speaks_the_mcp_sdk():
             continue
         tree = ast.parse(path.read_text(encoding="utf-8"))
         for stmt in ast.walk(tree):
-            names = ([a.name for a in stmt.names] if isinstance(stmt, ast.Import)
-                     else [stmt.module or ""] if isinstance(stmt, ast.ImportFrom) and not stmt.level else [])
+            names = (
+                [a.name for a in stmt.names]
+                if isinstance(stmt, ast.Import)
+                else [stmt.module or ""]
+                if isinstance(stmt, ast.ImportFrom) and not stmt.level
+                else []
+            )
             offenders += [f"{module}: {n}" for n in names if n == "mcp" or n.startswith("mcp.")]
     assert offenders == []
 

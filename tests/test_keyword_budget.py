@@ -49,13 +49,16 @@ def test_under_the_budget_every_term_is_ranked_as_before(db):
     assert len(texts) == 10 and any("zeppelin" not in t for t in texts)  # the common term ranked too
 
 
-@pytest.mark.parametrize(("counts", "budget", "kept"), [
-    ({"a": 10, "b": 20, "c": 30}, 100, ["a", "b", "c"]),   # under the budget: all
-    ({"a": 10, "b": 20, "c": 90}, 50, ["a", "b"]),          # the commonest gives way
-    ({"a": 80, "b": 900, "c": 5}, 50, ["c"]),               # at least the rarest, even alone
-    ({"a": 80, "b": 900, "c": 5}, 90, ["a", "c"]),          # order of the query kept
-    ({}, 0, ["a", "b"]),                                    # counts unknown: every term
-])
+@pytest.mark.parametrize(
+    ("counts", "budget", "kept"),
+    [
+        ({"a": 10, "b": 20, "c": 30}, 100, ["a", "b", "c"]),  # under the budget: all
+        ({"a": 10, "b": 20, "c": 90}, 50, ["a", "b"]),  # the commonest gives way
+        ({"a": 80, "b": 900, "c": 5}, 50, ["c"]),  # at least the rarest, even alone
+        ({"a": 80, "b": 900, "c": 5}, 90, ["a", "c"]),  # order of the query kept
+        ({}, 0, ["a", "b"]),  # counts unknown: every term
+    ],
+)
 def test_rarest_terms_are_kept_first(monkeypatch, counts, budget, kept):
     monkeypatch.setattr(search_sqlite, "SCORED_ROWS_BUDGET", budget)
     terms = ["a", "b", "c"] if counts else ["a", "b"]

@@ -27,16 +27,27 @@ def contents(response: dict) -> list[str]:
 
 
 def test_row_shape(app):  # spec §3.9, LM-5, G-2
-    store_at(app, "2026-11-30 03:59:13.432853", agent_id="a1", id="msg-1",
-             content="The deploy key for staging lives in vault path secret/staging/deploy.")
+    store_at(
+        app,
+        "2026-11-30 03:59:13.432853",
+        agent_id="a1",
+        id="msg-1",
+        content="The deploy key for staging lives in vault path secret/staging/deploy.",
+    )
     assert list_memories(app, agent_id="a1") == {
-        "memories": [{
-            "id": 1, "agent_id": "a1", "project_id": "",
-            "content": "The deploy key for staging lives in vault path secret/staging/deploy.",
-            "source": {"type": "Agent", "id": "a1", "name": ""},
-            "timestamp": "2026-11-30T03:59:13.432853+00:00", "created_at": "2026-11-30 03:59:13",
-            "locked": False, "channel": "",
-        }],
+        "memories": [
+            {
+                "id": 1,
+                "agent_id": "a1",
+                "project_id": "",
+                "content": "The deploy key for staging lives in vault path secret/staging/deploy.",
+                "source": {"type": "Agent", "id": "a1", "name": ""},
+                "timestamp": "2026-11-30T03:59:13.432853+00:00",
+                "created_at": "2026-11-30 03:59:13",
+                "locked": False,
+                "channel": "",
+            }
+        ],
         "count": 1,
     }
 
@@ -47,9 +58,15 @@ def test_locked_is_a_boolean_and_channel_is_listed(app):  # spec §3.9
     assert row["locked"] is True and row["channel"] == "c1"
 
 
-@pytest.mark.parametrize(("stored", "listed"), [
-    ("", {}), ("not json", {}), ('"bob"', "bob"), ('{"type": "User", "id": "u"}', {"type": "User", "id": "u"}),
-])
+@pytest.mark.parametrize(
+    ("stored", "listed"),
+    [
+        ("", {}),
+        ("not json", {}),
+        ('"bob"', "bob"),
+        ('{"type": "User", "id": "u"}', {"type": "User", "id": "u"}),
+    ],
+)
 def test_source_is_the_stored_json_parsed(app, db, stored, listed):  # spec §3.9
     store(app, agent_id="a", content="x")
     with db.write_connection() as conn:
@@ -122,13 +139,16 @@ def test_negative_or_zero_limit_lists_nothing(app, limit):  # spec LM-2
     assert list_memories(app, limit=limit) == {"memories": [], "count": 0}
 
 
-@pytest.mark.parametrize(("arguments", "error"), [
-    ({"limit": "10"}, "limit must be an integer, not str"),
-    ({"limit": 2.5}, "limit must be an integer, not float"),
-    ({"limit": True}, "limit must be an integer, not bool"),
-    ({"agent_id": 5}, "agent_id must be a string"),
-    ({"project_id": ["p"]}, "project_id must be a string"),
-])
+@pytest.mark.parametrize(
+    ("arguments", "error"),
+    [
+        ({"limit": "10"}, "limit must be an integer, not str"),
+        ({"limit": 2.5}, "limit must be an integer, not float"),
+        ({"limit": True}, "limit must be an integer, not bool"),
+        ({"agent_id": 5}, "agent_id must be a string"),
+        ({"project_id": ["p"]}, "project_id must be a string"),
+    ],
+)
 def test_bad_arguments_are_clear_failures(app, arguments, error):
     assert list_memories(app, **arguments) == {"ok": False, "error": error, "memories": [], "count": 0}
 

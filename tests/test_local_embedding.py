@@ -28,13 +28,23 @@ from cpersona.services.records.memories import store
 from cpersona.services.records.vector_identity import recorded_identity
 from local_model_support import build_model_folder
 
-TEXTS = ["The automobile needs new tyres", "car wants fresh tires", "cat", "the weather is sunny today",
-         "music piano guitar lesson book library reading garden tomato coffee tea morning evening"]
+TEXTS = [
+    "The automobile needs new tyres",
+    "car wants fresh tires",
+    "cat",
+    "the weather is sunny today",
+    "music piano guitar lesson book library reading garden tomato coffee tea morning evening",
+]
 
 
 def local_embedder(folder: Path, **env: str) -> LocalEmbedder:
-    settings = load_settings({"CPERSONA_EMBEDDING_MODE": "local", "CPERSONA_EMBEDDING_MODEL_PATH": str(folder),
-                              **{f"CPERSONA_{k}": v for k, v in env.items()}})
+    settings = load_settings(
+        {
+            "CPERSONA_EMBEDDING_MODE": "local",
+            "CPERSONA_EMBEDDING_MODEL_PATH": str(folder),
+            **{f"CPERSONA_{k}": v for k, v in env.items()},
+        }
+    )
     embedder = build_embedder(settings)
     assert isinstance(embedder, LocalEmbedder)
     return embedder
@@ -113,11 +123,15 @@ def test_the_token_report_follows_the_tokenizer_and_the_contract(embedder):
     assert [(i.count, i.window, i.truncated) for i in found] == [(1, 10, False), (13, 10, True), (26, 10, True)]
     # Each entry passes the checks the http report must pass (spec OV-1) ...
     for info, text in zip(found, texts):
-        entry = {"count": info.count, "window": info.window, "truncated": info.truncated,
-                 "window_end_char": info.window_end_char}
+        entry = {
+            "count": info.count,
+            "window": info.window,
+            "truncated": info.truncated,
+            "window_end_char": info.window_end_char,
+        }
         assert parse_entry(entry, text) == info
     # ... and the window closes after the tenth word.
-    assert TEXTS[4][:found[1].window_end_char] == " ".join(TEXTS[4].split()[:10])
+    assert TEXTS[4][: found[1].window_end_char] == " ".join(TEXTS[4].split()[:10])
 
 
 # -- one clear error ------------------------------------------------------------------------
@@ -145,11 +159,16 @@ def broken(folder: Path, how: str) -> Path:
     return folder
 
 
-EXPECTED = {"no folder": "does not exist", "no tokenizer": "has no tokenizer.json",
-            "no config": "has no cpersona-model.json", "no model": "has no model.onnx",
-            "corrupt model": "is not a loadable ONNX model", "corrupt tokenizer": "is not a readable tokenizer",
-            "wrong width": "produces 16-wide vectors but cpersona-model.json says dimension 32",
-            "bad pooling": "pooling must be one of mean, cls"}
+EXPECTED = {
+    "no folder": "does not exist",
+    "no tokenizer": "has no tokenizer.json",
+    "no config": "has no cpersona-model.json",
+    "no model": "has no model.onnx",
+    "corrupt model": "is not a loadable ONNX model",
+    "corrupt tokenizer": "is not a readable tokenizer",
+    "wrong width": "produces 16-wide vectors but cpersona-model.json says dimension 32",
+    "bad pooling": "pooling must be one of mean, cls",
+}
 
 
 @pytest.mark.parametrize("how", sorted(EXPECTED))
@@ -169,16 +188,22 @@ def test_a_broken_model_folder_gives_one_clear_error_and_no_vector(model_folder,
 
 
 @pytest.mark.parametrize("command", ["serve", "embed-server"])
-def test_without_the_extra_local_mode_and_embed_server_refuse_with_the_install_command(tmp_path, model_folder,
-                                                                                       command):
+def test_without_the_extra_local_mode_and_embed_server_refuse_with_the_install_command(tmp_path, model_folder, command):
     # The package is hidden the standard way (None in sys.modules) in a real process.
-    launch = ("import sys; sys.modules['onnxruntime'] = None; from cpersona.cli import main; "
-              f"raise SystemExit(main([{command!r}]))")
-    env = {"PATH": "/usr/bin:/bin", "CPERSONA_DB_PATH": str(tmp_path / "x.db"), "CPERSONA_UPDATE_CHECK": "false",
-           "CPERSONA_EMBEDDING_MODEL_PATH": str(model_folder),
-           **({"CPERSONA_EMBEDDING_MODE": "local"} if command == "serve" else {})}
-    done = subprocess.run([sys.executable, "-c", launch], env=env, capture_output=True, text=True, timeout=60,
-                          stdin=subprocess.DEVNULL)
+    launch = (
+        "import sys; sys.modules['onnxruntime'] = None; from cpersona.cli import main; "
+        f"raise SystemExit(main([{command!r}]))"
+    )
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "CPERSONA_DB_PATH": str(tmp_path / "x.db"),
+        "CPERSONA_UPDATE_CHECK": "false",
+        "CPERSONA_EMBEDDING_MODEL_PATH": str(model_folder),
+        **({"CPERSONA_EMBEDDING_MODE": "local"} if command == "serve" else {}),
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", launch], env=env, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL
+    )
     assert done.returncode == 2
     assert "onnxruntime" in done.stderr and "pip install 'cpersona-server[local]'" in done.stderr
     assert not (tmp_path / "x.db").exists()  # refused before the database was touched
@@ -195,12 +220,18 @@ def refuse_local(settings) -> None:
 
 def test_the_settings_refuse_local_mode_without_the_extra(monkeypatch, model_folder):
     monkeypatch.setitem(sys.modules, "tokenizers", None)
-    with pytest.raises(ConfigError, match=r"needs tokenizers, which are not installed: run pip install 'cpersona-server\[local\]'"):
-        refuse_local(load_settings({"CPERSONA_EMBEDDING_MODE": "local",
-                                    "CPERSONA_EMBEDDING_MODEL_PATH": str(model_folder)}))
+    with pytest.raises(
+        ConfigError, match=r"needs tokenizers, which are not installed: run pip install 'cpersona-server\[local\]'"
+    ):
+        refuse_local(
+            load_settings({"CPERSONA_EMBEDDING_MODE": "local", "CPERSONA_EMBEDDING_MODEL_PATH": str(model_folder)})
+        )
     # Every other mode does not care.
-    for mode, needs in (("none", {}), ("http", {"CPERSONA_EMBEDDING_URL": "http://127.0.0.1:1/embed"}),
-                        ("api", {"CPERSONA_EMBEDDING_API_KEY": "k"})):
+    for mode, needs in (
+        ("none", {}),
+        ("http", {"CPERSONA_EMBEDDING_URL": "http://127.0.0.1:1/embed"}),
+        ("api", {"CPERSONA_EMBEDDING_API_KEY": "k"}),
+    ):
         check_startup(load_settings({"CPERSONA_EMBEDDING_MODE": mode, **needs}))
 
 
@@ -213,8 +244,9 @@ def test_an_unknown_profile_name_stops_start_up():
 
 
 def local_app(db, folder: Path) -> App:
-    settings = load_settings({**db_settings_env(db), "CPERSONA_EMBEDDING_MODE": "local",
-                              "CPERSONA_EMBEDDING_MODEL_PATH": str(folder)})
+    settings = load_settings(
+        {**db_settings_env(db), "CPERSONA_EMBEDDING_MODE": "local", "CPERSONA_EMBEDDING_MODEL_PATH": str(folder)}
+    )
     return App(db=db, settings=settings, embedder=build_embedder(settings))
 
 
@@ -267,8 +299,9 @@ def test_a_backend_that_cannot_name_itself_changes_nothing(db, tmp_path, embed_s
         store(first, agent_id="a", content=text)
     run_backfill(first)
     kept = stored_vectors(first)
-    settings = load_settings({**db_settings_env(db), "CPERSONA_EMBEDDING_MODE": "http",
-                              "CPERSONA_EMBEDDING_URL": embed_server.url})
+    settings = load_settings(
+        {**db_settings_env(db), "CPERSONA_EMBEDDING_MODE": "http", "CPERSONA_EMBEDDING_URL": embed_server.url}
+    )
     unnamed = App(db=db, settings=settings, embedder=build_embedder(settings))  # no /capabilities report
     try:
         run_backfill(unnamed)

@@ -60,12 +60,20 @@ UNVERSIONED_INDEXES = {"idx_memories_lost_embedding", "idx_episodes_lost_embeddi
 # spec storage.md §6.2 / §6.1, revisions 0003 (associations), 0004 (record nodes), 0005 (embedding identity)
 LATER_TABLES = {"entities", "entity_aliases", "entity_mentions", "relations", "record_nodes", "embedding_identity"}
 LATER_INDEXES = {
-    "idx_entity_aliases_normalized", "idx_entity_mentions_ref",
-    "idx_relations_subject", "idx_relations_object", "idx_relations_anchor",
+    "idx_entity_aliases_normalized",
+    "idx_entity_mentions_ref",
+    "idx_relations_subject",
+    "idx_relations_object",
+    "idx_relations_anchor",
 }
 LATER_TRIGGERS = {
-    "associations_entities_ad", "associations_memories_ad", "associations_episodes_ad",
-    "record_nodes_memories_ad", "record_nodes_memories_au", "record_nodes_episodes_ad", "record_nodes_episodes_au",
+    "associations_entities_ad",
+    "associations_memories_ad",
+    "associations_episodes_ad",
+    "record_nodes_memories_ad",
+    "record_nodes_memories_au",
+    "record_nodes_episodes_ad",
+    "record_nodes_episodes_au",
 }
 # revision 0006: the word indexes, full-text objects like the trigram ones (kept only with FTS on)
 WORD_TABLES = {"memories_words", "episodes_words"}
@@ -192,7 +200,8 @@ def test_fresh_upgrade_creates_exactly_the_v13_objects(db: Database) -> None:
     # spec DB-1, DB-2, DB-3, §4.6, §4.7
     tables = objects(db, "table")
     assert tables - {"sqlite_sequence", "alembic_version"} == (
-        V13_TABLES | FTS_TABLES | FTS_SHADOW | LATER_TABLES | WORD_TABLES | WORD_SHADOW)
+        V13_TABLES | FTS_TABLES | FTS_SHADOW | LATER_TABLES | WORD_TABLES | WORD_SHADOW
+    )
     assert "memories_fts_content" not in tables  # external content: no copy of the text (DB-2)
     user_indexes = {i for i in objects(db, "index") if not i.startswith("sqlite_autoindex")}
     assert user_indexes == HEAD_INDEXES
@@ -276,8 +285,7 @@ def test_recall_bump_does_not_rewrite_fts_postings(db: Database) -> None:
     for _ in range(3):
         w(
             db,
-            "UPDATE memories SET recall_count = recall_count + 1, last_recalled_at = datetime('now') "
-            "WHERE id = ?",
+            "UPDATE memories SET recall_count = recall_count + 1, last_recalled_at = datetime('now') WHERE id = ?",
             (mid,),
         )
     w(db, "UPDATE memories SET content = content WHERE id = ?", (mid,))  # no change: guarded

@@ -31,8 +31,14 @@ from pg_support import fresh_pg_url, pg_server_url
 def cpersona(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("CPERSONA_", "EMBEDDING_"))}
     clean.update({"CPERSONA_UPDATE_CHECK": "false", **env})
-    done = subprocess.run([sys.executable, "-m", "cpersona", *args], env=clean, capture_output=True, text=True,
-                          timeout=180, stdin=subprocess.DEVNULL)
+    done = subprocess.run(
+        [sys.executable, "-m", "cpersona", *args],
+        env=clean,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        stdin=subprocess.DEVNULL,
+    )
     assert done.returncode == 0, done.stderr
     return done
 
@@ -76,8 +82,7 @@ def test_export_then_import_moves_every_record_into_postgresql(tmp_path):
         try:
             if pgvector_serves(db):  # imported vectors are rankable by pgvector straight away
                 with db.read() as session:
-                    filled = session.execute(
-                        text(f"SELECT count({VECTOR_COLUMN}) FROM memories")).scalar_one()
+                    filled = session.execute(text(f"SELECT count({VECTOR_COLUMN}) FROM memories")).scalar_one()
                 assert filled == 2
         finally:
             db.close()

@@ -90,8 +90,9 @@ CASES = every_tool_string_field()
 
 def test_the_walk_covers_every_tool_that_takes_text():
     # Guards the walk itself: a schema shape it did not understand would shrink the table silently.
-    tools_with_text = {spec.name for spec in REGISTRY
-                       if any('"string"' in json.dumps(sub) for sub in spec.properties.values())}
+    tools_with_text = {
+        spec.name for spec in REGISTRY if any('"string"' in json.dumps(sub) for sub in spec.properties.values())
+    }
     assert {tool for tool, _, _ in CASES} == tools_with_text
     assert len(CASES) > 60
     assert ("store", "$.content", {"content": NUL_TEXT}) in CASES
@@ -140,8 +141,9 @@ async def test_every_string_field_of_every_tool_refuses_nul(app, db, tool, path,
 
 
 async def test_nul_in_an_object_key_is_refused_with_its_path(app):
-    outcome = await call_tool(app, REGISTRY, GateChain([]), "store",
-                              {"agent_id": "a", "content": "fine", "metadata": {"k\x00ey": 1}})
+    outcome = await call_tool(
+        app, REGISTRY, GateChain([]), "store", {"agent_id": "a", "content": "fine", "metadata": {"k\x00ey": 1}}
+    )
     assert outcome.payload["ok"] is False and outcome.payload["result"] == "rejected"
     assert "$.metadata key 'k\\x00ey' contains the NUL character (U+0000) at position 1" in outcome.payload["reason"]
 
@@ -162,11 +164,17 @@ def test_the_sanitizer_no_longer_removes_nul_silently():
 SERVICE_CALLS = [
     ("store content", lambda app: store(app, agent_id="a", content=NUL_TEXT), "content"),
     ("store metadata", lambda app: store(app, agent_id="a", content="x", metadata={"k": NUL_TEXT}), "metadata.k"),
-    ("store source", lambda app: store(app, agent_id="a", content="x", source={"type": "User", "name": NUL_TEXT}),
-     "source.name"),
+    (
+        "store source",
+        lambda app: store(app, agent_id="a", content="x", source={"type": "User", "name": NUL_TEXT}),
+        "source.name",
+    ),
     ("archive_episode summary", lambda app: archive_episode(app, agent_id="a", summary=NUL_TEXT), "summary"),
-    ("archive_episode keywords", lambda app: archive_episode(app, agent_id="a", summary="s", keywords=NUL_TEXT),
-     "keywords"),
+    (
+        "archive_episode keywords",
+        lambda app: archive_episode(app, agent_id="a", summary="s", keywords=NUL_TEXT),
+        "keywords",
+    ),
     ("update_profile", lambda app: update_profile(app, agent_id="a", profile=NUL_TEXT), "profile"),
 ]
 

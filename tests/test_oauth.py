@@ -66,13 +66,13 @@ class Issuer:
 
     def jwk(self, kid: str) -> dict[str, Any]:
         key = self.keys[kid].public_key()
-        algorithm = jwt.algorithms.ECAlgorithm if isinstance(key, ec.EllipticCurvePublicKey) else \
-            jwt.algorithms.RSAAlgorithm
+        algorithm = (
+            jwt.algorithms.ECAlgorithm if isinstance(key, ec.EllipticCurvePublicKey) else jwt.algorithms.RSAAlgorithm
+        )
         return {**json.loads(algorithm.to_jwk(key)), "kid": kid, "use": "sig"}
 
     def token(self, kid: str = "k1", alg: str = "RS256", **claims: Any) -> str:
-        body = {"iss": self.url, "sub": "user-1", "aud": RESOURCE, "exp": int(time.time()) + 600,
-                "client_id": "app1"}
+        body = {"iss": self.url, "sub": "user-1", "aud": RESOURCE, "exp": int(time.time()) + 600, "client_id": "app1"}
         body.update(claims)
         body = {k: v for k, v in body.items() if v is not None}
         return jwt.encode(body, self.keys[kid], algorithm=alg, headers={"kid": kid})
@@ -109,33 +109,46 @@ def test_metadata_path_and_challenge():  # spec OA-3, OA-5
     config = OAuthConfig(RESOURCE, ("https://auth.example.com",), ("memory.read", "memory.write"))
     assert config.metadata_path == "/.well-known/oauth-protected-resource/mcp"
     assert config.metadata_url == "https://memory.example.com/.well-known/oauth-protected-resource/mcp"
-    assert config.challenge() == ('Bearer resource_metadata="https://memory.example.com/.well-known/'
-                                  'oauth-protected-resource/mcp", scope="memory.read memory.write"')
+    assert config.challenge() == (
+        'Bearer resource_metadata="https://memory.example.com/.well-known/'
+        'oauth-protected-resource/mcp", scope="memory.read memory.write"'
+    )
     root = OAuthConfig("https://memory.example.com/", ("https://auth.example.com/",))
     assert root.metadata_path == "/.well-known/oauth-protected-resource"
-    assert root.challenge() == 'Bearer resource_metadata="https://memory.example.com/.well-known/oauth-protected-resource"'
-    assert root.metadata() == {"resource": "https://memory.example.com/",
-                               "authorization_servers": ["https://auth.example.com/"],
-                               "bearer_methods_supported": ["header"]}  # published as configured (OA-4)
+    assert (
+        root.challenge() == 'Bearer resource_metadata="https://memory.example.com/.well-known/oauth-protected-resource"'
+    )
+    assert root.metadata() == {
+        "resource": "https://memory.example.com/",
+        "authorization_servers": ["https://auth.example.com/"],
+        "bearer_methods_supported": ["header"],
+    }  # published as configured (OA-4)
 
 
 def test_discovery_on_serves_metadata_without_credentials(tmp_path):  # spec OA-3..OA-5, AUTH-4
-    server = HttpServer(tmp_path, CPERSONA_AUTH_TOKEN="t0k", CPERSONA_OAUTH_RESOURCE=RESOURCE,
-                        CPERSONA_OAUTH_AUTHORIZATION_SERVERS="https://auth.example.com https://login.example.org",
-                        CPERSONA_OAUTH_SCOPES="memory.read,memory.write")
+    server = HttpServer(
+        tmp_path,
+        CPERSONA_AUTH_TOKEN="t0k",
+        CPERSONA_OAUTH_RESOURCE=RESOURCE,
+        CPERSONA_OAUTH_AUTHORIZATION_SERVERS="https://auth.example.com https://login.example.org",
+        CPERSONA_OAUTH_SCOPES="memory.read,memory.write",
+    )
     try:
         path = server.root + "/.well-known/oauth-protected-resource/mcp"
         document = httpx.get(path)
         assert document.status_code == 200
-        assert document.json() == {"resource": RESOURCE,
-                                   "authorization_servers": ["https://auth.example.com", "https://login.example.org"],
-                                   "scopes_supported": ["memory.read", "memory.write"],
-                                   "bearer_methods_supported": ["header"]}
+        assert document.json() == {
+            "resource": RESOURCE,
+            "authorization_servers": ["https://auth.example.com", "https://login.example.org"],
+            "scopes_supported": ["memory.read", "memory.write"],
+            "bearer_methods_supported": ["header"],
+        }
         refused = raw_post(server.url, {}, INIT)
         assert refused.status_code == 401
         assert refused.headers["www-authenticate"] == (
             'Bearer resource_metadata="https://memory.example.com/.well-known/oauth-protected-resource/mcp", '
-            'scope="memory.read memory.write"')
+            'scope="memory.read memory.write"'
+        )
         assert httpx.post(path).status_code == 401  # only GET is public (OA-4)
         assert httpx.get(server.root + "/.well-known/other").status_code == 401
         assert "verification stays off without CPERSONA_ACL_FILE" in server.log()  # OA-6
@@ -149,8 +162,10 @@ def test_discovery_off_answers_exactly_as_without_the_feature(tmp_path):  # spec
     for env in ({}, {"CPERSONA_OAUTH_RESOURCE": RESOURCE}):
         server = HttpServer(tmp_path, CPERSONA_AUTH_TOKEN="t0k", **env)
         try:
-            for response in (raw_post(server.url, {}, INIT),
-                             httpx.get(server.root + "/.well-known/oauth-protected-resource/mcp")):
+            for response in (
+                raw_post(server.url, {}, INIT),
+                httpx.get(server.root + "/.well-known/oauth-protected-resource/mcp"),
+            ):
                 headers = {k: v for k, v in response.headers.items() if k != "date"}
                 answers.append((response.status_code, response.content, headers))
         finally:
@@ -182,8 +197,12 @@ async def test_a_valid_token_names_a_namespaced_principal(issuer):  # spec OA-7,
 async def test_every_failed_check_is_a_refusal(issuer):  # spec OA-7
     verifier = verifier_for(issuer)
     stranger_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    forged = jwt.encode({"iss": issuer.url, "sub": "u", "aud": RESOURCE, "exp": int(time.time()) + 60,
-                         "client_id": "app1"}, stranger_key, algorithm="RS256", headers={"kid": "k1"})
+    forged = jwt.encode(
+        {"iss": issuer.url, "sub": "u", "aud": RESOURCE, "exp": int(time.time()) + 60, "client_id": "app1"},
+        stranger_key,
+        algorithm="RS256",
+        headers={"kid": "k1"},
+    )
     bad = {
         "another resource": issuer.token(aud="https://other.example.com/mcp"),
         "trailing slash": issuer.token(aud=RESOURCE + "/"),
@@ -193,8 +212,11 @@ async def test_every_failed_check_is_a_refusal(issuer):  # spec OA-7
         "delegated": issuer.token(act={"sub": "agent"}),
         "no client": issuer.token(client_id=None),
         "forged": forged,
-        "symmetric": jwt.encode({"iss": issuer.url, "sub": "u", "aud": RESOURCE, "exp": int(time.time()) + 60,
-                                 "client_id": "app1"}, "k" * 32, algorithm="HS256"),
+        "symmetric": jwt.encode(
+            {"iss": issuer.url, "sub": "u", "aud": RESOURCE, "exp": int(time.time()) + 60, "client_id": "app1"},
+            "k" * 32,
+            algorithm="HS256",
+        ),
         "not a jwt": "opaque-access-token",
     }
     for name, token in bad.items():
@@ -203,8 +225,12 @@ async def test_every_failed_check_is_a_refusal(issuer):  # spec OA-7
 
 async def test_an_unknown_issuer_is_refused_without_a_network_call(issuer):  # spec OA-7
     verifier = verifier_for(issuer)
-    foreign = jwt.encode({"iss": "https://evil.example", "sub": "u", "aud": RESOURCE, "exp": int(time.time()) + 60,
-                          "client_id": "x"}, issuer.keys["k1"], algorithm="RS256", headers={"kid": "k1"})
+    foreign = jwt.encode(
+        {"iss": "https://evil.example", "sub": "u", "aud": RESOURCE, "exp": int(time.time()) + 60, "client_id": "x"},
+        issuer.keys["k1"],
+        algorithm="RS256",
+        headers={"kid": "k1"},
+    )
     assert await verifier.verify(foreign) is None
     assert issuer.hits == []
 
@@ -225,19 +251,31 @@ async def test_keys_are_cached_and_a_new_kid_refetches_at_most_once_a_minute(iss
 
 async def test_verified_clients_get_their_grants_over_http(tmp_path, issuer):  # spec ACL-8, OA-6, OA-8
     acl = tmp_path / "acl.json"
-    acl.write_text(json.dumps({"clients": [
-        {"client_id": f"oauth:{issuer.url}:app1", "token": None, "grants": {"alice": "read-write"}},
-        {"client_id": "static", "token": "static-token", "grants": {"*": "read"}}]}))
+    acl.write_text(
+        json.dumps(
+            {
+                "clients": [
+                    {"client_id": f"oauth:{issuer.url}:app1", "token": None, "grants": {"alice": "read-write"}},
+                    {"client_id": "static", "token": "static-token", "grants": {"*": "read"}},
+                ]
+            }
+        )
+    )
     os.chmod(acl, 0o600)
-    server = HttpServer(tmp_path, CPERSONA_ACL_FILE=str(acl), CPERSONA_OAUTH_RESOURCE=RESOURCE,
-                        CPERSONA_OAUTH_AUTHORIZATION_SERVERS=issuer.url)
+    server = HttpServer(
+        tmp_path,
+        CPERSONA_ACL_FILE=str(acl),
+        CPERSONA_OAUTH_RESOURCE=RESOURCE,
+        CPERSONA_OAUTH_AUTHORIZATION_SERVERS=issuer.url,
+    )
     try:
         stored = await mcp_call(server.url, issuer.token(), "store", {"agent_id": "alice", "content": "via oauth"})
         assert stored["ok"] is True
         denied = await mcp_call(server.url, issuer.token(), "store", {"agent_id": "bob", "content": "x"})
         assert denied["client_id"] == f"oauth:{issuer.url}:app1" and denied["error"] == "permission_denied"
-        unprovisioned = await mcp_call(server.url, issuer.token(client_id="app9"), "list_memories",
-                                       {"agent_id": "alice"})
+        unprovisioned = await mcp_call(
+            server.url, issuer.token(client_id="app9"), "list_memories", {"agent_id": "alice"}
+        )
         assert unprovisioned["detail"].startswith("this client has no entry in the ACL grant table")  # ACL-9
         listed = await mcp_call(server.url, "static-token", "list_memories", {"agent_id": "alice"})
         assert [m["content"] for m in listed["memories"]] == ["via oauth"]

@@ -82,7 +82,8 @@ def tool(app, name: str, **arguments):
 
 store, archive_episode, list_episodes, list_memories, recall, recall_with_context = (
     lambda app, _name=name, **arguments: tool(app, _name, **arguments)
-    for name in ("store", "archive_episode", "list_episodes", "list_memories", "recall", "recall_with_context"))
+    for name in ("store", "archive_episode", "list_episodes", "list_memories", "recall", "recall_with_context")
+)
 
 
 # --- the tool (§10.2) ---------------------------------------------------------------
@@ -93,7 +94,7 @@ def test_preview_tier_lists_everything_but_section_bodies(db, context_file):  # 
     assert answer == {
         "ok": True,
         "context_revision": "2026-11-30.1",
-        "instructions_summary": "Team memory rules (rev 2026-11-30.1).\nPass \"@auto\" for your default project.\n",
+        "instructions_summary": 'Team memory rules (rev 2026-11-30.1).\nPass "@auto" for your default project.\n',
         "registry": {"project_ids": ["", "ops", "home"], "enforce": "warn"},
         "defaults": {"claude-code": "ops", "drifter": "elsewhere"},
         "doctrine_sections": ["agent-id-conventions", "recall-discipline"],  # sorted by name
@@ -104,11 +105,14 @@ def test_preview_tier_lists_everything_but_section_bodies(db, context_file):  # 
 def test_section_returns_one_body(db, context_file):
     app = app_with(db, context_file)
     assert get_operating_context(app, section="recall-discipline") == {
-        "ok": True, "context_revision": "2026-11-30.1", "section": "recall-discipline",
+        "ok": True,
+        "context_revision": "2026-11-30.1",
+        "section": "recall-discipline",
         "body": "Call reconstruct at session start.",
     }
     assert get_operating_context(app, section="nope") == {
-        "ok": False, "error": "unknown doctrine section 'nope'",
+        "ok": False,
+        "error": "unknown doctrine section 'nope'",
         "doctrine_sections": ["agent-id-conventions", "recall-discipline"],
     }
 
@@ -116,38 +120,49 @@ def test_section_returns_one_body(db, context_file):
 def test_absent_file_is_dormant(db, tmp_path):  # spec OC-2
     missing = tmp_path / "none.toml"
     answer = get_operating_context(app_with(db, missing))
-    assert answer == {"ok": False, "enabled": False,
-                      "error": f"operating context is dormant — no sidecar file at {missing}"}
+    assert answer == {
+        "ok": False,
+        "enabled": False,
+        "error": f"operating context is dormant — no sidecar file at {missing}",
+    }
 
 
 def test_kill_switch_is_dormant_whatever_the_file_says(db, context_file):  # spec OC-2, §8.8
     answer = get_operating_context(app_with(db, context_file, OPERATING_CONTEXT="OFF"))
-    assert answer == {"ok": False, "enabled": False,
-                      "error": "operating context is dormant — disabled (CPERSONA_OPERATING_CONTEXT=off)"}
+    assert answer == {
+        "ok": False,
+        "enabled": False,
+        "error": "operating context is dormant — disabled (CPERSONA_OPERATING_CONTEXT=off)",
+    }
 
 
 def test_toml_syntax_error_is_reported_with_its_position(db, tmp_path):  # spec OC-1, OC-2
     bad = write_context(tmp_path / "bad.toml", 'version = 1\ncontext_revision = "broken\n')
     answer = get_operating_context(app_with(db, bad))
-    assert answer == {"ok": False, "enabled": False,
-                      "error": "operating context is dormant — sidecar unusable: "
-                               "Illegal character '\\n' (at line 2, column 27)"}
+    assert answer == {
+        "ok": False,
+        "enabled": False,
+        "error": "operating context is dormant — sidecar unusable: Illegal character '\\n' (at line 2, column 27)",
+    }
 
 
-@pytest.mark.parametrize(("text", "complaint"), [
-    ("version = 2", "version must be the integer 1"),
-    ("version = true", "version must be the integer 1"),
-    ('version = "1"', "version must be the integer 1"),
-    ("version = 1\ncontext_revision = 3", "context_revision must be a string"),
-    ("version = 1\ninstructions = 'x'", "instructions must be a table"),
-    ("version = 1\n[instructions]\nsummary = 5", "instructions.summary must be a string"),
-    ("version = 1\n[registry]\nproject_ids = ['a', 1]", "registry.project_ids must be a list of strings"),
-    ("version = 1\n[registry]\nenforce = 'strict'", "registry.enforce must be one of"),
-    ("version = 1\n[defaults]\na = 1", "defaults must map agent ids"),
-    ("version = 1\n[[doctrine]]\nname = ''\nbody = 'b'", "needs a non-empty string name"),
-    ("version = 1\n[[doctrine]]\nname = 'a'\nbody = 1", "needs a string body"),
-    ("version = 1\n[[doctrine]]\nname = 'a'\nbody = 'x'\n[[doctrine]]\nname = 'a'\nbody = 'y'", "used twice"),
-])
+@pytest.mark.parametrize(
+    ("text", "complaint"),
+    [
+        ("version = 2", "version must be the integer 1"),
+        ("version = true", "version must be the integer 1"),
+        ('version = "1"', "version must be the integer 1"),
+        ("version = 1\ncontext_revision = 3", "context_revision must be a string"),
+        ("version = 1\ninstructions = 'x'", "instructions must be a table"),
+        ("version = 1\n[instructions]\nsummary = 5", "instructions.summary must be a string"),
+        ("version = 1\n[registry]\nproject_ids = ['a', 1]", "registry.project_ids must be a list of strings"),
+        ("version = 1\n[registry]\nenforce = 'strict'", "registry.enforce must be one of"),
+        ("version = 1\n[defaults]\na = 1", "defaults must map agent ids"),
+        ("version = 1\n[[doctrine]]\nname = ''\nbody = 'b'", "needs a non-empty string name"),
+        ("version = 1\n[[doctrine]]\nname = 'a'\nbody = 1", "needs a string body"),
+        ("version = 1\n[[doctrine]]\nname = 'a'\nbody = 'x'\n[[doctrine]]\nname = 'a'\nbody = 'y'", "used twice"),
+    ],
+)
 def test_invalid_files_are_unusable_and_change_nothing(db, tmp_path, text, complaint):  # spec OC-1, OC-7
     path = write_context(tmp_path / "ctx.toml", text)
     app = app_with(db, path)
@@ -162,7 +177,7 @@ def test_invalid_files_are_unusable_and_change_nothing(db, tmp_path, text, compl
 
 def test_not_utf8_is_unusable(db, tmp_path):  # spec OC-1
     path = tmp_path / "ctx.toml"
-    path.write_bytes(b"version = 1\ncontext_revision = \"\xff\"\n")
+    path.write_bytes(b'version = 1\ncontext_revision = "\xff"\n')
     assert "not UTF-8" in get_operating_context(app_with(db, path))["error"]
 
 
@@ -206,7 +221,8 @@ def test_resolution_rules(db, tmp_path):  # spec OC-7..OC-10
     def resolver(enforce: str):
         app = app_with(db, write_context(tmp_path / f"{enforce}.toml", CONTEXT.format(enforce=enforce)))
         return lambda tool, project, agent="claude-code": resolve_project(
-            app, project, agent_id=agent, writes=REGISTRY.get(tool).project.writes)
+            app, project, agent_id=agent, writes=REGISTRY.get(tool).project.writes
+        )
 
     warn, reject, off = resolver("warn"), resolver("reject"), resolver("off")
     rev = "(rev 2026-11-30.1)"
@@ -216,14 +232,20 @@ def test_resolution_rules(db, tmp_path):  # spec OC-7..OC-10
     # OC-8: @auto → the agent's default, itself validated
     assert warn("store", "@auto") == ProjectResolution("ops", {"resolved_project_id": "ops"})
     assert warn("store", "@auto", "drifter") == ProjectResolution(
-        "elsewhere", {"resolved_project_id": "elsewhere",
-                      "operating_context_warning": f"project_id 'elsewhere' not in registry {rev}"})
+        "elsewhere",
+        {
+            "resolved_project_id": "elsewhere",
+            "operating_context_warning": f"project_id 'elsewhere' not in registry {rev}",
+        },
+    )
     no_map = f"@auto has no [defaults] mapping for agent_id 'nobody' {rev}"
     assert warn("store", "@auto", "nobody") == ProjectResolution(
-        "", {"resolved_project_id": "", "operating_context_warning": f"{no_map}; resolved to '' (global pool)"})
+        "", {"resolved_project_id": "", "operating_context_warning": f"{no_map}; resolved to '' (global pool)"}
+    )
     assert reject("store", "@auto", "nobody") == ProjectRefusal(no_map, "2026-11-30.1")
     assert reject("recall", "@auto", "nobody") == ProjectResolution(
-        "", {"resolved_project_id": "", "operating_context_warning": f"{no_map}; resolved to '' (global pool)"})
+        "", {"resolved_project_id": "", "operating_context_warning": f"{no_map}; resolved to '' (global pool)"}
+    )
     assert off("store", "@auto", "nobody") == ProjectResolution("", {"resolved_project_id": ""})
     # OC-9: explicit values outside the registry
     zzz = f"project_id 'zzz' not in registry {rev}"
@@ -237,16 +259,29 @@ def test_resolution_rules(db, tmp_path):  # spec OC-7..OC-10
 
 def test_only_the_tools_of_ax5_are_governed():  # spec AX-5
     governed = {spec.name: spec.project.writes for spec in REGISTRY if spec.project.applies}
-    assert governed == {"store": True, "declare_associations": True, "archive_episode": True, "recall": False,
-                        "recall_with_context": False, "reconstruct": False, "traverse": False,
-                        "list_memories": False, "list_episodes": False}
+    assert governed == {
+        "store": True,
+        "declare_associations": True,
+        "archive_episode": True,
+        "recall": False,
+        "recall_with_context": False,
+        "reconstruct": False,
+        "traverse": False,
+        "list_memories": False,
+        "list_episodes": False,
+    }
 
 
 def test_store_resolves_auto_and_stores_under_the_default(db, context_file):  # spec OC-8, OC-11
     app = app_with(db, context_file)
     answer = store(app, content="deploys happen on Fridays", agent_id="claude-code", project_id="@auto")
-    assert answer == {"ok": True, "result": "stored", "id": answer["id"], "embedded": False,
-                      "resolved_project_id": "ops"}
+    assert answer == {
+        "ok": True,
+        "result": "stored",
+        "id": answer["id"],
+        "embedded": False,
+        "resolved_project_id": "ops",
+    }
     with db.read() as session:
         assert session.scalar(select(Memory.project_id).where(Memory.id == answer["id"])) == "ops"
     again = store(app, content="deploys happen on Fridays", agent_id="claude-code", project_id="@auto")
@@ -263,12 +298,20 @@ def test_store_warns_about_unregistered_projects(db, context_file):  # spec OC-9
 def test_reject_mode_refuses_the_write_and_writes_nothing(db, tmp_path):  # spec OC-9, OC-11
     app = app_with(db, write_context(tmp_path / "ctx.toml", CONTEXT.format(enforce="reject")))
     answer = store(app, content="x", agent_id="a", project_id="zzz", lock=True)
-    assert answer == {"ok": False, "result": "rejected", "locked": False,
-                      "operating_context_revision": "2026-11-30.1",
-                      "reason": "project_id 'zzz' not in registry (rev 2026-11-30.1)"}
+    assert answer == {
+        "ok": False,
+        "result": "rejected",
+        "locked": False,
+        "operating_context_revision": "2026-11-30.1",
+        "reason": "project_id 'zzz' not in registry (rev 2026-11-30.1)",
+    }
     episode = archive_episode(app, agent_id="nobody", summary="s", project_id="@auto")
-    assert episode == {"ok": False, "episode_id": None, "operating_context_revision": "2026-11-30.1",
-                       "error": "@auto has no [defaults] mapping for agent_id 'nobody' (rev 2026-11-30.1)"}
+    assert episode == {
+        "ok": False,
+        "episode_id": None,
+        "operating_context_revision": "2026-11-30.1",
+        "error": "@auto has no [defaults] mapping for agent_id 'nobody' (rev 2026-11-30.1)",
+    }
     with db.read() as session:
         assert session.scalars(select(Memory.id)).all() == [] and session.scalars(select(Episode.id)).all() == []
 
@@ -301,7 +344,10 @@ def test_reads_filter_by_the_resolved_project_and_are_never_refused(db, tmp_path
     assert episodes["count"] == 1 and episodes["resolved_project_id"] == "ops"
 
     found = recall(reject_app, agent_id="claude-code", query="deploys", project_id="@auto")
-    assert {m["content"] for m in found["messages"]} == {"ops note about deploys", "[Episode] ops episode about deploys"}
+    assert {m["content"] for m in found["messages"]} == {
+        "ops note about deploys",
+        "[Episode] ops episode about deploys",
+    }
     assert found["resolved_project_id"] == "ops"
 
     unknown = recall(reject_app, agent_id="claude-code", query="deploys", project_id="zzz")
@@ -342,8 +388,17 @@ def test_description_carries_the_facts():  # spec §14
     from cpersona.mcp.tools import default_registry
 
     description = default_registry().get("get_operating_context").description
-    for fact in ("context_revision", "instructions_summary", "registry", "enforce", "'@auto'", "doctrine_sections",
-                 "section", "Read-only", "~/.cpersona/operating-context.toml"):
+    for fact in (
+        "context_revision",
+        "instructions_summary",
+        "registry",
+        "enforce",
+        "'@auto'",
+        "doctrine_sections",
+        "section",
+        "Read-only",
+        "~/.cpersona/operating-context.toml",
+    ):
         assert fact in description, fact
 
 
@@ -356,6 +411,7 @@ async def test_through_the_facade(db, context_file):  # spec C-3, §10.2
     app = app_with(db, context_file)
     bad = await call_tool(app, default_registry(), GateChain(), "get_operating_context", {"section": 5})
     assert bad.is_error and "Input validation error" in bad.payload["error"]
-    good = await call_tool(app, default_registry(), GateChain(), "get_operating_context",
-                           {"section": "recall-discipline"})
+    good = await call_tool(
+        app, default_registry(), GateChain(), "get_operating_context", {"section": "recall-discipline"}
+    )
     assert good.payload["body"] == "Call reconstruct at session start."

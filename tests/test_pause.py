@@ -76,12 +76,23 @@ async def call(app: App, name: str, registry: Registry = REGISTRY, **arguments: 
 
 def snapshot(app: App) -> dict[str, list[tuple]]:
     """Every row of every table a write tool could touch."""
-    tables = ("memories", "episodes", "profiles", "pending_memory_tasks", "entities", "entity_aliases",
-              "entity_mentions", "relations")
+    tables = (
+        "memories",
+        "episodes",
+        "profiles",
+        "pending_memory_tasks",
+        "entities",
+        "entity_aliases",
+        "entity_mentions",
+        "relations",
+    )
     with app.db.read() as session:
         present = {row[0] for row in session.execute(text("SELECT name FROM sqlite_master WHERE type='table'"))}
-        return {t: [tuple(r) for r in session.execute(text(f"SELECT * FROM {t} ORDER BY rowid"))]
-                for t in tables if t in present}
+        return {
+            t: [tuple(r) for r in session.execute(text(f"SELECT * FROM {t} ORDER BY rowid"))]
+            for t in tables
+            if t in present
+        }
 
 
 async def seed(app: App) -> None:
@@ -96,15 +107,27 @@ async def seed(app: App) -> None:
 
 async def test_pause_status_resume_shapes_and_clock(app, clock):  # spec P-1, P-7, P-8, P-9
     assert await call(app, "persistence_status") == {
-        "paused": False, "expires_at": None, "ttl_remaining_seconds": None, "scope": "process"}
+        "paused": False,
+        "expires_at": None,
+        "ttl_remaining_seconds": None,
+        "scope": "process",
+    }
     paused = await call(app, "pause_persistence")
-    assert paused == {"paused": True, "expires_at": "2026-11-30T04:30:00.000000+00:00", "ttl_seconds": 1800,
-                      "scope": "process"}
+    assert paused == {
+        "paused": True,
+        "expires_at": "2026-11-30T04:30:00.000000+00:00",
+        "ttl_seconds": 1800,
+        "scope": "process",
+    }
     assert ISO_UTC.match(paused["expires_at"])
     clock.advance(0.5)
     status = await call(app, "persistence_status")
-    assert status == {"paused": True, "expires_at": paused["expires_at"], "ttl_remaining_seconds": 1799,
-                      "scope": "process"}  # floored
+    assert status == {
+        "paused": True,
+        "expires_at": paused["expires_at"],
+        "ttl_remaining_seconds": 1799,
+        "scope": "process",
+    }  # floored
     assert await call(app, "resume_persistence") == {"paused": False, "was_active": True, "scope": "process"}
     assert await call(app, "resume_persistence") == {"paused": False, "was_active": False, "scope": "process"}
     assert (await call(app, "persistence_status"))["paused"] is False
@@ -129,10 +152,17 @@ async def test_last_pause_wins_and_does_not_stack(app, clock):  # spec P-5
     assert (await call(app, "persistence_status"))["paused"] is False
 
 
-@pytest.mark.parametrize(("key", "scope", "bucket"), [
-    ("", "process", ""), ("   ", "process", ""), ("transport", "process", ""), (" k1 ", "session", "k1"),
-    ("k1", "session", "k1"), ("Transport", "session", "Transport"),
-])
+@pytest.mark.parametrize(
+    ("key", "scope", "bucket"),
+    [
+        ("", "process", ""),
+        ("   ", "process", ""),
+        ("transport", "process", ""),
+        (" k1 ", "session", "k1"),
+        ("k1", "session", "k1"),
+        ("Transport", "session", "Transport"),
+    ],
+)
 async def test_session_key_resolution(app, key, scope, bucket):  # spec C-7, P-9
     assert (await call(app, "pause_persistence", session_key=key))["scope"] == scope
     assert app.pause_buckets.state(bucket, app.clock()).paused
@@ -155,8 +185,12 @@ async def test_buckets_are_strictly_separate(app):  # spec P-14, P-2, AX-4
 
 
 async def test_ttl_bounds_at_the_schema_and_behind_it(app):  # spec P-6, C-3
-    for bad, detail in ((0, "0 is less than the minimum of 1"), (86401, "86401 is greater than the maximum of 86400"),
-                        ("10", "'10' is not of type 'integer'"), (True, "True is not of type 'integer'")):
+    for bad, detail in (
+        (0, "0 is less than the minimum of 1"),
+        (86401, "86401 is greater than the maximum of 86400"),
+        ("10", "'10' is not of type 'integer'"),
+        (True, "True is not of type 'integer'"),
+    ):
         outcome = await call_tool(app, REGISTRY, GATES, "pause_persistence", {"ttl_seconds": bad})
         assert outcome.is_error and detail in outcome.payload["error"]
     assert (await call(app, "persistence_status"))["paused"] is False
@@ -164,7 +198,9 @@ async def test_ttl_bounds_at_the_schema_and_behind_it(app):  # spec P-6, C-3
     # A library caller behind the schema gets the handler's own rules.
     assert pause.pause_persistence(app, ttl_seconds=0) == {"ok": False, "error": "ttl_seconds must be >= 1"}
     assert pause.pause_persistence(app, ttl_seconds=True) == {
-        "ok": False, "error": "ttl_seconds must be a positive integer"}
+        "ok": False,
+        "error": "ttl_seconds must be a positive integer",
+    }
     assert pause.pause_persistence(app, ttl_seconds="5")["ok"] is False
     assert pause.pause_persistence(app, ttl_seconds=10**6, session_key="big")["ttl_seconds"] == 86400
 
@@ -173,10 +209,14 @@ async def test_at_most_256_live_pauses_and_none_is_ever_evicted(app, clock):  # 
     for i in range(256):
         await call(app, "pause_persistence", session_key=f"k{i}", ttl_seconds=100 + i)
     refused = await call(app, "pause_persistence", session_key="one-more")
-    assert refused == {"ok": False, "error": (
-        "persistence was NOT paused: 256 sessions already hold a live pause on this process, and granting another "
-        "would revoke one of them. The earliest frees at 2026-11-30T04:01:40.000000+00:00; resume_persistence on a "
-        "key you no longer need frees one now.")}
+    assert refused == {
+        "ok": False,
+        "error": (
+            "persistence was NOT paused: 256 sessions already hold a live pause on this process, and granting another "
+            "would revoke one of them. The earliest frees at 2026-11-30T04:01:40.000000+00:00; resume_persistence on a "
+            "key you no longer need frees one now."
+        ),
+    }
     assert (await call(app, "pause_persistence"))["ok"] is False  # the shared bucket counts as a new key too
     assert all(app.pause_buckets.state(f"k{i}", app.clock()).paused for i in range(256))
     assert (await call(app, "pause_persistence", session_key="k7", ttl_seconds=5))["paused"] is True  # re-arm
@@ -186,10 +226,20 @@ async def test_at_most_256_live_pauses_and_none_is_ever_evicted(app, clock):  # 
     assert (await call(app, "pause_persistence", session_key="another"))["paused"] is True
 
 
-@pytest.mark.parametrize(("remaining", "expected"), [
-    (1800, "30m left"), (1799.9, "29m left"), (61, "1m left"), (60, "1m left"), (59.99, "59s left"),
-    (0.5, "0s left"), (0, "TTL expired"), (-3, "TTL expired"), (None, "TTL unknown"),
-])
+@pytest.mark.parametrize(
+    ("remaining", "expected"),
+    [
+        (1800, "30m left"),
+        (1799.9, "29m left"),
+        (61, "1m left"),
+        (60, "1m left"),
+        (59.99, "59s left"),
+        (0.5, "0s left"),
+        (0, "TTL expired"),
+        (-3, "TTL expired"),
+        (None, "TTL unknown"),
+    ],
+)
 def test_ttl_wording(remaining, expected):  # spec §9.5
     deadline = None if remaining is None else T0 + timedelta(seconds=remaining)
     assert ttl_text(PauseState("", T0, deadline)) == expected
@@ -199,39 +249,96 @@ def test_ttl_wording(remaining, expected):  # spec §9.5
 
 # Arguments and the body each write tool answers while paused (before the three added keys).
 PAUSED_BODIES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
-    "store": ({"agent_id": "a", "content": "new text"},
-              {"ok": True, "result": "skipped", "id": "no-persist", "embedded": False}),
-    "archive_episode": ({"agent_id": "a", "summary": "new episode"},
-                        {"ok": True, "queued": False, "task_id": None, "episode_id": None, "id": "no-persist"}),
+    "store": (
+        {"agent_id": "a", "content": "new text"},
+        {"ok": True, "result": "skipped", "id": "no-persist", "embedded": False},
+    ),
+    "archive_episode": (
+        {"agent_id": "a", "summary": "new episode"},
+        {"ok": True, "queued": False, "task_id": None, "episode_id": None, "id": "no-persist"},
+    ),
     "update_profile": ({"agent_id": "a", "profile": "new profile"}, {"ok": True, "profiles_updated": 0}),
     "update_memory": ({"memory_id": 1, "content": "edited"}, {"ok": True, "updated_id": None}),
     "delete_memory": ({"memory_id": 1}, {"ok": True, "deleted_id": None}),
     "delete_episode": ({"episode_id": 1}, {"ok": True, "deleted_id": None}),
     "lock_memory": ({"memory_id": 1}, {"ok": True, "locked_id": None}),
     "unlock_memory": ({"memory_id": 1}, {"ok": True, "unlocked_id": None}),
-    "delete_agent_data": ({"agent_id": "a"}, {"ok": True, "agent_id": "a", "deleted_memories": 0,
-                                              "deleted_profiles": 0, "deleted_episodes": 0,
-                                              "deleted_pending_tasks": 0}),
-    "merge_memories": ({"source_agent_id": "a", "target_agent_id": "b"},
-                       {"ok": True, "dry_run": True, "source_agent_id": "a", "target_agent_id": "b",
-                        "strategy": "skip", "mode": "copy", "merged_memories": 0, "skipped_memories": 0,
-                        "merged_episodes": 0, "skipped_episodes": 0, "profile_copied": False,
-                        "skipped_profile": False}),
-    "declare_associations": ({"agent_id": "a", "associations": {"entities": [{"name": "Garden"}]}},
-                             {"ok": True, "result": "skipped", "entities": [], "mentions": 0, "relations": [],
-                              "dropped": []}),
-    "calibrate_threshold": ({"agent_id": "a"},
-                            {"ok": True, "sidecar_persisted": False, "scope": "per_agent", "agent_id": "a",
-                             "sampled_embeddings": 0, "num_pairs": 0, "method": "separation", "z_factor": 1.0,
-                             "percentile": 0.95, "embedding_dim": None, "embedding_model": "",
-                             "distribution": None, "null_admit_rate": None, "old_threshold": "<default>",
-                             "new_threshold": None}),
-    "set_recall_precision": ({"agent_id": "a", "precision": "strict"},
-                             {"ok": True, "agent_id": "a", "precision": "strict", "beta": 2.0, "cleared": False,
-                              "fused_gate": None, "calibrate": None}),
-    "import_memories": ({"input_path": "<export>"},
-                        {"ok": True, "dry_run": True, "imported_memories": 0, "skipped_memories": 0,
-                         "imported_episodes": 0, "skipped_episodes": 0, "profile_updated": False}),
+    "delete_agent_data": (
+        {"agent_id": "a"},
+        {
+            "ok": True,
+            "agent_id": "a",
+            "deleted_memories": 0,
+            "deleted_profiles": 0,
+            "deleted_episodes": 0,
+            "deleted_pending_tasks": 0,
+        },
+    ),
+    "merge_memories": (
+        {"source_agent_id": "a", "target_agent_id": "b"},
+        {
+            "ok": True,
+            "dry_run": True,
+            "source_agent_id": "a",
+            "target_agent_id": "b",
+            "strategy": "skip",
+            "mode": "copy",
+            "merged_memories": 0,
+            "skipped_memories": 0,
+            "merged_episodes": 0,
+            "skipped_episodes": 0,
+            "profile_copied": False,
+            "skipped_profile": False,
+        },
+    ),
+    "declare_associations": (
+        {"agent_id": "a", "associations": {"entities": [{"name": "Garden"}]}},
+        {"ok": True, "result": "skipped", "entities": [], "mentions": 0, "relations": [], "dropped": []},
+    ),
+    "calibrate_threshold": (
+        {"agent_id": "a"},
+        {
+            "ok": True,
+            "sidecar_persisted": False,
+            "scope": "per_agent",
+            "agent_id": "a",
+            "sampled_embeddings": 0,
+            "num_pairs": 0,
+            "method": "separation",
+            "z_factor": 1.0,
+            "percentile": 0.95,
+            "embedding_dim": None,
+            "embedding_model": "",
+            "distribution": None,
+            "null_admit_rate": None,
+            "old_threshold": "<default>",
+            "new_threshold": None,
+        },
+    ),
+    "set_recall_precision": (
+        {"agent_id": "a", "precision": "strict"},
+        {
+            "ok": True,
+            "agent_id": "a",
+            "precision": "strict",
+            "beta": 2.0,
+            "cleared": False,
+            "fused_gate": None,
+            "calibrate": None,
+        },
+    ),
+    "import_memories": (
+        {"input_path": "<export>"},
+        {
+            "ok": True,
+            "dry_run": True,
+            "imported_memories": 0,
+            "skipped_memories": 0,
+            "imported_episodes": 0,
+            "skipped_episodes": 0,
+            "profile_updated": False,
+        },
+    ),
 }
 
 
@@ -252,7 +359,8 @@ async def test_every_write_answers_its_no_op_shape_and_writes_nothing(app, tmp_p
     answer = await call(app, tool, **arguments, session_key="s")
 
     assert {k: v for k, v in answer.items() if k not in ("persisted", "dry_run", "reason")} == {
-        k: v for k, v in body.items() if k != "dry_run"}
+        k: v for k, v in body.items() if k != "dry_run"
+    }
     assert answer["persisted"] is False and answer["dry_run"] is True
     match = REASON.match(answer["reason"])
     assert match and match.groups() == ("30m left", tool)
@@ -265,8 +373,11 @@ async def test_every_write_answers_its_no_op_shape_and_writes_nothing(app, tmp_p
 
 
 def test_every_registered_write_tool_declares_its_pause_behaviour():  # spec §9.5: the declaration decides
-    missing = [spec.name for spec in default_registry()
-               if spec.annotations.read_only is not True and not isinstance(spec.paused, Rule)]
+    missing = [
+        spec.name
+        for spec in default_registry()
+        if spec.annotations.read_only is not True and not isinstance(spec.paused, Rule)
+    ]
     assert missing == [], f"write tools without a pause behaviour in their declaration: {missing}"
 
 
@@ -293,7 +404,9 @@ async def test_store_boundary_refusals_come_before_the_pause_content_checks_afte
     mixed = await call(app, "store", agent_id="a", content="x", message={"content": "y"})
     assert mixed["ok"] is False and mixed["result"] == "rejected" and "not both" in mixed["reason"]
     missing = await call(app, "store", content="x", lock=True)
-    assert missing["ok"] is False and missing["reason"].startswith("agent_id is required") and missing["locked"] is False
+    assert (
+        missing["ok"] is False and missing["reason"].startswith("agent_id is required") and missing["locked"] is False
+    )
     # Content validation comes after the pause: an empty content is skipped, not rejected.
     empty = await call(app, "store", agent_id="a", content="")
     assert empty["result"] == "skipped" and empty["persisted"] is False
@@ -301,18 +414,21 @@ async def test_store_boundary_refusals_come_before_the_pause_content_checks_afte
     assert list(locked)[-1] == "locked" and locked["locked"] is False and locked["id"] == "no-persist"
 
 
-@pytest.mark.parametrize("arguments", [
-    {"content": "x"},
-    {"agent_id": "a", "content": "x", "message": {"content": "y"}},
-    {"agent_id": "a", "message": {"content": "y"}, "source": {}},
-    {"agent_id": "a", "message": {"content": "y"}, "metadata": {"k": 1}},
-    {"agent_id": "a", "message": {"content": "y"}, "id": "m1"},
-    {"agent_id": "a", "message": {"content": "y"}, "timestamp": "2026-01-01T00:00:00Z"},
-    {"agent_id": "a", "message": {"content": "y"}, "metadata": {}, "content": ""},
-    {"agent_id": "a", "message": {}, "content": "x"},
-    {"message": {"content": "y"}, "content": "x"},
-    {"agent_id": "a", "content": ""},
-])
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        {"content": "x"},
+        {"agent_id": "a", "content": "x", "message": {"content": "y"}},
+        {"agent_id": "a", "message": {"content": "y"}, "source": {}},
+        {"agent_id": "a", "message": {"content": "y"}, "metadata": {"k": 1}},
+        {"agent_id": "a", "message": {"content": "y"}, "id": "m1"},
+        {"agent_id": "a", "message": {"content": "y"}, "timestamp": "2026-01-01T00:00:00Z"},
+        {"agent_id": "a", "message": {"content": "y"}, "metadata": {}, "content": ""},
+        {"agent_id": "a", "message": {}, "content": "x"},
+        {"message": {"content": "y"}, "content": "x"},
+        {"agent_id": "a", "content": ""},
+    ],
+)
 async def test_store_boundary_agrees_with_the_store_service(app, arguments):  # spec ST-2
     """The facade runs store's first two checks first; the service must refuse the same calls with the same words."""
     try:
@@ -347,15 +463,24 @@ async def test_the_operating_context_check_precedes_the_pause(db, clock, tmp_pat
     before = snapshot(app)
 
     refused = await call(app, "store", agent_id="a", content="x", project_id="zzz", lock=True)
-    assert refused == {"ok": False, "result": "rejected", "locked": False,
-                       "reason": "project_id 'zzz' not in registry (rev r1)", "operating_context_revision": "r1"}
+    assert refused == {
+        "ok": False,
+        "result": "rejected",
+        "locked": False,
+        "reason": "project_id 'zzz' not in registry (rev r1)",
+        "operating_context_revision": "r1",
+    }
     unpaused = await call(app, "store", agent_id="a", content="x", project_id="zzz", lock=True, session_key="other")
     assert refused == unpaused  # as an unpaused call is refused
     auto = await call(app, "store", agent_id="a", content="x", project_id="@auto")
     assert auto["persisted"] is False and auto["resolved_project_id"] == "ops"
     episode = await call(app, "archive_episode", agent_id="a", summary="s", project_id="zzz")
-    assert episode == {"ok": False, "episode_id": None, "error": "project_id 'zzz' not in registry (rev r1)",
-                       "operating_context_revision": "r1"}
+    assert episode == {
+        "ok": False,
+        "episode_id": None,
+        "error": "project_id 'zzz' not in registry (rev r1)",
+        "operating_context_revision": "r1",
+    }
     unmapped = await call(app, "archive_episode", agent_id="b", summary="s", project_id="@auto")
     assert unmapped["ok"] is False and "no [defaults] mapping for agent_id 'b'" in unmapped["error"]
     assert (await call(app, "archive_episode", agent_id="a", summary="s", project_id="ops"))["persisted"] is False
@@ -423,16 +548,29 @@ async def test_export_and_reads_are_unaffected(app, tmp_path):  # spec P-12
     assert (await call(app, "get_profile", agent_id="a")) == {"profile": "likes gardens"}
 
 
-def _recording_tool(name: str, seen: list[dict[str, Any]], annotations: Annotations, paused: Rule | None = None,
-                    ) -> ToolSpec:
+def _recording_tool(
+    name: str,
+    seen: list[dict[str, Any]],
+    annotations: Annotations,
+    paused: Rule | None = None,
+) -> ToolSpec:
     def service(app, dry_run=True, fix=False, session_key=""):
         seen.append({"dry_run": dry_run, "fix": fix, "session_key": session_key})
         return {"ran": True, "writes_paused": app.writes_paused}
 
-    props = {"dry_run": {"type": "boolean", "default": True}, "fix": {"type": "boolean", "default": False},
-             "session_key": {"type": "string", "default": ""}}
-    return keyword_tool(name=name, description="Test tool.", input_schema={"type": "object", "properties": props},
-                        annotations=annotations, service=service, paused=paused)
+    props = {
+        "dry_run": {"type": "boolean", "default": True},
+        "fix": {"type": "boolean", "default": False},
+        "session_key": {"type": "string", "default": ""},
+    }
+    return keyword_tool(
+        name=name,
+        description="Test tool.",
+        input_schema={"type": "object", "properties": props},
+        annotations=annotations,
+        service=service,
+        paused=paused,
+    )
 
 
 async def test_migrate_is_forced_to_a_dry_run(app):  # spec P-11, MC-6
@@ -441,21 +579,33 @@ async def test_migrate_is_forced_to_a_dry_run(app):  # spec P-11, MC-6
     await call(app, "pause_persistence")
     asked = await call(app, "migrate_channel_axis", registry, dry_run=False)
     assert seen[-1]["dry_run"] is True
-    assert asked == {"ran": True, "writes_paused": True, "repairs_skipped": True,
-                     "repairs_skip_reason": "no-persist mode active — dry_run forced"}
+    assert asked == {
+        "ran": True,
+        "writes_paused": True,
+        "repairs_skipped": True,
+        "repairs_skip_reason": "no-persist mode active — dry_run forced",
+    }
     default = await call(app, "migrate_channel_axis", registry)
     assert seen[-1]["dry_run"] is True and "repairs_skipped" not in default and "persisted" not in default
 
 
 async def test_the_real_migrate_tool_changes_nothing_while_paused(app):  # spec MC-6, P-11
     assert "migrate_channel_axis" in REGISTRY
-    await call(app, "store", agent_id="kai", content="from discord", channel="discord",
-               metadata={"session_id": "1122334455:77:0"})
+    await call(
+        app,
+        "store",
+        agent_id="kai",
+        content="from discord",
+        channel="discord",
+        metadata={"session_id": "1122334455:77:0"},
+    )
     before = snapshot(app)
     await call(app, "pause_persistence")
     answer = await call(app, "migrate_channel_axis", agent_id="kai", dry_run=False)
     assert answer["dry_run"] is True and answer["recoverable_total"] == 1 and answer["migrated"] == 0
-    assert answer["repairs_skipped"] is True and answer["repairs_skip_reason"] == "no-persist mode active — dry_run forced"
+    assert (
+        answer["repairs_skipped"] is True and answer["repairs_skip_reason"] == "no-persist mode active — dry_run forced"
+    )
     assert "persisted" not in answer
     assert snapshot(app) == before
     await call(app, "resume_persistence")
@@ -487,8 +637,13 @@ async def test_health_tools_are_downgraded_to_report_only(app, tool):  # spec P-
     await call(app, "pause_persistence")
     fixed = await call(app, tool, registry, fix=True)
     assert seen[-1]["fix"] is False
-    assert fixed == {"ran": True, "writes_paused": True, "fixed": False, "repairs_skipped": True,
-                     "repairs_skip_reason": "no-persist mode active — fix downgraded to fix=False"}
+    assert fixed == {
+        "ran": True,
+        "writes_paused": True,
+        "fixed": False,
+        "repairs_skipped": True,
+        "repairs_skip_reason": "no-persist mode active — fix downgraded to fix=False",
+    }
     report = await call(app, tool, registry, fix=False)
     assert "repairs_skipped" not in report and "persisted" not in report
 

@@ -30,13 +30,20 @@ from test_admin_cli import env_for
 LONG = "The release checklist: " + " ".join(f"step {i} is verified by hand." for i in range(200))
 
 
-def run(db_path: Path | None, *args: str, stdin: str | None = "", timeout: float = 120,
-        **extra: str) -> subprocess.CompletedProcess[str]:
+def run(
+    db_path: Path | None, *args: str, stdin: str | None = "", timeout: float = 120, **extra: str
+) -> subprocess.CompletedProcess[str]:
     decoy = Path(os.environ.get("TMPDIR", "/tmp")) / "cpersona-no-such-dir" / "decoy.db"
     env = env_for(decoy, TZ="UTC", **extra)
     where = ["--db", str(db_path)] if db_path is not None else []
-    return subprocess.run([sys.executable, "-m", "cpersona", *args, *where], env=env, capture_output=True,
-                          text=True, timeout=timeout, input=stdin)
+    return subprocess.run(
+        [sys.executable, "-m", "cpersona", *args, *where],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        input=stdin,
+    )
 
 
 def one_line_failure(done: subprocess.CompletedProcess[str]) -> str:
@@ -55,10 +62,17 @@ def people(db):
     """Two agents with memories about deploys, an episode, a profile, a long memory and a locked one."""
     app = make_app(db)
     ids = {
-        "a_deploy": store(app, content="deploy with make release on the build host", agent_id="alice",
-                          project_id="web", channel="ops", associations={
-                              "entities": [{"name": "BuildHost"}],
-                              "relations": [{"subject": "BuildHost", "predicate": "runs", "object": "make release"}]})["id"],
+        "a_deploy": store(
+            app,
+            content="deploy with make release on the build host",
+            agent_id="alice",
+            project_id="web",
+            channel="ops",
+            associations={
+                "entities": [{"name": "BuildHost"}],
+                "relations": [{"subject": "BuildHost", "predicate": "runs", "object": "make release"}],
+            },
+        )["id"],
         "a_tea": store(app, content="alice drinks green tea", agent_id="alice")["id"],
         "a_long": store(app, content=LONG, agent_id="alice")["id"],
         "a_old": store(app, content="deploy notes from January", agent_id="alice")["id"],
@@ -91,8 +105,21 @@ def _database_parsers() -> list[tuple[str, argparse.ArgumentParser]]:
 def test_every_database_command_takes_db_and_it_names_the_file(tmp_path, monkeypatch):
     commands = _database_parsers()
     names = {name for name, _ in commands}
-    assert {"serve", "export", "import", "stats", "backup", "import-db", "checkup", "search", "list", "show",
-            "delete", "hook session-start", "hook session-end"} <= names
+    assert {
+        "serve",
+        "export",
+        "import",
+        "stats",
+        "backup",
+        "import-db",
+        "checkup",
+        "search",
+        "list",
+        "show",
+        "delete",
+        "hook session-start",
+        "hook session-end",
+    } <= names
     for name, sub in commands:
         assert "--db" in sub._option_string_actions, name
         monkeypatch.setenv("CPERSONA_DB_PATH", "/elsewhere.db")
@@ -139,11 +166,13 @@ def test_search_json_is_the_recall_answer_and_limit_applies(people):
 
 
 def test_search_project_filter_keeps_the_project_and_the_global_pool(people):
-    other = json.loads(run(people.path, "search", "make release", "--agent", "alice", "--project", "mobile",
-                           "--json").stdout)
+    other = json.loads(
+        run(people.path, "search", "make release", "--agent", "alice", "--project", "mobile", "--json").stdout
+    )
     assert f"mem:{people.ids['a_deploy']}" not in {row["ref"] for row in other["messages"]}
-    web = json.loads(run(people.path, "search", "make release", "--agent", "alice", "--project", "web",
-                         "--json").stdout)
+    web = json.loads(
+        run(people.path, "search", "make release", "--agent", "alice", "--project", "web", "--json").stdout
+    )
     assert f"mem:{people.ids['a_deploy']}" in {row["ref"] for row in web["messages"]}
 
 
@@ -204,24 +233,83 @@ def test_list_limit_says_when_rows_were_left_out_and_offset_pages_on(people):
 def test_list_since_is_applied_in_storage_so_an_older_day_is_never_cut_off(people):
     """600 newer rows of the same agent do not push the day asked for out of the answer."""
     with people.write() as session:
-        session.add_all(Memory(agent_id="alice", content=f"later note {i}", timestamp="2026-03-01T10:00:00Z",
-                               created_at=f"2026-03-{1 + i % 28:02d} "
-                               f"10:{i % 60:02d}:00") for i in range(600))
-        session.execute(update(Memory).where(Memory.id == people.ids["a_old"])
-                        .values(created_at="2026-02-10 08:00:00"))
-    first = json.loads(run(people.path, "list", "--agent", "alice", "--type", "memory", "--since", "2026-02-10",
-                           "--limit", "500", "--json").stdout)
+        session.add_all(
+            Memory(
+                agent_id="alice",
+                content=f"later note {i}",
+                timestamp="2026-03-01T10:00:00Z",
+                created_at=f"2026-03-{1 + i % 28:02d} 10:{i % 60:02d}:00",
+            )
+            for i in range(600)
+        )
+        session.execute(update(Memory).where(Memory.id == people.ids["a_old"]).values(created_at="2026-02-10 08:00:00"))
+    first = json.loads(
+        run(
+            people.path,
+            "list",
+            "--agent",
+            "alice",
+            "--type",
+            "memory",
+            "--since",
+            "2026-02-10",
+            "--limit",
+            "500",
+            "--json",
+        ).stdout
+    )
     assert first["count"] == 500 and first["complete"] is False and first["next_offset"] == 500
-    rest = json.loads(run(people.path, "list", "--agent", "alice", "--type", "memory", "--since", "2026-02-10",
-                          "--limit", "500", "--offset", "500", "--json").stdout)
+    rest = json.loads(
+        run(
+            people.path,
+            "list",
+            "--agent",
+            "alice",
+            "--type",
+            "memory",
+            "--since",
+            "2026-02-10",
+            "--limit",
+            "500",
+            "--offset",
+            "500",
+            "--json",
+        ).stdout
+    )
     assert rest["complete"] is True and rest["rows"][-1]["ref"] == f"mem:{people.ids['a_old']}"
     assert first["count"] + rest["count"] == 600 + 5  # the 600, the old row and alice's four of today
     # The bound is an instant, compared in storage (TZ=UTC here): 08:00 is before 09:00, after 07:30.
-    late = json.loads(run(people.path, "list", "--agent", "alice", "--since", "2026-02-10T09:00", "--limit", "500",
-                          "--offset", "500", "--json").stdout)
+    late = json.loads(
+        run(
+            people.path,
+            "list",
+            "--agent",
+            "alice",
+            "--since",
+            "2026-02-10T09:00",
+            "--limit",
+            "500",
+            "--offset",
+            "500",
+            "--json",
+        ).stdout
+    )
     assert f"mem:{people.ids['a_old']}" not in {row["ref"] for row in late["rows"]}
-    early = json.loads(run(people.path, "list", "--agent", "alice", "--since", "2026-02-10T07:30", "--limit", "500",
-                           "--offset", "500", "--json").stdout)
+    early = json.loads(
+        run(
+            people.path,
+            "list",
+            "--agent",
+            "alice",
+            "--since",
+            "2026-02-10T07:30",
+            "--limit",
+            "500",
+            "--offset",
+            "500",
+            "--json",
+        ).stdout
+    )
     assert early["rows"][-1]["ref"] == f"mem:{people.ids['a_old']}"
 
 
@@ -250,8 +338,11 @@ def test_show_gives_what_a_person_expects_of_a_record(people):
     done = run(people.path, "show", deploy, "--agent", "alice")
     assert done.returncode == 0, done.stderr
     assert_human(done.stdout)
-    fields = {line.split(None, 1)[0]: line.split(None, 1)[1] for line in done.stdout.splitlines()[1:]
-              if line.strip() and not line.startswith(" ") and " " in line.strip()}
+    fields = {
+        line.split(None, 1)[0]: line.split(None, 1)[1]
+        for line in done.stdout.splitlines()[1:]
+        if line.strip() and not line.startswith(" ") and " " in line.strip()
+    }
     assert fields["project"] == "web" and fields["channel"] == "ops" and fields["locked"] == "no"
     assert fields["recalled"].startswith("0 time(s), last never") and fields["stored"].startswith("20")
     assert "BuildHost" in fields["entities"] and "BuildHost --runs--> make release" in done.stdout
@@ -309,10 +400,14 @@ def _delete_on_a_terminal(db_path: Path, ref: str, answer: str) -> tuple[int, st
     """Run delete with a pseudo-terminal as stdin and type ``answer`` at its prompt."""
     leader, follower = pty.openpty()
     try:
-        child = subprocess.Popen([sys.executable, "-m", "cpersona", "delete", ref, "--agent", "alice",
-                                  "--db", str(db_path)],
-                                 env=env_for(db_path.with_name("decoy.db"), TZ="UTC"), stdin=follower,
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        child = subprocess.Popen(
+            [sys.executable, "-m", "cpersona", "delete", ref, "--agent", "alice", "--db", str(db_path)],
+            env=env_for(db_path.with_name("decoy.db"), TZ="UTC"),
+            stdin=follower,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         os.write(leader, answer.encode() + b"\n")
         out, err = child.communicate(timeout=120)
     finally:
@@ -343,15 +438,20 @@ def test_the_acl_file_binds_the_command_line_as_it_binds_a_stdio_client(people, 
     theirs = run(people.path, "search", "staging password", "--agent", "bob", CPERSONA_ACL_FILE=str(acl))
     assert theirs.returncode == 1 and "staging" not in theirs.stdout
     assert "recall" in one_line_failure(theirs)
-    write = run(people.path, "delete", f"mem:{people.ids['a_tea']}", "--agent", "alice", "--yes",
-                CPERSONA_ACL_FILE=str(acl))
+    write = run(
+        people.path, "delete", f"mem:{people.ids['a_tea']}", "--agent", "alice", "--yes", CPERSONA_ACL_FILE=str(acl)
+    )
     assert write.returncode == 1 and memory_exists(people, people.ids["a_tea"])
 
 
 def test_a_missing_database_is_one_line_and_creates_nothing(tmp_path):
     missing = tmp_path / "none.db"
-    for args in (("search", "x", "--agent", "a"), ("list",), ("show", "mem:1", "--agent", "a"),
-                 ("delete", "mem:1", "--yes")):
+    for args in (
+        ("search", "x", "--agent", "a"),
+        ("list",),
+        ("show", "mem:1", "--agent", "a"),
+        ("delete", "mem:1", "--yes"),
+    ):
         done = run(missing, *args)
         assert done.returncode == 1 and "no database" in one_line_failure(done), args
         assert not missing.exists()

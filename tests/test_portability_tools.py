@@ -38,8 +38,10 @@ async def call(app: App, name: str, **arguments: Any) -> dict[str, Any]:
 
 def rows(app: App) -> dict[str, list[tuple]]:
     with app.db.read() as session:
-        return {t: [tuple(r) for r in session.execute(text(f"SELECT * FROM {t} ORDER BY rowid"))]
-                for t in ("memories", "episodes", "profiles")}
+        return {
+            t: [tuple(r) for r in session.execute(text(f"SELECT * FROM {t} ORDER BY rowid"))]
+            for t in ("memories", "episodes", "profiles")
+        }
 
 
 async def seed(app: App, agent: str = "alice") -> None:
@@ -54,7 +56,9 @@ async def seed(app: App, agent: str = "alice") -> None:
 # -- round trip through the tools -------------------------------------------------------------------
 
 
-async def test_export_then_import_restores_the_agent_and_a_second_import_adds_nothing(app, tmp_path):  # spec EX-9, IM-15, LK-4
+async def test_export_then_import_restores_the_agent_and_a_second_import_adds_nothing(
+    app, tmp_path
+):  # spec EX-9, IM-15, LK-4
     await seed(app)
     path = tmp_path / "backups" / "alice.jsonl"
     exported = await call(app, "export_memories", agent_id="alice", output_path=str(path))
@@ -66,11 +70,20 @@ async def test_export_then_import_restores_the_agent_and_a_second_import_adds_no
     assert deleted["deleted_memories"] == 2 and rows(app)["memories"] == []
 
     imported = await call(app, "import_memories", input_path=str(path))
-    assert imported == {"ok": True, "dry_run": False, "imported_memories": 2, "skipped_memories": 0,
-                        "imported_episodes": 1, "skipped_episodes": 0, "profile_updated": True}
+    assert imported == {
+        "ok": True,
+        "dry_run": False,
+        "imported_memories": 2,
+        "skipped_memories": 0,
+        "imported_episodes": 1,
+        "skipped_episodes": 0,
+        "profile_updated": True,
+    }
     listed = (await call(app, "list_memories", agent_id="alice"))["memories"]
     assert {m["content"]: m["locked"] for m in listed} == {
-        "Alice's cat is named Miso.": True, "Alice waters the plants on Fridays.": False}
+        "Alice's cat is named Miso.": True,
+        "Alice waters the plants on Fridays.": False,
+    }
     assert (await call(app, "get_profile", agent_id="alice")) == {"profile": "Alice likes cats."}
 
     again = await call(app, "import_memories", input_path=str(path), target_agent_id="")
@@ -80,7 +93,9 @@ async def test_export_then_import_restores_the_agent_and_a_second_import_adds_no
 async def test_export_refuses_a_traversing_path_through_the_tool(app, tmp_path):  # spec EX-3, EX-4
     bad = str(tmp_path / ".." / "escape.jsonl")
     assert await call(app, "export_memories", agent_id="", output_path=bad) == {
-        "ok": False, "error": f"output_path rejected (path traversal or outside export dir): {bad}"}
+        "ok": False,
+        "error": f"output_path rejected (path traversal or outside export dir): {bad}",
+    }
 
 
 async def test_export_is_never_paused(app, tmp_path):  # spec §6, P-12
@@ -103,13 +118,19 @@ async def test_import_vetting_precedes_the_pause(db, tmp_path, paused):  # spec 
         await call(app, "pause_persistence", session_key="s")
     missing = tmp_path / "missing.jsonl"
     assert await call(app, "import_memories", input_path=str(missing), session_key="s") == {
-        "ok": False, "error": f"File not found: {missing}"}
+        "ok": False,
+        "error": f"File not found: {missing}",
+    }
     assert await call(app, "import_memories", input_path=str(tmp_path), session_key="s") == {
-        "ok": False, "error": f"input_path is not a regular file: {tmp_path}"}
+        "ok": False,
+        "error": f"input_path is not a regular file: {tmp_path}",
+    }
     big = tmp_path / "big.jsonl"
     big.write_text("x" * 65)
     assert await call(app, "import_memories", input_path=str(big), session_key="s") == {
-        "ok": False, "error": f"input file exceeds CPERSONA_MAX_IMPORT_BYTES (64): {big}"}
+        "ok": False,
+        "error": f"input file exceeds CPERSONA_MAX_IMPORT_BYTES (64): {big}",
+    }
     bad = str(tmp_path / ".." / "x.jsonl")
     refused = await call(app, "import_memories", input_path=bad, session_key="s")
     assert refused == {"ok": False, "error": f"input_path rejected (path traversal or outside export dir): {bad}"}
@@ -124,11 +145,16 @@ async def test_paused_import_is_skipped_but_a_dry_run_still_counts(app, tmp_path
     await call(app, "pause_persistence", session_key="s")
     skipped = await call(app, "import_memories", input_path=str(path), target_agent_id="bob", session_key="s")
     assert {k: v for k, v in skipped.items() if k not in PAUSE_KEYS} == {
-        "ok": True, "dry_run": True, "imported_memories": 0, "skipped_memories": 0, "imported_episodes": 0,
-        "skipped_episodes": 0, "profile_updated": False}
+        "ok": True,
+        "dry_run": True,
+        "imported_memories": 0,
+        "skipped_memories": 0,
+        "imported_episodes": 0,
+        "skipped_episodes": 0,
+        "profile_updated": False,
+    }
     assert skipped["persisted"] is False and "`import_memories` skipped" in skipped["reason"]
-    dry = await call(app, "import_memories", input_path=str(path), target_agent_id="bob", dry_run=True,
-                     session_key="s")
+    dry = await call(app, "import_memories", input_path=str(path), target_agent_id="bob", dry_run=True, session_key="s")
     assert "persisted" not in dry and dry["dry_run"] is True and dry["imported_memories"] == 2
     assert rows(app) == before
 
@@ -142,17 +168,27 @@ async def test_paused_import_is_skipped_but_a_dry_run_still_counts(app, tmp_path
 
 
 @pytest.mark.parametrize("paused", [False, True])
-@pytest.mark.parametrize(("arguments", "error"), [
-    ({"source_agent_id": "", "target_agent_id": "b"}, "source_agent_id is required"),
-    ({"source_agent_id": "a", "target_agent_id": ""}, "target_agent_id is required"),
-    ({"source_agent_id": "", "target_agent_id": ""}, "source_agent_id is required"),
-    ({"source_agent_id": "a", "target_agent_id": "a"}, "source_agent_id and target_agent_id must differ"),
-    ({"source_agent_id": "a", "target_agent_id": "b", "strategy": "overwrite"},
-     "Unsupported strategy 'overwrite'. Currently supported: 'skip'"),
-    ({"source_agent_id": "a", "target_agent_id": "b", "mode": "swap"}, "Invalid mode 'swap'. Supported: 'copy', 'move'"),
-    ({"source_agent_id": "a", "target_agent_id": "b", "strategy": "x", "mode": "y"},
-     "Unsupported strategy 'x'. Currently supported: 'skip'"),
-])
+@pytest.mark.parametrize(
+    ("arguments", "error"),
+    [
+        ({"source_agent_id": "", "target_agent_id": "b"}, "source_agent_id is required"),
+        ({"source_agent_id": "a", "target_agent_id": ""}, "target_agent_id is required"),
+        ({"source_agent_id": "", "target_agent_id": ""}, "source_agent_id is required"),
+        ({"source_agent_id": "a", "target_agent_id": "a"}, "source_agent_id and target_agent_id must differ"),
+        (
+            {"source_agent_id": "a", "target_agent_id": "b", "strategy": "overwrite"},
+            "Unsupported strategy 'overwrite'. Currently supported: 'skip'",
+        ),
+        (
+            {"source_agent_id": "a", "target_agent_id": "b", "mode": "swap"},
+            "Invalid mode 'swap'. Supported: 'copy', 'move'",
+        ),
+        (
+            {"source_agent_id": "a", "target_agent_id": "b", "strategy": "x", "mode": "y"},
+            "Unsupported strategy 'x'. Currently supported: 'skip'",
+        ),
+    ],
+)
 async def test_merge_arguments_are_checked_before_the_pause(app, arguments, error, paused):  # spec MG-1, MG-2
     if paused:
         await call(app, "pause_persistence")
@@ -165,9 +201,19 @@ async def test_paused_merge_is_skipped_but_a_dry_run_still_counts(app):  # spec 
     await call(app, "pause_persistence")
     skipped = await call(app, "merge_memories", source_agent_id="alice", target_agent_id="dave", mode="move")
     assert {k: v for k, v in skipped.items() if k not in PAUSE_KEYS} == {
-        "ok": True, "dry_run": True, "source_agent_id": "alice", "target_agent_id": "dave", "strategy": "skip",
-        "mode": "move", "merged_memories": 0, "skipped_memories": 0, "merged_episodes": 0, "skipped_episodes": 0,
-        "profile_copied": False, "skipped_profile": False}
+        "ok": True,
+        "dry_run": True,
+        "source_agent_id": "alice",
+        "target_agent_id": "dave",
+        "strategy": "skip",
+        "mode": "move",
+        "merged_memories": 0,
+        "skipped_memories": 0,
+        "merged_episodes": 0,
+        "skipped_episodes": 0,
+        "profile_copied": False,
+        "skipped_profile": False,
+    }
     dry = await call(app, "merge_memories", source_agent_id="alice", target_agent_id="dave", dry_run=True)
     assert dry["merged_memories"] == 2 and dry["merged_episodes"] == 1 and dry["profile_copied"] is True
     assert "persisted" not in dry
@@ -192,15 +238,47 @@ async def test_merge_move_carries_a_locked_row_and_its_lock(app):  # spec LK-3, 
 # -- declarations -------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("tool", "facts"), [
-    ("export_memories", ["memories, episodes, profile and declared associations", "entities", "aliases",
-                         "mentions and relations", "JSONL", "backup"]),
-    ("import_memories", ["JSONL", "export_memories", "pointed at the record it names as restored",
-                         "adds nothing", "msg_id", "content", "same project and channel", "summary"]),
-    # Not "one transaction" any more: it commits in batches (issue 13 item 3, differences table).
-    ("merge_memories", ["memories, episodes, profile and declared associations", "commits in batches",
-                        "running it again completes it", "'skip'", "msg_id", "summary"]),
-])
+@pytest.mark.parametrize(
+    ("tool", "facts"),
+    [
+        (
+            "export_memories",
+            [
+                "memories, episodes, profile and declared associations",
+                "entities",
+                "aliases",
+                "mentions and relations",
+                "JSONL",
+                "backup",
+            ],
+        ),
+        (
+            "import_memories",
+            [
+                "JSONL",
+                "export_memories",
+                "pointed at the record it names as restored",
+                "adds nothing",
+                "msg_id",
+                "content",
+                "same project and channel",
+                "summary",
+            ],
+        ),
+        # Not "one transaction" any more: it commits in batches (issue 13 item 3, differences table).
+        (
+            "merge_memories",
+            [
+                "memories, episodes, profile and declared associations",
+                "commits in batches",
+                "running it again completes it",
+                "'skip'",
+                "msg_id",
+                "summary",
+            ],
+        ),
+    ],
+)
 def test_descriptions_carry_the_required_facts(tool, facts):  # spec §14
     description = REGISTRY.get(tool).description
     for fact in facts:
@@ -209,9 +287,24 @@ def test_descriptions_carry_the_required_facts(tool, facts):  # spec §14
 
 def test_the_pause_tools_describe_what_a_pause_does():  # spec §14
     pause = REGISTRY.get("pause_persistence").description
-    for fact in ("1800", "86400", "persisted:false", "dry_run:true", "'no-persist'", "null", "migrate_channel_axis",
-                 "repairs_skipped", "fix=false", "recall stops counting", "scope 'session'", "scope 'process'",
-                 "streamable HTTP", "Only this server", "calibrate_threshold", "set_recall_precision"):
+    for fact in (
+        "1800",
+        "86400",
+        "persisted:false",
+        "dry_run:true",
+        "'no-persist'",
+        "null",
+        "migrate_channel_axis",
+        "repairs_skipped",
+        "fix=false",
+        "recall stops counting",
+        "scope 'session'",
+        "scope 'process'",
+        "streamable HTTP",
+        "Only this server",
+        "calibrate_threshold",
+        "set_recall_precision",
+    ):
         assert fact in pause, fact
     assert "was_active" in REGISTRY.get("resume_persistence").description
     status = REGISTRY.get("persistence_status").description

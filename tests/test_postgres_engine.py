@@ -90,8 +90,11 @@ def test_a_writer_waits_for_the_cluster_lock_then_answers_busy(pg_url):
     try:
         with holder.write_connection() as held:
             held.exec_driver_sql("CREATE TABLE t (n INTEGER)")
-            with pytest.raises(DatabaseBusy, match="the database is busy: another writer has held the database "
-                                                   "for more than 1 s; nothing was written"):
+            with pytest.raises(
+                DatabaseBusy,
+                match="the database is busy: another writer has held the database "
+                "for more than 1 s; nothing was written",
+            ):
                 with waiter.write() as session:
                     session.execute(text("INSERT INTO t VALUES (1)"))
         with waiter.write() as session:  # the lock freed: the same writer now writes
@@ -100,8 +103,15 @@ def test_a_writer_waits_for_the_cluster_lock_then_answers_busy(pg_url):
             assert session.execute(text("SHOW lock_timeout")).scalar_one() == "0"
         with waiter.read() as session:
             assert session.execute(text("SELECT n FROM t")).scalars().all() == [2]
-            assert session.execute(text("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
-                                        f"AND objid = {PG_WRITER_LOCK_KEY & 0xFFFFFFFF}")).scalar_one() == 0
+            assert (
+                session.execute(
+                    text(
+                        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
+                        f"AND objid = {PG_WRITER_LOCK_KEY & 0xFFFFFFFF}"
+                    )
+                ).scalar_one()
+                == 0
+            )
     finally:
         holder.close()
         waiter.close()

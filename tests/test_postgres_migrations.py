@@ -11,13 +11,29 @@ from sqlalchemy import text
 
 from cpersona.config import load_settings
 from cpersona.storage.engine import open_postgres
-from cpersona.storage.migrate import alembic_config, include_object_for, head_revision, open_database_and_upgrade, upgrade
+from cpersona.storage.migrate import (
+    alembic_config,
+    include_object_for,
+    head_revision,
+    open_database_and_upgrade,
+    upgrade,
+)
 from cpersona.storage.models import Base
 from pg_support import fresh_pg_url
 
 TABLES = {
-    "schema_version", "memories", "episodes", "profiles", "pending_memory_tasks",
-    "entities", "entity_aliases", "entity_mentions", "relations", "record_nodes", "embedding_identity", "alembic_version",
+    "schema_version",
+    "memories",
+    "episodes",
+    "profiles",
+    "pending_memory_tasks",
+    "entities",
+    "entity_aliases",
+    "entity_mentions",
+    "relations",
+    "record_nodes",
+    "embedding_identity",
+    "alembic_version",
 }
 
 
@@ -62,8 +78,11 @@ def test_downgrade_to_base_and_back(pg_db):
     upgrade(pg_db)
     assert tables(pg_db) == TABLES
     # 7 of ours; the 2 that keep pgvector's column in step exist only where the server has pgvector
-    assert q(pg_db, "SELECT count(*) FROM pg_trigger WHERE NOT tgisinternal"
-                    " AND tgname NOT IN ('memories_embedding_vec_sync', 'episodes_embedding_vec_sync')") == [(7,)]
+    assert q(
+        pg_db,
+        "SELECT count(*) FROM pg_trigger WHERE NOT tgisinternal"
+        " AND tgname NOT IN ('memories_embedding_vec_sync', 'episodes_embedding_vec_sync')",
+    ) == [(7,)]
 
 
 def test_models_match_the_migrated_schema(pg_db):
@@ -72,8 +91,11 @@ def test_models_match_the_migrated_schema(pg_db):
     with pg_db.engine.connect() as conn:
         context = MigrationContext.configure(
             conn,
-            opts={"compare_type": True, "include_object": include_object_for("postgresql"),
-                  "include_name": lambda name, type_, parents: name != "alembic_version"},
+            opts={
+                "compare_type": True,
+                "include_object": include_object_for("postgresql"),
+                "include_name": lambda name, type_, parents: name != "alembic_version",
+            },
         )
         diffs = [d[0] if isinstance(d, list) else d for d in compare_metadata(context, Base.metadata)]
     # A PostgreSQL primary key is NOT NULL; the models say nullable for SQLite's
@@ -89,12 +111,20 @@ def test_a_postgresql_engine_gives_the_models_partial_indexes_the_migrated_predi
     # holds the models to the migrated indexes directly.
     from sqlalchemy.schema import CreateIndex
 
-    partial = {index.name: index for table in Base.metadata.tables.values() for index in table.indexes
-               if index.dialect_options["sqlite"]["where"] is not None}
-    assert sorted(partial) == ["idx_episodes_lost_embedding", "idx_memories_dedup_msg_id",
-                               "idx_memories_lost_embedding"]
-    migrated = dict(q(pg_db, "SELECT indexname, indexdef FROM pg_indexes WHERE indexname = ANY(:names)",
-                      names=list(partial)))
+    partial = {
+        index.name: index
+        for table in Base.metadata.tables.values()
+        for index in table.indexes
+        if index.dialect_options["sqlite"]["where"] is not None
+    }
+    assert sorted(partial) == [
+        "idx_episodes_lost_embedding",
+        "idx_memories_dedup_msg_id",
+        "idx_memories_lost_embedding",
+    ]
+    migrated = dict(
+        q(pg_db, "SELECT indexname, indexdef FROM pg_indexes WHERE indexname = ANY(:names)", names=list(partial))
+    )
     for name, index in partial.items():
         model_ddl = str(CreateIndex(index).compile(dialect=pg_db.engine.dialect))
         column = str(index.dialect_options["sqlite"]["where"]).split()[0]
@@ -105,7 +135,9 @@ def test_a_postgresql_engine_gives_the_models_partial_indexes_the_migrated_predi
 def test_defaults_ids_and_dedup_rules(pg_db):
     with pg_db.write_connection() as conn:
         long_text = "x" * 20_000  # beyond a B-tree entry: dedup is over md5(content)
-        conn.execute(text("INSERT INTO memories (agent_id, content, timestamp) VALUES ('a', :c, 't')"), {"c": long_text})
+        conn.execute(
+            text("INSERT INTO memories (agent_id, content, timestamp) VALUES ('a', :c, 't')"), {"c": long_text}
+        )
     row = q(pg_db, "SELECT id, project_id, source, metadata, created_at FROM memories")[0]
     assert row[1:4] == ("", "{}", "{}")
     assert len(row[4]) == 19 and row[4][10] == " "  # 'YYYY-MM-DD HH:MM:SS', as SQLite writes it
@@ -113,22 +145,35 @@ def test_defaults_ids_and_dedup_rules(pg_db):
 
     with pytest.raises(IntegrityError):  # spec DB-5
         with pg_db.write_connection() as conn:
-            conn.execute(text("INSERT INTO memories (agent_id, content, timestamp) VALUES ('a', :c, 't')"), {"c": long_text})
+            conn.execute(
+                text("INSERT INTO memories (agent_id, content, timestamp) VALUES ('a', :c, 't')"), {"c": long_text}
+            )
     with pytest.raises(IntegrityError):  # spec DB-6: msg_id unique per bucket when not ''
         with pg_db.write_connection() as conn:
             for c in ("one", "two"):
-                conn.execute(text("INSERT INTO memories (agent_id, msg_id, content, timestamp) VALUES ('a', 'm1', :c, 't')"), {"c": c})
+                conn.execute(
+                    text("INSERT INTO memories (agent_id, msg_id, content, timestamp) VALUES ('a', 'm1', :c, 't')"),
+                    {"c": c},
+                )
 
 
 def test_deleting_or_editing_a_memory_cascades_like_the_sqlite_triggers(pg_db):
     # LR-1 / LR-2 on PostgreSQL trigger functions
     with pg_db.write_connection() as conn:
-        mid = conn.execute(text("INSERT INTO memories (agent_id, content, timestamp) VALUES ('a', 'c', 't') RETURNING id")).scalar_one()
-        conn.execute(text(
-            "INSERT INTO record_nodes (parent_kind, parent_id, node_index, start_char, end_char, token_count, \"window\")"
-            " VALUES ('mem', :id, 0, 0, 1, 1, 1)"), {"id": mid})
-        conn.execute(text("INSERT INTO entity_mentions (entity_id, ref, declared_by, created_at) VALUES (1, :r, 'x', 't')"),
-                     {"r": f"mem:{mid}"})
+        mid = conn.execute(
+            text("INSERT INTO memories (agent_id, content, timestamp) VALUES ('a', 'c', 't') RETURNING id")
+        ).scalar_one()
+        conn.execute(
+            text(
+                'INSERT INTO record_nodes (parent_kind, parent_id, node_index, start_char, end_char, token_count, "window")'
+                " VALUES ('mem', :id, 0, 0, 1, 1, 1)"
+            ),
+            {"id": mid},
+        )
+        conn.execute(
+            text("INSERT INTO entity_mentions (entity_id, ref, declared_by, created_at) VALUES (1, :r, 'x', 't')"),
+            {"r": f"mem:{mid}"},
+        )
         conn.execute(text("UPDATE memories SET recall_count = 1 WHERE id = :id"), {"id": mid})
     assert q(pg_db, "SELECT count(*) FROM record_nodes") == [(1,)]  # a counter bump keeps nodes
     with pg_db.write_connection() as conn:

@@ -38,10 +38,10 @@ def _work(op: str, app: Any, ids: list[int]) -> list[Any]:
     if op == "store_same":  # every process stores the same texts, and the same caller ids
         return [store(app, agent_id="race", content=f"shared text {i}")["result"] for i in range(ROUNDS)] + [
             store(app, agent_id="race", id=f"msg-{i}", content=f"by id {i} from {os.getpid()}")["result"]
-            for i in range(ROUNDS)]
+            for i in range(ROUNDS)
+        ]
     if op == "update":
-        return [update_memory(app, memory_id=i, agent_id="race", content=f"edited {i}").get("ok", False)
-                for i in ids]
+        return [update_memory(app, memory_id=i, agent_id="race", content=f"edited {i}").get("ok", False) for i in ids]
     if op == "delete":
         return [delete_memory(app, memory_id=i, agent_id="race").get("ok", False) for i in ids]
     if op == "lock":
@@ -85,9 +85,17 @@ def race(db: Any, tmp_path: Path, *jobs: tuple[str, list[int]]) -> list[list[Any
     env = {k: v for k, v in os.environ.items() if not k.startswith("CPERSONA_")}
     env.update(db_settings_env(db))
     env["CPERSONA_EMBEDDING_MODE"] = "none"
-    procs = [subprocess.Popen([sys.executable, __file__, op, str(go), ",".join(map(str, ids))], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
-             for op, ids in jobs]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, __file__, op, str(go), ",".join(map(str, ids))],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=tmp_path,
+        )
+        for op, ids in jobs
+    ]
     deadline = time.monotonic() + WORKER_TIMEOUT
     while len(list(tmp_path.glob("go.ready.*"))) < len(procs):  # every interpreter imported and connected
         assert all(p.poll() is None for p in procs), [p.communicate()[1][-2000:] for p in procs if p.poll()]

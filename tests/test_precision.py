@@ -91,8 +91,14 @@ def test_without_embeddings_the_beta_is_not_adopted(app, db):
     # spec SP-3, §6 item 14
     insert(db, "a", sessions(1, 9))  # 9 embedded memories: one too few
     answer = set_recall_precision(app, agent_id="a", precision="strict")
-    assert answer == {"ok": False, "agent_id": "a", "precision": "strict", "beta": 2.0, "cleared": False,
-                      "error": "Need at least 10 embeddings, found 9"}
+    assert answer == {
+        "ok": False,
+        "agent_id": "a",
+        "precision": "strict",
+        "beta": 2.0,
+        "cleared": False,
+        "error": "Need at least 10 embeddings, found 9",
+    }
     assert get_recall_precision(app, agent_id="a")["overridden"] is False
     assert not app.settings.calibration_sidecar.exists()
 
@@ -129,8 +135,14 @@ def test_setting_precision_recalibrates_the_gate_at_the_new_beta_and_persists_bo
     stored = sidecar(app)
     assert stored["agent_betas"] == {"g": 2.0} and stored["agent_fused_gates"] == {"g": gate.threshold}
     assert get_recall_precision(app, agent_id="g") == {
-        "ok": True, "agent_id": "g", "precision": "strict", "beta": 2.0, "overridden": True,
-        "global_precision": "balanced", "global_beta": 1.0}
+        "ok": True,
+        "agent_id": "g",
+        "precision": "strict",
+        "beta": 2.0,
+        "overridden": True,
+        "global_precision": "balanced",
+        "global_beta": 1.0,
+    }
     # A later calibrate_threshold measures the gate at the agent's own β (spec CT-4).
     assert calibrate_threshold(app, agent_id="g")["fused_gate"]["beta"] == 2.0
     assert set_recall_precision(app, agent_id="g", beta=3)["precision"] == "custom"
@@ -149,8 +161,14 @@ def test_clearing_returns_to_the_global_beta_and_drops_the_entry(db, embed_serve
     assert answer["fused_gate"]["beta"] == 2.0  # measured at the global β
     assert sidecar(app)["agent_betas"] == {}
     assert get_recall_precision(app, agent_id="g") == {
-        "ok": True, "agent_id": "g", "precision": "strict", "beta": 2.0, "overridden": False,
-        "global_precision": "strict", "global_beta": 2.0}
+        "ok": True,
+        "agent_id": "g",
+        "precision": "strict",
+        "beta": 2.0,
+        "overridden": False,
+        "global_precision": "strict",
+        "global_beta": 2.0,
+    }
 
 
 def test_an_agent_without_sessions_can_set_precision_with_no_gate(db, embed_server):
@@ -158,8 +176,15 @@ def test_an_agent_without_sessions_can_set_precision_with_no_gate(db, embed_serv
     insert(db, "c", sessions(60, 1))
     app = gate_app(db, embed_server)
     answer = set_recall_precision(app, agent_id="c", beta=2)
-    assert answer == {"ok": True, "agent_id": "c", "precision": "strict", "beta": 2.0, "cleared": False,
-                      "fused_gate": None, "calibrate": {"ok": True, "scope": "per_agent", "new_threshold": 0.5651}}
+    assert answer == {
+        "ok": True,
+        "agent_id": "c",
+        "precision": "strict",
+        "beta": 2.0,
+        "cleared": False,
+        "fused_gate": None,
+        "calibrate": {"ok": True, "scope": "per_agent", "new_threshold": 0.5651},
+    }
     assert sidecar(app)["agent_betas"] == {"c": 2.0}
 
 

@@ -63,26 +63,34 @@ def test_profile_cap_follows_the_setting_and_exact_fit_is_not_truncated(db):  # 
     assert update_profile(app, agent_id="a", profile="123456")["truncated"] is True
 
 
-@pytest.mark.parametrize(("profile", "reason"), [
-    ("", "empty profile"),
-    (None, "empty profile"),
-    ("  ", "empty after sanitization"),
-    ("[Memory from bot] ", "empty after sanitization"),
-])
+@pytest.mark.parametrize(
+    ("profile", "reason"),
+    [
+        ("", "empty profile"),
+        (None, "empty profile"),
+        ("  ", "empty after sanitization"),
+        ("[Memory from bot] ", "empty after sanitization"),
+    ],
+)
 def test_empty_profiles_are_refused_and_the_stored_one_kept(app, profile, reason):  # spec PF-2, SAN-1
     update_profile(app, agent_id="a", profile="kept")
     assert update_profile(app, agent_id="a", profile=profile) == {
-        "ok": False, "profiles_updated": 0, "reason": reason,
+        "ok": False,
+        "profiles_updated": 0,
+        "reason": reason,
     }
     assert get_profile(app, agent_id="a") == {"profile": "kept"}
 
 
-@pytest.mark.parametrize(("arguments", "reason"), [
-    ({"agent_id": None, "profile": "p"}, "agent_id is required"),
-    ({"agent_id": 1, "profile": "p"}, "agent_id must be a string"),
-    ({"agent_id": "a", "profile": 42}, "profile must be a string"),
-    ({"agent_id": "a", "profile": "p\udc00"}, "surrogate"),
-])
+@pytest.mark.parametrize(
+    ("arguments", "reason"),
+    [
+        ({"agent_id": None, "profile": "p"}, "agent_id is required"),
+        ({"agent_id": 1, "profile": "p"}, "agent_id must be a string"),
+        ({"agent_id": "a", "profile": 42}, "profile must be a string"),
+        ({"agent_id": "a", "profile": "p\udc00"}, "surrogate"),
+    ],
+)
 def test_bad_arguments_are_clear_failures(app, db, arguments, reason):
     response = update_profile(app, **arguments)
     assert response["ok"] is False and response["profiles_updated"] == 0 and reason in response["reason"]

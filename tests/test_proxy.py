@@ -46,10 +46,20 @@ class HttpServer:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> HttpServer:
-        env = server_env(self.db_path, CPERSONA_EMBEDDING_MODE="none", CPERSONA_TRANSPORT="streamable-http",
-                         CPERSONA_HTTP_PORT=str(self.port), CPERSONA_AUTH_TOKEN=TOKEN)
-        self.proc = subprocess.Popen([sys.executable, "-m", "cpersona"], env=env, stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        env = server_env(
+            self.db_path,
+            CPERSONA_EMBEDDING_MODE="none",
+            CPERSONA_TRANSPORT="streamable-http",
+            CPERSONA_HTTP_PORT=str(self.port),
+            CPERSONA_AUTH_TOKEN=TOKEN,
+        )
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "cpersona"],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         deadline = time.monotonic() + 120
         while not answers(self.endpoint, timeout=2):
             assert self.proc.poll() is None, "the HTTP server exited during start-up"
@@ -84,13 +94,17 @@ def _body(result) -> dict:
 @pytest.mark.anyio
 async def test_the_sdk_client_through_the_proxy_sees_the_real_server(http_server: HttpServer, tmp_path: Path) -> None:
     # spec T-10; initialize is answered by the real server: same name, instructions and tools as a direct start.
-    direct = StdioServerParameters(command=sys.executable, args=["-m", "cpersona"],
-                                   env=server_env(tmp_path / "direct.db", CPERSONA_EMBEDDING_MODE="none"))
+    direct = StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "cpersona"],
+        env=server_env(tmp_path / "direct.db", CPERSONA_EMBEDDING_MODE="none"),
+    )
     async with Client(direct) as client:
         direct_info = (client.server_info.name, client.instructions)
         direct_tools = [tool.model_dump() for tool in (await client.list_tools()).tools]
-    proxied = StdioServerParameters(command=sys.executable, args=["-m", "cpersona", "proxy"],
-                                    env=_proxy_env(http_server.endpoint.url))
+    proxied = StdioServerParameters(
+        command=sys.executable, args=["-m", "cpersona", "proxy"], env=_proxy_env(http_server.endpoint.url)
+    )
     async with Client(proxied) as client:
         assert (client.server_info.name, client.instructions) == direct_info
         assert [tool.model_dump() for tool in (await client.list_tools()).tools] == direct_tools
@@ -101,8 +115,9 @@ async def test_the_sdk_client_through_the_proxy_sees_the_real_server(http_server
 
 
 @pytest.mark.parametrize("command", [["cpersona", "proxy"], ["cpersona.proxy_stdio"]], ids=" ".join)
-def test_the_proxy_process_loads_neither_the_sdk_nor_the_database_code(http_server: HttpServer, tmp_path: Path,
-                                                                       command: list[str]) -> None:
+def test_the_proxy_process_loads_neither_the_sdk_nor_the_database_code(
+    http_server: HttpServer, tmp_path: Path, command: list[str]
+) -> None:
     modules_file = tmp_path / "modules.txt"
     env = _proxy_env(http_server.endpoint.url, CPERSONA_TEST_MODULES_FILE=str(modules_file))
     session = RawSession(env, args=[str(HERE / "modules_at_exit.py"), *command])
@@ -114,11 +129,29 @@ def test_the_proxy_process_loads_neither_the_sdk_nor_the_database_code(http_serv
     # jsonschema: the stdio reader shares its size bound with the argument checks, not their validator.
     # asyncio, anyio, trio: the proxy runs on threads with httpx's synchronous client, and httpcore's
     # module-level imports of the async libraries are kept out (cpersona.proxy_stdio._import_httpx).
-    heavy = {"mcp", "mcp_types", "pydantic", "pydantic_settings", "sqlalchemy", "numpy", "cpersona.config",
-             "cpersona.storage.engine", "cpersona.services.app", "jsonschema", "asyncio", "anyio", "trio",
-             "sniffio", "cpersona.mcp",
-             # the maintenance commands' modules: `cpersona proxy` parses its command line alone
-             "cpersona.admin_cli", "cpersona.checkup", "cpersona.people_cli", "cpersona.hooks", "cpersona.ui"}
+    heavy = {
+        "mcp",
+        "mcp_types",
+        "pydantic",
+        "pydantic_settings",
+        "sqlalchemy",
+        "numpy",
+        "cpersona.config",
+        "cpersona.storage.engine",
+        "cpersona.services.app",
+        "jsonschema",
+        "asyncio",
+        "anyio",
+        "trio",
+        "sniffio",
+        "cpersona.mcp",
+        # the maintenance commands' modules: `cpersona proxy` parses its command line alone
+        "cpersona.admin_cli",
+        "cpersona.checkup",
+        "cpersona.people_cli",
+        "cpersona.hooks",
+        "cpersona.ui",
+    }
     assert sorted(loaded & heavy) == []
 
 
@@ -139,7 +172,8 @@ def test_an_https_url_verifies_against_the_default_bundle(url: str) -> None:
 
 
 def test_a_call_in_flight_when_the_server_dies_gets_an_error_and_a_restart_serves_again(
-        http_server: HttpServer) -> None:
+    http_server: HttpServer,
+) -> None:
     session = RawSession(_proxy_env(http_server.endpoint.url), args=["-m", "cpersona", "proxy"])
     try:
         session.initialize()
@@ -180,10 +214,12 @@ def test_two_proxies_starting_at_once_start_one_server(tmp_path: Path) -> None:
         _kill_leftovers(sessions, state_path)
 
 
-ACL = {"clients": [
-    {"client_id": "writer", "token": "tok-writer", "grants": {"alice": "read-write"}},
-    {"client_id": "reader", "token": "tok-reader", "grants": {"alice": "read"}},
-]}
+ACL = {
+    "clients": [
+        {"client_id": "writer", "token": "tok-writer", "grants": {"alice": "read-write"}},
+        {"client_id": "reader", "token": "tok-reader", "grants": {"alice": "read"}},
+    ]
+}
 
 
 def _tool_answer(reply: dict) -> dict:
@@ -191,8 +227,14 @@ def _tool_answer(reply: dict) -> dict:
 
 
 def _proxy_once(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "cpersona", "proxy", "--spawn"], env=env, stdin=subprocess.DEVNULL,
-                          capture_output=True, text=True, timeout=150)
+    return subprocess.run(
+        [sys.executable, "-m", "cpersona", "proxy", "--spawn"],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=150,
+    )
 
 
 def test_spawn_under_an_acl_file_starts_a_server_that_enforces_it_for_every_proxy(tmp_path: Path) -> None:
@@ -200,17 +242,24 @@ def test_spawn_under_an_acl_file_starts_a_server_that_enforces_it_for_every_prox
     acl_path.write_text(json.dumps(ACL))
     acl_path.chmod(0o600)
     db_path = tmp_path / "spawned" / "memory.db"
-    env = server_env(db_path, CPERSONA_EMBEDDING_MODE="none", CPERSONA_PROXY_SERVER_IDLE_SECONDS="3",
-                     CPERSONA_ACL_FILE=str(acl_path))
+    env = server_env(
+        db_path, CPERSONA_EMBEDDING_MODE="none", CPERSONA_PROXY_SERVER_IDLE_SECONDS="3", CPERSONA_ACL_FILE=str(acl_path)
+    )
     state_path = db_path.with_name(db_path.name + ".server.json")
-    sessions = [RawSession({**env, "CPERSONA_AUTH_TOKEN": token}, args=["-m", "cpersona", "proxy", "--spawn"])
-                for token in ("tok-writer", "tok-reader")]
+    sessions = [
+        RawSession({**env, "CPERSONA_AUTH_TOKEN": token}, args=["-m", "cpersona", "proxy", "--spawn"])
+        for token in ("tok-writer", "tok-reader")
+    ]
     writer, reader = sessions
     try:
         for session in sessions:
             session.initialize()
-        assert _tool_answer(writer.call("store", '{"agent_id":"alice","content":"the writer wrote this"}',
-                                        timeout=60))["ok"] is True
+        assert (
+            _tool_answer(writer.call("store", '{"agent_id":"alice","content":"the writer wrote this"}', timeout=60))[
+                "ok"
+            ]
+            is True
+        )
         denied = _tool_answer(reader.call("store", '{"agent_id":"alice","content":"no"}', timeout=60))
         assert (denied["error"], denied["client_id"]) == ("permission_denied", "reader")  # the file holds
         found = _tool_answer(reader.call("recall", '{"agent_id":"alice","query":"writer wrote"}', timeout=60))
@@ -269,13 +318,24 @@ def _alive(pid: int) -> bool:
 
 # -- the settings, read without the settings model -----------------------------------------------------
 
-CASES = [{}, {"CPERSONA_PROXY_MAX_INFLIGHT": "3"}, {"CPERSONA_PROXY_MAX_INFLIGHT": "0"},
-         {"CPERSONA_PROXY_MAX_INFLIGHT": " 12 "}, {"CPERSONA_PROXY_MAX_INFLIGHT": ""},
-         {"CPERSONA_PROXY_MAX_INFLIGHT": "eight"}, {"CPERSONA_PROXY_MAX_INFLIGHT": "2.5"},
-         {"CPERSONA_REMOTE_URL": "http://127.0.0.1:9/mcp"}, {"CPERSONA_REMOTE_URL": "  "},
-         {"CPERSONA_AUTH_TOKEN": "t"}, {"CPERSONA_PROXY_SPAWN": "yes"}, {"CPERSONA_PROXY_SPAWN": "off"},
-         {"CPERSONA_PROXY_SPAWN": "maybe"}, {"CPERSONA_PROXY_SERVER_IDLE_SECONDS": "2.5"},
-         {"CPERSONA_PROXY_SERVER_IDLE_SECONDS": "-1"}, {"CPERSONA_PROXY_SERVER_IDLE_SECONDS": "nan"}]
+CASES = [
+    {},
+    {"CPERSONA_PROXY_MAX_INFLIGHT": "3"},
+    {"CPERSONA_PROXY_MAX_INFLIGHT": "0"},
+    {"CPERSONA_PROXY_MAX_INFLIGHT": " 12 "},
+    {"CPERSONA_PROXY_MAX_INFLIGHT": ""},
+    {"CPERSONA_PROXY_MAX_INFLIGHT": "eight"},
+    {"CPERSONA_PROXY_MAX_INFLIGHT": "2.5"},
+    {"CPERSONA_REMOTE_URL": "http://127.0.0.1:9/mcp"},
+    {"CPERSONA_REMOTE_URL": "  "},
+    {"CPERSONA_AUTH_TOKEN": "t"},
+    {"CPERSONA_PROXY_SPAWN": "yes"},
+    {"CPERSONA_PROXY_SPAWN": "off"},
+    {"CPERSONA_PROXY_SPAWN": "maybe"},
+    {"CPERSONA_PROXY_SERVER_IDLE_SECONDS": "2.5"},
+    {"CPERSONA_PROXY_SERVER_IDLE_SECONDS": "-1"},
+    {"CPERSONA_PROXY_SERVER_IDLE_SECONDS": "nan"},
+]
 
 
 @pytest.mark.parametrize("environ", CASES, ids=lambda e: ",".join(f"{k}={v!r}" for k, v in e.items()) or "none")
@@ -289,7 +349,12 @@ def test_the_proxy_reads_its_settings_as_the_settings_model_does(environ: dict[s
     light = proxy_settings(environ)
     token = model.auth_token.get_secret_value() if model.auth_token is not None else ""
     assert (light.remote_url, light.auth_token, light.max_inflight, light.spawn, light.server_idle_seconds) == (
-        model.remote_url, token, model.proxy_max_inflight, model.proxy_spawn, model.proxy_server_idle_seconds)
+        model.remote_url,
+        token,
+        model.proxy_max_inflight,
+        model.proxy_spawn,
+        model.proxy_server_idle_seconds,
+    )
 
 
 @pytest.mark.parametrize("raw", ["", "memory.db", "~/m/memory.db", "/abs/memory.db", " rel/x.db "])

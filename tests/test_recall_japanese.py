@@ -29,9 +29,10 @@ FIRST_SHARE = 0.9  # and first for at least this share of the queries
 def store_all(db, agent: str = "jp") -> dict[str, str]:
     """Insert the set in order; returns ref -> key."""
     with db.write() as session:
-        session.execute(insert(Memory), [
-            {"agent_id": agent, "content": text, "timestamp": STAMP, "source": "{}"} for text in MEMORIES.values()
-        ])
+        session.execute(
+            insert(Memory),
+            [{"agent_id": agent, "content": text, "timestamp": STAMP, "source": "{}"} for text in MEMORIES.values()],
+        )
     with db.read() as session:
         ids = dict(session.query(Memory.content, Memory.id).filter(Memory.agent_id == agent).all())
     return {f"mem:{ids[text]}": key for key, text in MEMORIES.items()}
@@ -77,8 +78,13 @@ def test_a_row_sharing_more_and_rarer_runs_outranks_one_sharing_a_common_run(db,
     weather = "今日の天気は晴れのち曇り"
     store_all(db)  # a pool large enough that the gate lets more than the first row through (GATE-2)
     with db.write() as session:
-        session.execute(insert(Memory), [{"agent_id": "jp", "content": c, "timestamp": STAMP, "source": "{}"}
-                                         for c in [*meetings[:3], weather, *meetings[3:], "東京の天気"]])
+        session.execute(
+            insert(Memory),
+            [
+                {"agent_id": "jp", "content": c, "timestamp": STAMP, "source": "{}"}
+                for c in [*meetings[:3], weather, *meetings[3:], "東京の天気"]
+            ],
+        )
     shown = [m["content"] for m in reversed(recall(app, agent_id="jp", query="東京 天気", limit=10)["messages"])]
     assert shown[0] == "東京の天気"  # both runs
     assert shown.index(weather) < min((shown.index(row) for row in meetings if row in shown), default=len(shown))
@@ -87,10 +93,13 @@ def test_a_row_sharing_more_and_rarer_runs_outranks_one_sharing_a_common_run(db,
 def test_scope_and_source_filter_hold_inside_the_probes(db, app):
     store_all(db, agent="other")
     with db.write() as session:
-        session.execute(insert(Memory), [
-            {"agent_id": "jp", "content": "猫の名前はクロ", "timestamp": STAMP, "source": '{"id": "u1"}'},
-            {"agent_id": "jp", "content": "猫の名前はシロ", "timestamp": STAMP, "source": '{"id": "u2"}'},
-        ])
+        session.execute(
+            insert(Memory),
+            [
+                {"agent_id": "jp", "content": "猫の名前はクロ", "timestamp": STAMP, "source": '{"id": "u1"}'},
+                {"agent_id": "jp", "content": "猫の名前はシロ", "timestamp": STAMP, "source": '{"id": "u2"}'},
+            ],
+        )
     texts = open_search(db).recent_texts(Scope(agent_id="jp"), 10, source_id="u1")
     assert [content for _, content in texts] == ["猫の名前はクロ"]
     shown = recall(app, agent_id="jp", query="猫 名前", source_id="u2")["messages"]

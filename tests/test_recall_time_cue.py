@@ -27,13 +27,17 @@ A = "agent"
 NOW = datetime(2026, 11, 30, 12, tzinfo=timezone.utc)
 MARCH = {"after": "2026-03-01", "before": "2026-03-10"}  # [03-01, 03-11) at sure width
 IN_MARCH = ["pie", "split", "pancakes", "chips", "bread", "cake"]  # banana rows of March 2nd … 7th
-ELSEWHERE = [("2026-01-05", "smoothie"), ("2026-04-10", "muffin"), ("2026-04-11", "milk"),
-             ("2026-05-11", "cream")]
+ELSEWHERE = [("2026-01-05", "smoothie"), ("2026-04-10", "muffin"), ("2026-04-11", "milk"), ("2026-05-11", "cream")]
 
 
 def _put(app, content, day, user="u1", agent=A):
-    out = store(app, content=content, agent_id=agent, timestamp=f"{day}T10:00:00+00:00",
-                source={"type": "User", "id": user, "name": ""})
+    out = store(
+        app,
+        content=content,
+        agent_id=agent,
+        timestamp=f"{day}T10:00:00+00:00",
+        source={"type": "User", "id": user, "name": ""},
+    )
     assert out.get("ok", True) is not False, out
     return f"mem:{out['id']}"
 
@@ -67,7 +71,8 @@ def test_held_seats_come_first_labelled_and_counted(cued_app, march, confidence,
     ranked = out["messages"][places:]
     assert 1 <= len(ranked) <= 2 and not _seats({"messages": ranked})
     assert [s["match_reason"] for s in seats] == [
-        {"signal": "cue", "admission": "reservation", "cue_rank": rank} for rank in reversed(range(places))]
+        {"signal": "cue", "admission": "reservation", "cue_rank": rank} for rank in reversed(range(places))
+    ]
     assert {s["ref"] for s in seats} <= set(refs)  # period rows only
     assert not {s["ref"] for s in seats} & {m["ref"] for m in ranked}  # rows the answer holds take no seat
     assert all("confidence" in m for m in out["messages"])  # seats are scored too (§5.9.3)
@@ -82,9 +87,14 @@ def test_blank_query_seats_the_newest_rows_of_the_period(cued_app, march):
     # the recency listing holds the two newest rows; the period's three newest take the seats,
     # best (cue_rank 0) nearest the ranked rows (as the reference answers)
     assert [m["ref"] for m in out["messages"]] == [refs[3], refs[4], refs[5], others[2], others[3]]
-    assert out["time_cue"] == {"policy": "cued-v0.3", "period": ["2026-03-01T00:00:00+00:00",
-                                                                 "2026-03-11T00:00:00+00:00"],
-                               "confidence": "sure", "revised": False, "moved": 0, "seated": 3}  # spec TQ-7
+    assert out["time_cue"] == {
+        "policy": "cued-v0.3",
+        "period": ["2026-03-01T00:00:00+00:00", "2026-03-11T00:00:00+00:00"],
+        "confidence": "sure",
+        "revised": False,
+        "moved": 0,
+        "seated": 3,
+    }  # spec TQ-7
 
 
 def test_held_seats_are_not_credited_to_the_recall_counters(cued_app, march, db):  # spec §5.9.5
@@ -100,8 +110,14 @@ def test_held_seats_are_not_credited_to_the_recall_counters(cued_app, march, db)
 def test_the_lift_moves_period_rows_up_within_the_answer(cued_app, march):  # spec TQ-6
     refs, _ = march
     plain = recall(cued_app, agent_id=A, query="banana", limit=20, deep=True)
-    cued = recall(cued_app, agent_id=A, query="banana", limit=20, deep=True,
-                  time_cue={"confidence": "likely", "after": "2026-04-10", "before": "2026-04-11"})
+    cued = recall(
+        cued_app,
+        agent_id=A,
+        query="banana",
+        limit=20,
+        deep=True,
+        time_cue={"confidence": "likely", "after": "2026-04-10", "before": "2026-04-11"},
+    )
     best_first = [m["ref"] for m in reversed(plain["messages"])]
     in_april = {m["ref"] for m in plain["messages"] if m.get("timestamp", "").startswith("2026-04-1")}
     order, moved = lift(best_first, in_april, 2)
@@ -112,10 +128,18 @@ def test_the_lift_moves_period_rows_up_within_the_answer(cued_app, march):  # sp
 
 def test_recent_only_cue_is_ignored_with_a_notice(cued_app, march):  # spec TQ-5
     plain = recall(cued_app, agent_id=A, query="banana", limit=3)
-    out = recall(cued_app, agent_id=A, query="banana", limit=3,
-                 time_cue={"confidence": "sure", "ago": {"unit": "days", "value": 0}})
-    assert out["time_cue"] == {"policy": "cued-v0.3", "ignored": "recent_only",
-                               "period": ["2026-11-30T00:00:00+00:00", "2026-11-30T12:00:00+00:00"]}
+    out = recall(
+        cued_app,
+        agent_id=A,
+        query="banana",
+        limit=3,
+        time_cue={"confidence": "sure", "ago": {"unit": "days", "value": 0}},
+    )
+    assert out["time_cue"] == {
+        "policy": "cued-v0.3",
+        "ignored": "recent_only",
+        "period": ["2026-11-30T00:00:00+00:00", "2026-11-30T12:00:00+00:00"],
+    }
     assert [m["ref"] for m in out["messages"]] == [m["ref"] for m in plain["messages"]]
 
 
@@ -123,8 +147,11 @@ def test_an_unreadable_cue_is_refused_with_no_messages(cued_app, march):  # spec
     out = recall(cued_app, agent_id=A, query="banana", time_cue={"confidence": "sure", "after": "bad"})
     assert out == {"ok": False, "error": "time_cue.after is not a date or timestamp: 'bad'", "messages": []}
     out = recall(cued_app, agent_id=A, query="banana", time_cue={"confidence": "sure"})
-    assert out == {"ok": False, "messages": [],
-                   "error": "time_cue needs either after/before or ago, not both and not neither"}  # TQ-1
+    assert out == {
+        "ok": False,
+        "messages": [],
+        "error": "time_cue needs either after/before or ago, not both and not neither",
+    }  # TQ-1
     assert recall(cued_app, agent_id=A, query="banana", time_cue="March")["error"] == "time_cue must be an object"
 
 
@@ -138,6 +165,5 @@ def test_seats_stay_inside_the_scope_and_the_source_filter(cued_app):  # spec TQ
     _put(cued_app, "banana of another user in march", "2026-03-08", user="u2")
     _put(cued_app, "banana of another agent in march", "2026-03-09", agent="other")
     newest = [_put(cued_app, f"banana {word} elsewhere", day) for day, word in ELSEWHERE]
-    out = recall(cued_app, agent_id=A, query="", limit=2, source_id="u1",
-                 time_cue={"confidence": "sure", **MARCH})
+    out = recall(cued_app, agent_id=A, query="", limit=2, source_id="u1", time_cue={"confidence": "sure", **MARCH})
     assert [m["ref"] for m in out["messages"]] == [mine[0], mine[1], mine[2], newest[2], newest[3]]

@@ -60,11 +60,15 @@ def server() -> Iterator[EmbedServer]:
 
 
 def http_app(db: Database, server: EmbedServer, **env: str) -> App:
-    settings = load_settings({
-        "CPERSONA_DB_PATH": str(db.path), "CPERSONA_EMBEDDING_MODE": "http",
-        "CPERSONA_EMBEDDING_URL": server.url, "CPERSONA_TASK_RETRY_DELAY": "0",
-        **{f"CPERSONA_{k}": v for k, v in env.items()},
-    })
+    settings = load_settings(
+        {
+            "CPERSONA_DB_PATH": str(db.path),
+            "CPERSONA_EMBEDDING_MODE": "http",
+            "CPERSONA_EMBEDDING_URL": server.url,
+            "CPERSONA_TASK_RETRY_DELAY": "0",
+            **{f"CPERSONA_{k}": v for k, v in env.items()},
+        }
+    )
     return App(db=db, settings=settings, embedder=build_embedder(settings))
 
 
@@ -82,34 +86,50 @@ def measure_with(window: int):
 
 def node_table(db: Database) -> list[tuple]:
     with db.read() as session:
-        return [tuple(r) for r in session.execute(text(
-            'SELECT parent_kind, parent_id, node_index, start_char, end_char, token_count, "window", embedding_model '
-            "FROM record_nodes ORDER BY parent_kind, parent_id, node_index"))]
+        return [
+            tuple(r)
+            for r in session.execute(
+                text(
+                    'SELECT parent_kind, parent_id, node_index, start_char, end_char, token_count, "window", embedding_model '
+                    "FROM record_nodes ORDER BY parent_kind, parent_id, node_index"
+                )
+            )
+        ]
 
 
 def tasks_table(db: Database) -> list[tuple]:
     with db.read() as session:
-        return [tuple(r) for r in session.execute(text(
-            "SELECT task_type, agent_id, project_id, payload FROM pending_memory_tasks ORDER BY id"))]
+        return [
+            tuple(r)
+            for r in session.execute(
+                text("SELECT task_type, agent_id, project_id, payload FROM pending_memory_tasks ORDER BY id")
+            )
+        ]
 
 
 # -- the token report (OV-1) ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("entry", "ok"), [
-    ({"count": 3, "window": 8, "truncated": False, "window_end_char": 10}, True),
-    ({"count": 9, "window": 8, "truncated": True, "window_end_char": 7}, True),
-    ({"count": 9, "window": 8, "truncated": True, "window_end_char": 0}, True),
-    ({"count": 9, "window": 8, "truncated": False, "window_end_char": 10}, False),  # truncated must be count > window
-    ({"count": 3, "window": 8, "truncated": False, "window_end_char": 7}, False),  # fits: the end is the text's end
-    ({"count": 9, "window": 8, "truncated": True, "window_end_char": 11}, False),  # past the text
-    ({"count": 3, "window": 0, "truncated": True, "window_end_char": 10}, False),
-    ({"count": -1, "window": 8, "truncated": False, "window_end_char": 10}, False),
-    ({"count": True, "window": 8, "truncated": False, "window_end_char": 10}, False),
-    ({"count": 3.0, "window": 8, "truncated": False, "window_end_char": 10}, False),
-    ({"count": 3, "window": 8, "window_end_char": 10}, False),
-    (None, False),
-])
+@pytest.mark.parametrize(
+    ("entry", "ok"),
+    [
+        ({"count": 3, "window": 8, "truncated": False, "window_end_char": 10}, True),
+        ({"count": 9, "window": 8, "truncated": True, "window_end_char": 7}, True),
+        ({"count": 9, "window": 8, "truncated": True, "window_end_char": 0}, True),
+        (
+            {"count": 9, "window": 8, "truncated": False, "window_end_char": 10},
+            False,
+        ),  # truncated must be count > window
+        ({"count": 3, "window": 8, "truncated": False, "window_end_char": 7}, False),  # fits: the end is the text's end
+        ({"count": 9, "window": 8, "truncated": True, "window_end_char": 11}, False),  # past the text
+        ({"count": 3, "window": 0, "truncated": True, "window_end_char": 10}, False),
+        ({"count": -1, "window": 8, "truncated": False, "window_end_char": 10}, False),
+        ({"count": True, "window": 8, "truncated": False, "window_end_char": 10}, False),
+        ({"count": 3.0, "window": 8, "truncated": False, "window_end_char": 10}, False),
+        ({"count": 3, "window": 8, "window_end_char": 10}, False),
+        (None, False),
+    ],
+)
 def test_token_report_entries_are_checked(entry: Any, ok: bool) -> None:  # spec OV-1
     assert (parse_entry(entry, "0123456789") is not None) is ok
 
@@ -135,11 +155,21 @@ def test_token_report_over_http(server: EmbedServer, db: Database) -> None:  # s
 
 
 def test_no_token_report_without_an_http_embed_url(db: Database, server: EmbedServer) -> None:  # spec OV-1
-    api = load_settings({"CPERSONA_DB_PATH": str(db.path), "CPERSONA_EMBEDDING_MODE": "api",
-                         "CPERSONA_EMBEDDING_API_URL": server.api_url})
+    api = load_settings(
+        {
+            "CPERSONA_DB_PATH": str(db.path),
+            "CPERSONA_EMBEDDING_MODE": "api",
+            "CPERSONA_EMBEDDING_API_URL": server.api_url,
+        }
+    )
     assert build_token_reporter(build_embedder(api)) is None
-    other_path = load_settings({"CPERSONA_DB_PATH": str(db.path), "CPERSONA_EMBEDDING_MODE": "http",
-                                "CPERSONA_EMBEDDING_URL": server.base_url + "/vectors"})
+    other_path = load_settings(
+        {
+            "CPERSONA_DB_PATH": str(db.path),
+            "CPERSONA_EMBEDDING_MODE": "http",
+            "CPERSONA_EMBEDDING_URL": server.base_url + "/vectors",
+        }
+    )
     assert build_token_reporter(build_embedder(other_path)) is None
     assert build_token_reporter(None) is None
 
@@ -147,20 +177,63 @@ def test_no_token_report_without_an_http_embed_url(db: Database, server: EmbedSe
 # -- division (OV-9, OV-11) ---------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("source", "window", "expected"), [
-    # reference: CPersona 2.6.14 against this server
-    (PARAGRAPHS, 40, [(0, 158, 30, 40), (158, 366, 38, 40), (366, 559, 37, 40)]),
-    (PARAGRAPHS, 13, [(0, 66, 12, 13), (66, 98, 7, 13), (98, 158, 11, 13), (158, 225, 12, 13), (225, 297, 12, 13),
-                      (297, 358, 12, 13), (358, 425, 12, 13), (425, 489, 12, 13), (489, 548, 12, 13),
-                      (548, 559, 3, 13)]),
-    (MIXED, 40, [(0, 102, 35, 40), (102, 169, 25, 40), (169, 236, 25, 40), (236, 303, 25, 40), (303, 402, 40, 40)]),
-    (MIXED, 13, [(0, 35, 10, 13), (35, 59, 13, 13), (59, 102, 12, 13), (102, 126, 13, 13), (126, 169, 12, 13),
-                 (169, 193, 13, 13), (193, 236, 12, 13), (236, 260, 13, 13), (260, 303, 12, 13), (303, 327, 13, 13),
-                 (327, 370, 12, 13), (370, 394, 13, 13), (394, 402, 2, 13)]),
-    (JAPANESE, 40, [(0, 180, 40, 40), (180, 360, 40, 40)]),
-    (JAPANESE, 13, [(0, 54, 12, 13), (54, 108, 12, 13), (108, 162, 12, 13), (162, 216, 12, 13), (216, 270, 12, 13),
-                    (270, 324, 12, 13), (324, 360, 8, 13)]),
-])
+@pytest.mark.parametrize(
+    ("source", "window", "expected"),
+    [
+        # reference: CPersona 2.6.14 against this server
+        (PARAGRAPHS, 40, [(0, 158, 30, 40), (158, 366, 38, 40), (366, 559, 37, 40)]),
+        (
+            PARAGRAPHS,
+            13,
+            [
+                (0, 66, 12, 13),
+                (66, 98, 7, 13),
+                (98, 158, 11, 13),
+                (158, 225, 12, 13),
+                (225, 297, 12, 13),
+                (297, 358, 12, 13),
+                (358, 425, 12, 13),
+                (425, 489, 12, 13),
+                (489, 548, 12, 13),
+                (548, 559, 3, 13),
+            ],
+        ),
+        (MIXED, 40, [(0, 102, 35, 40), (102, 169, 25, 40), (169, 236, 25, 40), (236, 303, 25, 40), (303, 402, 40, 40)]),
+        (
+            MIXED,
+            13,
+            [
+                (0, 35, 10, 13),
+                (35, 59, 13, 13),
+                (59, 102, 12, 13),
+                (102, 126, 13, 13),
+                (126, 169, 12, 13),
+                (169, 193, 13, 13),
+                (193, 236, 12, 13),
+                (236, 260, 13, 13),
+                (260, 303, 12, 13),
+                (303, 327, 13, 13),
+                (327, 370, 12, 13),
+                (370, 394, 13, 13),
+                (394, 402, 2, 13),
+            ],
+        ),
+        (JAPANESE, 40, [(0, 180, 40, 40), (180, 360, 40, 40)]),
+        (
+            JAPANESE,
+            13,
+            [
+                (0, 54, 12, 13),
+                (54, 108, 12, 13),
+                (108, 162, 12, 13),
+                (162, 216, 12, 13),
+                (216, 270, 12, 13),
+                (270, 324, 12, 13),
+                (324, 360, 8, 13),
+            ],
+        ),
+    ],
+)
 def test_division_matches_the_reference(source: str, window: int, expected: list[tuple]) -> None:  # OV-9
     spans = divide(source, measure_with(window))
     assert [(s.start, s.end, s.token_count, s.window) for s in spans] == expected
@@ -173,7 +246,7 @@ def test_division_invariants(source: str, window: int) -> None:  # OV-11
     assert spans[0].start == 0 and spans[-1].end == len(source)
     assert all(a.end == b.start for a, b in zip(spans, spans[1:]))  # a partition
     assert all(s.token_count <= s.window == window for s in spans)
-    assert all(s.token_count == len(tokens_of(source[s.start:s.end])) for s in spans)
+    assert all(s.token_count == len(tokens_of(source[s.start : s.end])) for s in spans)
     assert divide(source, measure_with(window)) == spans  # deterministic
 
 
@@ -218,7 +291,8 @@ def test_store_of_a_long_text_queues_a_node_build(app: App, db: Database, server
     answer = store(app, agent_id="tree", content=LONG, project_id="P")
     assert answer == {"ok": True, "result": "stored", "id": 1, "embedded": True, "nodes": {"status": "queued"}}
     assert [(t, a, p, json.loads(payload)) for t, a, p, payload in tasks_table(db)] == [
-        ("build_nodes", "tree", "P", {"kind": "mem", "id": 1})]
+        ("build_nodes", "tree", "P", {"kind": "mem", "id": 1})
+    ]
     assert server.token_requests()[-1].body == {"texts": [LONG]}  # the stored text was measured
     short = store(app, agent_id="tree", content="A short note.")
     assert "nodes" not in short and len(tasks_table(db)) == 1
@@ -240,8 +314,11 @@ def test_no_queue_no_key_and_the_write_succeeds(db: Database, server: EmbedServe
     if setup == "no_route":
         server.token_window = None
     elif setup == "bad_report":
-        server.mutate = lambda payload: ({"token_info": [{"count": 99, "window": 40, "truncated": False,
-                                                          "window_end_char": 1}]} if "token_info" in payload else payload)
+        server.mutate = lambda payload: (
+            {"token_info": [{"count": 99, "window": 40, "truncated": False, "window_end_char": 1}]}
+            if "token_info" in payload
+            else payload
+        )
     elif setup == "report_down":
         server.mutate = lambda payload: {"token_info": None} if "token_info" in payload else payload
     answer = store(app, agent_id="tree", content=LONG)
@@ -254,6 +331,7 @@ def test_no_queue_no_key_and_the_write_succeeds(db: Database, server: EmbedServe
 
 def test_without_http_embeddings_nothing_is_asked_or_queued(db: Database) -> None:  # OV-1, OV-4
     from conftest import make_app
+
     app = make_app(db)
     assert "nodes" not in store(app, agent_id="tree", content=LONG)
     assert tasks_table(db) == []
@@ -284,7 +362,7 @@ def test_the_queued_build_writes_a_partition_with_vectors(app: App, db: Database
         assert stored is not None and len(stored) == len(expected) > 1
         for row in stored:
             vector = np.frombuffer(row.embedding, dtype="<f4")
-            assert np.allclose(vector, server.vector(LONG[row.start:row.end]), atol=1e-6)
+            assert np.allclose(vector, server.vector(LONG[row.start : row.end]), atol=1e-6)
         assert session.execute(text("SELECT content FROM memories")).scalar() == LONG  # the parent is untouched
     # a second build finds them current and asks nothing
     before = len(server.token_requests())
@@ -370,9 +448,11 @@ def test_failed_builds_are_retried_by_the_queue(app: App, db: Database, server: 
 
 def test_a_malformed_payload_is_discarded(app: App, db: Database) -> None:  # spec OV-8
     with db.write_connection() as conn:
-        conn.exec_driver_sql("INSERT INTO pending_memory_tasks (task_type, agent_id, payload) VALUES "
-                             "('build_nodes', 'tree', '{\"kind\": \"doc\", \"id\": 1}'), "
-                             "('build_nodes', 'tree', '{\"kind\": \"mem\", \"id\": true}')")
+        conn.exec_driver_sql(
+            "INSERT INTO pending_memory_tasks (task_type, agent_id, payload) VALUES "
+            "('build_nodes', 'tree', '{\"kind\": \"doc\", \"id\": 1}'), "
+            "('build_nodes', 'tree', '{\"kind\": \"mem\", \"id\": true}')"
+        )
     assert app.task_queue.drain() == 2
     assert tasks_table(db) == [] and node_table(db) == []
 
@@ -416,25 +496,38 @@ def test_the_worker_thread_builds_in_the_background(app: App, db: Database) -> N
 def test_node_ranges_after_the_build(app: App, db: Database) -> None:  # spec GR-5, GR-7, GR-10, GR-11
     store(app, agent_id="tree", content=LONG)
     assert get_contents(app, agent_id="tree", refs=[{"ref": "mem:1", "node": 0}])["unresolved"] == [
-        {"ref": "mem:1", "reason": "no_current_nodes"}]  # queued, not built yet (GR-10)
+        {"ref": "mem:1", "reason": "no_current_nodes"}
+    ]  # queued, not built yet (GR-10)
     app.task_queue.drain()
     spans = [(r[3], r[4]) for r in node_table(db)]
     count = len(spans)
-    answer = get_contents(app, agent_id="tree", refs=[
-        {"ref": "mem:1", "node": 0}, {"ref": "mem:1", "node": [0, 1]}, {"ref": "mem:1", "node": count},
-        {"ref": "mem:1", "node": [1, count - 1], "revision": revision_of(LONG)}])
+    answer = get_contents(
+        app,
+        agent_id="tree",
+        refs=[
+            {"ref": "mem:1", "node": 0},
+            {"ref": "mem:1", "node": [0, 1]},
+            {"ref": "mem:1", "node": count},
+            {"ref": "mem:1", "node": [1, count - 1], "revision": revision_of(LONG)},
+        ],
+    )
     first, pair, tail = answer["items"]
-    assert first["content"] == LONG[spans[0][0]:spans[0][1]]
+    assert first["content"] == LONG[spans[0][0] : spans[0][1]]
     assert first["range"] == {"span": list(spans[0]), "node": [0, 0], "of": count, "content_len": len(LONG)}
     assert pair["range"] == {"span": [0, spans[1][1]], "node": [0, 1], "of": count, "content_len": len(LONG)}
-    assert tail["content"] == LONG[spans[1][0]:]
+    assert tail["content"] == LONG[spans[1][0] :]
     assert answer["unresolved"] == [{"ref": "mem:1", "reason": "node_out_of_range"}]
     # an edit removes the nodes at once; the old revision is stale
     update_memory(app, memory_id=1, content=LONG + " Edited.", agent_id="tree")
-    after = get_contents(app, agent_id="tree", refs=[{"ref": "mem:1", "node": 0},
-                                                     {"ref": "mem:1", "node": 0, "revision": revision_of(LONG)}])
-    assert after["unresolved"] == [{"ref": "mem:1", "reason": "no_current_nodes"},
-                                   {"ref": "mem:1", "reason": "stale_revision"}]
+    after = get_contents(
+        app,
+        agent_id="tree",
+        refs=[{"ref": "mem:1", "node": 0}, {"ref": "mem:1", "node": 0, "revision": revision_of(LONG)}],
+    )
+    assert after["unresolved"] == [
+        {"ref": "mem:1", "reason": "no_current_nodes"},
+        {"ref": "mem:1", "reason": "stale_revision"},
+    ]
     app.task_queue.drain()
     assert get_contents(app, agent_id="tree", refs=[{"ref": "mem:1", "node": 0}])["count"] == 1
 
@@ -443,7 +536,7 @@ def test_episode_node_offsets_are_in_the_summary(app: App, db: Database) -> None
     archive_episode(app, agent_id="tree", summary=LONG)
     app.task_queue.drain()
     item = get_contents(app, agent_id="tree", refs=[{"ref": "ep:1", "node": 0}])["items"][0]
-    assert item["content"] == LONG[:item["range"]["span"][1]]  # no '[Episode] ' label in a slice
+    assert item["content"] == LONG[: item["range"]["span"][1]]  # no '[Episode] ' label in a slice
 
 
 def test_a_node_set_that_does_not_partition_the_text_is_not_current(app: App, db: Database) -> None:  # GR-5, OV-2
@@ -452,7 +545,8 @@ def test_a_node_set_that_does_not_partition_the_text_is_not_current(app: App, db
     with db.write_connection() as conn:
         conn.exec_driver_sql("DELETE FROM record_nodes WHERE node_index = 1")
     assert get_contents(app, agent_id="tree", refs=[{"ref": "mem:1", "node": 0}])["unresolved"] == [
-        {"ref": "mem:1", "reason": "no_current_nodes"}]
+        {"ref": "mem:1", "reason": "no_current_nodes"}
+    ]
     assert build_record_nodes(app, "mem", 1) == "built"  # and the builder repairs it
 
 
@@ -472,8 +566,13 @@ def test_merge_queues_builds_for_long_rows_it_writes(app: App, db: Database) -> 
     with db.read() as session:
         long_mem = session.scalar(select(Memory.id).where(Memory.agent_id == "dst", Memory.content == LONG))
         long_ep = session.scalar(select(Episode.id).where(Episode.agent_id == "dst"))
-    assert sorted(queued, key=str) == sorted([("build_nodes", "dst", {"kind": "mem", "id": long_mem}),
-                                              ("build_nodes", "dst", {"kind": "ep", "id": long_ep})], key=str)
+    assert sorted(queued, key=str) == sorted(
+        [
+            ("build_nodes", "dst", {"kind": "mem", "id": long_mem}),
+            ("build_nodes", "dst", {"kind": "ep", "id": long_ep}),
+        ],
+        key=str,
+    )
     # a dry run measures nothing and queues nothing
     assert merge_memories(app, source_agent_id="src", target_agent_id="dry", dry_run=True)["ok"]
     assert len(tasks_table(db)) == before + 2

@@ -26,12 +26,14 @@ pytestmark = pytest.mark.anyio
 
 _DEFAULT_REFERENCE = Path("/work/ref-venv/bin/cpersona")
 REFERENCE_BIN = os.environ.get("CPERSONA_TEST_REFERENCE_BIN") or (
-    str(_DEFAULT_REFERENCE) if _DEFAULT_REFERENCE.exists() else "")
+    str(_DEFAULT_REFERENCE) if _DEFAULT_REFERENCE.exists() else ""
+)
 
 needs_reference = pytest.mark.skipif(
     not REFERENCE_BIN or not Path(REFERENCE_BIN).exists(),
     reason="reference CPersona not installed: set CPERSONA_TEST_REFERENCE_BIN to its cpersona console script "
-           "(pip install cpersona==2.6.14 in a separate venv)")
+    "(pip install cpersona==2.6.14 in a separate venv)",
+)
 
 
 # Recall bumps recall_count / last_recalled_at only with confidence enabled (spec RC-12),
@@ -40,8 +42,9 @@ ENV = {"CPERSONA_CONFIDENCE_ENABLED": "true"}
 
 
 def ours(db: Path) -> StdioServerParameters:
-    return StdioServerParameters(command=sys.executable, args=["-m", "cpersona"], env=server_env(db, **ENV),
-                                 cwd=str(db.parent))
+    return StdioServerParameters(
+        command=sys.executable, args=["-m", "cpersona"], env=server_env(db, **ENV), cwd=str(db.parent)
+    )
 
 
 def reference(db: Path) -> StdioServerParameters:
@@ -82,16 +85,33 @@ async def fill(client) -> None:
     # Recall counters: a recall that returns a row bumps its recall_count / last_recalled_at.
     hits = await call(client, "recall", {"agent_id": "alice", "query": "Miso cat"})
     assert any("Miso" in m["content"] for m in hits["messages"]), hits
-    episode = await call(client, "archive_episode", {
-        "agent_id": "alice", "summary": "Talked about Miso the cat and the garden key.", "keywords": "cat miso key",
-        "resolved": True, "project_id": "home", "channel": ""})
+    episode = await call(
+        client,
+        "archive_episode",
+        {
+            "agent_id": "alice",
+            "summary": "Talked about Miso the cat and the garden key.",
+            "keywords": "cat miso key",
+            "resolved": True,
+            "project_id": "home",
+            "channel": "",
+        },
+    )
     assert episode["ok"] is True, episode
     assert (await call(client, "update_profile", {"agent_id": "alice", "profile": "Alice likes cats."}))["ok"]
     assert (await call(client, "update_profile", {"agent_id": "bob", "profile": "Bob likes tea."}))["ok"]
-    declared = await call(client, "declare_associations", {
-        "agent_id": "alice", "anchor_ref": f"mem:{ids[CORPUS[0][3]]}",
-        "associations": {"entities": [{"name": "Miso", "aliases": ["the cat"]}, {"name": "Alice"}],
-                         "relations": [{"subject": "Miso", "predicate": "owned by", "object": "Alice"}]}})
+    declared = await call(
+        client,
+        "declare_associations",
+        {
+            "agent_id": "alice",
+            "anchor_ref": f"mem:{ids[CORPUS[0][3]]}",
+            "associations": {
+                "entities": [{"name": "Miso", "aliases": ["the cat"]}, {"name": "Alice"}],
+                "relations": [{"subject": "Miso", "predicate": "owned by", "object": "Alice"}],
+            },
+        },
+    )
     assert declared["ok"] is True and not declared.get("dropped"), declared
 
 
@@ -146,8 +166,9 @@ def counts(rows: dict[str, list]) -> dict[str, int]:
 
 def without_agent(rows: dict[str, list], agent: str) -> dict[str, list]:
     """Rows not owned by ``agent`` (graph rows follow their owner)."""
-    return {k: [r for r in v if (r.get("agent_id") if k != "mention" else r["entity"][1]) != agent]
-            for k, v in rows.items()}
+    return {
+        k: [r for r in v if (r.get("agent_id") if k != "mention" else r["entity"][1]) != agent] for k, v in rows.items()
+    }
 
 
 async def export_all(params: StdioServerParameters, path: Path) -> dict:

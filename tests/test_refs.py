@@ -59,10 +59,41 @@ CASES: list[tuple[Any, Any, Any, Any]] = [
 
 # Malformed for every reader: signs, inner spaces, non-ASCII digits, other kinds, not strings.
 NEVER = [
-    "mem: 5", "mem:5 6", "mem:-1", "mem:+1", "mem:1.0", "mem:1e3", "mem:1_000", "mem:0x1",
-    "mem:\u0661", "mem:\uff11", "mem:\u00b2", "MEM:1", "Mem:1", "mem:", ":1", "mem1", "memory:1",
-    "m:1", "episode:1", "ep-1", "mem:1:2", "mem::1", "", "   ", "mem:5\x00",
-    None, 1, 0, True, False, 1.0, b"mem:1", ["mem:1"], {"ref": "mem:1"}, ("mem", 1),
+    "mem: 5",
+    "mem:5 6",
+    "mem:-1",
+    "mem:+1",
+    "mem:1.0",
+    "mem:1e3",
+    "mem:1_000",
+    "mem:0x1",
+    "mem:\u0661",
+    "mem:\uff11",
+    "mem:\u00b2",
+    "MEM:1",
+    "Mem:1",
+    "mem:",
+    ":1",
+    "mem1",
+    "memory:1",
+    "m:1",
+    "episode:1",
+    "ep-1",
+    "mem:1:2",
+    "mem::1",
+    "",
+    "   ",
+    "mem:5\x00",
+    None,
+    1,
+    0,
+    True,
+    False,
+    1.0,
+    b"mem:1",
+    ["mem:1"],
+    {"ref": "mem:1"},
+    ("mem", 1),
 ]
 
 
@@ -132,9 +163,19 @@ def test_a_graph_ref_too_long_to_convert_names_nothing(app, db, tmp_path) -> Non
 
     add_graph_tables_to(db)
     source = write_jsonl(
-        tmp_path / "in.jsonl", mem("kept", id=10),
-        {"_type": "entity", "id": 5, "agent_id": "alice", "project_id": "", "channel": "",
-         "name": "Robert", "declared_by": "agent", "created_at": "t", "aliases": []},
+        tmp_path / "in.jsonl",
+        mem("kept", id=10),
+        {
+            "_type": "entity",
+            "id": 5,
+            "agent_id": "alice",
+            "project_id": "",
+            "channel": "",
+            "name": "Robert",
+            "declared_by": "agent",
+            "created_at": "t",
+            "aliases": [],
+        },
         {"_type": "mention", "entity": 5, "ref": "mem:" + "1" * 5000, "declared_by": "agent", "created_at": "t"},
         {"_type": "mention", "entity": 5, "ref": "mem:10", "declared_by": "agent", "created_at": "t"},
     )

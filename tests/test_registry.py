@@ -77,8 +77,13 @@ def test_the_service_takes_exactly_what_the_request_carries(spec):
 
 def _lazy_targets(spec) -> set[str]:
     """The modules a declaration names by reference (its service, and the rules that need a service)."""
-    refs = [spec.service, spec.precheck, spec.request, access_for(spec).demands,
-            *(getattr(spec.paused, name, None) for name in ("body", "before", "after"))]
+    refs = [
+        spec.service,
+        spec.precheck,
+        spec.request,
+        access_for(spec).demands,
+        *(getattr(spec.paused, name, None) for name in ("body", "before", "after")),
+    ]
     return {ref.module for ref in refs if isinstance(ref, Ref)}
 
 
@@ -87,11 +92,16 @@ def test_building_the_table_imports_no_service_and_no_acl():
     targets = set().union(*(_lazy_targets(spec) for spec in REGISTRY))
     assert "cpersona.mcp.acl" in targets and "cpersona.services.recall.service" in targets
     # The gates are loaded by every start anyway (the pause gate reads the pause state); the table adds nothing.
-    probe = ("import sys; import cpersona.mcp.dispatch, cpersona.mcp.pause_gate; before = set(sys.modules); "
-             "from cpersona.mcp.tools import default_registry; default_registry(); "
-             "print('\\n'.join(set(sys.modules) - before))")
-    loaded = set(subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
-                                timeout=120).stdout.split())
+    probe = (
+        "import sys; import cpersona.mcp.dispatch, cpersona.mcp.pause_gate; before = set(sys.modules); "
+        "from cpersona.mcp.tools import default_registry; default_registry(); "
+        "print('\\n'.join(set(sys.modules) - before))"
+    )
+    loaded = set(
+        subprocess.run(
+            [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120
+        ).stdout.split()
+    )
     assert "cpersona.mcp.tools.recall" in loaded  # the probe saw the table being built
     assert sorted(targets & loaded) == []
 
@@ -103,10 +113,19 @@ def _members(node: ast.AST) -> list[ast.expr]:
     if isinstance(node, ast.Set):
         return list(node.elts)
     if isinstance(node, ast.Compare):
-        return [e for op, c in zip(node.ops, node.comparators) if isinstance(op, (ast.In, ast.NotIn))
-                and isinstance(c, (ast.Tuple, ast.List, ast.Set)) for e in c.elts]
-    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("set", "frozenset")
-            and node.args and isinstance(node.args[0], (ast.Tuple, ast.List, ast.Set))):
+        return [
+            e
+            for op, c in zip(node.ops, node.comparators)
+            if isinstance(op, (ast.In, ast.NotIn)) and isinstance(c, (ast.Tuple, ast.List, ast.Set))
+            for e in c.elts
+        ]
+    if (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id in ("set", "frozenset")
+        and node.args
+        and isinstance(node.args[0], (ast.Tuple, ast.List, ast.Set))
+    ):
         return list(node.args[0].elts)
     return []
 
@@ -136,17 +155,23 @@ def test_the_table_scan_finds_a_tool_table():
 
 # -- the two bugs -------------------------------------------------------------------------------------
 
+
 @pytest.mark.anyio
 async def test_recall_trace_is_refused_not_dropped(app):  # spec memory-and-recall §3.2 (trace: other part)
     # trace was accepted and silently ignored; the server does not build a trace, so it says so.
     async with Client(build_server(app)) as client:
         await client.call_tool("store", {"agent_id": "a", "content": "the deploy runs on Fridays"})
-        traced = json.loads((await client.call_tool("recall", {"agent_id": "a", "query": "deploy",
-                                                                "trace": True})).content[0].text)
-        plain = json.loads((await client.call_tool("recall", {"agent_id": "a", "query": "deploy",
-                                                               "trace": False})).content[0].text)
-    assert traced == {"ok": False, "messages": [],
-                      "error": "trace is not supported by this server yet; nothing was done"}
+        traced = json.loads(
+            (await client.call_tool("recall", {"agent_id": "a", "query": "deploy", "trace": True})).content[0].text
+        )
+        plain = json.loads(
+            (await client.call_tool("recall", {"agent_id": "a", "query": "deploy", "trace": False})).content[0].text
+        )
+    assert traced == {
+        "ok": False,
+        "messages": [],
+        "error": "trace is not supported by this server yet; nothing was done",
+    }
     assert [m["content"] for m in plain["messages"]] == ["the deploy runs on Fridays"]
 
 
@@ -158,8 +183,15 @@ async def test_reconstruct_takes_only_the_arguments_it_declares(app):  # spec RX
     assert spec.service.keywords is False
     assert request_fields(spec.request_type()) == set(spec.properties)
     async with Client(build_server(app)) as client:
-        answer = json.loads((await client.call_tool("reconstruct", {"agent_id": "a", "query": "x", "count": 2,
-                                                                     "top_k": 5, "trace": True})).content[0].text)
+        answer = json.loads(
+            (
+                await client.call_tool(
+                    "reconstruct", {"agent_id": "a", "query": "x", "count": 2, "top_k": 5, "trace": True}
+                )
+            )
+            .content[0]
+            .text
+        )
     assert answer["returned_count"] == 0 and answer["bounds"]["top_k"] == 5 and "trace" in answer
 
 
@@ -168,8 +200,11 @@ def _answers_a_refusal(handler: ast.ExceptHandler) -> bool:
     caught = handler.type
     if not (isinstance(caught, ast.Name) and caught.id == "ToolFailure"):
         return False
-    return any(isinstance(node, ast.Attribute) and node.attr == "as_response"
-               for stmt in handler.body for node in ast.walk(stmt))
+    return any(
+        isinstance(node, ast.Attribute) and node.attr == "as_response"
+        for stmt in handler.body
+        for node in ast.walk(stmt)
+    )
 
 
 def test_services_raise_refusals_and_leave_answering_them_to_one_helper():
@@ -179,6 +214,9 @@ def test_services_raise_refusals_and_leave_answering_them_to_one_helper():
         if path.name == "responses.py":
             continue
         tree = ast.parse(path.read_text(encoding="utf-8"))
-        local += [f"{path.relative_to(PACKAGE.parent)}:{node.lineno}" for node in ast.walk(tree)
-                  if isinstance(node, ast.ExceptHandler) and _answers_a_refusal(node)]
+        local += [
+            f"{path.relative_to(PACKAGE.parent)}:{node.lineno}"
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ExceptHandler) and _answers_a_refusal(node)
+        ]
     assert local == [], "use cpersona.services.responses.answers_refusals:\n" + "\n".join(local)

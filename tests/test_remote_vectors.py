@@ -86,8 +86,13 @@ def vector_list(app: App, query: Query, depth: int = 10) -> list[tuple[str, int]
 
 
 def add_memory(db, **row: Any) -> int:
-    values = {"agent_id": "a", "content": "x", "source": '{"type": "Agent", "id": "a", "name": ""}',
-              "timestamp": "2026-06-02T00:00:00+00:00", **row}
+    values = {
+        "agent_id": "a",
+        "content": "x",
+        "source": '{"type": "Agent", "id": "a", "name": ""}',
+        "timestamp": "2026-06-02T00:00:00+00:00",
+        **row,
+    }
     with db.write() as session:
         return session.execute(insert(Memory).values(**values)).inserted_primary_key[0]
 
@@ -104,8 +109,9 @@ def add_episode(db, **row: Any) -> int:
 def test_store_pushes_the_text_and_keeps_a_local_blob_by_default(rapp, db, server):  # spec ST-6, EMB-6
     answer = store(rapp, agent_id="a", content="the cat sat on the mat")
     assert answer["embedded"] is True
-    assert bodies(server, "/index") == [{"namespace": NS, "items": [{"id": f"mem:{answer['id']}",
-                                                                     "text": "the cat sat on the mat"}]}]
+    assert bodies(server, "/index") == [
+        {"namespace": NS, "items": [{"id": f"mem:{answer['id']}", "text": "the cat sat on the mat"}]}
+    ]
     assert embedding_of(db, answer["id"]) is not None  # CPERSONA_STORE_BLOB=true: the local fallback exists
     assert server.indexed(NS) == {f"mem:{answer['id']}": "the cat sat on the mat"}
 
@@ -156,8 +162,10 @@ def test_deletes_remove_from_the_owner_namespace(rapp, server):  # spec admin-an
     # Unscoped deletes (no agent_id) still name the owner's namespace, read before the delete.
     assert delete_memory(rapp, memory_id=memory)["ok"] is True
     assert delete_episode(rapp, episode_id=episode)["ok"] is True
-    assert bodies(server, "/remove") == [{"namespace": "cpersona:owner", "ids": [f"mem:{memory}"]},
-                                         {"namespace": "cpersona:owner", "ids": [f"ep:{episode}"]}]
+    assert bodies(server, "/remove") == [
+        {"namespace": "cpersona:owner", "ids": [f"mem:{memory}"]},
+        {"namespace": "cpersona:owner", "ids": [f"ep:{episode}"]},
+    ]
     assert server.indexed("cpersona:owner") == {}
 
 
@@ -193,8 +201,9 @@ def test_search_request_shape_and_no_query_embedding(rapp, server):  # spec EMB-
     server.requests.clear()
     recall(rapp, agent_id="a", query="cat on a mat", limit=7)
     # rrf: the arm's threshold is t × CPERSONA_RRF_THRESHOLD_FACTOR = 0.3 × 0.5
-    assert bodies(server, "/search") == [{"namespace": NS, "query": "cat on a mat", "limit": 7,
-                                          "min_similarity": pytest.approx(0.15)}]
+    assert bodies(server, "/search") == [
+        {"namespace": NS, "query": "cat on a mat", "limit": 7, "min_similarity": pytest.approx(0.15)}
+    ]
     assert server.embed_requests() == []  # an answer makes the local query vector unnecessary
 
 
@@ -257,16 +266,22 @@ def test_remote_ids_outside_the_scope_never_leak(rapp, db, server):  # spec ISO-
     their_episode = add_episode(db, agent_id="b", summary="their episode")
     assert delete_memory(rapp, memory_id=deleted, agent_id="a")["ok"] is True
     server.search_results = [
-        {"id": f"mem:{i}", "score": 0.9} for i in
-        (mine, mine_project, other_project, other_channel, same_channel, other_agent, deleted, 999_999)
-    ] + [{"id": f"ep:{my_episode}", "score": 0.85}, {"id": f"ep:{their_episode}", "score": 0.85},
-         {"id": "bogus", "score": 0.99}, {"id": "mem:0", "score": 0.99}, {"id": "note:1", "score": 0.99}]
+        {"id": f"mem:{i}", "score": 0.9}
+        for i in (mine, mine_project, other_project, other_channel, same_channel, other_agent, deleted, 999_999)
+    ] + [
+        {"id": f"ep:{my_episode}", "score": 0.85},
+        {"id": f"ep:{their_episode}", "score": 0.85},
+        {"id": "bogus", "score": 0.99},
+        {"id": "mem:0", "score": 0.99},
+        {"id": "note:1", "score": 0.99},
+    ]
     got = vector_list(rapp, Query("a", "rows", Scope("a", project_id="p", channel="c"), channel="c"))
     assert got == [("mem", mine), ("mem", mine_project), ("mem", same_channel), ("ep", my_episode)]
     # Through the whole recall, too: nothing outside the scope reaches the answer.
     answer = recall(rapp, agent_id="a", query="rows", project_id="p", channel="c", limit=20)
     leaked = {f"mem:{i}" for i in (other_project, other_channel, other_agent, deleted, 999_999)} | {
-        f"ep:{their_episode}"}
+        f"ep:{their_episode}"
+    }
     assert not leaked & {m.get("ref") for m in answer["messages"]}
 
 
@@ -275,24 +290,32 @@ def test_source_filter_applies_to_remote_memories_and_skips_episodes(rapp, db, s
     u1 = add_memory(db, content="from u1", source='{"type": "User", "id": "u1", "name": ""}')
     u2 = add_memory(db, content="from u2", source='{"type": "User", "id": "u2", "name": ""}')
     episode = add_episode(db, summary="an episode")
-    server.search_results = [{"id": f"mem:{u2}", "score": 0.9}, {"id": f"mem:{u1}", "score": 0.8},
-                             {"id": f"ep:{episode}", "score": 0.95}]
+    server.search_results = [
+        {"id": f"mem:{u2}", "score": 0.9},
+        {"id": f"mem:{u1}", "score": 0.8},
+        {"id": f"ep:{episode}", "score": 0.95},
+    ]
     assert vector_list(rapp, Query("a", "from", Scope("a"), source_id="u1")) == [("mem", u1)]
     # A source filter with a channel named still admits episodes (ISO-4).
     assert vector_list(rapp, Query("a", "from", Scope("a", channel="c"), source_id="u1", channel="c")) == [
-        ("ep", episode), ("mem", u1)]
+        ("ep", episode),
+        ("mem", u1),
+    ]
 
 
 # -- failures fall back to the local scan ---------------------------------------------------------
 
 
-@pytest.mark.parametrize("break_search", [
-    lambda s: s.route_status.update({"/search": 404}),  # a service without the route
-    lambda s: s.route_status.update({"/search": 503}),
-    lambda s: setattr(s, "search_results", [{"id": "mem:1"}]),  # no score: nothing can rank it
-    lambda s: setattr(s, "search_results", [{"id": "mem:1", "score": True}]),
-    lambda s: setattr(s, "search_results", [{"id": "mem:1", "score": "0.9"}]),
-])
+@pytest.mark.parametrize(
+    "break_search",
+    [
+        lambda s: s.route_status.update({"/search": 404}),  # a service without the route
+        lambda s: s.route_status.update({"/search": 503}),
+        lambda s: setattr(s, "search_results", [{"id": "mem:1"}]),  # no score: nothing can rank it
+        lambda s: setattr(s, "search_results", [{"id": "mem:1", "score": True}]),
+        lambda s: setattr(s, "search_results", [{"id": "mem:1", "score": "0.9"}]),
+    ],
+)
 def test_a_failed_search_falls_back_to_the_local_scan(rapp, server, break_search):  # spec EMB-6
     row = store(rapp, agent_id="a", content="the cat sat on the mat")["id"]
     break_search(server)
@@ -342,8 +365,11 @@ def test_local_mode_never_touches_the_index(db, server):  # spec EMB-6: the rout
 def test_sibling_urls_keep_the_query_and_replace_only_the_last_segment():  # spec EMB-6
     index = RemoteIndex(embed_url="http://h:1/svc/embed?k=v")
     assert [index.url(r) for r in ("search", "index", "remove", "purge")] == [
-        "http://h:1/svc/search?k=v", "http://h:1/svc/index?k=v", "http://h:1/svc/remove?k=v",
-        "http://h:1/svc/purge?k=v"]
+        "http://h:1/svc/search?k=v",
+        "http://h:1/svc/index?k=v",
+        "http://h:1/svc/remove?k=v",
+        "http://h:1/svc/purge?k=v",
+    ]
     assert not RemoteIndex(embed_url="http://h:1/svc/embeddings").available
     assert not RemoteIndex(embed_url="ftp://h/embed").available
     index.close()
@@ -353,15 +379,35 @@ def test_sibling_urls_keep_the_query_and_replace_only_the_last_segment():  # spe
 
 
 def test_answer_checks():  # spec EMB-6 (answer shape), EMB-3 discipline
-    hits = results_from_search({"results": [{"id": "mem:3", "score": 0.5}, {"id": "mem:3", "score": 0.9},
-                                            {"id": "ep:2", "score": -0.1}, {"id": 7, "score": 0.9}]})
+    hits = results_from_search(
+        {
+            "results": [
+                {"id": "mem:3", "score": 0.5},
+                {"id": "mem:3", "score": 0.9},
+                {"id": "ep:2", "score": -0.1},
+                {"id": 7, "score": 0.9},
+            ]
+        }
+    )
     assert [(h.kind, h.id, h.score) for h in hits] == [("mem", 3, 0.5), ("ep", 2, -0.1)]
-    for broken in ({}, {"results": {}}, {"results": ["mem:1"]}, {"results": [{"id": "mem:1", "score": None}]},
-                   {"results": [{"id": "mem:1", "score": float("nan")}]}):
+    for broken in (
+        {},
+        {"results": {}},
+        {"results": ["mem:1"]},
+        {"results": [{"id": "mem:1", "score": None}]},
+        {"results": [{"id": "mem:1", "score": float("nan")}]},
+    ):
         with pytest.raises(EmbeddingResponseError):
             results_from_search(broken)
     assert [parse_ref(v) for v in ("mem:12", "ep:1", "mem:012", "mem:-1", "mem: 1", "MEM:1", "ep:1x")] == [
-        ("mem", 12), ("ep", 1), None, None, None, None, None]
+        ("mem", 12),
+        ("ep", 1),
+        None,
+        None,
+        None,
+        None,
+        None,
+    ]
 
 
 def test_index_batches_and_namespace_per_agent(server):  # spec EMB-6
@@ -421,8 +467,9 @@ def test_import_pushes_inserted_rows_after_commit_and_dry_run_does_not(rapp, db,
     assert answer["imported_memories"] == 1
     with db.read() as session:
         new_id = session.scalar(select(Memory.id).where(Memory.agent_id == "z"))
-    assert bodies(server, "/index") == [{"namespace": "cpersona:z", "items": [{"id": f"mem:{new_id}",
-                                                                                "text": "exported fact"}]}]
+    assert bodies(server, "/index") == [
+        {"namespace": "cpersona:z", "items": [{"id": f"mem:{new_id}", "text": "exported fact"}]}
+    ]
 
 
 def test_health_rewrites_reach_the_remote_index(rapp, db, server):  # spec health H-6
@@ -448,9 +495,16 @@ async def test_remote_mode_end_to_end_over_stdio(tmp_path, server):  # spec EMB-
     from mcp import Client, StdioServerParameters
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CPERSONA_", "EMBEDDING_"))}
-    env.update({"CPERSONA_DB_PATH": str(tmp_path / "data" / "memory.db"), "CPERSONA_UPDATE_CHECK": "false",
-                "CPERSONA_EMBEDDING_MODE": "http", "CPERSONA_EMBEDDING_URL": server.url,
-                "CPERSONA_VECTOR_SEARCH_MODE": "remote", "CPERSONA_STORE_BLOB": "false"})
+    env.update(
+        {
+            "CPERSONA_DB_PATH": str(tmp_path / "data" / "memory.db"),
+            "CPERSONA_UPDATE_CHECK": "false",
+            "CPERSONA_EMBEDDING_MODE": "http",
+            "CPERSONA_EMBEDDING_URL": server.url,
+            "CPERSONA_VECTOR_SEARCH_MODE": "remote",
+            "CPERSONA_STORE_BLOB": "false",
+        }
+    )
     params = StdioServerParameters(command=sys.executable, args=["-m", "cpersona"], env=env, cwd=os.getcwd())
 
     async def call(client: Client, tool: str, **arguments: Any) -> dict:
@@ -485,8 +539,10 @@ def test_health_deletes_leave_the_remote_index(rapp, db, server):  # spec health
     with db.read() as session:
         left = set(session.scalars(select(Memory.id)))
     assert left == {twin, kept}  # the repairs really deleted their rows
-    assert bodies(server, "/remove") == [{"namespace": NS, "ids": sorted([f"mem:{folded}", f"mem:{covered}"])},
-                                         {"namespace": NS, "ids": [f"mem:{short}"]}]
+    assert bodies(server, "/remove") == [
+        {"namespace": NS, "ids": sorted([f"mem:{folded}", f"mem:{covered}"])},
+        {"namespace": NS, "ids": [f"mem:{short}"]},
+    ]
 
 
 def test_update_with_the_same_text_pushes_a_row_again(blobless, server):  # the operations guide's re-push

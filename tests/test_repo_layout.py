@@ -34,10 +34,7 @@ def test_every_package_folder_ships():
     import tomllib
 
     declared = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
-    found = {
-        ".".join(init.parent.relative_to(ROOT).parts)
-        for init in (ROOT / "cpersona").rglob("__init__.py")
-    }
+    found = {".".join(init.parent.relative_to(ROOT).parts) for init in (ROOT / "cpersona").rglob("__init__.py")}
     found |= {
         "cpersona." + ".".join(init.parent.relative_to(ROOT).parts)
         for init in (ROOT / "migrations").rglob("__init__.py")

@@ -66,9 +66,16 @@ def test_trimming_alone_is_not_truncation():  # spec ST-3: only the cap sets tru
     assert sanitize("   abc   ", 3).truncated is False
 
 
-@pytest.mark.parametrize("text", [
-    "plain", "[Memory fr[Memory from a] om b] x", "x " * 40, "a [Memory from q]   b   ", "<@123> hi",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "plain",
+        "[Memory fr[Memory from a] om b] x",
+        "x " * 40,
+        "a [Memory from q]   b   ",
+        "<@123> hi",
+    ],
+)
 def test_sanitizer_is_idempotent(text):  # spec SAN-2
     once = sanitize(text, 17)
     twice = sanitize(once.text, 17)
@@ -149,24 +156,27 @@ def test_stored_json_reads_back_or_falls_back_to_empty_object():
 # -- source normalisation (§5.2.3) ------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("given", "stored"), [
-    (None, {}),
-    ("user", {"type": "User", "id": "", "name": ""}),
-    ("  Assistant ", {"type": "Agent", "id": "", "name": ""}),
-    ("AI", {"type": "Agent", "id": "", "name": ""}),
-    ("bob", "bob"),
-    ({"type": "User", "id": "u"}, {"type": "User", "id": "u"}),
-    ({"type": " session ", "id": "s"}, {"type": "System", "id": "s"}),
-    ({"type": "assistant", "id": "x", "extra": 1}, {"type": "Agent", "id": "x", "extra": 1}),
-    ({"type": "robot", "id": "s"}, {"type": "robot", "id": "s"}),
-    ({"User": "bob"}, {"type": "User", "id": "bob", "name": "bob"}),
-    ({"System": "cron"}, {"type": "System", "id": "cron", "name": ""}),
-    ({"Agent": {"id": "z"}}, {"id": "z", "type": "Agent", "name": ""}),
-    ({"User": "u", "Agent": "b"}, {"User": "u", "Agent": "b"}),
-    ({"User": 5}, {"User": 5}),
-    ({"user": "lower"}, {"user": "lower"}),
-    ({}, {}),
-])
+@pytest.mark.parametrize(
+    ("given", "stored"),
+    [
+        (None, {}),
+        ("user", {"type": "User", "id": "", "name": ""}),
+        ("  Assistant ", {"type": "Agent", "id": "", "name": ""}),
+        ("AI", {"type": "Agent", "id": "", "name": ""}),
+        ("bob", "bob"),
+        ({"type": "User", "id": "u"}, {"type": "User", "id": "u"}),
+        ({"type": " session ", "id": "s"}, {"type": "System", "id": "s"}),
+        ({"type": "assistant", "id": "x", "extra": 1}, {"type": "Agent", "id": "x", "extra": 1}),
+        ({"type": "robot", "id": "s"}, {"type": "robot", "id": "s"}),
+        ({"User": "bob"}, {"type": "User", "id": "bob", "name": "bob"}),
+        ({"System": "cron"}, {"type": "System", "id": "cron", "name": ""}),
+        ({"Agent": {"id": "z"}}, {"id": "z", "type": "Agent", "name": ""}),
+        ({"User": "u", "Agent": "b"}, {"User": "u", "Agent": "b"}),
+        ({"User": 5}, {"User": 5}),
+        ({"user": "lower"}, {"user": "lower"}),
+        ({}, {}),
+    ],
+)
 def test_source_normalisation(given, stored):  # spec ST-8, §5.2.3
     assert normalize_source(given) == stored
 
@@ -202,7 +212,9 @@ def test_exactly_now_plus_allowance_is_accepted():  # spec §5.4
     assert ahead_of_clock(at_edge, NOW, 300) is None
     found = ahead_of_clock(past_edge, NOW, 300)
     assert found is not None and found.report() == {
-        "timestamp": past_edge, "ahead_by_seconds": 300.001, "allowance_seconds": 300,
+        "timestamp": past_edge,
+        "ahead_by_seconds": 300.001,
+        "allowance_seconds": 300,
     }
 
 

@@ -27,14 +27,16 @@ def source(user: str) -> str:
 
 def add_memory(db, content: str, timestamp: str, *, agent: str = "a", user: str = "u1") -> int:
     with db.write() as session:
-        return session.execute(insert(Memory).values(
-            agent_id=agent, content=content, timestamp=timestamp, source=source(user))).inserted_primary_key[0]
+        return session.execute(
+            insert(Memory).values(agent_id=agent, content=content, timestamp=timestamp, source=source(user))
+        ).inserted_primary_key[0]
 
 
 def add_episode(db, summary: str, start: str, *, agent: str = "a", keywords: str = "") -> int:
     with db.write() as session:
-        return session.execute(insert(Episode).values(
-            agent_id=agent, summary=summary, keywords=keywords, start_time=start)).inserted_primary_key[0]
+        return session.execute(
+            insert(Episode).values(agent_id=agent, summary=summary, keywords=keywords, start_time=start)
+        ).inserted_primary_key[0]
 
 
 def test_memory_span_orders_by_instant_and_names_the_date_shape_option(db):  # spec §5.9.2, TQ-4
@@ -55,7 +57,9 @@ def test_memory_span_date_shape_leaves_out_a_bare_number(db):  # spec §5.9.2 (c
     add_memory(db, "b", "2026-03-02")  # a date-only stamp counts (midnight UTC)
     add_memory(db, "c", "2500000")  # SQLite reads a Julian day (year 2132); not a date here
     assert open_search(db).memory_span(Scope("a"), date_shaped_only=True) == (
-        datetime(2026, 3, 1, tzinfo=UTC), datetime(2026, 3, 2, tzinfo=UTC))
+        datetime(2026, 3, 1, tzinfo=UTC),
+        datetime(2026, 3, 2, tzinfo=UTC),
+    )
 
 
 def test_period_rows_rank_by_words_then_newest_and_stay_in_scope(db):  # spec TQ-6 (the period search)

@@ -39,17 +39,40 @@ def _vector(i: int) -> bytes:
 def _fill(db) -> None:
     with db.write_connection() as conn:
         for i, (agent, project, channel, content, source, created) in enumerate(MEMORIES):
-            conn.execute(text(
-                "INSERT INTO memories (id, agent_id, project_id, channel, content, source, timestamp, created_at, embedding)"
-                " VALUES (:id, :a, :p, :c, :t, :s, :ts, :ca, :e)"),
-                {"id": i + 1, "a": agent, "p": project, "c": channel, "t": content, "s": source, "ts": created,
-                 "ca": created, "e": _vector(i) if i != 3 else b"\x00" * 12})  # row 4: another width
+            conn.execute(
+                text(
+                    "INSERT INTO memories (id, agent_id, project_id, channel, content, source, timestamp, created_at, embedding)"
+                    " VALUES (:id, :a, :p, :c, :t, :s, :ts, :ca, :e)"
+                ),
+                {
+                    "id": i + 1,
+                    "a": agent,
+                    "p": project,
+                    "c": channel,
+                    "t": content,
+                    "s": source,
+                    "ts": created,
+                    "ca": created,
+                    "e": _vector(i) if i != 3 else b"\x00" * 12,
+                },
+            )  # row 4: another width
         for i, (agent, project, channel, summary, keywords, created) in enumerate(EPISODES):
-            conn.execute(text(
-                "INSERT INTO episodes (id, agent_id, project_id, channel, summary, keywords, created_at, embedding)"
-                " VALUES (:id, :a, :p, :c, :s, :k, :ca, :e)"),
-                {"id": i + 1, "a": agent, "p": project, "c": channel, "s": summary, "k": keywords, "ca": created,
-                 "e": _vector(100 + i)})
+            conn.execute(
+                text(
+                    "INSERT INTO episodes (id, agent_id, project_id, channel, summary, keywords, created_at, embedding)"
+                    " VALUES (:id, :a, :p, :c, :s, :k, :ca, :e)"
+                ),
+                {
+                    "id": i + 1,
+                    "a": agent,
+                    "p": project,
+                    "c": channel,
+                    "s": summary,
+                    "k": keywords,
+                    "ca": created,
+                    "e": _vector(100 + i),
+                },
+            )
 
 
 @pytest.fixture(scope="module")
@@ -128,7 +151,9 @@ def test_scope_facts_match(backends):
     for scope in SCOPES:
         assert lite.pool_count(scope) == pg.pool_count(scope)
         assert lite.episode_boundary(scope) == pg.episode_boundary(scope)
-        assert lite.fetch(scope, [("mem", 1), ("mem", 5), ("ep", 2)]) == pg.fetch(scope, [("mem", 1), ("mem", 5), ("ep", 2)])
+        assert lite.fetch(scope, [("mem", 1), ("mem", 5), ("ep", 2)]) == pg.fetch(
+            scope, [("mem", 1), ("mem", 5), ("ep", 2)]
+        )
 
 
 def test_the_backend_is_chosen_by_the_engine(backends):
@@ -141,10 +166,16 @@ def test_the_backend_is_chosen_by_the_engine(backends):
 
 
 @pytest.mark.parametrize("scope", SCOPES)
-@pytest.mark.parametrize(("query", "phrases"), [
-    ("zzz", ["migration plans"]), ("", ["database migration"]), ("ok", ["Project q memory"]),
-    ("zzz", ["東京タワー"]), ("zzz", ["pl"]),
-])
+@pytest.mark.parametrize(
+    ("query", "phrases"),
+    [
+        ("zzz", ["migration plans"]),
+        ("", ["database migration"]),
+        ("ok", ["Project q memory"]),
+        ("zzz", ["東京タワー"]),
+        ("zzz", ["pl"]),
+    ],
+)
 def test_phrases_find_the_same_rows(backends, scope, query, phrases):
     # spec RX-8: a declared multi-word name is one phrase on both backends
     lite, pg = backends
@@ -153,4 +184,5 @@ def test_phrases_find_the_same_rows(backends, scope, query, phrases):
     assert a.method == b.method
     assert sorted(ids(a.hits)) == sorted(ids(b.hits))
     assert sorted(ids(lite.keyword_episodes(scope, query, 10, phrases=phrases))) == sorted(
-        ids(pg.keyword_episodes(scope, query, 10, phrases=phrases)))
+        ids(pg.keyword_episodes(scope, query, 10, phrases=phrases))
+    )

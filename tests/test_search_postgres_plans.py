@@ -35,9 +35,16 @@ def pg():
         # Each of WORDS in about 1 row of 25 among filler words of a large
         # vocabulary, each speaker in 1 of 8: what a question's terms match in a
         # real memory, where an index beats reading every row.
-        filler = ["".join(rng.choice("bcdfghjklmnpqrstvwz") + rng.choice("aeiou") for _ in range(3)) for _ in range(500)]
-        rows = [{"c": f"{SPEAKERS[i % 8]}: {' '.join(rng.choice(filler) for _ in range(7))} {WORDS[i % 25 % 10]}"
-                      f"{'' if i % 25 < 10 else 'q'} ({i})"} for i in range(ROWS)]
+        filler = [
+            "".join(rng.choice("bcdfghjklmnpqrstvwz") + rng.choice("aeiou") for _ in range(3)) for _ in range(500)
+        ]
+        rows = [
+            {
+                "c": f"{SPEAKERS[i % 8]}: {' '.join(rng.choice(filler) for _ in range(7))} {WORDS[i % 25 % 10]}"
+                f"{'' if i % 25 < 10 else 'q'} ({i})"
+            }
+            for i in range(ROWS)
+        ]
         with db.write_connection() as conn:
             conn.execute(text("INSERT INTO memories (agent_id, content, timestamp) VALUES ('a', :c, '')"), rows)
             conn.execute(text("INSERT INTO episodes (agent_id, summary, keywords) VALUES ('a', :c, 'k')"), rows)
@@ -104,9 +111,9 @@ def test_the_stored_word_vector_is_the_indexed_expression(pg, kind, table, body)
     with pg.write_connection() as conn:
         conn.exec_driver_sql(f"UPDATE {table} SET {body} = 'Rivers were running' WHERE id = 7")
     with pg.read() as session:
-        differing = session.execute(text(
-            f"SELECT count(*) FROM {table} WHERE {WORD_VECTOR_COLUMN} IS DISTINCT FROM {pg_word_vector(kind)}"
-        )).scalar_one()
+        differing = session.execute(
+            text(f"SELECT count(*) FROM {table} WHERE {WORD_VECTOR_COLUMN} IS DISTINCT FROM {pg_word_vector(kind)}")
+        ).scalar_one()
         stored = session.execute(text(f"SELECT {WORD_VECTOR_COLUMN}::text FROM {table} WHERE id = 7")).scalar_one()
     assert differing == 0
     assert "'river'" in stored and "'run'" in stored  # rewritten with the text
@@ -117,10 +124,13 @@ def test_word_ranking_reads_the_stored_vector_with_the_same_scores(pg):
     sent = plans_of(pg, lambda: search.word_memories(Scope("a"), "gardens violins", 10), "ts_rank")
     assert all("idx_memories_words" in plan for plan in sent)
     with pg.read() as session:
-        expected = session.execute(text(
-            f"SELECT id, ts_rank({pg_word_vector('mem')}, to_tsquery('english', 'garden | violin'), 1) AS s"
-            f" FROM memories WHERE {pg_word_vector('mem')} @@ to_tsquery('english', 'garden | violin')"
-            " ORDER BY s DESC, id LIMIT 10")).all()
+        expected = session.execute(
+            text(
+                f"SELECT id, ts_rank({pg_word_vector('mem')}, to_tsquery('english', 'garden | violin'), 1) AS s"
+                f" FROM memories WHERE {pg_word_vector('mem')} @@ to_tsquery('english', 'garden | violin')"
+                " ORDER BY s DESC, id LIMIT 10"
+            )
+        ).all()
     hits = search.word_memories(Scope("a"), "gardens violins", 10)
     assert [(h.record.key[1], round(h.raw, 6)) for h in hits] == [(r.id, round(r.s, 6)) for r in expected]
     assert f"m.{WORD_VECTOR_COLUMN}" in " ".join(statement_texts(pg, search))

@@ -132,8 +132,18 @@ def test_like_is_ascii_case_insensitive_newest_first_and_escaped(db, search):
 
 @pytest.mark.parametrize(
     "query",
-    ['"""', "*", '"', "NEAR(a b)", "a OR NOT b AND", "col:x ^y", "(((", "\x00", "\x00alpha\x00",
-     "'; DROP TABLE memories; --"],
+    [
+        '"""',
+        "*",
+        '"',
+        "NEAR(a b)",
+        "a OR NOT b AND",
+        "col:x ^y",
+        "(((",
+        "\x00",
+        "\x00alpha\x00",
+        "'; DROP TABLE memories; --",
+    ],
 )
 def test_hostile_queries_are_read_literally(db, search, query):
     add_memories(db, {"content": "alpha beta gamma"})
@@ -234,7 +244,9 @@ SCOPES = [  # spec §5.1 / SH-1
 
 
 @pytest.mark.parametrize("scope,memories,episodes", SCOPES)
-def test_every_arm_applies_the_isolation_axes(search, spread, scope, memories, episodes):  # spec ISO-2, GATE-1 (pool_count)
+def test_every_arm_applies_the_isolation_axes(
+    search, spread, scope, memories, episodes
+):  # spec ISO-2, GATE-1 (pool_count)
     ids = lambda hits: {hit.record.id for hit in hits}  # noqa: E731
     assert ids(search.keyword_memories(scope, "alpha", 50).hits) == memories  # FTS
     assert ids(search.keyword_memories(scope, "al", 50).hits) == memories  # LIKE
@@ -340,11 +352,17 @@ def test_phrase_terms_are_cleaned_bounded_and_deduplicated():
 
 
 def test_a_multi_word_phrase_matches_only_where_its_words_stand_together(search, db):  # spec RX-8
-    add_memories(db, {"content": "Mina Tanaka owns the release calendar"},
-                 {"content": "Tanaka and Mina met; nobody owns anything"},
-                 {"content": "unrelated note about lunch"})
-    add_episodes(db, {"summary": "Sync with Mina Tanaka on the calendar", "keywords": ""},
-                 {"summary": "Mina said Tanaka would call", "keywords": ""})
+    add_memories(
+        db,
+        {"content": "Mina Tanaka owns the release calendar"},
+        {"content": "Tanaka and Mina met; nobody owns anything"},
+        {"content": "unrelated note about lunch"},
+    )
+    add_episodes(
+        db,
+        {"summary": "Sync with Mina Tanaka on the calendar", "keywords": ""},
+        {"summary": "Mina said Tanaka would call", "keywords": ""},
+    )
     # The phrase is one term: "Mina" OR "Tanaka" would also find the second row of each table.
     assert refs(search.keyword_memories(Scope("a"), "zzqq", 10, phrases=["Mina Tanaka"]).hits) == ["mem:1"]
     assert refs(search.keyword_episodes(Scope("a"), "zzqq", 10, phrases=["mina tanaka"])) == ["ep:1"]

@@ -8,13 +8,13 @@ from conftest import make_app
 
 from cpersona.mcp.server import build_server
 
-CONTEXT = '''\
+CONTEXT = """\
 version = 1
 context_revision = "r1"
 
 [instructions]
 summary = "Use project @auto for team notes."
-'''
+"""
 
 
 def test_instructions_carry_the_operator_summary_after_a_blank_line(db, tmp_path: Path):  # spec OC-4

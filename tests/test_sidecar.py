@@ -79,9 +79,18 @@ def test_written_file_has_every_key_in_order_on_one_line_0600(path: Path) -> Non
     raw = path.read_text()
     assert "\n" not in raw  # written without indentation
     obj = json.loads(raw)
-    assert list(obj) == ["embedding_dim", "embedding_model", "scoring_version", "global_threshold",
-                         "agent_thresholds", "global_fused_gate", "agent_fused_gates", "fused_gate_signal",
-                         "agent_betas", "calibrated_at"]
+    assert list(obj) == [
+        "embedding_dim",
+        "embedding_model",
+        "scoring_version",
+        "global_threshold",
+        "agent_thresholds",
+        "global_fused_gate",
+        "agent_fused_gates",
+        "fused_gate_signal",
+        "agent_betas",
+        "calibrated_at",
+    ]
     assert obj["agent_thresholds"] == {"a": 0.42} and obj["agent_fused_gates"] == {"a": 0.17}
     assert obj["fused_gate_signal"] == "rsf" and obj["agent_betas"] == {"a": 2.0}
     stamp = datetime.fromisoformat(obj["calibrated_at"])
@@ -131,9 +140,17 @@ def test_validity_needs_both_the_width_and_the_fingerprint(path: Path) -> None:
 
 
 def test_a_mistyped_value_is_dropped_alone(path: Path) -> None:
-    put(path, {"embedding_dim": 64, "scoring_version": SCORING_VERSION,
-               "agent_thresholds": {"a": "high", "b": 0.4, "c": 7.0, "d": True},
-               "agent_betas": {"a": -1, "b": 2.0}, "fused_gate_signal": "bogus", "global_threshold": "x"})
+    put(
+        path,
+        {
+            "embedding_dim": 64,
+            "scoring_version": SCORING_VERSION,
+            "agent_thresholds": {"a": "high", "b": 0.4, "c": 7.0, "d": True},
+            "agent_betas": {"a": -1, "b": 2.0},
+            "fused_gate_signal": "bogus",
+            "global_threshold": "x",
+        },
+    )
     read = read_sidecar(path)
     assert read.status == "ok"
     assert read.values.agent_thresholds == {"b": 0.4}  # a threshold outside [-1, 1] cannot be a cosine
@@ -203,8 +220,16 @@ def test_removed_entries_are_dropped_and_others_kept(path: Path) -> None:
     # spec SC-6 ("entries it removed are dropped"), DAD-2
     settings = FakeSettings(path)
     one = CalibrationState()
-    one.apply({("agent_thresholds", "a"): 0.4, ("agent_fused_gates", "a"): 0.2, ("agent_betas", "a"): 2.0,
-               ("agent_thresholds", "b"): 0.5}, embedding_dim=64, gate_signal="rsf")
+    one.apply(
+        {
+            ("agent_thresholds", "a"): 0.4,
+            ("agent_fused_gates", "a"): 0.2,
+            ("agent_betas", "a"): 2.0,
+            ("agent_thresholds", "b"): 0.5,
+        },
+        embedding_dim=64,
+        gate_signal="rsf",
+    )
     one.persist(settings)
     other = CalibrationState()  # a process that never read the file forgets agent a
     assert other.forget("a") is False

@@ -38,12 +38,15 @@ SCOPE_SQL_BUILDERS = frozenset({"predicates", "sql_fragment"})
 ALWAYS_SQL_METHODS = frozenset({"exec_driver_sql", "executescript", "executemany"})
 STATEMENT_METHODS = frozenset({"execute", "scalar", "scalars"})
 # Methods that build a Core statement from a table (``Model.__table__.insert()`` …).
-BUILDER_METHODS = frozenset({"insert", "update", "delete", "select", "where", "values", "returning", "on_conflict_do_nothing"})
+BUILDER_METHODS = frozenset(
+    {"insert", "update", "delete", "select", "where", "values", "returning", "on_conflict_do_nothing"}
+)
 
 # The start of an SQL statement, as written in code (keywords upper case, as this project writes them).
 SQL_TEXT = re.compile(
     r"^\s*\(?\s*(SELECT\s|INSERT\s+(OR\s+\w+\s+)?INTO\s|UPDATE\s+(OR\s+\w+\s+)?\w+\s+SET\s|DELETE\s+FROM\s"
-    r"|PRAGMA\s|CREATE\s|DROP\s|WITH\s+\w+\s+AS\s)")
+    r"|PRAGMA\s|CREATE\s|DROP\s|WITH\s+\w+\s+AS\s)"
+)
 
 # Modules still running SQL themselves: the work left (may only shrink).
 NOT_YET_MOVED: frozenset[str] = frozenset()
@@ -74,9 +77,11 @@ class _Scanner(ast.NodeVisitor):
         # Names the module binds to SQL text or a built statement (any scope: a coarse but honest net).
         self.sql_names = {
             target.id
-            for node in ast.walk(tree) if isinstance(node, ast.Assign)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Assign)
             if _is_sql_string(node.value) and _looks_like_sql(node.value) or _is_built_statement(node.value)
-            for target in node.targets if isinstance(target, ast.Name)
+            for target in node.targets
+            if isinstance(target, ast.Name)
         }
 
     def visit_Constant(self, node: ast.Constant) -> None:
@@ -92,8 +97,10 @@ class _Scanner(ast.NodeVisitor):
 
     def visit_Import(self, node: ast.Import) -> None:
         for alias in node.names:
-            if alias.name == "sqlalchemy" or alias.name.startswith("sqlalchemy.") and not alias.name.startswith(
-                ALLOWED_SQLALCHEMY_MODULES
+            if (
+                alias.name == "sqlalchemy"
+                or alias.name.startswith("sqlalchemy.")
+                and not alias.name.startswith(ALLOWED_SQLALCHEMY_MODULES)
             ):
                 self.problems.append(f"line {node.lineno}: import {alias.name}")
 
@@ -123,7 +130,8 @@ class _Scanner(ast.NodeVisitor):
                 if (
                     _is_sql_string(statement)
                     or _is_built_statement(statement)
-                    or isinstance(statement, ast.Name) and statement.id in self.sql_names
+                    or isinstance(statement, ast.Name)
+                    and statement.id in self.sql_names
                 ):
                     self.problems.append(f"line {node.lineno}: .{method}() of SQL written here")
         self.generic_visit(node)
@@ -186,8 +194,11 @@ def test_the_scanner_catches_each_way_of_writing_sql():
 
 
 def test_no_service_module_builds_sql():
-    dirty = {name: problems for name, path in _service_modules().items()
-             if (problems := scan(path.read_text(encoding="utf-8")))}
+    dirty = {
+        name: problems
+        for name, path in _service_modules().items()
+        if (problems := scan(path.read_text(encoding="utf-8")))
+    }
     new = {name: problems for name, problems in dirty.items() if name not in NOT_YET_MOVED}
     assert not new, f"service modules that build SQL (move it into cpersona/storage): {new}"
 

@@ -21,6 +21,7 @@ import pytest
 
 from cpersona.background import BackgroundWork
 from cpersona.storage import migrate
+
 sys.path.insert(0, str(Path(__file__).parent / "e2e"))
 from stdio_harness import RawSession, server_env  # noqa: E402
 
@@ -35,11 +36,23 @@ HERE = Path(__file__).resolve().parent
 # standard library's sqlite3 (a second SQLite: the engine's driver is sqlean),
 # and SQLAlchemy's PostgreSQL dialect (see cpersona.storage.models._partial).
 NOT_ON_A_STDIO_START = (
-    "alembic", "mako", "cpersona.mcp.http", "cpersona.mcp.oauth", "cpersona.mcp.acl", "jwt",
-    "cpersona.services.portability", "cpersona.services.portability.importer",
-    "cpersona.services.portability.import_db", "cpersona.services.health.registry",
-    "cpersona.services.health.deep_check", "cpersona.storage.vectors_postgres", "httpx",
-    "numpy", "sqlite_vec", "sqlite3", "sqlalchemy.dialects.postgresql",
+    "alembic",
+    "mako",
+    "cpersona.mcp.http",
+    "cpersona.mcp.oauth",
+    "cpersona.mcp.acl",
+    "jwt",
+    "cpersona.services.portability",
+    "cpersona.services.portability.importer",
+    "cpersona.services.portability.import_db",
+    "cpersona.services.health.registry",
+    "cpersona.services.health.deep_check",
+    "cpersona.storage.vectors_postgres",
+    "httpx",
+    "numpy",
+    "sqlite_vec",
+    "sqlite3",
+    "sqlalchemy.dialects.postgresql",
 )
 
 
@@ -107,8 +120,10 @@ def test_closing_stdin_ends_the_server_with_every_write_committed(tmp_path: Path
     assert _memories(db_path) == ["answered row 0", "answered row 1", "answered row 2", "unanswered row"]
 
 
-INITIALIZE = (b'{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25",'
-              b'"capabilities":{},"clientInfo":{"name":"t","version":"0"}}}\n')
+INITIALIZE = (
+    b'{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25",'
+    b'"capabilities":{},"clientInfo":{"name":"t","version":"0"}}}\n'
+)
 
 
 def _initialize(write_fd: int, read_fd: int) -> None:
@@ -137,8 +152,9 @@ def test_sigint_stops_a_serving_server(tmp_path: Path, stdin_kind: str) -> None:
         write_fd = read_fd = controller
     else:
         controller = None
-        proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                env=env)
+        proc = subprocess.Popen(
+            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env
+        )
         write_fd, read_fd = proc.stdin.fileno(), proc.stdout.fileno()
     try:
         _initialize(write_fd, read_fd)

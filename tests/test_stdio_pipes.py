@@ -14,8 +14,15 @@ import time
 
 import pytest
 
-from cpersona.mcp.stdio_pipes import (OVERLONG_HEAD_CHARS, OverlongLine, PipeReader, PipeWriter, _LineReader,
-                                      _WriteFlow, watchable)
+from cpersona.mcp.stdio_pipes import (
+    OVERLONG_HEAD_CHARS,
+    OverlongLine,
+    PipeReader,
+    PipeWriter,
+    _LineReader,
+    _WriteFlow,
+    watchable,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -44,9 +51,9 @@ async def read_all(chunks: list[bytes]) -> list[str]:
     "chunks",
     [
         [b'{"a":1}\n{"b":2}\n'],
-        [b'{"a":', b'1}\n{"b"', b':2}'],  # split mid-line; the last line has no newline
+        [b'{"a":', b'1}\n{"b"', b":2}"],  # split mid-line; the last line has no newline
         [b'{"a":1}\r\n{"b":2}\r', b'\n{"c":3}\r{"d":4}\n'],  # \r\n and a lone \r end lines too
-        ["{\"t\":\"日本語\"}\n".encode()[:9], "{\"t\":\"日本語\"}\n".encode()[9:]],  # a character split across reads
+        ['{"t":"日本語"}\n'.encode()[:9], '{"t":"日本語"}\n'.encode()[9:]],  # a character split across reads
         [b'{"bad":"\xff\xfe"}\n', b"\n", b"tail"],  # undecodable bytes, a blank line
         [b""],
     ],

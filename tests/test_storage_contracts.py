@@ -86,7 +86,8 @@ def test_one_wal_file_and_restoring_the_db_file_restores_every_memory(tmp_path: 
     conn = sqlite3.connect(restored)
     try:
         assert conn.execute("SELECT id, content FROM memories ORDER BY id").fetchall() == [
-            (i, f"remember item {n}") for n, i in enumerate(ids)]
+            (i, f"remember item {n}") for n, i in enumerate(ids)
+        ]
     finally:
         conn.close()
 
@@ -153,13 +154,18 @@ def test_report_only_checkup_creates_and_alters_nothing(db: Database, tmp_path: 
         conn.exec_driver_sql("DELETE FROM schema_version")
     db.close()
     before = _schema_fingerprint(db.path)
-    report = subprocess.run([sys.executable, "-m", "cpersona.checkup", "--db", str(db.path), "--json"],
-                            capture_output=True, text=True, cwd=tmp_path)
+    report = subprocess.run(
+        [sys.executable, "-m", "cpersona.checkup", "--db", str(db.path), "--json"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
     assert report.stdout and json.loads(report.stdout)["checks_run"], report.stderr
     assert _schema_fingerprint(db.path) == before
     missing = tmp_path / "absent" / "none.db"
-    gone = subprocess.run([sys.executable, "-m", "cpersona.checkup", "--db", str(missing)],
-                          capture_output=True, text=True, cwd=tmp_path)
+    gone = subprocess.run(
+        [sys.executable, "-m", "cpersona.checkup", "--db", str(missing)], capture_output=True, text=True, cwd=tmp_path
+    )
     assert gone.returncode != 0 and "database not found" in gone.stderr
     assert not missing.exists() and not missing.parent.exists()
 
@@ -169,9 +175,15 @@ def test_report_only_checkup_creates_and_alters_nothing(db: Database, tmp_path: 
 
 def test_declaration_stamps_are_iso_utc_with_microseconds(app: App, db: Database) -> None:  # spec VF-3
     note = store(app, agent_id="a", content="Mina owns the Atlas ledger")["id"]
-    answer = declare_associations(app, agent_id="a", anchor_ref=f"mem:{note}", associations={
-        "entities": [{"name": "Mina"}, {"name": "Atlas"}],
-        "relations": [{"subject": "Mina", "predicate": "owns", "object": "Atlas"}]})
+    answer = declare_associations(
+        app,
+        agent_id="a",
+        anchor_ref=f"mem:{note}",
+        associations={
+            "entities": [{"name": "Mina"}, {"name": "Atlas"}],
+            "relations": [{"subject": "Mina", "predicate": "owns", "object": "Atlas"}],
+        },
+    )
     assert answer["ok"] is True, answer
     stamps = [r[0] for r in rows(db, "SELECT created_at FROM entities")]
     stamps += [r[0] for r in rows(db, "SELECT created_at FROM entity_mentions")]
@@ -198,8 +210,10 @@ def test_readers_do_not_depend_on_column_position(tmp_path: Path) -> None:  # sp
     path = tmp_path / "old.db"
     conn = sqlite3.connect(path)
     conn.executescript(V1_DDL)
-    conn.execute("INSERT INTO memories (agent_id, msg_id, content, timestamp) "
-                 "VALUES ('a', 'm1', 'deployment runbook for staging', '2024-01-01T00:00:00+00:00')")
+    conn.execute(
+        "INSERT INTO memories (agent_id, msg_id, content, timestamp) "
+        "VALUES ('a', 'm1', 'deployment runbook for staging', '2024-01-01T00:00:00+00:00')"
+    )
     conn.commit()
     conn.close()
     fresh = open_and_upgrade(tmp_path / "fresh.db")
@@ -213,7 +227,9 @@ def test_readers_do_not_depend_on_column_position(tmp_path: Path) -> None:  # sp
         assert export_memories(app, agent_id="a", output_path=str(out))["ok"] is True
         memories = [json.loads(line) for line in out.read_text().splitlines()][1:]
         assert [(m["msg_id"], m["content"], m["project_id"], m["channel"], m["locked"]) for m in memories] == [
-            ("m1", "deployment runbook for staging", "", "", 0), ("", "second note", "p", "c", 1)]
+            ("m1", "deployment runbook for staging", "", "", 0),
+            ("", "second note", "p", "c", 1),
+        ]
         found = recall(app, agent_id="a", query="deployment runbook", project_id="")["messages"]
         assert [m["content"] for m in found] == ["deployment runbook for staging"]
     finally:
@@ -227,7 +243,9 @@ def test_chat_channels_from_old_releases_are_kept(tmp_path: Path) -> None:  # sp
     path = tmp_path / "v11.db"
     _v11_database(path)
     conn = sqlite3.connect(path)
-    conn.execute("INSERT INTO memories (agent_id, content, timestamp, channel) VALUES ('a', 'old chat row', 't', 'chat')")
+    conn.execute(
+        "INSERT INTO memories (agent_id, content, timestamp, channel) VALUES ('a', 'old chat row', 't', 'chat')"
+    )
     conn.commit()
     conn.close()
     db = open_and_upgrade(path)
@@ -253,9 +271,16 @@ def test_record_nodes_window_column_is_quoted() -> None:  # spec IMPL-5
     assert '"window"' in str(select(RecordNode.window).compile(dialect=sqlite_dialect.dialect()))
 
 
-def test_vectors_are_little_endian_float32_blobs_in_the_row(db: Database, embed_server: EmbedServer) -> None:  # spec IMPL-6, VF-5
-    settings = load_settings({"CPERSONA_DB_PATH": str(db.path), "CPERSONA_EMBEDDING_MODE": "http",
-                              "CPERSONA_EMBEDDING_URL": embed_server.url})
+def test_vectors_are_little_endian_float32_blobs_in_the_row(
+    db: Database, embed_server: EmbedServer
+) -> None:  # spec IMPL-6, VF-5
+    settings = load_settings(
+        {
+            "CPERSONA_DB_PATH": str(db.path),
+            "CPERSONA_EMBEDDING_MODE": "http",
+            "CPERSONA_EMBEDDING_URL": embed_server.url,
+        }
+    )
     app = App(db=db, settings=settings, embedder=build_embedder(settings))
     try:
         content = "the payments service rotates its secrets every ninety days"
@@ -278,11 +303,28 @@ def test_vectors_are_little_endian_float32_blobs_in_the_row(db: Database, embed_
 def test_derived_record_nodes_are_not_exported(app: App, db: Database, tmp_path: Path) -> None:  # spec LR-6
     note = store(app, agent_id="a", content="a note with nodes")["id"]
     with db.write() as session:
-        session.execute(insert(RecordNode), [{
-            "parent_kind": "mem", "parent_id": note, "node_index": 0, "start_char": 0, "end_char": 6,
-            "token_count": 2, "window": 512, "embedding": struct.pack("<2f", 0.25, 0.5), "embedding_model": "m"}])
-    assert declare_associations(app, agent_id="a", anchor_ref=f"mem:{note}",
-                                associations={"entities": [{"name": "Atlas"}]})["ok"] is True
+        session.execute(
+            insert(RecordNode),
+            [
+                {
+                    "parent_kind": "mem",
+                    "parent_id": note,
+                    "node_index": 0,
+                    "start_char": 0,
+                    "end_char": 6,
+                    "token_count": 2,
+                    "window": 512,
+                    "embedding": struct.pack("<2f", 0.25, 0.5),
+                    "embedding_model": "m",
+                }
+            ],
+        )
+    assert (
+        declare_associations(
+            app, agent_id="a", anchor_ref=f"mem:{note}", associations={"entities": [{"name": "Atlas"}]}
+        )["ok"]
+        is True
+    )
     out = tmp_path / "out.jsonl"
     assert export_memories(app, agent_id="a", output_path=str(out), include_embeddings=True)["ok"] is True
     lines = [json.loads(line) for line in out.read_text().splitlines()]
@@ -294,8 +336,15 @@ def test_derived_record_nodes_are_not_exported(app: App, db: Database, tmp_path:
 @pytest.mark.parametrize("version", ["cpersona-export/1.0", "cpersona-export/1.2", "cpersona-export/7.3"])
 def test_reader_accepts_every_export_version(app: App, db: Database, tmp_path: Path, version: str) -> None:  # spec JL-3
     source = tmp_path / "in.jsonl"
-    header = {"_type": "header", "version": version, "agent_id": "a", "memory_count": 1, "episode_count": 1,
-              "has_profile": False, "profile_count": 0}
+    header = {
+        "_type": "header",
+        "version": version,
+        "agent_id": "a",
+        "memory_count": 1,
+        "episode_count": 1,
+        "has_profile": False,
+        "profile_count": 0,
+    }
     records = [
         header,
         {"_type": "memory", "agent_id": "a", "content": "imported memory", "project_id": ""},
@@ -349,8 +398,11 @@ def test_future_rows_never_age_and_widen_the_span(db: Database) -> None:  # spec
 
     narrow = TimeSpan(now - timedelta(hours=100), now)
     assert score(future, narrow) == score(now, narrow)  # max(0, now - timestamp): no negative age
-    add_memories(db, {"content": "old", "timestamp": (now - timedelta(hours=100)).isoformat()},
-                 {"content": "current", "timestamp": now.isoformat()})
+    add_memories(
+        db,
+        {"content": "old", "timestamp": (now - timedelta(hours=100)).isoformat()},
+        {"content": "current", "timestamp": now.isoformat()},
+    )
     assert memory_time_span(open_search(db), Scope("a")).range_hours == pytest.approx(100)
     add_memories(db, {"content": "from the future", "timestamp": future.isoformat()})
     wide = memory_time_span(open_search(db), Scope("a"))

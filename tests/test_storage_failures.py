@@ -47,8 +47,11 @@ def assert_clean(text_out: str) -> None:
 
 def _raw_engine(path: Path, uri_suffix: str = "", busy_ms: int = 0):
     module = sqlite_module()
-    engine = create_engine("sqlite+pysqlite://", module=module, creator=lambda: module.connect(
-        f"file:{path}{uri_suffix}", uri=True, check_same_thread=False))
+    engine = create_engine(
+        "sqlite+pysqlite://",
+        module=module,
+        creator=lambda: module.connect(f"file:{path}{uri_suffix}", uri=True, check_same_thread=False),
+    )
 
     @event.listens_for(engine, "connect")
     def _connect(conn, _record):
@@ -142,8 +145,9 @@ async def test_a_full_disk_is_one_sentence_in_the_tools_own_shape(full_app, capl
 
 async def test_the_details_are_logged_once_at_debug_without_content(full_app, caplog):
     caplog.set_level(logging.DEBUG, logger="cpersona.mcp.dispatch")
-    await call_tool(full_app, default_registry(), GateChain([]), "store",
-                    {"agent_id": "a", "content": SECRET + " " + "y" * 200_000})
+    await call_tool(
+        full_app, default_registry(), GateChain([]), "store", {"agent_id": "a", "content": SECRET + " " + "y" * 200_000}
+    )
     debug = [r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG]
     assert len(debug) == 1 and "SQLITE_FULL" in debug[0]
     assert SECRET not in caplog.text and "[parameters" not in caplog.text
@@ -240,17 +244,21 @@ def test_a_read_only_database_is_served_for_reading_and_refuses_writes_in_one_se
     _other_user_owns(home)
     stderr_path = home / "stderr.txt"
     with stderr_path.open("w") as stderr_file:
-        server = RawSession(server_env(path, HOME=str(home)), stderr=stderr_file,
-                            argv=as_other_user([sys.executable, "-m", "cpersona"]))
+        server = RawSession(
+            server_env(path, HOME=str(home)), stderr=stderr_file, argv=as_other_user([sys.executable, "-m", "cpersona"])
+        )
         try:
             server.initialize()
-            calls = [("store", {"agent_id": "a", "content": SECRET}),
-                     ("update_profile", {"agent_id": "a", "profile": SECRET}),
-                     ("list_memories", {"agent_id": "a"}),
-                     ("recall", {"agent_id": "a", "query": "already"}),
-                     ("check_health", {"agent_id": "a"})]
-            stored, edited, listed, recalled, health = [tool_body(server.call(name, json.dumps(arguments)))
-                                                        for name, arguments in calls]
+            calls = [
+                ("store", {"agent_id": "a", "content": SECRET}),
+                ("update_profile", {"agent_id": "a", "profile": SECRET}),
+                ("list_memories", {"agent_id": "a"}),
+                ("recall", {"agent_id": "a", "query": "already"}),
+                ("check_health", {"agent_id": "a"}),
+            ]
+            stored, edited, listed, recalled, health = [
+                tool_body(server.call(name, json.dumps(arguments))) for name, arguments in calls
+            ]
         finally:
             server.close()
     stderr = stderr_path.read_text()

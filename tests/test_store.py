@@ -114,9 +114,16 @@ def test_message_form_source_may_be_a_bare_word_or_null(app, db):  # spec ST-8, 
     assert [json.loads(r.source) for r in rows(db)] == [{"type": "User", "id": "", "name": ""}, {}]
 
 
-@pytest.mark.parametrize("top_level", [
-    {"content": "x"}, {"id": "i"}, {"timestamp": "2026-01-01"}, {"metadata": {"k": 1}}, {"source": {}},
-])
+@pytest.mark.parametrize(
+    "top_level",
+    [
+        {"content": "x"},
+        {"id": "i"},
+        {"timestamp": "2026-01-01"},
+        {"metadata": {"k": 1}},
+        {"source": {}},
+    ],
+)
 def test_both_forms_at_once_are_rejected(app, db, top_level):  # spec ST-1
     reason = rejected(store(app, agent_id="a", message={"content": "m"}, **top_level))
     assert "not both" in reason
@@ -133,17 +140,23 @@ def test_missing_agent_is_rejected(app, db):  # spec ST-2
     assert rows(db) == []
 
 
-@pytest.mark.parametrize(("arguments", "reason"), [
-    # each line breaks two rules; the one earlier in ST-2's order must win
-    ({"message": {"content": "m"}, "content": "x"}, "not both"),
-    ({"content": ""}, "agent_id is required"),
-    ({"agent_id": "a", "content": "", "id": "i" * 300}, "empty content"),
-    ({"agent_id": "a", "content": "x", "id": "i" * 300, "timestamp": "t" * 65}, "id too long (300 chars, max 256)"),
-    ({"agent_id": "a", "content": "x", "timestamp": "t" * 65, "metadata": {"k": "\ud800"}}, "timestamp too long (65 chars, max 64)"),
-    ({"agent_id": "a", "content": "x\ud800", "metadata": {"k": "v" * 9000}}, "surrogate"),
-    ({"agent_id": "a", "content": "[Memory from a] ", "metadata": {"k": "v" * 9000}}, "metadata too large"),
-    ({"agent_id": "a", "content": "  ", "timestamp": "2099-01-01T00:00:00Z"}, "empty after sanitization"),
-])
+@pytest.mark.parametrize(
+    ("arguments", "reason"),
+    [
+        # each line breaks two rules; the one earlier in ST-2's order must win
+        ({"message": {"content": "m"}, "content": "x"}, "not both"),
+        ({"content": ""}, "agent_id is required"),
+        ({"agent_id": "a", "content": "", "id": "i" * 300}, "empty content"),
+        ({"agent_id": "a", "content": "x", "id": "i" * 300, "timestamp": "t" * 65}, "id too long (300 chars, max 256)"),
+        (
+            {"agent_id": "a", "content": "x", "timestamp": "t" * 65, "metadata": {"k": "\ud800"}},
+            "timestamp too long (65 chars, max 64)",
+        ),
+        ({"agent_id": "a", "content": "x\ud800", "metadata": {"k": "v" * 9000}}, "surrogate"),
+        ({"agent_id": "a", "content": "[Memory from a] ", "metadata": {"k": "v" * 9000}}, "metadata too large"),
+        ({"agent_id": "a", "content": "  ", "timestamp": "2099-01-01T00:00:00Z"}, "empty after sanitization"),
+    ],
+)
 def test_validation_order(db, arguments, reason):  # spec ST-2
     app = make_app(db, future_timestamp_mode="reject")
     assert reason in rejected(store(app, **arguments))
@@ -185,15 +198,18 @@ def test_metadata_cap_follows_the_setting(db):  # spec §5.2.2 (CPERSONA_MAX_MET
     )
 
 
-@pytest.mark.parametrize(("arguments", "reason"), [
-    ({"content": 5}, "content must be a string"),
-    ({"content": "x", "id": 7}, "id must be a string"),
-    ({"content": "x", "timestamp": 1700000000}, "timestamp must be a string"),
-    ({"content": "x", "metadata": ["not", "an", "object"]}, "metadata must be an object"),
-    ({"content": "x", "message": "content"}, "message must be an object"),
-    ({"content": "x", "lock": "yes"}, "lock must be true or false"),
-    ({"content": "x", "metadata": {"when": datetime(2026, 1, 1)}}, "metadata is not representable as JSON"),
-])
+@pytest.mark.parametrize(
+    ("arguments", "reason"),
+    [
+        ({"content": 5}, "content must be a string"),
+        ({"content": "x", "id": 7}, "id must be a string"),
+        ({"content": "x", "timestamp": 1700000000}, "timestamp must be a string"),
+        ({"content": "x", "metadata": ["not", "an", "object"]}, "metadata must be an object"),
+        ({"content": "x", "message": "content"}, "message must be an object"),
+        ({"content": "x", "lock": "yes"}, "lock must be true or false"),
+        ({"content": "x", "metadata": {"when": datetime(2026, 1, 1)}}, "metadata is not representable as JSON"),
+    ],
+)
 def test_wrong_types_from_a_library_caller_are_clear_rejections(app, db, arguments, reason):
     assert reason in rejected(store(app, agent_id="a", **arguments))
     assert rows(db) == []
@@ -296,7 +312,10 @@ def test_same_content_different_source_other_channel_is_stored(app, db):  # spec
 def test_write_into_a_channel_is_answered_by_a_channel_less_copy(app):  # spec DD-2 (Cset)
     first = store(app, agent_id="a", content="hello")["id"]
     assert store(app, agent_id="a", content="hello", channel="c1") == {
-        "ok": True, "result": "skipped", "reason": "duplicate content", "id": first,
+        "ok": True,
+        "result": "skipped",
+        "reason": "duplicate content",
+        "id": first,
     }
 
 
@@ -329,17 +348,24 @@ def test_duplicate_skip_does_not_report_truncation_or_future_stamps(app):  # spe
 # -- DD-5 / ST-13: the unique indexes are the final guard ----------------------------------------------
 
 
-def test_a_write_that_loses_the_race_to_the_content_index_is_skipped_without_id(app, db, monkeypatch):  # spec DD-5, ST-13
+def test_a_write_that_loses_the_race_to_the_content_index_is_skipped_without_id(
+    app, db, monkeypatch
+):  # spec DD-5, ST-13
     store(app, agent_id="a", content="raced")
     # Stand in for a writer in another process that got in between our probe and
     # our insert: the probe sees nothing, the unique index does.
     monkeypatch.setattr(memories, "_probe", lambda session, request: memories._PROCEED)
     assert store(app, agent_id="a", content="raced") == {
-        "ok": True, "result": "skipped", "reason": "duplicate (unique index)",
+        "ok": True,
+        "result": "skipped",
+        "reason": "duplicate (unique index)",
     }
     assert store(app, agent_id="a", content="other text", id="m1")["result"] == "stored"
     assert store(app, agent_id="a", content="third text", id="m1", lock=True) == {
-        "ok": True, "result": "skipped", "reason": "duplicate (unique index)", "locked": False,
+        "ok": True,
+        "result": "skipped",
+        "reason": "duplicate (unique index)",
+        "locked": False,
     }
     assert len(rows(db)) == 2
 
@@ -427,7 +453,9 @@ def test_future_stamp_in_warn_mode_is_stored_and_reported(app, db):  # spec ST-9
     response = store(app, agent_id="a", content="x", timestamp=stamp)
     assert response["result"] == "stored"
     assert response["timestamp_ahead_of_clock"] == {
-        "timestamp": stamp, "ahead_by_seconds": 3600.0, "allowance_seconds": 300,
+        "timestamp": stamp,
+        "ahead_by_seconds": 3600.0,
+        "allowance_seconds": 300,
     }
     assert rows(db)[0].timestamp == stamp
 
@@ -461,7 +489,9 @@ def test_reject_mode_refuses_before_dedup(db):  # spec FT-2
     store(app, agent_id="a", content="dup")
     response = store(app, agent_id="a", content="dup", timestamp="2026-06-01T13:00:00Z", lock=True)
     assert response == {
-        "ok": False, "result": "rejected", "locked": False,
+        "ok": False,
+        "result": "rejected",
+        "locked": False,
         "reason": "timestamp '2026-06-01T13:00:00Z' is 3599s ahead of this clock (allowance 300s)",
     }
     assert len(rows(db)) == 1
@@ -485,15 +515,19 @@ def test_lock_true_locks_the_new_row(app, db):  # spec ST-12
 @pytest.mark.parametrize("by", ["content", "msg_id"])
 def test_lock_true_on_a_duplicate_locks_the_existing_row(app, db, by):  # spec ST-12
     first = store(app, agent_id="a", content="keep", id="m1")["id"]
-    again = store(app, agent_id="a", content="keep" if by == "content" else "other", id="" if by == "content" else "m1",
-                  lock=True)
+    again = store(
+        app, agent_id="a", content="keep" if by == "content" else "other", id="" if by == "content" else "m1", lock=True
+    )
     assert again["result"] == "skipped" and again["id"] == first and again["locked"] is True
     assert memory(db, first).locked == 1
 
 
 def test_rejected_store_with_lock_answers_locked_false(app, db):  # spec ST-12
     assert store(app, agent_id="a", content="  ", lock=True) == {
-        "ok": False, "result": "rejected", "reason": "empty after sanitization", "locked": False,
+        "ok": False,
+        "result": "rejected",
+        "reason": "empty after sanitization",
+        "locked": False,
     }
     store(app, agent_id="a", content="hello")
     same_bucket = store(app, agent_id="a", content="hello", source={"type": "User", "id": "u"}, lock=True)
@@ -511,7 +545,10 @@ def test_locked_key_only_when_a_lock_was_asked_for(app):  # spec §3.1 outcomes
 
 def test_session_key_and_associations_do_not_change_the_write(app, db):  # spec SH-2, §3.1
     assert store(app, agent_id="a", content="x", session_key="s1", associations={}) == {
-        "ok": True, "result": "stored", "id": 1, "embedded": False,
+        "ok": True,
+        "result": "stored",
+        "id": 1,
+        "embedded": False,
     }
     rider = {"entities": [{"name": "Miso"}]}
     assert store(app, agent_id="a", content="y", associations=rider)["result"] == "stored"

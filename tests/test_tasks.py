@@ -52,9 +52,14 @@ def raw_task(app: App, task_type: str, payload: str, agent_id: str = "a", retrie
 
 def pending(app: App) -> list[tuple[int, str, int]]:
     with app.db.read() as session:
-        return [tuple(r) for r in session.execute(
-            select(PendingMemoryTask.id, PendingMemoryTask.task_type, PendingMemoryTask.retries)
-            .order_by(PendingMemoryTask.id)).all()]
+        return [
+            tuple(r)
+            for r in session.execute(
+                select(PendingMemoryTask.id, PendingMemoryTask.task_type, PendingMemoryTask.retries).order_by(
+                    PendingMemoryTask.id
+                )
+            ).all()
+        ]
 
 
 class Recorder:
@@ -71,6 +76,7 @@ class Recorder:
             if fail(task):
                 raise TaskFailed("not today")
             return {"ok": True}
+
         return run
 
 
@@ -236,6 +242,7 @@ def test_failed_derived_work_yields_to_waiting_legacy_work(fast_app, recorder): 
 
 def test_a_paused_sessions_task_is_deleted_but_derived_work_runs(fast_app, recorder):  # spec Q-5, P-13
     from cpersona.services.operations import pause
+
     register_handler("probe", recorder.handler())
     register_handler("build_nodes", recorder.handler(), derived=True)
     with fast_app.db.write() as session:

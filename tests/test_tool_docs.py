@@ -12,7 +12,8 @@ DOC = Path(__file__).resolve().parents[1] / "docs" / "tools.md"
 
 def test_tools_page_matches_the_registry():
     assert DOC.read_text(encoding="utf-8") == render(), (
-        "docs/tools.md is stale: run `python -m cpersona.mcp.tool_docs > docs/tools.md`")
+        "docs/tools.md is stale: run `python -m cpersona.mcp.tool_docs > docs/tools.md`"
+    )
 
 
 def test_every_tool_names_its_contract():

@@ -56,12 +56,24 @@ def names(answer: dict[str, Any]) -> list[tuple[str, int]]:
 
 def mizeye(app) -> None:
     """The graph of the spec's examples: Kirari maintains MizEye, MizEye depends on OpenCV."""
-    store(app, agent_id="spec", content="Kirari maintains the MizEye vision module", associations={
-        "entities": [{"name": "MizEye", "aliases": ["mizeye", "ミズアイ"]}, {"name": "Kirari"}],
-        "relations": [{"subject": "Kirari", "predicate": "Maintains", "object": "MizEye"}]})
-    store(app, agent_id="spec", content="MizEye depends on OpenCV", associations={
-        "entities": [{"name": "OpenCV"}],
-        "relations": [{"subject": "MizEye", "predicate": "depends on", "object": "OpenCV"}]})
+    store(
+        app,
+        agent_id="spec",
+        content="Kirari maintains the MizEye vision module",
+        associations={
+            "entities": [{"name": "MizEye", "aliases": ["mizeye", "ミズアイ"]}, {"name": "Kirari"}],
+            "relations": [{"subject": "Kirari", "predicate": "Maintains", "object": "MizEye"}],
+        },
+    )
+    store(
+        app,
+        agent_id="spec",
+        content="MizEye depends on OpenCV",
+        associations={
+            "entities": [{"name": "OpenCV"}],
+            "relations": [{"subject": "MizEye", "predicate": "depends on", "object": "OpenCV"}],
+        },
+    )
     store(app, agent_id="spec", content="OpenCV 4.10 upgrade notes", associations={"entities": [{"name": "OpenCV"}]})
 
 
@@ -69,48 +81,106 @@ def test_the_spec_examples(app) -> None:  # TV-1, TV-3, TV-5 … TV-9, §5.2
     mizeye(app)
     stamp = {r["id"]: r["declared_at"] for r in traverse(app, agent_id="spec", entity="mizeye")["relations"]}
     assert traverse(app, agent_id="spec", entity="mizeye") == {
-        "entity": "mizeye", "max_hops": 1, "limit": 20,
-        "entities": [{"id": 1, "name": "MizEye", "hops": 0, "aliases": ["mizeye", "ミズアイ"], "mentions": ["mem:1"]},
-                     {"id": 3, "name": "OpenCV", "hops": 1, "mentions": ["mem:2", "mem:3"]},
-                     {"id": 2, "name": "Kirari", "hops": 1, "mentions": ["mem:1"]}],
-        "relations": [{"id": 2, "subject": 1, "predicate": "depends on", "object": 3, "declared_by": "agent",
-                       "declared_at": stamp[2], "anchor_ref": "mem:2"},
-                      {"id": 1, "subject": 2, "predicate": "maintains", "object": 1, "declared_by": "agent",
-                       "declared_at": stamp[1], "anchor_ref": "mem:1"}]}
+        "entity": "mizeye",
+        "max_hops": 1,
+        "limit": 20,
+        "entities": [
+            {"id": 1, "name": "MizEye", "hops": 0, "aliases": ["mizeye", "ミズアイ"], "mentions": ["mem:1"]},
+            {"id": 3, "name": "OpenCV", "hops": 1, "mentions": ["mem:2", "mem:3"]},
+            {"id": 2, "name": "Kirari", "hops": 1, "mentions": ["mem:1"]},
+        ],
+        "relations": [
+            {
+                "id": 2,
+                "subject": 1,
+                "predicate": "depends on",
+                "object": 3,
+                "declared_by": "agent",
+                "declared_at": stamp[2],
+                "anchor_ref": "mem:2",
+            },
+            {
+                "id": 1,
+                "subject": 2,
+                "predicate": "maintains",
+                "object": 1,
+                "declared_by": "agent",
+                "declared_at": stamp[1],
+                "anchor_ref": "mem:1",
+            },
+        ],
+    }
     assert stamp[2] > stamp[1]
     assert traverse(app, agent_id="spec", entity="OpenCV", max_hops=0, limit=1) == {
-        "entity": "OpenCV", "max_hops": 0, "limit": 1,
+        "entity": "OpenCV",
+        "max_hops": 0,
+        "limit": 1,
         "entities": [{"id": 3, "name": "OpenCV", "hops": 0, "mentions": ["mem:2"], "mentions_omitted": 1}],
-        "relations": [], "bounds": {"omitted": ["max_hops", "limit"]}}
+        "relations": [],
+        "bounds": {"omitted": ["max_hops", "limit"]},
+    }
     assert traverse(app, agent_id="spec", entity="Kirari", max_hops=1, limit=2) == {
-        "entity": "Kirari", "max_hops": 1, "limit": 2,
-        "entities": [{"id": 2, "name": "Kirari", "hops": 0, "mentions": ["mem:1"]},
-                     {"id": 1, "name": "MizEye", "hops": 1, "aliases": ["mizeye", "ミズアイ"], "mentions": ["mem:1"]}],
-        "relations": [{"id": 1, "subject": 2, "predicate": "maintains", "object": 1, "declared_by": "agent",
-                       "declared_at": stamp[1], "anchor_ref": "mem:1"}],
-        "bounds": {"omitted": ["max_hops"]}}
+        "entity": "Kirari",
+        "max_hops": 1,
+        "limit": 2,
+        "entities": [
+            {"id": 2, "name": "Kirari", "hops": 0, "mentions": ["mem:1"]},
+            {"id": 1, "name": "MizEye", "hops": 1, "aliases": ["mizeye", "ミズアイ"], "mentions": ["mem:1"]},
+        ],
+        "relations": [
+            {
+                "id": 1,
+                "subject": 2,
+                "predicate": "maintains",
+                "object": 1,
+                "declared_by": "agent",
+                "declared_at": stamp[1],
+                "anchor_ref": "mem:1",
+            }
+        ],
+        "bounds": {"omitted": ["max_hops"]},
+    }
     assert traverse(app, agent_id="spec", entity="nothing here") == {
-        "entity": "nothing here", "max_hops": 1, "limit": 20, "entities": [], "relations": [],
-        "reason": "no_such_entity"}
+        "entity": "nothing here",
+        "max_hops": 1,
+        "limit": 20,
+        "entities": [],
+        "relations": [],
+        "reason": "no_such_entity",
+    }
 
 
 def test_two_starts_and_the_same_triple_twice(app) -> None:  # TV-1, TV-8, A-6, A-17
     for content in ("one", "two"):
         store(app, agent_id="a", content=content)
     store(app, agent_id="a", content="three", project_id="P")
-    declare(app, agent_id="a", anchor_ref="mem:1", associations={
-        "entities": [{"name": "Atlas", "aliases": ["atlas-svc"]}, {"name": "Postgres"}],
-        "relations": [{"subject": "Atlas", "predicate": "uses", "object": "Postgres"}]})
+    declare(
+        app,
+        agent_id="a",
+        anchor_ref="mem:1",
+        associations={
+            "entities": [{"name": "Atlas", "aliases": ["atlas-svc"]}, {"name": "Postgres"}],
+            "relations": [{"subject": "Atlas", "predicate": "uses", "object": "Postgres"}],
+        },
+    )
     declare(app, agent_id="a", anchor_ref="mem:2", associations={"entities": [{"name": "Atlas"}]})
-    declare(app, agent_id="a", anchor_ref="mem:3", project_id="P", associations={
-        "entities": [{"name": "Atlas", "aliases": ["the-ledger-app"]}]})
-    declare(app, agent_id="a", associations={"relations": [{"subject": "Atlas", "predicate": "uses", "object": "Postgres"}]})
+    declare(
+        app,
+        agent_id="a",
+        anchor_ref="mem:3",
+        project_id="P",
+        associations={"entities": [{"name": "Atlas", "aliases": ["the-ledger-app"]}]},
+    )
+    declare(
+        app, agent_id="a", associations={"relations": [{"subject": "Atlas", "predicate": "uses", "object": "Postgres"}]}
+    )
     for project in (None, "P"):
         answer = traverse(app, agent_id="a", entity="atlas", project_id=project)
         assert [(e["id"], e["name"], e["hops"], e.get("aliases"), e.get("mentions")) for e in answer["entities"]] == [
             (1, "Atlas", 0, ["atlas-svc"], ["mem:1", "mem:2"]),
             (3, "Atlas", 0, ["the-ledger-app"], ["mem:3"]),
-            (2, "Postgres", 1, None, ["mem:1"])]
+            (2, "Postgres", 1, None, ["mem:1"]),
+        ]
         assert [(r["id"], r.get("anchor_ref")) for r in answer["relations"]] == [(2, None), (1, "mem:1")]
     # the global pool only: P's Atlas is not readable, nor is mem:3
     only_global = traverse(app, agent_id="a", entity="atlas", project_id="")
@@ -124,12 +194,26 @@ def test_isolation_of_entities_relations_and_mentions(app) -> None:  # TV-1, TV-
     store(app, agent_id="a", content="global note")
     store(app, agent_id="a", content="P c1 note", project_id="P", channel="c1")
     store(app, agent_id="b", content="b note")
-    declare(app, agent_id="a", anchor_ref="mem:1", associations={
-        "entities": [{"name": "Atlas"}, {"name": "Postgres"}],
-        "relations": [{"subject": "Atlas", "predicate": "uses", "object": "Postgres"}]})
-    declare(app, agent_id="a", anchor_ref="mem:2", project_id="P", channel="c1", associations={
-        "entities": [{"name": "atlas"}, {"name": "Zed", "aliases": ["zz"]}],
-        "relations": [{"subject": "Zed", "predicate": "uses", "object": "Atlas"}]})
+    declare(
+        app,
+        agent_id="a",
+        anchor_ref="mem:1",
+        associations={
+            "entities": [{"name": "Atlas"}, {"name": "Postgres"}],
+            "relations": [{"subject": "Atlas", "predicate": "uses", "object": "Postgres"}],
+        },
+    )
+    declare(
+        app,
+        agent_id="a",
+        anchor_ref="mem:2",
+        project_id="P",
+        channel="c1",
+        associations={
+            "entities": [{"name": "atlas"}, {"name": "Zed", "aliases": ["zz"]}],
+            "relations": [{"subject": "Zed", "predicate": "uses", "object": "Atlas"}],
+        },
+    )
     everything = traverse(app, agent_id="a", entity="atlas")
     assert names(everything) == [("Atlas", 0), ("Zed", 1), ("Postgres", 1)]  # Zed: the newer relation first
     assert everything["entities"][0]["mentions"] == ["mem:1", "mem:2"]
@@ -150,8 +234,10 @@ def test_episodes_and_the_source_filter(app) -> None:  # TV-7, ISO-3, ISO-4
     ep = archive_episode(app, agent_id="a", summary="the sync", channel="c")["episode_id"]
     for anchor in ("mem:1", "mem:2", f"ep:{ep}"):
         declare(app, agent_id="a", anchor_ref=anchor, associations={"entities": [{"name": "Sync"}]})
+
     def mentions(**kwargs: Any) -> list[str]:
         return traverse(app, agent_id="a", entity="sync", **kwargs)["entities"][0].get("mentions", [])
+
     assert mentions() == ["ep:1", "mem:1", "mem:2"]  # by id; at equal id ep before mem
     assert mentions(source_id="discord:42") == ["mem:1"]  # exact: ends in a digit; episodes skipped
     assert mentions(source_id="discord:") == ["mem:1", "mem:2"]  # prefix: ends in ':'
@@ -161,8 +247,13 @@ def test_episodes_and_the_source_filter(app) -> None:  # TV-7, ISO-3, ISO-4
 
 def test_breadth_first_hops_and_the_hop_bound(app) -> None:  # TV-2, TV-3, TV-9
     chain = [f"N{i}" for i in range(8)]
-    declare(app, agent_id="a", associations={"relations": [
-        {"subject": chain[i], "predicate": "next", "object": chain[i + 1]} for i in range(7)]})
+    declare(
+        app,
+        agent_id="a",
+        associations={
+            "relations": [{"subject": chain[i], "predicate": "next", "object": chain[i + 1]} for i in range(7)]
+        },
+    )
     answer = traverse(app, agent_id="a", entity="n0", max_hops=3)
     assert names(answer) == [("N0", 0), ("N1", 1), ("N2", 2), ("N3", 3)]
     assert answer["bounds"] == {"omitted": ["max_hops"]}  # N3 -> N4 was loaded but not followed
@@ -179,13 +270,25 @@ def test_breadth_first_hops_and_the_hop_bound(app) -> None:  # TV-2, TV-3, TV-9
 def test_entity_order_follows_the_recency_of_the_reaching_relation(app) -> None:  # TV-5, TV-8
     declare(app, agent_id="a", associations={"relations": [{"subject": "Hub", "predicate": "p", "object": "Old"}]})
     declare(app, agent_id="a", associations={"relations": [{"subject": "Mid", "predicate": "p", "object": "Hub"}]})
-    declare(app, agent_id="a", associations={"relations": [{"subject": "Hub", "predicate": "p", "object": "New"},
-                                                           {"subject": "Hub", "predicate": "q", "object": "Old"}]})
+    declare(
+        app,
+        agent_id="a",
+        associations={
+            "relations": [
+                {"subject": "Hub", "predicate": "p", "object": "New"},
+                {"subject": "Hub", "predicate": "q", "object": "Old"},
+            ]
+        },
+    )
     answer = traverse(app, agent_id="a", entity="hub")
     # New and Old were both reached by the newest call (ties: lower relation id); Mid by an older one
     assert names(answer) == [("Hub", 0), ("New", 1), ("Old", 1), ("Mid", 1)]
     assert [r["predicate"] + ":" + str(r["object"]) for r in answer["relations"]] == [
-        "p:" + str(answer["entities"][1]["id"]), "q:" + str(answer["entities"][2]["id"]), "p:1", "p:2"]
+        "p:" + str(answer["entities"][1]["id"]),
+        "q:" + str(answer["entities"][2]["id"]),
+        "p:1",
+        "p:2",
+    ]
 
 
 def test_limit_cuts_entities_and_mentions(app) -> None:  # TV-6, TV-7, TV-9
@@ -193,8 +296,11 @@ def test_limit_cuts_entities_and_mentions(app) -> None:  # TV-6, TV-7, TV-9
         store(app, agent_id="a", content=f"note {i}")
     for i in range(1, 6):
         declare(app, agent_id="a", anchor_ref=f"mem:{i}", associations={"entities": [{"name": "Root"}]})
-    declare(app, agent_id="a", associations={"relations": [
-        {"subject": "Root", "predicate": "p", "object": f"Leaf{i}"} for i in range(4)]})
+    declare(
+        app,
+        agent_id="a",
+        associations={"relations": [{"subject": "Root", "predicate": "p", "object": f"Leaf{i}"} for i in range(4)]},
+    )
     answer = traverse(app, agent_id="a", entity="root", limit=3)
     assert len(answer["entities"]) == 3 and answer["entities_omitted"] == 2
     assert answer["entities"][0]["mentions"] == ["mem:1", "mem:2", "mem:3"]
@@ -216,11 +322,19 @@ def test_a_self_relation_is_listed_with_its_entity(app) -> None:  # TV-8
 def test_record_relations_and_deleted_records_are_not_part_of_the_graph(app, db: Database) -> None:  # TV-3, LR-2
     store(app, agent_id="a", content="one")
     store(app, agent_id="a", content="two")
-    declare(app, agent_id="a", anchor_ref="mem:1", associations={
-        "entities": [{"name": "A"}],
-        "relations": [{"subject": "mem:1", "predicate": "supports", "object": "mem:2"},
-                      {"subject": "A", "predicate": "in", "object": "mem:2"},
-                      {"subject": "A", "predicate": "p", "object": "B"}]})
+    declare(
+        app,
+        agent_id="a",
+        anchor_ref="mem:1",
+        associations={
+            "entities": [{"name": "A"}],
+            "relations": [
+                {"subject": "mem:1", "predicate": "supports", "object": "mem:2"},
+                {"subject": "A", "predicate": "in", "object": "mem:2"},
+                {"subject": "A", "predicate": "p", "object": "B"},
+            ],
+        },
+    )
     assert names(traverse(app, agent_id="a", entity="a")) == [("A", 0), ("B", 1)]
     with db.write_connection() as conn:
         conn.exec_driver_sql("DELETE FROM memories WHERE id = 1")
@@ -231,22 +345,41 @@ def test_record_relations_and_deleted_records_are_not_part_of_the_graph(app, db:
 
 def test_the_breadth_bound(app, monkeypatch) -> None:  # TV-4, TV-9
     monkeypatch.setattr(traverse_module, "MAX_REACHED", 4)
-    declare(app, agent_id="a", associations={"relations": [{"subject": "S", "predicate": "p", "object": "Old1"},
-                                                           {"subject": "S", "predicate": "p", "object": "Old2"}]})
-    declare(app, agent_id="a", associations={"relations": [{"subject": "S", "predicate": "p", "object": "New1"},
-                                                           {"subject": "S", "predicate": "p", "object": "New2"}]})
+    declare(
+        app,
+        agent_id="a",
+        associations={
+            "relations": [
+                {"subject": "S", "predicate": "p", "object": "Old1"},
+                {"subject": "S", "predicate": "p", "object": "Old2"},
+            ]
+        },
+    )
+    declare(
+        app,
+        agent_id="a",
+        associations={
+            "relations": [
+                {"subject": "S", "predicate": "p", "object": "New1"},
+                {"subject": "S", "predicate": "p", "object": "New2"},
+            ]
+        },
+    )
     answer = traverse(app, agent_id="a", entity="s", max_hops=3)
     # room for 3 besides the start: the two newest, then the lower relation id of the older call
     assert names(answer) == [("S", 0), ("New1", 1), ("New2", 1), ("Old1", 1)]
     assert answer["bounds"] == {"omitted": ["max_hops"]}
 
 
-@pytest.mark.parametrize(("arguments", "error"), [
-    ({"entity": "x"}, "agent_id is required"),
-    ({"agent_id": 5, "entity": "x"}, "agent_id must be a string"),
-    ({"agent_id": "a"}, "entity is required"),
-    ({"agent_id": "a", "entity": ["x"]}, "entity must be a string"),
-])
+@pytest.mark.parametrize(
+    ("arguments", "error"),
+    [
+        ({"entity": "x"}, "agent_id is required"),
+        ({"agent_id": 5, "entity": "x"}, "agent_id must be a string"),
+        ({"agent_id": "a"}, "entity is required"),
+        ({"agent_id": "a", "entity": ["x"]}, "entity must be a string"),
+    ],
+)
 def test_bad_arguments_from_library_callers(app, arguments, error) -> None:
     assert traverse(app, **arguments) == {"ok": False, "error": error}
 
@@ -289,8 +422,11 @@ def test_auto_project_is_resolved_for_the_read(db: Database, tmp_path) -> None: 
     from conftest import make_app
 
     path = tmp_path / "ctx.toml"
-    path.write_text('version = 1\ncontext_revision = "r1"\n[registry]\nproject_ids = ["", "ops"]\n'
-                    'enforce = "reject"\n[defaults]\n"claude-code" = "ops"\n', encoding="utf-8")
+    path.write_text(
+        'version = 1\ncontext_revision = "r1"\n[registry]\nproject_ids = ["", "ops"]\n'
+        'enforce = "reject"\n[defaults]\n"claude-code" = "ops"\n',
+        encoding="utf-8",
+    )
     app = make_app(db, OPERATING_CONTEXT_PATH=str(path))
     declare(app, agent_id="claude-code", project_id="ops", associations={"entities": [{"name": "Atlas"}]})
     declare(app, agent_id="claude-code", project_id="", associations={"entities": [{"name": "Atlas"}]})
@@ -304,9 +440,15 @@ def test_auto_project_is_resolved_for_the_read(db: Database, tmp_path) -> None: 
 
 def test_only_declared_data_comes_back(app) -> None:  # spec TV-10
     anchor = store(app, agent_id="a", content="Mina owns the release calendar and also likes Atlas.")["id"]
-    declare(app, agent_id="a", anchor_ref=f"mem:{anchor}", associations={
-        "entities": [{"name": "Mina"}],
-        "relations": [{"subject": "Mina", "predicate": "owns", "object": "Release calendar"}]})
+    declare(
+        app,
+        agent_id="a",
+        anchor_ref=f"mem:{anchor}",
+        associations={
+            "entities": [{"name": "Mina"}],
+            "relations": [{"subject": "Mina", "predicate": "owns", "object": "Release calendar"}],
+        },
+    )
     out = traverse(app, agent_id="a", entity="Mina", max_hops=2)
     names = {e["name"] for e in out["entities"]}
     assert names == {"Mina", "Release calendar"}  # Atlas is only in the text: never inferred

@@ -47,24 +47,54 @@ def tool(app: App, name: str, **arguments: Any) -> dict[str, Any]:
 def seed(app: App) -> dict[str, int]:
     """Two agents, a hostile memory with entities, an episode, a profile, a long memory with nodes."""
     ids = {}
-    ids["hostile"] = tool(app, "store", agent_id="alice", content=f"Kirari keeps MizEye running {HOSTILE}",
-                          channel="dev", project_id="p1", associations={
-                              "entities": [{"name": "MizEye"}, {"name": "<b>Kirari</b>"}],
-                              "relations": [{"subject": "<b>Kirari</b>", "predicate": "maintains",
-                                             "object": "MizEye"}]})["id"]
-    ids["plain"] = tool(app, "store", agent_id="alice", content="The deploy window is Friday noon", associations={
-        "relations": [{"subject": "MizEye", "predicate": "depends_on", "object": "OpenCV"},
-                      {"subject": "OpenCV", "predicate": "written_in", "object": "C++"}]})["id"]
+    ids["hostile"] = tool(
+        app,
+        "store",
+        agent_id="alice",
+        content=f"Kirari keeps MizEye running {HOSTILE}",
+        channel="dev",
+        project_id="p1",
+        associations={
+            "entities": [{"name": "MizEye"}, {"name": "<b>Kirari</b>"}],
+            "relations": [{"subject": "<b>Kirari</b>", "predicate": "maintains", "object": "MizEye"}],
+        },
+    )["id"]
+    ids["plain"] = tool(
+        app,
+        "store",
+        agent_id="alice",
+        content="The deploy window is Friday noon",
+        associations={
+            "relations": [
+                {"subject": "MizEye", "predicate": "depends_on", "object": "OpenCV"},
+                {"subject": "OpenCV", "predicate": "written_in", "object": "C++"},
+            ]
+        },
+    )["id"]
     ids["bob"] = tool(app, "store", agent_id="bob", content="Bob prefers green tea", channel="ops")["id"]
-    ids["eve"] = tool(app, "store", agent_id=HOSTILE_AGENT, content="Eve was here", project_id="<u>p</u>",
-                      channel="<s>c</s>")["id"]  # names are stored text too: filters, tables and charts show them
-    ids["episode"] = tool(app, "archive_episode", agent_id="alice", summary=f"Talked about MizEye {HOSTILE}",
-                          keywords="mizeye")["episode_id"]
+    ids["eve"] = tool(
+        app, "store", agent_id=HOSTILE_AGENT, content="Eve was here", project_id="<u>p</u>", channel="<s>c</s>"
+    )["id"]  # names are stored text too: filters, tables and charts show them
+    ids["episode"] = tool(
+        app, "archive_episode", agent_id="alice", summary=f"Talked about MizEye {HOSTILE}", keywords="mizeye"
+    )["episode_id"]
     assert tool(app, "update_profile", agent_id="alice", profile=f"Alice, engineer {HOSTILE}")["ok"] is True
     with app.db.write() as session:
-        NodeRepository(session).replace("mem", ids["plain"], [
-            {"node_index": 0, "start_char": 0, "end_char": 10, "token_count": 3, "window": 256, "embedding": None,
-             "embedding_model": ""}])
+        NodeRepository(session).replace(
+            "mem",
+            ids["plain"],
+            [
+                {
+                    "node_index": 0,
+                    "start_char": 0,
+                    "end_char": 10,
+                    "token_count": 3,
+                    "window": 256,
+                    "embedding": None,
+                    "embedding_model": "",
+                }
+            ],
+        )
     return ids
 
 
@@ -84,8 +114,17 @@ def memory_row(app: App, memory_id: int) -> tuple[str, int] | None:
 
 # Every page a browser reaches, with the query that makes it show stored text.
 def page_urls(ids: dict[str, int]) -> list[str]:
-    return ["/?q=MizEye&agent=alice", "/timeline", f"/record/mem/{ids['hostile']}", f"/record/ep/{ids['episode']}",
-            "/profile?agent=alice", "/graph?agent=alice&entity=MizEye", "/graph?agent=alice", "/health", "/stats"]
+    return [
+        "/?q=MizEye&agent=alice",
+        "/timeline",
+        f"/record/mem/{ids['hostile']}",
+        f"/record/ep/{ids['episode']}",
+        "/profile?agent=alice",
+        "/graph?agent=alice&entity=MizEye",
+        "/graph?agent=alice",
+        "/health",
+        "/stats",
+    ]
 
 
 def test_every_route_refuses_a_request_without_the_token(app):
@@ -94,7 +133,9 @@ def test_every_route_refuses_a_request_without_the_token(app):
     state = UiState(app=app, registry=default_registry(), gates=gates, token=TOKEN, write=True, context=context)
     client = TestClient(build_ui_app(state), base_url="http://127.0.0.1")
     concrete = {"{kind}": "mem", "{record_id}": str(ids["plain"]), "{action}": "delete"}
-    routes = [(re.sub(r"\{\w+\}", lambda m: concrete[m.group(0)], path), methods[0]) for path, _, methods in pages.ROUTES]
+    routes = [
+        (re.sub(r"\{\w+\}", lambda m: concrete[m.group(0)], path), methods[0]) for path, _, methods in pages.ROUTES
+    ]
     routes.append(("/static/ui.css", "GET"))
     assert len(routes) == len(pages.ROUTES) + 1
     for path, method in routes:
@@ -187,8 +228,13 @@ def test_the_timeline_filters_by_agent_project_channel_kind_and_date(app):
     def refs(query: str) -> set[str]:
         return set(re.findall(r'href="/record/(mem|ep)/(\d+)"', client.get(f"/timeline?{query}").text))
 
-    hostile, plain, bob, episode, eve = (("mem", str(ids["hostile"])), ("mem", str(ids["plain"])),
-                                         ("mem", str(ids["bob"])), ("ep", str(ids["episode"])), ("mem", str(ids["eve"])))
+    hostile, plain, bob, episode, eve = (
+        ("mem", str(ids["hostile"])),
+        ("mem", str(ids["plain"])),
+        ("mem", str(ids["bob"])),
+        ("ep", str(ids["episode"])),
+        ("mem", str(ids["eve"])),
+    )
     assert refs("") == {hostile, plain, bob, episode, eve}
     assert refs("agent=alice") == {hostile, plain, episode}
     assert refs("agent=bob") == {bob}
@@ -240,7 +286,7 @@ def test_without_write_every_change_is_refused_and_nothing_changes(app):
     client = client_for(app)
     csrf = UiState(app=app, registry=default_registry(), gates=None, token=TOKEN).csrf
     before = memory_row(app, ids["plain"])
-    for (kind, action) in pages.ACTIONS:
+    for kind, action in pages.ACTIONS:
         record_id = ids["episode"] if kind == "ep" else ids["plain"]
         answer = _post(client, f"/record/{kind}/{record_id}/{action}", csrf=csrf, confirm="yes", content="changed")
         assert answer.status_code == 403 and "read-only" in answer.text, (kind, action)
@@ -312,8 +358,14 @@ def _ui_process(*argv: str, db: str | None = None) -> subprocess.CompletedProces
     env = {k: v for k, v in os.environ.items() if not k.startswith("CPERSONA_")}
     if db is not None:
         env["CPERSONA_DB_PATH"] = db
-    return subprocess.run([sys.executable, "-m", "cpersona", "ui", *argv], env=env, capture_output=True, text=True,
-                          timeout=120, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [sys.executable, "-m", "cpersona", "ui", *argv],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 @pytest.mark.parametrize("target", ["directory", "text file", "missing file"])

@@ -34,7 +34,8 @@ WAIT = 30  # seconds: generous bounds for a loaded machine, never a timing asser
 pytestmark = pytest.mark.skipif(
     not (CHROMIUM.exists() and CHROMEDRIVER.exists()),
     reason="Debian's chromium and chromium-driver are not installed (apt-get install -y chromium chromium-driver; "
-           ".ci/run installs them)")
+    ".ci/run installs them)",
+)
 
 
 class UiProcess:
@@ -44,7 +45,12 @@ class UiProcess:
         env = {k: v for k, v in os.environ.items() if not k.startswith("CPERSONA_")}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "cpersona", "ui", "--db", str(db_path), "--port", "0", *extra],
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
         lines: queue.Queue[str] = queue.Queue()
         threading.Thread(target=lambda: [lines.put(line) for line in self.proc.stdout], daemon=True).start()
         try:
@@ -79,9 +85,19 @@ def browser() -> Iterator[object]:
     profile = tempfile.mkdtemp(prefix="cpersona-chromium-")
     options = webdriver.ChromeOptions()
     options.binary_location = str(CHROMIUM)
-    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--disable-dev-shm-usage", f"--user-data-dir={profile}", "--window-size=1280,900"):
+    for flag in (
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-dev-shm-usage",
+        f"--user-data-dir={profile}",
+        "--window-size=1280,900",
+    ):
         options.add_argument(flag)
     driver = webdriver.Chrome(service=Service(executable_path=str(CHROMEDRIVER)), options=options)
     driver.set_page_load_timeout(WAIT)
@@ -175,7 +191,9 @@ def test_every_page_in_chromium_read_only(seeded, browser):
         assert "0–10" in driver.find_element(By.TAG_NAME, "main").text  # its range
         driver.execute_script(
             "const f = document.createElement('form'); f.method = 'post'; f.action = arguments[0];"
-            "document.body.appendChild(f); f.submit();", f"/record/mem/{ids['plain']}/delete")
+            "document.body.appendChild(f); f.submit();",
+            f"/record/mem/{ids['plain']}/delete",
+        )
         wait_for(driver, lambda d: d.title.startswith("Read-only"))
         assert "cpersona ui --write" in driver.find_element(By.TAG_NAME, "main").text
         shots.append(shot(driver, "06-write-refused"))
@@ -183,10 +201,11 @@ def test_every_page_in_chromium_read_only(seeded, browser):
         assert "Friday noon" in driver.find_element(By.TAG_NAME, "main").text  # still there
 
         for path, name, expect in (
-                ("/profile?agent=alice", "07-profile", "Alice, engineer"),
-                ("/graph?agent=alice&entity=MizEye", "08-graph", "maintains"),
-                ("/health", "09-health", "null_embedding"),
-                ("/stats", "10-charts", "database size")):
+            ("/profile?agent=alice", "07-profile", "Alice, engineer"),
+            ("/graph?agent=alice&entity=MizEye", "08-graph", "maintains"),
+            ("/health", "09-health", "null_embedding"),
+            ("/stats", "10-charts", "database size"),
+        ):
             driver.get(ui.base + path)
             assert expect in driver.find_element(By.TAG_NAME, "main").text, path
             assert no_alert(driver) and driver.title != "pwned"

@@ -38,16 +38,18 @@ from cpersona.services.operations.update_check import (
 RUNNING = "0.6.14"
 
 
-def index_doc(versions: list[str], yanked: dict[str, Any] | None = None, *,
-              project: str = DISTRIBUTION) -> dict[str, Any]:
+def index_doc(
+    versions: list[str], yanked: dict[str, Any] | None = None, *, project: str = DISTRIBUTION
+) -> dict[str, Any]:
     """A PEP 691 project page: one wheel and one sdist per version, named as PyPI names them."""
     yanked = yanked or {}
     files = []
     stem = project.replace("-", "_")  # wheels and modern sdists escape the name
     for v in versions:
         for name in (f"{stem}-{v}-py3-none-any.whl", f"{stem}-{v}.tar.gz"):
-            files.append({"filename": name, "url": f"https://files.example/{name}", "hashes": {},
-                          "yanked": yanked.get(v, False)})
+            files.append(
+                {"filename": name, "url": f"https://files.example/{name}", "hashes": {}, "yanked": yanked.get(v, False)}
+            )
     return {"meta": {"api-version": "1.1"}, "name": project, "versions": versions, "files": files}
 
 
@@ -115,24 +117,35 @@ def cache_file(app) -> Path:
 # --- UP-3: the decision ---------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("versions", "yanked", "running", "expected"), [
-    (["0.6.13", "0.6.14"], {}, "0.6.14", ("ok", None, None, None)),
-    (["0.6.14", "0.7.0"], {}, "0.6.14", ("newer", "newer", "0.7.0", None)),
-    (["0.6.14", "0.7.0", "0.8.0rc1", "0.9.0.dev1"], {}, "0.6.14", ("newer", "newer", "0.7.0", None)),
-    (["0.6.14", "0.8.0rc1", "0.9.0.dev1"], {}, "0.6.14", ("ok", None, None, None)),  # never propose pre/dev
-    (["0.7.0rc1", "0.7.0"], {}, "0.7.0rc1", ("newer", "prerelease_final", "0.7.0", None)),
-    (["0.7.0rc1", "0.7.1"], {}, "0.7.0rc1", ("newer", "newer", "0.7.1", None)),
-    (["0.6.14", "0.7"], {}, "0.6.14.0", ("newer", "newer", "0.7", None)),  # trailing zeros do not count
-    (["0.6.14", "0.6.14.post1"], {}, "0.6.14", ("newer", "newer", "0.6.14.post1", None)),
-    (["0.6.14", "1!0.1"], {}, "0.6.14", ("newer", "newer", "1!0.1", None)),  # the epoch wins
-    (["0.6.13", "not-a-version"], {}, "0.6.14", ("unlisted", None, None, None)),
-    (["0.6.14", "0.6.15"], {"0.6.14": "  data loss on import  "}, "0.6.14",
-     ("yanked", "yanked", "0.6.15", "data loss on import")),
-    (["0.6.14"], {"0.6.14": True}, "0.6.14", ("yanked", "yanked", None, None)),
-    (["0.6.14"], {"0.6.14": ""}, "0.6.14", ("yanked", "yanked", None, None)),  # any string, even empty
-    (["0.6.14", "0.6.15", "0.6.16"], {"0.6.14": "bad", "0.6.16": "worse"}, "0.6.14",
-     ("yanked", "yanked", "0.6.15", "bad")),  # a withdrawn newer release is not offered
-])
+@pytest.mark.parametrize(
+    ("versions", "yanked", "running", "expected"),
+    [
+        (["0.6.13", "0.6.14"], {}, "0.6.14", ("ok", None, None, None)),
+        (["0.6.14", "0.7.0"], {}, "0.6.14", ("newer", "newer", "0.7.0", None)),
+        (["0.6.14", "0.7.0", "0.8.0rc1", "0.9.0.dev1"], {}, "0.6.14", ("newer", "newer", "0.7.0", None)),
+        (["0.6.14", "0.8.0rc1", "0.9.0.dev1"], {}, "0.6.14", ("ok", None, None, None)),  # never propose pre/dev
+        (["0.7.0rc1", "0.7.0"], {}, "0.7.0rc1", ("newer", "prerelease_final", "0.7.0", None)),
+        (["0.7.0rc1", "0.7.1"], {}, "0.7.0rc1", ("newer", "newer", "0.7.1", None)),
+        (["0.6.14", "0.7"], {}, "0.6.14.0", ("newer", "newer", "0.7", None)),  # trailing zeros do not count
+        (["0.6.14", "0.6.14.post1"], {}, "0.6.14", ("newer", "newer", "0.6.14.post1", None)),
+        (["0.6.14", "1!0.1"], {}, "0.6.14", ("newer", "newer", "1!0.1", None)),  # the epoch wins
+        (["0.6.13", "not-a-version"], {}, "0.6.14", ("unlisted", None, None, None)),
+        (
+            ["0.6.14", "0.6.15"],
+            {"0.6.14": "  data loss on import  "},
+            "0.6.14",
+            ("yanked", "yanked", "0.6.15", "data loss on import"),
+        ),
+        (["0.6.14"], {"0.6.14": True}, "0.6.14", ("yanked", "yanked", None, None)),
+        (["0.6.14"], {"0.6.14": ""}, "0.6.14", ("yanked", "yanked", None, None)),  # any string, even empty
+        (
+            ["0.6.14", "0.6.15", "0.6.16"],
+            {"0.6.14": "bad", "0.6.16": "worse"},
+            "0.6.14",
+            ("yanked", "yanked", "0.6.15", "bad"),
+        ),  # a withdrawn newer release is not offered
+    ],
+)
 def test_decision_from_the_index(versions, yanked, running, expected):  # spec UP-3
     verdict = decide(index_doc(versions, yanked), running)
     assert (verdict.state, verdict.kind, verdict.available, verdict.reason) == expected
@@ -161,13 +174,26 @@ def test_disabled_means_no_request_no_file_no_notice(db, index):  # spec UP-1, U
     start_update_check(app)
     answer = check_update(app, refresh=True, apply=True)
     assert answer == {
-        "enabled": False, "state": "disabled", "kind": None, "running": RUNNING, "available": None,
-        "reason": None, "checked_at": None, "unknown_reason": None, "refreshed": True,
-        "install": {"method": "pip", "command": "/srv/venv/bin/python3 -m pip install --upgrade cpersona-server",
-                    "note": "", "restart_required": True},
+        "enabled": False,
+        "state": "disabled",
+        "kind": None,
+        "running": RUNNING,
+        "available": None,
+        "reason": None,
+        "checked_at": None,
+        "unknown_reason": None,
+        "refreshed": True,
+        "install": {
+            "method": "pip",
+            "command": "/srv/venv/bin/python3 -m pip install --upgrade cpersona-server",
+            "note": "",
+            "restart_required": True,
+        },
         "_meta": {"server_version": __version__},
-        "apply_result": {"applied": False, "reason": "update checking is disabled (CPERSONA_UPDATE_CHECK=false), "
-                                                     "so there is no verdict to act on"},
+        "apply_result": {
+            "applied": False,
+            "reason": "update checking is disabled (CPERSONA_UPDATE_CHECK=false), so there is no verdict to act on",
+        },
     }
     time.sleep(0.2)
     assert index.requests == [] and not cache_file(app).exists()
@@ -189,17 +215,25 @@ def test_refresh_fetches_decides_and_caches(db, index):  # spec UP-2, UP-4, §13
     app = checker_app(db, index)
     answer = check_update(app, refresh=True)
     assert index.requests == [{"path": "/simple/cpersona-server/", "accept": ACCEPT}]
-    assert (answer["enabled"], answer["state"], answer["kind"], answer["available"], answer["refreshed"]) == \
-        (True, "newer", "newer", "0.7.0", True)
+    assert (answer["enabled"], answer["state"], answer["kind"], answer["available"], answer["refreshed"]) == (
+        True,
+        "newer",
+        "newer",
+        "0.7.0",
+        True,
+    )
     assert answer["install"]["command"] == "/srv/venv/bin/python3 -m pip install --upgrade cpersona-server==0.7.0"
     assert answer["release_notes"] == "https://pypi.org/project/cpersona-server/0.7.0/"
     assert "0.7.0" in answer["message"] and answer["install"]["command"] in answer["message"]
     assert "restart" in answer["message"]
 
     cached = json.loads(cache_file(app).read_text())
-    assert cached == {"fetched_at": answer["checked_at"], "running": RUNNING, "url": index.url,
-                      "verdict": {"state": "newer", "running": RUNNING, "kind": "newer", "available": "0.7.0",
-                                  "reason": None}}
+    assert cached == {
+        "fetched_at": answer["checked_at"],
+        "running": RUNNING,
+        "url": index.url,
+        "verdict": {"state": "newer", "running": RUNNING, "kind": "newer", "available": "0.7.0", "reason": None},
+    }
     assert stat.S_IMODE(cache_file(app).stat().st_mode) == 0o600
 
     again = check_update(app)  # a bare call now answers from memory
@@ -241,10 +275,22 @@ def test_with_no_network_the_state_is_unknown_and_nothing_hangs(db):  # spec UP-
 def test_start_uses_a_fresh_cache_without_a_request(db, index):  # spec UP-2, UP-4
     app = checker_app(db, index)
     stamp = (datetime.now(timezone.utc) - timedelta(minutes=10)).isoformat()
-    cache_file(app).write_text(json.dumps({
-        "fetched_at": stamp, "running": RUNNING, "url": index.url,
-        "verdict": {"state": "yanked", "running": RUNNING, "kind": "yanked", "available": "0.6.15",
-                    "reason": "data loss on import"}}))
+    cache_file(app).write_text(
+        json.dumps(
+            {
+                "fetched_at": stamp,
+                "running": RUNNING,
+                "url": index.url,
+                "verdict": {
+                    "state": "yanked",
+                    "running": RUNNING,
+                    "kind": "yanked",
+                    "available": "0.6.15",
+                    "reason": "data loss on import",
+                },
+            }
+        )
+    )
     start_update_check(app)._background.join(5)
     answer = check_update(app)
     assert (answer["state"], answer["reason"], answer["checked_at"]) == ("yanked", "data loss on import", stamp)
@@ -254,15 +300,21 @@ def test_start_uses_a_fresh_cache_without_a_request(db, index):  # spec UP-2, UP
 def test_start_fetches_when_the_cache_is_stale_or_for_another_version(db, index):  # spec UP-2
     app = checker_app(db, index, UPDATE_CHECK_INTERVAL_SECONDS="60")
     old = "2020-01-01T00:00:00+00:00"
-    cache_file(app).write_text(json.dumps({"fetched_at": old, "running": RUNNING, "url": index.url,
-                                           "verdict": {"state": "ok", "running": RUNNING}}))
+    cache_file(app).write_text(
+        json.dumps(
+            {"fetched_at": old, "running": RUNNING, "url": index.url, "verdict": {"state": "ok", "running": RUNNING}}
+        )
+    )
     start_update_check(app)._background.join(5)
     assert len(index.requests) == 1 and check_update(app)["checked_at"] != old
 
     other = checker_app(db, index)
     now = json.loads(cache_file(app).read_text())["fetched_at"]
-    cache_file(other).write_text(json.dumps({"fetched_at": now, "running": "1.0.0", "url": index.url,
-                                             "verdict": {"state": "ok", "running": "1.0.0"}}))
+    cache_file(other).write_text(
+        json.dumps(
+            {"fetched_at": now, "running": "1.0.0", "url": index.url, "verdict": {"state": "ok", "running": "1.0.0"}}
+        )
+    )
     start_update_check(other)._background.join(5)
     assert len(index.requests) == 2
 
@@ -327,8 +379,10 @@ def test_install_detection(tmp_path):  # spec UP-6
 
 def fake_python(tmp_path: Path, exit_code: int = 0, lines: int = 3) -> str:
     script = tmp_path / "python"
-    script.write_text(f"#!/bin/sh\necho \"args: $*\"\necho \"prompt=$GIT_TERMINAL_PROMPT/$PIP_NO_INPUT\"\n"
-                      f"i=0; while [ $i -lt {lines} ]; do echo line $i; i=$((i+1)); done\nexit {exit_code}\n")
+    script.write_text(
+        f'#!/bin/sh\necho "args: $*"\necho "prompt=$GIT_TERMINAL_PROMPT/$PIP_NO_INPUT"\n'
+        f"i=0; while [ $i -lt {lines} ]; do echo line $i; i=$((i+1)); done\nexit {exit_code}\n"
+    )
     script.chmod(0o755)
     return str(script)
 
@@ -354,9 +408,15 @@ def test_apply_runs_the_pip_command_as_argv(db, index, tmp_path):  # spec UP-7, 
 def test_apply_refusals(db, index, tmp_path):  # spec UP-7
     app = checker_app(db, index)
     assert check_update(app, apply=True)["apply_result"] == {
-        "applied": False, "reason": "nothing newer to install (state=unknown)",
-        "install": {"method": "pip", "command": "/srv/venv/bin/python3 -m pip install --upgrade cpersona-server",
-                    "note": "", "restart_required": True}}
+        "applied": False,
+        "reason": "nothing newer to install (state=unknown)",
+        "install": {
+            "method": "pip",
+            "command": "/srv/venv/bin/python3 -m pip install --upgrade cpersona-server",
+            "note": "",
+            "restart_required": True,
+        },
+    }
     check_update(app, refresh=True)
     assert check_update(app, apply=True)["apply_result"]["reason"] == "nothing newer to install (state=ok)"
 
@@ -366,8 +426,7 @@ def test_apply_refusals(db, index, tmp_path):  # spec UP-7
     assert "uvx --from cpersona-server==0.7.0 cpersona" in check_update(uvx, apply=True)["apply_result"]["reason"]
     unknown = checker_app(db, index, installation=Installation("unknown", "/x/python"))
     check_update(unknown, refresh=True)
-    assert check_update(unknown, apply=True)["apply_result"]["reason"] == \
-        "apply is not available for a unknown install"
+    assert check_update(unknown, apply=True)["apply_result"]["reason"] == "apply is not available for a unknown install"
 
 
 def test_only_one_apply_at_a_time(db, index, tmp_path):  # spec UP-7
@@ -378,8 +437,9 @@ def test_only_one_apply_at_a_time(db, index, tmp_path):  # spec UP-7
     app = checker_app(db, index, installation=Installation("pip", str(script)))
     check_update(app, refresh=True)
     results: list[dict[str, Any]] = []
-    threads = [threading.Thread(target=lambda: results.append(check_update(app, apply=True)["apply_result"]))
-               for _ in range(2)]
+    threads = [
+        threading.Thread(target=lambda: results.append(check_update(app, apply=True)["apply_result"])) for _ in range(2)
+    ]
     for t in threads:
         t.start()
         time.sleep(0.2)
@@ -390,8 +450,13 @@ def test_only_one_apply_at_a_time(db, index, tmp_path):  # spec UP-7
 
 
 def git(*args: str, cwd: Path) -> str:
-    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
-           "GIT_COMMITTER_EMAIL": "t@t"}
+    env = {
+        **os.environ,
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@t",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@t",
+    }
     return subprocess.run(["git", *args], cwd=cwd, env=env, check=True, capture_output=True, text=True).stdout
 
 
@@ -441,8 +506,11 @@ def test_notice_only_when_there_is_something_to_say(db, index):  # spec UP-9, UP
     check_update(app, refresh=True)
     notice = update_notice(app)
     assert (notice["kind"], notice["available"], notice["reason"]) == ("yanked", "0.6.15", "data loss")
-    assert notice["install"] == {"method": "pip", "restart_required": True,
-                                 "command": "/srv/venv/bin/python3 -m pip install --upgrade cpersona-server==0.6.15"}
+    assert notice["install"] == {
+        "method": "pip",
+        "restart_required": True,
+        "command": "/srv/venv/bin/python3 -m pip install --upgrade cpersona-server==0.6.15",
+    }
 
 
 # --- the tool declaration ------------------------------------------------------------------------
@@ -452,11 +520,30 @@ def test_description_carries_the_facts():  # spec §14
     from cpersona.mcp.tools import default_registry
 
     description = default_registry().get("check_update").description
-    for fact in ("ok", "newer", "yanked", "unlisted", "unknown", "disabled", "once per process start",
-                 "24 hours", "neither the network nor the disk", "refresh=true", "3 seconds", "argument list",
-                 "never through a shell", "pip and checkout installs only", "uvx --from cpersona-server@latest cpersona", "detached HEAD",
-                 "git fetch --tags && git checkout", "One apply runs at a time", "automatically",
-                 "restart is always required", "pause_persistence", "CPERSONA_UPDATE_CHECK=false"):
+    for fact in (
+        "ok",
+        "newer",
+        "yanked",
+        "unlisted",
+        "unknown",
+        "disabled",
+        "once per process start",
+        "24 hours",
+        "neither the network nor the disk",
+        "refresh=true",
+        "3 seconds",
+        "argument list",
+        "never through a shell",
+        "pip and checkout installs only",
+        "uvx --from cpersona-server@latest cpersona",
+        "detached HEAD",
+        "git fetch --tags && git checkout",
+        "One apply runs at a time",
+        "automatically",
+        "restart is always required",
+        "pause_persistence",
+        "CPERSONA_UPDATE_CHECK=false",
+    ):
         assert fact in description, fact
 
 
@@ -514,8 +601,7 @@ FOREIGN_INSTALL = r"(?:pip install(?: --upgrade)?|uvx(?: --from)?) ['\"]?cperson
 
 
 def assert_nothing_to_announce(app, answer: dict[str, Any]) -> None:
-    assert (answer["state"], answer["kind"], answer["available"], answer["checked_at"]) == \
-        ("unknown", None, None, None)
+    assert (answer["state"], answer["kind"], answer["available"], answer["checked_at"]) == ("unknown", None, None, None)
     assert "message" not in answer and "release_notes" not in answer
     assert update_notice(app) is None
     assert not cache_file(app).exists()  # a page that is not ours is never cached as a verdict
@@ -553,14 +639,17 @@ def test_our_releases_are_reported_with_a_command_naming_our_distribution(db, in
     assert answer["message"].startswith("cpersona-server 0.7.0 is available")
 
 
-@pytest.mark.parametrize(("fault", "because"), [
-    ("refused", "could not be read: ConnectError"),
-    ("404", "answered HTTP 404"),  # what PyPI answers for a name nobody has published
-    ("not json", "did not answer JSON"),
-    ("a list", "not a PEP 691 project page"),
-    ("no name", "does not name its project"),
-    ("files not a list", "not a PEP 691 project page"),
-])
+@pytest.mark.parametrize(
+    ("fault", "because"),
+    [
+        ("refused", "could not be read: ConnectError"),
+        ("404", "answered HTTP 404"),  # what PyPI answers for a name nobody has published
+        ("not json", "did not answer JSON"),
+        ("a list", "not a PEP 691 project page"),
+        ("no name", "does not name its project"),
+        ("files not a list", "not a PEP 691 project page"),
+    ],
+)
 def test_when_it_cannot_tell_it_says_unknown_and_why_and_announces_nothing(db, index, fault, because):
     url = index.url
     if fault == "refused":
@@ -585,6 +674,7 @@ def test_when_it_cannot_tell_it_says_unknown_and_why_and_announces_nothing(db, i
     assert because in answer["unknown_reason"], answer["unknown_reason"]
 
     from cpersona.services.recall.service import recall
+
     assert "update" not in recall(app, agent_id="a", query="x")  # no nagging on recall either
 
     index.status, index.raw_body, index.documents = 200, None, [index_doc([RUNNING])]
@@ -597,8 +687,9 @@ def test_a_cached_verdict_from_another_page_is_not_used(db, index):
     # An earlier build read https://pypi.org/simple/cpersona/ (the reference's page) and cached "unlisted".
     app = checker_app(db, index)
     stamp = (datetime.now(timezone.utc) - timedelta(minutes=10)).isoformat()
-    cache_file(app).write_text(json.dumps({
-        "fetched_at": stamp, "running": RUNNING, "verdict": {"state": "unlisted", "running": RUNNING}}))
+    cache_file(app).write_text(
+        json.dumps({"fetched_at": stamp, "running": RUNNING, "verdict": {"state": "unlisted", "running": RUNNING}})
+    )
     start_update_check(app)._background.join(5)
     assert len(index.requests) == 1 and check_update(app)["state"] == "ok"
 
@@ -610,10 +701,19 @@ def test_no_offered_command_installs_another_program(db, index, tmp_path, method
 
     from cpersona.embedding.local_model import INSTALL_HINT
 
-    install = Installation(method, "/srv/venv/bin/python3", tmp_path if method == "checkout" else None,
-                           installer=("/srv/venv/bin/python3", "-m", "pip", "install"))
-    pages = [index_doc([RUNNING]), index_doc([RUNNING, "0.7.0"]), index_doc([RUNNING, "0.7.0"], {RUNNING: "x"}),
-             index_doc(["0.7.0"]), REFERENCE_PAGE]
+    install = Installation(
+        method,
+        "/srv/venv/bin/python3",
+        tmp_path if method == "checkout" else None,
+        installer=("/srv/venv/bin/python3", "-m", "pip", "install"),
+    )
+    pages = [
+        index_doc([RUNNING]),
+        index_doc([RUNNING, "0.7.0"]),
+        index_doc([RUNNING, "0.7.0"], {RUNNING: "x"}),
+        index_doc(["0.7.0"]),
+        REFERENCE_PAGE,
+    ]
     texts = [INSTALL_HINT, install.command("0.7.0"), install.command(None)]
     for page in pages:
         index.documents = [page]

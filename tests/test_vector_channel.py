@@ -130,10 +130,20 @@ def stamp(i: int) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(1_780_000_000 + i))
 
 
-def scan(app: App, kind: str, scope: Scope, *, depth: int = 10, threshold: float = -1.0,
-         window: tuple[int, int] = (0, 10_000), source_id: str = "", query: list[float] = QUERY) -> list[tuple[int, float]]:
-    hits = search_backend(app).vector_candidates(kind, scope, to_blob(query), depth, threshold=threshold,
-                                                 window=window, source_id=source_id)
+def scan(
+    app: App,
+    kind: str,
+    scope: Scope,
+    *,
+    depth: int = 10,
+    threshold: float = -1.0,
+    window: tuple[int, int] = (0, 10_000),
+    source_id: str = "",
+    query: list[float] = QUERY,
+) -> list[tuple[int, float]]:
+    hits = search_backend(app).vector_candidates(
+        kind, scope, to_blob(query), depth, threshold=threshold, window=window, source_id=source_id
+    )
     return [(h.record.id, round(h.raw, 6)) for h in hits]
 
 
@@ -199,10 +209,20 @@ def test_isolation_is_inside_the_scan_two_agents_of_very_different_sizes(db, vec
     # A big agent whose 3,000 rows all sit right on the query, written AFTER the
     # small agent's few weaker rows. A filter applied after a k-nearest step, or
     # a window counted over the whole table, would leave the small agent nothing.
-    small = add_memories(db, *({"agent_id": "small", "content": f"small {i}", "embedding": at_cosine(0.5 + i / 10),
-                                "created_at": stamp(i)} for i in range(3)))
-    add_memories(db, *({"agent_id": "big", "content": f"big {i}", "embedding": QUERY,
-                        "created_at": stamp(100 + i)} for i in range(3000)))
+    small = add_memories(
+        db,
+        *(
+            {"agent_id": "small", "content": f"small {i}", "embedding": at_cosine(0.5 + i / 10), "created_at": stamp(i)}
+            for i in range(3)
+        ),
+    )
+    add_memories(
+        db,
+        *(
+            {"agent_id": "big", "content": f"big {i}", "embedding": QUERY, "created_at": stamp(100 + i)}
+            for i in range(3000)
+        ),
+    )
     app = embedding_app(db, _Never(), MAX_MEMORIES="10")
     assert [i for i, _ in scan(app, "mem", Scope("small"), depth=10, window=(0, 10))] == small[::-1]
     big = scan(app, "mem", Scope("big"), depth=5, window=(0, 10))
@@ -239,28 +259,40 @@ def test_window_is_the_newest_rows_of_the_scope_with_a_vector(db, vec_app):  # s
     assert best not in [i for i, _ in scan(vec_app, "mem", Scope("a"), window=(0, 3))]
     assert [i for i, _ in scan(vec_app, "mem", Scope("a"), window=(0, 4))][0] == best
     # Ties in created_at: scan order is id ascending, so the window keeps the lower ids.
-    tied = add_memories(db, *({"agent_id": "t", "content": f"tie {i}", "embedding": QUERY,
-                               "created_at": stamp(500)} for i in range(4)))
+    tied = add_memories(
+        db, *({"agent_id": "t", "content": f"tie {i}", "embedding": QUERY, "created_at": stamp(500)} for i in range(4))
+    )
     assert [i for i, _ in scan(vec_app, "mem", Scope("t"), window=(0, 2))] == tied[:2]
 
 
 def test_rows_of_another_width_are_never_compared_and_take_no_window_place(db, vec_app):  # spec VEC-3
     good = add_memories(db, {"content": "right width", "embedding": at_cosine(0.6), "created_at": stamp(0)})
-    add_memories(db, *({"content": f"old model {i}", "embedding": list(np.ones(8) / math.sqrt(8)),
-                        "created_at": stamp(10 + i)} for i in range(5)))
+    add_memories(
+        db,
+        *(
+            {"content": f"old model {i}", "embedding": list(np.ones(8) / math.sqrt(8)), "created_at": stamp(10 + i)}
+            for i in range(5)
+        ),
+    )
     assert scan(vec_app, "mem", Scope("a"), window=(0, 1)) == [(good[0], pytest.approx(0.6, abs=1e-6))]
 
 
 def test_undefined_and_non_finite_vectors_never_rank(db, vec_app):  # spec EMB-5
     good = add_memories(db, {"content": "fine", "embedding": at_cosine(0.5)})[0]
-    raw = [np.zeros(DIM, "<f4").tobytes(), np.full(DIM, np.nan, "<f4").tobytes(),
-           np.full(DIM, np.inf, "<f4").tobytes(), b"\x00" * (4 * DIM - 2)]
+    raw = [
+        np.zeros(DIM, "<f4").tobytes(),
+        np.full(DIM, np.nan, "<f4").tobytes(),
+        np.full(DIM, np.inf, "<f4").tobytes(),
+        b"\x00" * (4 * DIM - 2),
+    ]
     if db.is_sqlite:  # only SQLite's dynamic typing lets text sit in the BLOB column (bytea holds bytes)
         raw.append("x" * (4 * DIM))
     with db.write() as session:
         for i, blob in enumerate(raw):
-            session.execute(text("INSERT INTO memories (agent_id, content, timestamp, embedding) "
-                                 "VALUES ('a', :c, '', :e)"), {"c": f"bad {i}", "e": blob})
+            session.execute(
+                text("INSERT INTO memories (agent_id, content, timestamp, embedding) VALUES ('a', :c, '', :e)"),
+                {"c": f"bad {i}", "e": blob},
+            )
     assert scan(vec_app, "mem", Scope("a"), threshold=-2.0) == [(good, pytest.approx(0.5, abs=1e-6))]
     # A query vector the scan cannot rank against runs no scan at all.
     backend = search_backend(vec_app)
@@ -269,18 +301,28 @@ def test_undefined_and_non_finite_vectors_never_rank(db, vec_app):  # spec EMB-5
 
 
 def test_threshold_drops_rows_and_depth_keeps_the_best_by_cosine_then_scan_order(db, vec_app):  # spec VEC-4, VEC-5
-    ids = add_memories(db, *({"content": f"row {i}", "embedding": at_cosine(c), "created_at": stamp(i)}
-                             for i, c in enumerate([0.2, 0.7, 0.5, 0.7, 0.1])))
+    ids = add_memories(
+        db,
+        *(
+            {"content": f"row {i}", "embedding": at_cosine(c), "created_at": stamp(i)}
+            for i, c in enumerate([0.2, 0.7, 0.5, 0.7, 0.1])
+        ),
+    )
     assert scan(vec_app, "mem", Scope("a"), threshold=0.15, depth=10) == [
-        (ids[3], pytest.approx(0.7)), (ids[1], pytest.approx(0.7)), (ids[2], pytest.approx(0.5)),
+        (ids[3], pytest.approx(0.7)),
+        (ids[1], pytest.approx(0.7)),
+        (ids[2], pytest.approx(0.5)),
         (ids[0], pytest.approx(0.2)),
     ]  # equal cosines: the newer row (earlier scan position) first
     assert [i for i, _ in scan(vec_app, "mem", Scope("a"), threshold=0.3, depth=2)] == [ids[3], ids[1]]
 
 
 def test_memories_precede_episodes_on_equal_cosine_and_depth_is_shared(db, vec_app):  # spec VEC-5
-    mem = add_memories(db, {"content": "a memory", "embedding": at_cosine(0.8)},
-                       {"content": "a weaker memory", "embedding": at_cosine(0.3)})
+    mem = add_memories(
+        db,
+        {"content": "a memory", "embedding": at_cosine(0.8)},
+        {"content": "a weaker memory", "embedding": at_cosine(0.3)},
+    )
     ep = add_episode(db, summary="an episode", embedding=at_cosine(0.8))
     query = Query(agent_id="a", text="x", scope=Scope("a"))
     hits = nearest(search_backend(vec_app), query, to_blob(QUERY), 2, 0.0, (0, 100))
@@ -296,8 +338,9 @@ def test_source_id_filters_vector_memories_and_skips_vector_episodes(db, vec_app
     ep = add_episode(db, summary="episode", embedding=QUERY)
     backend = search_backend(vec_app)
     q = to_blob(QUERY)
-    assert [h.record.key for h in nearest(backend, Query("a", "x", Scope("a"), source_id="u1"), q, 10, 0.0, (0, 99))] \
-        == [("mem", mine)]
+    assert [
+        h.record.key for h in nearest(backend, Query("a", "x", Scope("a"), source_id="u1"), q, 10, 0.0, (0, 99))
+    ] == [("mem", mine)]
     with_channel = Query("a", "x", Scope("a", channel="c"), source_id="u1", channel="c")
     assert [h.record.key for h in nearest(backend, with_channel, q, 10, 0.0, (0, 99))] == [("mem", mine), ("ep", ep)]
     assert theirs not in [i for i, _ in scan(vec_app, "mem", Scope("a"), source_id="u1")]
@@ -325,22 +368,26 @@ def test_fusion_halves_the_threshold_and_cascade_does_not(db, server):  # spec V
 def test_far_list_reaches_past_the_window_as_a_second_list(db, server):  # spec VEC-7, §5.8.2
     server.table["probe"] = QUERY
     old = add_memories(db, {"content": "old but close", "embedding": at_cosine(0.95), "created_at": stamp(0)})[0]
-    add_memories(db, *({"content": f"recent {i}", "embedding": at_cosine(0.9), "created_at": stamp(10 + i)}
-                       for i in range(2)))
+    add_memories(
+        db, *({"content": f"recent {i}", "embedding": at_cosine(0.9), "created_at": stamp(10 + i)} for i in range(2))
+    )
     plain = embedding_app(db, server, MAX_MEMORIES="2", DEGRADED_ADVISORY="false")
     assert f"mem:{old}" not in refs(recall(plain, agent_id="a", query="probe"))
     far = embedding_app(db, server, MAX_MEMORIES="2", VECTOR_REACH="10", DEGRADED_ADVISORY="false")
     response = recall(far, agent_id="a", query="probe")
     assert f"mem:{old}" in refs(response)
     assert reason(response, f"mem:{old}")["rrf"] == pytest.approx(1 / 61)  # first on the far list
-    half = embedding_app(db, server, MAX_MEMORIES="2", VECTOR_REACH="10", PRIOR_FAR_WEIGHT="0.5",
-                         DEGRADED_ADVISORY="false")
+    half = embedding_app(
+        db, server, MAX_MEMORIES="2", VECTOR_REACH="10", PRIOR_FAR_WEIGHT="0.5", DEGRADED_ADVISORY="false"
+    )
     assert reason(recall(half, agent_id="a", query="probe"), f"mem:{old}")["rrf"] == pytest.approx(0.5 / 61)
-    off = embedding_app(db, server, MAX_MEMORIES="2", VECTOR_REACH="10", PRIOR_FAR_WEIGHT="0",
-                        DEGRADED_ADVISORY="false")
+    off = embedding_app(
+        db, server, MAX_MEMORIES="2", VECTOR_REACH="10", PRIOR_FAR_WEIGHT="0", DEGRADED_ADVISORY="false"
+    )
     assert f"mem:{old}" not in refs(recall(off, agent_id="a", query="probe"))
-    cascade = embedding_app(db, server, MAX_MEMORIES="2", VECTOR_REACH="10", RECALL_MODE="cascade",
-                            DEGRADED_ADVISORY="false")
+    cascade = embedding_app(
+        db, server, MAX_MEMORIES="2", VECTOR_REACH="10", RECALL_MODE="cascade", DEGRADED_ADVISORY="false"
+    )
     assert f"mem:{old}" not in refs(recall(cascade, agent_id="a", query="probe"))
     for app in (plain, far, half, off, cascade):
         app.embedder.close()
@@ -348,11 +395,13 @@ def test_far_list_reaches_past_the_window_as_a_second_list(db, server):  # spec 
 
 def test_far_list_length_follows_far_limit(db, server):  # spec VEC-7
     server.table["probe"] = QUERY
-    add_memories(db, *({"content": f"old {i}", "embedding": at_cosine(0.9 - i / 100), "created_at": stamp(i)}
-                       for i in range(6)))
+    add_memories(
+        db, *({"content": f"old {i}", "embedding": at_cosine(0.9 - i / 100), "created_at": stamp(i)} for i in range(6))
+    )
     add_memories(db, {"content": "newest", "embedding": at_cosine(0.5), "created_at": stamp(99)})
-    app = embedding_app(db, server, MAX_MEMORIES="1", VECTOR_REACH="10", VECTOR_FAR_LIMIT="2",
-                        DEGRADED_ADVISORY="false")
+    app = embedding_app(
+        db, server, MAX_MEMORIES="1", VECTOR_REACH="10", VECTOR_FAR_LIMIT="2", DEGRADED_ADVISORY="false"
+    )
     response = recall(app, agent_id="a", query="probe", limit=10)
     assert len([r for r in refs(response) if r != "mem:7"]) == 2
     app.embedder.close()
@@ -360,8 +409,9 @@ def test_far_list_length_follows_far_limit(db, server):  # spec VEC-7
 
 def test_excluded_rows_cast_no_vector_vote(db, vec_app):  # spec §5.7.5
     store(vec_app, agent_id="a", content="The automobile needs new tyres")
-    got = recall(vec_app, agent_id="a", query="car wants fresh tires",
-                 exclude_contents=["the automobile needs new tyres"])
+    got = recall(
+        vec_app, agent_id="a", query="car wants fresh tires", exclude_contents=["the automobile needs new tyres"]
+    )
     assert got["messages"] == []
 
 
@@ -369,8 +419,11 @@ def test_a_lexical_row_with_a_vector_is_not_single_arm_when_the_query_was_embedd
     # Pool of 2: min_score 0.4293, the rrf bar 0.4293 × 3/61 ≈ 0.0211. A first
     # place on one list (1/61 ≈ 0.0164) passes only when single-arm (bar capped at 1/61).
     server.table["zebra"] = QUERY
-    add_memories(db, {"content": "zebra zebra"},
-                 {"content": "a zebra, in a much longer row that has a vector", "embedding": at_cosine(-0.5, axis=2)})
+    add_memories(
+        db,
+        {"content": "zebra zebra"},
+        {"content": "a zebra, in a much longer row that has a vector", "embedding": at_cosine(-0.5, axis=2)},
+    )
     app = embedding_app(db, server, DEGRADED_ADVISORY="false")
     got = recall(app, agent_id="a", query="zebra", limit=1)
     assert refs(got) == ["mem:1"]  # the FTS winner has no vector: single-arm, admitted
@@ -389,8 +442,11 @@ def test_a_lexical_row_with_a_vector_is_not_single_arm_when_the_query_was_embedd
 
 def test_cascade_puts_vector_rows_first_in_cosine_order(db, server):  # spec §5.8.4
     server.table["probe"] = QUERY
-    ids = add_memories(db, {"content": "probe weak", "embedding": at_cosine(0.6)},
-                       {"content": "probe strong", "embedding": at_cosine(0.9)})
+    ids = add_memories(
+        db,
+        {"content": "probe weak", "embedding": at_cosine(0.6)},
+        {"content": "probe strong", "embedding": at_cosine(0.9)},
+    )
     app = embedding_app(db, server, RECALL_MODE="cascade", DEGRADED_ADVISORY="false", AUTOCUT_ENABLED="false")
     got = recall(app, agent_id="a", query="probe")
     assert refs(got) == [f"mem:{ids[0]}", f"mem:{ids[1]}"]  # reversed: best last
@@ -411,10 +467,19 @@ def test_scan_cost_stays_bounded_at_20k_rows(db, vec_app):  # issue target: nati
     vectors = rng.standard_normal((20_000, DIM)).astype("<f4")
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
     with db.write() as session:
-        session.execute(insert(Memory), [
-            {"agent_id": "a", "content": f"row {i}", "timestamp": "", "embedding": vectors[i].tobytes(),
-             "created_at": stamp(i)} for i in range(20_000)
-        ])
+        session.execute(
+            insert(Memory),
+            [
+                {
+                    "agent_id": "a",
+                    "content": f"row {i}",
+                    "timestamp": "",
+                    "embedding": vectors[i].tobytes(),
+                    "created_at": stamp(i),
+                }
+                for i in range(20_000)
+            ],
+        )
     backend, q = search_backend(vec_app), vectors[19_000].tobytes()
     timings = []
     for _ in range(5):
@@ -440,7 +505,9 @@ def test_memories_written_before_the_newest_episode_stay_recallable_keyword_only
     response = recall(app, agent_id="a", query="wifi password")
     assert refs(response) == ["mem:2"]
     factor = max(math.exp(-0.01 * (hours_later - 1 / 60)), 0.5)
-    assert response["messages"][0]["match_reason"]["rrf"] == pytest.approx(factor / 61, rel=1e-3)  # still shown penalised
+    assert response["messages"][0]["match_reason"]["rrf"] == pytest.approx(
+        factor / 61, rel=1e-3
+    )  # still shown penalised
 
 
 def test_a_penalised_vector_match_is_judged_on_its_own_cosine(db, server):

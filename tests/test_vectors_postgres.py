@@ -45,28 +45,38 @@ def _rows() -> list[dict]:
     rng = np.random.default_rng(20261130)
     rows = []
     for i in range(ROWS):
-        rows.append({
-            "id": i + 1,
-            "a": AGENTS[i % 2],
-            "p": PROJECTS[i % 3],
-            "c": "c1" if i % 5 == 0 else "",
-            "t": f"row {i}",
-            # Pairs share a created_at, so the (created_at desc, id asc) tie order matters.
-            "ca": f"2024-01-01 00:{(i // 2) // 60:02d}:{(i // 2) % 60:02d}",
-            "e": _blob(rng, i),
-        })
+        rows.append(
+            {
+                "id": i + 1,
+                "a": AGENTS[i % 2],
+                "p": PROJECTS[i % 3],
+                "c": "c1" if i % 5 == 0 else "",
+                "t": f"row {i}",
+                # Pairs share a created_at, so the (created_at desc, id asc) tie order matters.
+                "ca": f"2024-01-01 00:{(i // 2) // 60:02d}:{(i // 2) % 60:02d}",
+                "e": _blob(rng, i),
+            }
+        )
     return rows
 
 
 def _fill(db, rows) -> None:
     with db.write_connection() as conn:
         for r in rows:
-            conn.execute(text(
-                "INSERT INTO memories (id, agent_id, project_id, channel, content, timestamp, created_at, embedding)"
-                " VALUES (:id, :a, :p, :c, :t, :ca, :ca, :e)"), r)
-            conn.execute(text(
-                "INSERT INTO episodes (id, agent_id, project_id, channel, summary, created_at, embedding)"
-                " VALUES (:id, :a, :p, :c, :t, :ca, :e)"), r)
+            conn.execute(
+                text(
+                    "INSERT INTO memories (id, agent_id, project_id, channel, content, timestamp, created_at, embedding)"
+                    " VALUES (:id, :a, :p, :c, :t, :ca, :ca, :e)"
+                ),
+                r,
+            )
+            conn.execute(
+                text(
+                    "INSERT INTO episodes (id, agent_id, project_id, channel, summary, created_at, embedding)"
+                    " VALUES (:id, :a, :p, :c, :t, :ca, :e)"
+                ),
+                r,
+            )
 
 
 @pytest.fixture(scope="module")
@@ -132,8 +142,11 @@ def test_a_database_without_pgvector_columns_uses_numpy(backends):
     if pgvector_serves(pg):
         pytest.skip("the cluster has pgvector; the fallback is pinned by test_numpy_fallback_matches_sqlite")
     with pg.read() as session:
-        columns = session.execute(text(
-            "SELECT column_name FROM information_schema.columns WHERE table_name = 'memories'")).scalars().all()
+        columns = (
+            session.execute(text("SELECT column_name FROM information_schema.columns WHERE table_name = 'memories'"))
+            .scalars()
+            .all()
+        )
     assert VECTOR_COLUMN not in columns  # nothing was added that only pgvector could fill
 
 
@@ -155,15 +168,17 @@ def pgvector_db():
 def _stored_vector(db, row_id: int):
     with db.read() as session:
         value = session.execute(
-            text(f"SELECT {VECTOR_COLUMN}::text FROM memories WHERE id = :id"), {"id": row_id}).scalar_one()
+            text(f"SELECT {VECTOR_COLUMN}::text FROM memories WHERE id = :id"), {"id": row_id}
+        ).scalar_one()
     return None if value is None else np.array([float(v) for v in value.strip("[]").split(",")], dtype="<f4")
 
 
 def _insert(db, row_id: int, blob: bytes | None) -> None:
     with db.write_connection() as conn:
-        conn.execute(text(
-            "INSERT INTO memories (id, agent_id, content, timestamp, embedding) VALUES (:id, 'a', :t, '', :e)"),
-            {"id": row_id, "t": f"m{row_id}", "e": blob})
+        conn.execute(
+            text("INSERT INTO memories (id, agent_id, content, timestamp, embedding) VALUES (:id, 'a', :t, '', :e)"),
+            {"id": row_id, "t": f"m{row_id}", "e": blob},
+        )
 
 
 def test_the_vector_column_is_the_blob_exactly(pgvector_db):
@@ -179,13 +194,16 @@ def test_the_vector_column_is_the_blob_exactly(pgvector_db):
     assert _stored_vector(pgvector_db, 1) is None
 
 
-@pytest.mark.parametrize("blob", [
-    np.zeros(4, dtype="<f4").tobytes(),  # cosine undefined, as sqlite-vec's NULL
-    np.array([1.0, np.inf], dtype="<f4").tobytes(),  # pgvector refuses non-finite values
-    np.array([1.0, np.nan], dtype="<f4").tobytes(),
-    b"\x00\x00\x80\x3f\x00",  # not a whole number of floats
-    b"",
-])
+@pytest.mark.parametrize(
+    "blob",
+    [
+        np.zeros(4, dtype="<f4").tobytes(),  # cosine undefined, as sqlite-vec's NULL
+        np.array([1.0, np.inf], dtype="<f4").tobytes(),  # pgvector refuses non-finite values
+        np.array([1.0, np.nan], dtype="<f4").tobytes(),
+        b"\x00\x00\x80\x3f\x00",  # not a whole number of floats
+        b"",
+    ],
+)
 def test_blobs_pgvector_cannot_rank_derive_null_and_never_fail_the_write(pgvector_db, blob):
     _insert(pgvector_db, 1, blob)
     assert _stored_vector(pgvector_db, 1) is None
@@ -228,7 +246,10 @@ def test_the_vector_stays_in_the_row_and_the_blob_moves_out(pgvector_db):
     with pgvector_db.read() as session:
         if session.execute(text("SELECT to_regproc('pg_column_toast_chunk_id')")).scalar_one() is None:
             pytest.skip("PostgreSQL before 17 cannot tell an out-of-line value")
-        placed = session.execute(text(
-            f"SELECT count(*) FILTER (WHERE pg_column_toast_chunk_id({VECTOR_COLUMN}) IS NULL),"
-            " count(*) FILTER (WHERE pg_column_toast_chunk_id(embedding) IS NOT NULL) FROM memories")).one()
+        placed = session.execute(
+            text(
+                f"SELECT count(*) FILTER (WHERE pg_column_toast_chunk_id({VECTOR_COLUMN}) IS NULL),"
+                " count(*) FILTER (WHERE pg_column_toast_chunk_id(embedding) IS NOT NULL) FROM memories"
+            )
+        ).one()
     assert tuple(placed) == (3, 3)  # every vector in its row, every blob out of line

@@ -60,7 +60,8 @@ def test_stemming_finds_running_for_runs(db) -> None:
     add_memories(db, "She was running in the park every morning", "The sprint planning meeting moved")
     backend = open_search(db)
     assert texts(backend.word_memories(A, "how often does she run", 10)) == [
-        "She was running in the park every morning"]
+        "She was running in the park every morning"
+    ]
     # "runs" is no substring of "running": the trigram arm finds nothing
     assert backend.keyword_memories(A, "runs", 10).hits == []
     assert texts(backend.word_memories(A, "runs", 10)) == ["She was running in the park every morning"]
@@ -73,7 +74,9 @@ def test_a_two_character_word_is_found(db) -> None:
     # trigram has no term for "Q1" at all (too short): it finds only the "happens" row
     assert texts(backend.keyword_memories(A, "what happens in Q1", 10).hits) == ["Quarterly planning happens in March"]
     assert set(texts(backend.word_memories(A, "what happens in Q1", 10))) == {
-        "Revenue targets for Q1 were raised", "Quarterly planning happens in March"}
+        "Revenue targets for Q1 were raised",
+        "Quarterly planning happens in March",
+    }
 
 
 def test_what_happens_in_q1_recalls_the_q1_row(db) -> None:
@@ -91,8 +94,17 @@ def test_the_word_channel_keeps_the_scope(db) -> None:
 
 def test_episodes_have_a_word_list_too(db) -> None:
     with db.write() as session:
-        session.execute(insert(Episode), [{"agent_id": "a", "summary": "We discussed the Q1 roadmap",
-                                           "keywords": "planning", "created_at": "2026-06-01 12:00:00"}])
+        session.execute(
+            insert(Episode),
+            [
+                {
+                    "agent_id": "a",
+                    "summary": "We discussed the Q1 roadmap",
+                    "keywords": "planning",
+                    "created_at": "2026-06-01 12:00:00",
+                }
+            ],
+        )
     backend = open_search(db)
     assert texts(backend.word_episodes(A, "Q1 plans", 10)) == ["We discussed the Q1 roadmap"]
     assert backend.word_episodes(Scope("b"), "Q1", 10) == []
@@ -134,8 +146,11 @@ def w(db: Database, sql: str, params: tuple = ()) -> None:
 
 def word_ids(db: Database, table: str, match: str) -> list[int]:
     with db.read() as session:
-        rows = session.connection().exec_driver_sql(
-            f"SELECT rowid FROM {table} WHERE {table} MATCH ? ORDER BY rowid", (match,)).fetchall()
+        rows = (
+            session.connection()
+            .exec_driver_sql(f"SELECT rowid FROM {table} WHERE {table} MATCH ? ORDER BY rowid", (match,))
+            .fetchall()
+        )
     return [r[0] for r in rows]
 
 
@@ -146,8 +161,11 @@ def test_rows_written_before_the_revision_are_backfilled_by_it(db_path) -> None:
         upgrade(db)
         with db.write_connection() as conn:
             command.downgrade(alembic_config(conn), "0005_embedding_identity")
-        w(db, "INSERT INTO memories (agent_id, content, timestamp) VALUES ('a', 'Joggers were running late', ?)",
-          (STAMP,))
+        w(
+            db,
+            "INSERT INTO memories (agent_id, content, timestamp) VALUES ('a', 'Joggers were running late', ?)",
+            (STAMP,),
+        )
         w(db, "INSERT INTO episodes (agent_id, summary, keywords) VALUES ('a', 'The Q1 review', 'budgets')")
         upgrade(db)  # the real migration, 0005 -> head
         with db.read() as session:

@@ -62,8 +62,9 @@ def _worker(mode: str, *args: str) -> None:
 
         _wait_for(args[4] if len(args) > 4 else "-")
         Path(args[3]).touch()
-        print(json.dumps(merge_memories(app, source_agent_id=args[0], target_agent_id=args[1], mode=args[2])),
-              flush=True)
+        print(
+            json.dumps(merge_memories(app, source_agent_id=args[0], target_agent_id=args[1], mode=args[2])), flush=True
+        )
     elif mode == "stores":  # say "ready", wait for the bulk writer to start, then store every 50 ms
         from cpersona.services.records.memories import store
 
@@ -104,8 +105,13 @@ def _env(db: Path, **extra: str) -> dict[str, str]:
 
 
 def _spawn(db: Path, *args: str, **extra: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, __file__, *args], env=_env(db, **extra),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, __file__, *args],
+        env=_env(db, **extra),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _answer(proc: subprocess.Popen[str]) -> Any:
@@ -116,9 +122,12 @@ def _answer(proc: subprocess.Popen[str]) -> Any:
 
 def _fresh_db(tmp_path: Path) -> Path:
     db = tmp_path / "shared.db"
-    subprocess.run([sys.executable, "-c", "import tests.test_write_contention as t; t._app()"],
-                   env={**_env(db), "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
-                   check=True, timeout=TIMEOUT)
+    subprocess.run(
+        [sys.executable, "-c", "import tests.test_write_contention as t; t._app()"],
+        env={**_env(db), "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+        check=True,
+        timeout=TIMEOUT,
+    )
     return db
 
 
@@ -126,15 +135,41 @@ def _bulk_file(tmp_path: Path, rows: int, agent: str = "bulk", graph: bool = Fal
     path = tmp_path / f"{agent}.jsonl"
     with path.open("w", encoding="utf-8") as out:
         for i in range(rows):
-            out.write(json.dumps({"_type": "memory", "id": i + 1, "agent_id": agent, "msg_id": f"m{i:05d}",
-                                  "content": f"{MARK} row {i:05d} of the bulk file"}) + "\n")
+            out.write(
+                json.dumps(
+                    {
+                        "_type": "memory",
+                        "id": i + 1,
+                        "agent_id": agent,
+                        "msg_id": f"m{i:05d}",
+                        "content": f"{MARK} row {i:05d} of the bulk file",
+                    }
+                )
+                + "\n"
+            )
         if graph:
-            out.write(json.dumps({"_type": "entity", "id": 1, "agent_id": agent, "name": "Kiwi Harbour",
-                                  "aliases": ["the harbour"]}) + "\n")
+            out.write(
+                json.dumps(
+                    {"_type": "entity", "id": 1, "agent_id": agent, "name": "Kiwi Harbour", "aliases": ["the harbour"]}
+                )
+                + "\n"
+            )
             out.write(json.dumps({"_type": "mention", "entity": 1, "ref": "mem:1"}) + "\n")
             out.write(json.dumps({"_type": "mention", "entity": 1, "ref": f"mem:{rows}"}) + "\n")
-            out.write(json.dumps({"_type": "relation", "agent_id": agent, "subject_kind": "mem", "subject_id": 1,
-                                  "predicate": "precedes", "object_kind": "mem", "object_id": rows}) + "\n")
+            out.write(
+                json.dumps(
+                    {
+                        "_type": "relation",
+                        "agent_id": agent,
+                        "subject_kind": "mem",
+                        "subject_id": 1,
+                        "predicate": "precedes",
+                        "object_kind": "mem",
+                        "object_id": rows,
+                    }
+                )
+                + "\n"
+            )
     return path
 
 
@@ -155,8 +190,13 @@ def _count(db: Path, agent: str) -> int:
 
 def _indexed(db: Path, agent: str) -> int:
     """Rows of ``agent`` the full-text index finds by the marker word (every row holds it)."""
-    return _query(db, "SELECT count(*) FROM memories m WHERE m.agent_id = ? AND m.id IN "
-                      "(SELECT rowid FROM memories_fts WHERE memories_fts MATCH ?)", agent, f'"{MARK}"')[0][0]
+    return _query(
+        db,
+        "SELECT count(*) FROM memories m WHERE m.agent_id = ? AND m.id IN "
+        "(SELECT rowid FROM memories_fts WHERE memories_fts MATCH ?)",
+        agent,
+        f'"{MARK}"',
+    )[0][0]
 
 
 def _kill_when(db: Path, proc: subprocess.Popen[str], agent: str, at_least: int) -> None:
@@ -233,8 +273,9 @@ def test_kill_9_mid_import_keeps_whole_batches_and_a_rerun_completes_them(tmp_pa
 
 def test_kill_9_mid_move_keeps_a_consistent_prefix_and_a_rerun_completes_it(tmp_path: Path) -> None:
     db = _fresh_db(tmp_path)
-    _answer(_spawn(db, "import", str(_bulk_file(tmp_path, MERGE_ROWS, agent="src", graph=True)),
-                   str(tmp_path / "seeded")))
+    _answer(
+        _spawn(db, "import", str(_bulk_file(tmp_path, MERGE_ROWS, agent="src", graph=True)), str(tmp_path / "seeded"))
+    )
     contents = {r[0] for r in _query(db, "SELECT content FROM memories WHERE agent_id = 'src'")}
     worker = _spawn(db, "merge", "src", "dst", "move", str(tmp_path / "started"))
     _kill_when(db, worker, "dst", 2 * BATCH)
@@ -257,11 +298,17 @@ def test_kill_9_mid_move_keeps_a_consistent_prefix_and_a_rerun_completes_it(tmp_
     assert {r[0] for r in _query(db, "SELECT content FROM memories WHERE agent_id = 'dst'")} == contents
     assert _indexed(db, "dst") == MERGE_ROWS
     # The relation and both mentions reached the target, re-pointed to its rows.
-    first, last = (_query(db, "SELECT id FROM memories WHERE agent_id = 'dst' AND msg_id = ?", m)[0][0]
-                   for m in ("m00000", f"m{MERGE_ROWS - 1:05d}"))
+    first, last = (
+        _query(db, "SELECT id FROM memories WHERE agent_id = 'dst' AND msg_id = ?", m)[0][0]
+        for m in ("m00000", f"m{MERGE_ROWS - 1:05d}")
+    )
     assert _query(db, "SELECT subject_id, object_id FROM relations WHERE agent_id = 'dst'") == [(first, last)]
-    refs = {r[0] for r in _query(db, "SELECT m.ref FROM entity_mentions m JOIN entities e ON e.id = m.entity_id "
-                                     "WHERE e.agent_id = 'dst'")}
+    refs = {
+        r[0]
+        for r in _query(
+            db, "SELECT m.ref FROM entity_mentions m JOIN entities e ON e.id = m.entity_id WHERE e.agent_id = 'dst'"
+        )
+    }
     assert refs == {f"mem:{first}", f"mem:{last}"}
 
 
@@ -271,8 +318,9 @@ TOKEN = "contention-token"
 
 
 def _holder(db: Path, release: Path, max_seconds: float) -> subprocess.Popen[str]:
-    proc = subprocess.Popen([sys.executable, __file__, "hold", str(db), str(release), str(max_seconds)],
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, __file__, "hold", str(db), str(release), str(max_seconds)], stdout=subprocess.PIPE, text=True
+    )
     assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
     return proc
 
@@ -294,8 +342,10 @@ async def test_a_writer_waits_past_the_busy_handler_then_answers_one_sentence(tm
     finally:
         patient.stop()
         hasty.stop()
-    busy = "the database is busy: another writer has held the database for more than 2 s; nothing was written, " \
-           "retry in a moment"
+    busy = (
+        "the database is busy: another writer has held the database for more than 2 s; nothing was written, "
+        "retry in a moment"
+    )
     # store refuses in its own shape (spec G-6): result/reason, no error key
     assert refused == {"ok": False, "result": "rejected", "reason": busy}
     assert waited["ok"] is True, waited
@@ -315,17 +365,23 @@ async def test_a_recall_answers_while_many_stores_wait_for_the_lock(tmp_path: Pa
     from test_http_transport import HttpServer, mcp_call
 
     # Confidence on: a counted recall also writes its counters (spec §5.9.5).
-    server = HttpServer(tmp_path, CPERSONA_AUTH_TOKEN=TOKEN, CPERSONA_WRITE_LOCK_WAIT_SECONDS="120",
-                        CPERSONA_CONFIDENCE_ENABLED="true")
+    server = HttpServer(
+        tmp_path, CPERSONA_AUTH_TOKEN=TOKEN, CPERSONA_WRITE_LOCK_WAIT_SECONDS="120", CPERSONA_CONFIDENCE_ENABLED="true"
+    )
     release = tmp_path / "release"
     events: list[str] = []
     answers: list[dict[str, Any]] = []
     try:
-        seeded = await mcp_call(server.url, TOKEN, "store",
-                                {"agent_id": "reader", "content": "the lighthouse keeper polished the brass lamp"})
+        seeded = await mcp_call(
+            server.url,
+            TOKEN,
+            "store",
+            {"agent_id": "reader", "content": "the lighthouse keeper polished the brass lamp"},
+        )
         assert seeded["ok"]
         holder = _holder(server.db_path, release, 150)
         try:
+
             async def one_store(i: int) -> None:
                 answer = await mcp_call(server.url, TOKEN, "store", {"agent_id": "w", "content": f"queued store {i}"})
                 events.append("store")
@@ -336,8 +392,9 @@ async def test_a_recall_answers_while_many_stores_wait_for_the_lock(tmp_path: Pa
                     tg.start_soon(one_store, i)
                 await anyio.sleep(3)  # every store has reached the server and waits for the lock
                 with anyio.fail_after(60):  # liveness bound, far above 0.2 s; the ordering is the check
-                    recalled = await mcp_call(server.url, TOKEN, "recall",
-                                              {"agent_id": "reader", "query": "lighthouse brass lamp"})
+                    recalled = await mcp_call(
+                        server.url, TOKEN, "recall", {"agent_id": "reader", "query": "lighthouse brass lamp"}
+                    )
                 events.append("recall")
                 still_held = holder.poll() is None
                 release.touch()
@@ -345,8 +402,9 @@ async def test_a_recall_answers_while_many_stores_wait_for_the_lock(tmp_path: Pa
             release.touch()
             holder.wait(timeout=60)
         deadline = time.monotonic() + 60  # the deferred counter lands once the lock frees
-        while (counted := _query(server.db_path, "SELECT recall_count FROM memories WHERE agent_id = 'reader'")) \
-                != [(1,)] and time.monotonic() < deadline:
+        while (counted := _query(server.db_path, "SELECT recall_count FROM memories WHERE agent_id = 'reader'")) != [
+            (1,)
+        ] and time.monotonic() < deadline:
             await anyio.sleep(0.1)
     finally:
         server.stop()

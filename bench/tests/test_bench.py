@@ -38,7 +38,13 @@ def test_metrics_on_a_hand_computed_ranking():
 
 def test_metrics_ignore_rows_past_ten_and_score_a_miss_as_zero():
     ranked = [f"n{i}" for i in range(10)] + ["e"]
-    assert score_question(ranked, ["e"]) == {"recall@5": 0.0, "recall@10": 0.0, "hit@10": 0.0, "mrr": 0.0, "ndcg@10": 0.0}
+    assert score_question(ranked, ["e"]) == {
+        "recall@5": 0.0,
+        "recall@10": 0.0,
+        "hit@10": 0.0,
+        "mrr": 0.0,
+        "ndcg@10": 0.0,
+    }
     assert reciprocal_rank(["e"], {"e"}) == 1.0
     assert ndcg_at(["e"], {"e"}, 10) == 1.0
 

@@ -169,11 +169,15 @@ class Embedder:
         self._identity = IdentityTracker()
         import httpx  # here, not at the top: a start without embeddings never loads it
 
-        self._http = httpx.Client(
-            timeout=httpx.Timeout(self.timeout_secs),
-            transport=transport,
-            follow_redirects=False,
-        ) if self.USES_HTTP else None
+        self._http = (
+            httpx.Client(
+                timeout=httpx.Timeout(self.timeout_secs),
+                transport=transport,
+                follow_redirects=False,
+            )
+            if self.USES_HTTP
+            else None
+        )
         self._lock = threading.Lock()  # guards dimension and the health counters
         self._dimension: int | None = None
         self._requests = 0
@@ -289,9 +293,7 @@ class Embedder:
         """Whether the backend answers with a valid vector right now."""
         return self.probe_outcome(timeout_secs).ok
 
-    def refresh_identity(
-        self, timeout_secs: float = PROBE_TIMEOUT_SECS, *, force: bool = False
-    ) -> str | None:
+    def refresh_identity(self, timeout_secs: float = PROBE_TIMEOUT_SECS, *, force: bool = False) -> str | None:
         """Ask ``GET …/capabilities`` when due (or forced); return the fingerprint in force.
 
         Only http mode with a URL ending in ``/embed`` has the route; a 404 or
@@ -359,8 +361,9 @@ class Embedder:
 
             attempted = attempted and not isinstance(exc, _NotIssued)
             evidence = self._evidence("POST", self.url, exc)
-            if not isinstance(exc, (_NotIssued, NotReady, BadStatus, EmbeddingResponseError, httpx.HTTPError,
-                                    httpx.InvalidURL)):
+            if not isinstance(
+                exc, (_NotIssued, NotReady, BadStatus, EmbeddingResponseError, httpx.HTTPError, httpx.InvalidURL)
+            ):
                 log.exception("Unexpected error in the embedding client")
             log.warning("Embedding request failed: %s", evidence)
             self._record(ok=False, attempted=attempted, error=evidence)
@@ -376,9 +379,7 @@ class Embedder:
             return vectors_from_http(payload, len(texts))
         return vectors_from_api(payload, len(texts))
 
-    def _fetch(
-        self, method: str, url: str, body: bytes | None, headers: dict[str, str], timeout: float
-    ) -> bytes:
+    def _fetch(self, method: str, url: str, body: bytes | None, headers: dict[str, str], timeout: float) -> bytes:
         return fetch_capped(self._http, method, url, body, headers, timeout, self._max_response_bytes)
 
     def _ask_capabilities(self, timeout: float) -> tuple[BackendIdentity | None, str | None]:
@@ -386,8 +387,7 @@ class Embedder:
             return None, f"mode=http / GET {self.endpoint} failed: {self._config_problem}"
         if self._capabilities_url is None:
             return None, (
-                f"mode=http / {self.endpoint} does not end in /embed, "
-                "so the capability route cannot be derived from it"
+                f"mode=http / {self.endpoint} does not end in /embed, so the capability route cannot be derived from it"
             )
         url = self._capabilities_url
         try:
@@ -423,7 +423,12 @@ class Embedder:
 
 
 def fetch_capped(
-    http: httpx.Client, method: str, url: str, body: bytes | None, headers: dict[str, str], timeout: float,
+    http: httpx.Client,
+    method: str,
+    url: str,
+    body: bytes | None,
+    headers: dict[str, str],
+    timeout: float,
     cap: int = MAX_RESPONSE_BYTES,
 ) -> bytes:
     """The 2xx body, read under the size cap and the overall deadline.
@@ -482,9 +487,7 @@ def build_embedder(settings: Any, *, transport: httpx.BaseTransport | None = Non
     if mode == "none":
         return None
     if mode not in MODES:
-        raise ValueError(
-            f"CPERSONA_EMBEDDING_MODE={mode} is not supported; expected one of {', '.join(MODES)}"
-        )
+        raise ValueError(f"CPERSONA_EMBEDDING_MODE={mode} is not supported; expected one of {', '.join(MODES)}")
     if mode == "local":
         from cpersona.embedding.local import build_local_embedder  # onnxruntime only when asked for
 

@@ -78,16 +78,25 @@ def cache_folder(cache_dir: Path, profile: Profile) -> Path:
 
 def is_complete(folder: Path, profile: Profile) -> bool:
     """Whether ``folder`` holds every file of the profile and its config (what a finished fetch leaves)."""
-    return (folder / CONFIG_FILE).is_file() and (folder / SUMS_FILE).is_file() and all(
-        (folder / f.name).is_file() for f in profile.files)
+    return (
+        (folder / CONFIG_FILE).is_file()
+        and (folder / SUMS_FILE).is_file()
+        and all((folder / f.name).is_file() for f in profile.files)
+    )
 
 
 def stderr_progress(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def fetch_model(profile: Profile, cache_dir: Path, *, source: str | None = None,
-                progress: Progress = stderr_progress, transport: httpx.BaseTransport | None = None) -> Path:
+def fetch_model(
+    profile: Profile,
+    cache_dir: Path,
+    *,
+    source: str | None = None,
+    progress: Progress = stderr_progress,
+    transport: httpx.BaseTransport | None = None,
+) -> Path:
     """The profile's model folder in the cache, downloading it first if it is not there."""
     target = cache_folder(cache_dir, profile)
     if is_complete(target, profile):
@@ -97,14 +106,22 @@ def fetch_model(profile: Profile, cache_dir: Path, *, source: str | None = None,
     partial = target.parent / f".{profile.name}.partial-{os.getpid()}-{time.monotonic_ns()}"
     partial.mkdir()
     try:
-        with httpx.Client(timeout=httpx.Timeout(READ_TIMEOUT_SECS, connect=CONNECT_TIMEOUT_SECS),
-                          follow_redirects=True, transport=transport) as http:
+        with httpx.Client(
+            timeout=httpx.Timeout(READ_TIMEOUT_SECS, connect=CONNECT_TIMEOUT_SECS),
+            follow_redirects=True,
+            transport=transport,
+        ) as http:
             published = _published_sums(http, plan) if plan.mirror else {}
-            sums = {f.name: _download(http, plan, f.name, f.remote_path, f.sha256 or published.get(f.name),
-                                      partial / f.name, progress) for f in profile.files}
+            sums = {
+                f.name: _download(
+                    http, plan, f.name, f.remote_path, f.sha256 or published.get(f.name), partial / f.name, progress
+                )
+                for f in profile.files
+            }
             if plan.mirror:  # a served cache folder brings the config it was fetched with
-                _download(http, plan, CONFIG_FILE, CONFIG_FILE, published.get(CONFIG_FILE), partial / CONFIG_FILE,
-                          progress)
+                _download(
+                    http, plan, CONFIG_FILE, CONFIG_FILE, published.get(CONFIG_FILE), partial / CONFIG_FILE, progress
+                )
                 _check_mirrored_config(partial, profile, plan.source)
             else:
                 (partial / CONFIG_FILE).write_text(profile.config.to_json(), encoding="utf-8")
@@ -117,8 +134,9 @@ def fetch_model(profile: Profile, cache_dir: Path, *, source: str | None = None,
         progress(f"fetched {profile.name} into {target}")
         return target
     except httpx.HTTPError as exc:
-        raise FetchError(f"could not fetch {profile.name} from {safe_endpoint(plan.source)}: "
-                         f"{type(exc).__name__}: {exc}") from None
+        raise FetchError(
+            f"could not fetch {profile.name} from {safe_endpoint(plan.source)}: {type(exc).__name__}: {exc}"
+        ) from None
     except OSError as exc:
         raise FetchError(f"could not write {profile.name} into {target.parent}: {exc}") from None
     finally:
@@ -153,15 +171,24 @@ def _published_sums(http: httpx.Client, plan: FetchPlan) -> dict[str, str]:
     return parse_sums(response.content[:MAX_SUMS_BYTES].decode("utf-8", "replace"))
 
 
-def _download(http: httpx.Client, plan: FetchPlan, name: str, remote_path: str, expected: str | None,
-              path: Path, progress: Progress) -> str:
+def _download(
+    http: httpx.Client,
+    plan: FetchPlan,
+    name: str,
+    remote_path: str,
+    expected: str | None,
+    path: Path,
+    progress: Progress,
+) -> str:
     url = plan.url(remote_path, name)
     digest = hashlib.sha256()
     received = 0
     with http.stream("GET", url) as response:
         if not response.is_success:
-            raise FetchError(f"could not fetch {plan.profile.name}: GET {safe_endpoint(url)} answered "
-                             f"{response.status_code} {response.reason_phrase}")
+            raise FetchError(
+                f"could not fetch {plan.profile.name}: GET {safe_endpoint(url)} answered "
+                f"{response.status_code} {response.reason_phrase}"
+            )
         declared = response.headers.get("content-length")
         total = int(declared) if declared and declared.isdigit() else None
         expected = expected or _etag_sha256(response)
@@ -178,12 +205,15 @@ def _download(http: httpx.Client, plan: FetchPlan, name: str, remote_path: str, 
     progress(_progress_line(plan.profile.name, name, received, total or received))
     actual = digest.hexdigest()
     if expected is None:
-        log.warning("%s: the source publishes no sha256 for %s; recorded %s for later checks",
-                    plan.profile.name, name, actual)
+        log.warning(
+            "%s: the source publishes no sha256 for %s; recorded %s for later checks", plan.profile.name, name, actual
+        )
     elif actual != expected.lower():
-        raise FetchError(f"{name} of {plan.profile.name} from {safe_endpoint(url)} has sha256 {actual}, "
-                         f"expected {expected.lower()}: the download is corrupt or the source changed; "
-                         "nothing was kept")
+        raise FetchError(
+            f"{name} of {plan.profile.name} from {safe_endpoint(url)} has sha256 {actual}, "
+            f"expected {expected.lower()}: the download is corrupt or the source changed; "
+            "nothing was kept"
+        )
     return actual
 
 

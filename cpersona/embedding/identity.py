@@ -45,17 +45,14 @@ def parse_capabilities(payload: Any) -> BackendIdentity:
         raise EmbeddingResponseError(f"capability report is {describe(payload)}, expected an object")
     fields = payload.get("identity")
     if not isinstance(fields, dict):
-        raise EmbeddingResponseError(
-            f"capability report's identity is {describe(fields)}, expected an object"
-        )
+        raise EmbeddingResponseError(f"capability report's identity is {describe(fields)}, expected an object")
     incomplete = payload.get("incomplete", [])
     if not isinstance(incomplete, list) or not all(isinstance(name, str) for name in incomplete):
         raise EmbeddingResponseError("capability report's incomplete is not a list of strings")
     fingerprint = payload.get("fingerprint")
     if fingerprint is not None and (not isinstance(fingerprint, str) or not fingerprint):
         raise EmbeddingResponseError(
-            f"capability report's fingerprint is {describe(fingerprint)}, "
-            "expected a non-empty string or null"
+            f"capability report's fingerprint is {describe(fingerprint)}, expected a non-empty string or null"
         )
     if fingerprint is not None and incomplete:
         raise EmbeddingResponseError(

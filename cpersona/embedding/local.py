@@ -52,8 +52,16 @@ class ModelUnavailable(_NotIssued):
 class ModelProvider:
     """The model folder's one lazy load, and the one background fetch when the cache is empty."""
 
-    def __init__(self, *, profile: Profile, model_path: Path | None, cache_dir: Path, source: str | None,
-                 threads: int, fetch: bool = True) -> None:
+    def __init__(
+        self,
+        *,
+        profile: Profile,
+        model_path: Path | None,
+        cache_dir: Path,
+        source: str | None,
+        threads: int,
+        fetch: bool = True,
+    ) -> None:
         self.profile = profile
         self.model_path = Path(model_path).expanduser() if model_path else None
         self.cache_dir = Path(cache_dir).expanduser()
@@ -96,8 +104,14 @@ class ModelProvider:
                 self._error = self._where(str(exc))
                 log.error("local embedding model unusable: %s", self._error)
                 raise ModelUnavailable(self._error) from None
-            log.info("local embedding model %s loaded from %s in %.1f s (%d-wide vectors, %d thread(s))",
-                     self._model.name, self.folder, time.monotonic() - started, self._model.dimension, self.threads)
+            log.info(
+                "local embedding model %s loaded from %s in %.1f s (%d-wide vectors, %d thread(s))",
+                self._model.name,
+                self.folder,
+                time.monotonic() - started,
+                self._model.dimension,
+                self.threads,
+            )
             return self._model
 
     def identity(self) -> tuple[str, int | None] | None:
@@ -120,8 +134,9 @@ class ModelProvider:
         """
         if self.model_path is None and not is_complete(self.folder, self.profile):
             try:
-                fetch_model(self.profile, self.cache_dir, source=self.source,
-                            **({"progress": progress} if progress else {}))
+                fetch_model(
+                    self.profile, self.cache_dir, source=self.source, **({"progress": progress} if progress else {})
+                )
             except FetchError as exc:
                 raise ModelUnavailable(self.offline_message(str(exc))) from None
         return self.get()
@@ -159,10 +174,12 @@ class ModelProvider:
             log.error("%s", self.offline_message(self._fetch_error))
 
     def offline_message(self, why: str | None) -> str:
-        return (f"no local embedding model: {self.folder} holds no copy of {self.profile.name}"
-                f"{f' and fetching it failed ({why})' if why else ''}. Either run "
-                f"`cpersona fetch-model {self.profile.name}` (on a machine with network access, then copy "
-                f"the folder to {self.folder}), or set CPERSONA_EMBEDDING_MODEL_PATH to a model folder")
+        return (
+            f"no local embedding model: {self.folder} holds no copy of {self.profile.name}"
+            f"{f' and fetching it failed ({why})' if why else ''}. Either run "
+            f"`cpersona fetch-model {self.profile.name}` (on a machine with network access, then copy "
+            f"the folder to {self.folder}), or set CPERSONA_EMBEDDING_MODEL_PATH to a model folder"
+        )
 
     def wait_for_fetch(self, timeout: float | None = None) -> bool:
         thread = self._fetch_thread
@@ -177,10 +194,18 @@ class LocalEmbedder(Embedder):
     SERVED_MODES = ("local",)
     USES_HTTP = False
 
-    def __init__(self, provider: ModelProvider, *, cache_size: int = 256, cache_ttl: float = 300.0,
-                 timeout_secs: float = 30.0) -> None:
-        super().__init__(mode="local", url="", model=provider.profile.name, model_configured=True,
-                         timeout_secs=timeout_secs, cache_size=cache_size, cache_ttl=cache_ttl)
+    def __init__(
+        self, provider: ModelProvider, *, cache_size: int = 256, cache_ttl: float = 300.0, timeout_secs: float = 30.0
+    ) -> None:
+        super().__init__(
+            mode="local",
+            url="",
+            model=provider.profile.name,
+            model_configured=True,
+            timeout_secs=timeout_secs,
+            cache_size=cache_size,
+            cache_ttl=cache_ttl,
+        )
         self._config_problem = None  # there is no URL to check
         self.provider = provider
 

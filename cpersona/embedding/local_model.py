@@ -43,8 +43,7 @@ def extra_problem() -> str | None:
     missing = missing_packages()
     if not missing:
         return None
-    return (f"CPERSONA_EMBEDDING_MODE=local needs {' and '.join(missing)}, which are not installed: "
-            f"run {INSTALL_HINT}")
+    return f"CPERSONA_EMBEDDING_MODE=local needs {' and '.join(missing)}, which are not installed: run {INSTALL_HINT}"
 
 
 def file_sha256(path: Path) -> str:
@@ -82,24 +81,32 @@ class LocalModel:
         tokenizer_path = folder / TOKENIZER_FILE
         for path in (model_path, tokenizer_path):
             if not path.is_file():
-                raise ModelFolderError(f"model folder {folder} has no {path.name} "
-                                       f"(a model folder holds cpersona-model.json, {TOKENIZER_FILE} "
-                                       f"and the ONNX file the config names)")
+                raise ModelFolderError(
+                    f"model folder {folder} has no {path.name} "
+                    f"(a model folder holds cpersona-model.json, {TOKENIZER_FILE} "
+                    f"and the ONNX file the config names)"
+                )
         self._windowed, self._counting = self._tokenizers(tokenizer_path)
         self._session = self._open_session(model_path, threads)
         self._input_names = {i.name for i in self._session.get_inputs()}
         if "input_ids" not in self._input_names:
-            raise ModelFolderError(f"{model_path} takes no input_ids input (inputs: {sorted(self._input_names)}); "
-                                   "it is not a text-embedding model")
+            raise ModelFolderError(
+                f"{model_path} takes no input_ids input (inputs: {sorted(self._input_names)}); "
+                "it is not a text-embedding model"
+            )
         self._lock = threading.Lock()
         probe = self._forward(self._windowed.encode_batch(["probe"]))
         self.dimension = int(probe.shape[1])
         if self.config.dimension is not None and self.config.dimension != self.dimension:
-            raise ModelFolderError(f"{model_path} produces {self.dimension}-wide vectors but "
-                                   f"cpersona-model.json says dimension {self.config.dimension}")
+            raise ModelFolderError(
+                f"{model_path} produces {self.dimension}-wide vectors but "
+                f"cpersona-model.json says dimension {self.config.dimension}"
+            )
         self.fingerprint = folder_fingerprint(folder, self.config)
-        self._prefix_tokens = {prefix: len(self._counting.encode(prefix, add_special_tokens=False).ids)
-                               for prefix in {self.config.query_prefix, self.config.passage_prefix}}
+        self._prefix_tokens = {
+            prefix: len(self._counting.encode(prefix, add_special_tokens=False).ids)
+            for prefix in {self.config.query_prefix, self.config.passage_prefix}
+        }
         self._specials = self._counting.num_special_tokens_to_add(False)
 
     @property
@@ -182,8 +189,9 @@ class LocalModel:
         elif output.ndim == 2:  # the export already pooled
             pooled = output
         else:
-            raise ModelFolderError(f"the model's first output has shape {output.shape}; expected "
-                                   "(batch, tokens, width) or (batch, width)")
+            raise ModelFolderError(
+                f"the model's first output has shape {output.shape}; expected (batch, tokens, width) or (batch, width)"
+            )
         if not np.isfinite(pooled).all():
             raise ValueError("the model produced a vector that is not finite")
         if self.config.normalize:

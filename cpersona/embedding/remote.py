@@ -112,7 +112,9 @@ def results_from_search(payload: dict[str, Any]) -> list[RemoteHit]:
             raise EmbeddingResponseError(f"result {position} is {describe(item)}, not an object")
         score = item.get("score")
         if isinstance(score, bool) or not isinstance(score, (int, float)) or not math.isfinite(score):
-            raise EmbeddingResponseError(f"result {position} has a score that is {describe(score)}, not a finite number")
+            raise EmbeddingResponseError(
+                f"result {position} has a score that is {describe(score)}, not a finite number"
+            )
         ref = parse_ref(item.get("id"))
         if ref is not None and ref not in hits:
             hits[ref] = RemoteHit(ref[0], ref[1], float(score))
@@ -136,8 +138,9 @@ class RemoteIndex:
         self.index_timeout_secs = _positive(index_timeout_secs, DEFAULT_INDEX_TIMEOUT_SECS)
         import httpx
 
-        self._http = httpx.Client(timeout=httpx.Timeout(self.index_timeout_secs), transport=transport,
-                                  follow_redirects=False)
+        self._http = httpx.Client(
+            timeout=httpx.Timeout(self.index_timeout_secs), transport=transport, follow_redirects=False
+        )
         self._lock = threading.Lock()
         self._last_error: str | None = None
 
@@ -158,14 +161,19 @@ class RemoteIndex:
 
     def search(self, agent_id: str, query: str, limit: int, min_similarity: float) -> RemoteSearch:
         """The service's nearest rows for ``query`` in the agent's namespace."""
-        body = {"namespace": namespace(agent_id), "query": query, "limit": int(limit),
-                "min_similarity": float(min_similarity)}
+        body = {
+            "namespace": namespace(agent_id),
+            "query": query,
+            "limit": int(limit),
+            "min_similarity": float(min_similarity),
+        }
         url = self._urls["search"]
         if url is None:
             return RemoteSearch(None, "the embedding URL does not end in /embed: no remote search route")
         try:
-            raw = fetch_capped(self._http, "POST", url, _encode(body), _HEADERS, self.search_timeout_secs,
-                               MAX_SEARCH_RESPONSE_BYTES)
+            raw = fetch_capped(
+                self._http, "POST", url, _encode(body), _HEADERS, self.search_timeout_secs, MAX_SEARCH_RESPONSE_BYTES
+            )
             hits = results_from_search(parse_json_object(raw))
         except Exception as exc:  # noqa: BLE001 - never raise: the caller falls back to the local scan
             return RemoteSearch(None, self._failed("search", url, exc))
@@ -174,18 +182,26 @@ class RemoteIndex:
     def index(self, agent_id: str, items: Sequence[tuple[str, str]]) -> bool:
         """Push ``(ref, text)`` pairs; True only when every batch was accepted."""
         entries = [{"id": ref, "text": text} for ref, text in items]
-        return all(
-            self._post("index", {"namespace": namespace(agent_id), "items": entries[start : start + INDEX_BATCH]})
-            for start in range(0, len(entries), INDEX_BATCH)
-        ) if entries else True
+        return (
+            all(
+                self._post("index", {"namespace": namespace(agent_id), "items": entries[start : start + INDEX_BATCH]})
+                for start in range(0, len(entries), INDEX_BATCH)
+            )
+            if entries
+            else True
+        )
 
     def remove(self, agent_id: str, refs: Sequence[str]) -> bool:
         """Drop ``refs`` from the agent's namespace; True when the service accepted it."""
         ids = list(refs)
-        return all(
-            self._post("remove", {"namespace": namespace(agent_id), "ids": ids[start : start + INDEX_BATCH]})
-            for start in range(0, len(ids), INDEX_BATCH)
-        ) if ids else True
+        return (
+            all(
+                self._post("remove", {"namespace": namespace(agent_id), "ids": ids[start : start + INDEX_BATCH]})
+                for start in range(0, len(ids), INDEX_BATCH)
+            )
+            if ids
+            else True
+        )
 
     def purge(self, agent_id: str) -> bool:
         """Drop the agent's whole namespace."""
@@ -202,8 +218,9 @@ class RemoteIndex:
             return False
         try:
             # The answer's content is not used; the cap still bounds what is read.
-            fetch_capped(self._http, "POST", url, _encode(body), _HEADERS, self.index_timeout_secs,
-                         MAX_SEARCH_RESPONSE_BYTES)
+            fetch_capped(
+                self._http, "POST", url, _encode(body), _HEADERS, self.index_timeout_secs, MAX_SEARCH_RESPONSE_BYTES
+            )
         except Exception as exc:  # noqa: BLE001 - tolerated (EMB-6): the row stays stored either way
             self._failed(route, url, exc)
             return False
@@ -241,7 +258,9 @@ def _positive(value: Any, default: float) -> float:
     return number if number > 0 and math.isfinite(number) else default
 
 
-def build_remote_index(settings: Any, embedder: Any, *, transport: httpx.BaseTransport | None = None) -> RemoteIndex | None:
+def build_remote_index(
+    settings: Any, embedder: Any, *, transport: httpx.BaseTransport | None = None
+) -> RemoteIndex | None:
     """The remote index the settings ask for, or None.
 
     Only ``remote`` vector mode over an ``http`` embedder has one: the routes
@@ -260,8 +279,11 @@ def build_remote_index(settings: Any, embedder: Any, *, transport: httpx.BaseTra
         transport=transport,
     )
     if not index.available:
-        log.warning("CPERSONA_VECTOR_SEARCH_MODE=remote, but %s does not end in /embed: no remote index "
-                    "routes can be derived, vector search stays local", safe_endpoint(getattr(embedder, "url", "")))
+        log.warning(
+            "CPERSONA_VECTOR_SEARCH_MODE=remote, but %s does not end in /embed: no remote index "
+            "routes can be derived, vector search stays local",
+            safe_endpoint(getattr(embedder, "url", "")),
+        )
         index.close()
         return None
     return index

@@ -56,15 +56,26 @@ class ModelService:
 
     def capabilities(self) -> dict[str, Any]:
         config = self.model.config
-        identity = {"model": config.name, "dimension": self.model.dimension, "pooling": config.pooling,
-                    "normalize": config.normalize, "max_tokens": config.max_tokens, "runtime": "onnxruntime"}
+        identity = {
+            "model": config.name,
+            "dimension": self.model.dimension,
+            "pooling": config.pooling,
+            "normalize": config.normalize,
+            "max_tokens": config.max_tokens,
+            "runtime": "onnxruntime",
+        }
         return {"identity": identity, "incomplete": [], "fingerprint": self.model.fingerprint}
 
     def health(self) -> dict[str, Any]:
         with self._lock:
             counts = {"texts_embedded": self.texts_embedded, "requests": self.requests}
-        return {"ok": True, "model": self.model.name, "dimension": self.model.dimension,
-                "fingerprint": self.model.fingerprint, **counts}
+        return {
+            "ok": True,
+            "model": self.model.name,
+            "dimension": self.model.dimension,
+            "fingerprint": self.model.fingerprint,
+            **counts,
+        }
 
     def embed(self, payload: Any) -> dict[str, Any]:
         texts = _texts(payload)
@@ -80,8 +91,12 @@ class ModelService:
     def count_tokens(self, payload: Any) -> dict[str, Any]:
         texts = _texts(payload)
         info = self.model.token_info(texts)
-        return {"token_info": [{"count": i.count, "window": i.window, "truncated": i.truncated,
-                                "window_end_char": i.window_end_char} for i in info]}
+        return {
+            "token_info": [
+                {"count": i.count, "window": i.window, "truncated": i.truncated, "window_end_char": i.window_end_char}
+                for i in info
+            ]
+        }
 
 
 def _texts(payload: Any) -> list[str]:
@@ -159,11 +174,20 @@ def serve(model: LocalModel, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT)
     server.daemon_threads = True
     bound_host, bound_port = server.server_address[:2]
     if bound_host not in ("127.0.0.1", "::1", "localhost"):
-        log.warning("embed-server is bound to %s: anything that reaches this port can use the model "
-                    "(there is no authentication)", bound_host)
+        log.warning(
+            "embed-server is bound to %s: anything that reaches this port can use the model "
+            "(there is no authentication)",
+            bound_host,
+        )
     print(f"listening on http://{bound_host}:{bound_port}/embed", flush=True)
-    log.info("embed-server: %s (%d-wide), point stdio servers at CPERSONA_EMBEDDING_MODE=http "
-             "CPERSONA_EMBEDDING_URL=http://%s:%d/embed", model.name, model.dimension, bound_host, bound_port)
+    log.info(
+        "embed-server: %s (%d-wide), point stdio servers at CPERSONA_EMBEDDING_MODE=http "
+        "CPERSONA_EMBEDDING_URL=http://%s:%d/embed",
+        model.name,
+        model.dimension,
+        bound_host,
+        bound_port,
+    )
     try:
         server.serve_forever()
     except KeyboardInterrupt:

@@ -100,8 +100,9 @@ class TokenReporter:
             if not response.is_success:
                 import httpx
 
-                raise httpx.HTTPStatusError(f"status {response.status_code}", request=response.request,
-                                            response=response)
+                raise httpx.HTTPStatusError(
+                    f"status {response.status_code}", request=response.request, response=response
+                )
             chunks, received = [], 0
             for chunk in response.iter_bytes():
                 received += len(chunk)

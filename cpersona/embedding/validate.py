@@ -62,9 +62,7 @@ def _check_list(value: Any, field: str, expected_count: int) -> list[Any]:
     if len(value) > MAX_VECTORS:
         raise EmbeddingResponseError(f"'{field}' holds {len(value)} entries, more than {MAX_VECTORS}")
     if len(value) != expected_count:
-        raise EmbeddingResponseError(
-            f"'{field}' holds {len(value)} entries for {expected_count} text(s)"
-        )
+        raise EmbeddingResponseError(f"'{field}' holds {len(value)} entries for {expected_count} text(s)")
     return value
 
 
@@ -75,32 +73,24 @@ def check_vector(raw: Any, position: int) -> np.ndarray:
     if not raw:
         raise EmbeddingResponseError(f"vector {position} is empty")
     if len(raw) > MAX_DIMENSION:
-        raise EmbeddingResponseError(
-            f"vector {position} is {len(raw)} wide, more than {MAX_DIMENSION}"
-        )
+        raise EmbeddingResponseError(f"vector {position} is {len(raw)} wide, more than {MAX_DIMENSION}")
     for value in raw:
         # Exact type test: bool is a subclass of int, and JSON true is not a number.
         kind = type(value)
         if kind is not float and kind is not int:
-            raise EmbeddingResponseError(
-                f"vector {position} holds {describe(value)}, expected numbers only"
-            )
+            raise EmbeddingResponseError(f"vector {position} holds {describe(value)}, expected numbers only")
     import numpy as np
 
     try:
         vector = np.array(raw, dtype=np.float64)
     except OverflowError:
-        raise EmbeddingResponseError(
-            f"vector {position} holds an integer too large to represent"
-        ) from None
+        raise EmbeddingResponseError(f"vector {position} holds an integer too large to represent") from None
     if not np.isfinite(vector).all():
         raise EmbeddingResponseError(f"vector {position} holds a value that is not finite")
     with np.errstate(over="ignore"):
         fits = np.isfinite(vector.astype(FLOAT32)).all()
     if not fits:
-        raise EmbeddingResponseError(
-            f"vector {position} holds a value outside the float32 range"
-        )
+        raise EmbeddingResponseError(f"vector {position} holds a value outside the float32 range")
     return vector
 
 
@@ -109,13 +99,9 @@ def check_width(vectors: list[np.ndarray], process_dimension: int | None) -> int
     width = len(vectors[0])
     for position, vector in enumerate(vectors):
         if len(vector) != width:
-            raise EmbeddingResponseError(
-                f"vector {position} is {len(vector)} wide, vector 0 is {width} wide"
-            )
+            raise EmbeddingResponseError(f"vector {position} is {len(vector)} wide, vector 0 is {width} wide")
     if process_dimension is not None and width != process_dimension:
-        raise EmbeddingResponseError(
-            f"vectors are {width} wide, this process accepted {process_dimension} before"
-        )
+        raise EmbeddingResponseError(f"vectors are {width} wide, this process accepted {process_dimension} before")
     return width
 
 
@@ -138,9 +124,7 @@ def vectors_from_api(payload: dict[str, Any], expected_count: int) -> list[np.nd
             raise EmbeddingResponseError(f"data[{position}] is {describe(item)}, expected an object")
         index = item.get("index")
         if type(index) is not int:
-            raise EmbeddingResponseError(
-                f"data[{position}].index is {describe(index)}, expected an integer"
-            )
+            raise EmbeddingResponseError(f"data[{position}].index is {describe(index)}, expected an integer")
         if index < 0 or index >= expected_count or index in placed:
             raise EmbeddingResponseError(
                 f"data indices must be exactly 0..{expected_count - 1}; got {index} at data[{position}]"

@@ -133,8 +133,10 @@ def load_policy(settings: Any, environ: Mapping[str, str] | None = None) -> AclP
         return None
     policy = load_acl_file(Path(settings.acl_file).expanduser(), environ)
     if settings.auth_token is not None and settings.auth_token.get_secret_value():
-        log.warning("CPERSONA_AUTH_TOKEN is ignored in ACL mode; a client that should keep using it must be "
-                    "listed in %s", settings.acl_file)
+        log.warning(
+            "CPERSONA_AUTH_TOKEN is ignored in ACL mode; a client that should keep using it must be listed in %s",
+            settings.acl_file,
+        )
     return policy
 
 
@@ -143,7 +145,6 @@ def acl_gates(policy: AclPolicy | None, settings: Any, transport: str) -> list[A
     if policy is None:
         return []
     return [AclGate(policy, settings, Principal(LOCAL) if transport == "stdio" else None)]
-
 
 
 def load_acl_file(path: Path, environ: Mapping[str, str] | None = None) -> AclPolicy:
@@ -178,13 +179,18 @@ def parse_acl(document: Any, environ: Mapping[str, str]) -> AclPolicy:
         seen_ids.add(client.client_id)
         if client.token is not None:
             if client.token in seen_tokens:
-                raise AclConfigError(f"clients {seen_tokens[client.token]!r} and {client.client_id!r} "
-                                     "share one token; tokens must be unique")
+                raise AclConfigError(
+                    f"clients {seen_tokens[client.token]!r} and {client.client_id!r} "
+                    "share one token; tokens must be unique"
+                )
             seen_tokens[client.token] = client.client_id
         clients.append(client)
     policy = AclPolicy(clients)
-    policy.env_refs = frozenset(m.group(1) for e in entries if isinstance(e, dict)
-                                and isinstance(e.get("token"), str) and (m := _ENV_REF.fullmatch(e["token"])))
+    policy.env_refs = frozenset(
+        m.group(1)
+        for e in entries
+        if isinstance(e, dict) and isinstance(e.get("token"), str) and (m := _ENV_REF.fullmatch(e["token"]))
+    )
     if policy.has_per_subject:
         # ACL-20..23 need the alias ledger, which this build does not have; a
         # row whose boundary we cannot enforce must not be served (ACL-6).
@@ -223,8 +229,7 @@ def _parse_client(index: int, entry: Any, environ: Mapping[str, str]) -> AclClie
             raise AclConfigError(f"{who}: per_subject is not allowed on the stdio principal")
         return AclClient(client_id, None, parsed)
     if "token" not in entry:
-        raise AclConfigError(f"{who}: token is required (a string, or null for a principal an OAuth "
-                             "verifier asserts)")
+        raise AclConfigError(f"{who}: token is required (a string, or null for a principal an OAuth verifier asserts)")
     token = entry["token"]
     if token is None:
         return AclClient(client_id, None, parsed, per_subject)
@@ -243,13 +248,13 @@ def _resolve_token(who: str, token: Any, environ: Mapping[str, str]) -> str:
         if not token:
             raise AclConfigError(f"{who}: token refers to ${{{name}}}, which is unset or empty")
     elif "${" in token:
-        raise AclConfigError(f"{who}: token holds a partial ${{...}} reference; a reference must be the "
-                             "whole value")
+        raise AclConfigError(f"{who}: token holds a partial ${{...}} reference; a reference must be the whole value")
     if not token.isascii():
         raise AclConfigError(f"{who}: token must be ASCII")
     if token != token.strip():
-        raise AclConfigError(f"{who}: token has leading or trailing whitespace (a trailing newline from "
-                             "`echo` is the usual cause)")
+        raise AclConfigError(
+            f"{who}: token has leading or trailing whitespace (a trailing newline from `echo` is the usual cause)"
+        )
     if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in token):
         raise AclConfigError(f"{who}: token contains a control character")
     return token
@@ -263,8 +268,11 @@ def _warn_if_readable_by_others(path: Path) -> None:
     except OSError:
         return
     if mode & (stat.S_IRGRP | stat.S_IROTH):
-        log.warning("the ACL file %s is readable by group or others (mode %o); it holds bearer tokens, "
-                    "chmod 600 it", path, stat.S_IMODE(mode))
+        log.warning(
+            "the ACL file %s is readable by group or others (mode %o); it holds bearer tokens, chmod 600 it",
+            path,
+            stat.S_IMODE(mode),
+        )
 
 
 # --- the classification (§4.4) -------------------------------------------------
@@ -301,10 +309,14 @@ def sweep(level: int, cause: str) -> Demand:
 
 
 _CROSS_AGENT_REPAIRS = ("block_index", "coarse_index", "dedup_msg_id_index", "file_permissions")
-_UNCONFINED_PATH = ("CPERSONA_EXPORT_DIR is unset, so the path argument is caller-chosen anywhere on the "
-                    "filesystem and the call is not confined to one agent")
-_PROCESS_PROPERTY = ("the running server's version belongs to the process, not to any agent's data, so "
-                     "no argument can narrow this call to one agent")
+_UNCONFINED_PATH = (
+    "CPERSONA_EXPORT_DIR is unset, so the path argument is caller-chosen anywhere on the "
+    "filesystem and the call is not confined to one agent"
+)
+_PROCESS_PROPERTY = (
+    "the running server's version belongs to the process, not to any agent's data, so "
+    "no argument can narrow this call to one agent"
+)
 
 Classifier = Callable[[Mapping[str, Any], Any], list[Demand]]
 
@@ -322,14 +334,21 @@ def write_agent(arguments: Mapping[str, Any], settings: Any) -> list[Demand]:
 
 
 def _pause_bucket(verb: str, effect: str) -> Classifier:
-    cause = (f"a {verb} acts on a bucket any caller can name (a session_key is a hint, not a credential), and "
-             f"without one it {effect} for every keyless session this process serves, not only the caller's")
+    cause = (
+        f"a {verb} acts on a bucket any caller can name (a session_key is a hint, not a credential), and "
+        f"without one it {effect} for every keyless session this process serves, not only the caller's"
+    )
     return lambda arguments, settings: [sweep(READ_WRITE, cause)]
 
 
 def findings_demands(arguments: Mapping[str, Any], settings: Any) -> list[Demand]:
-    return [sweep(READ, "findings cover the whole database by contract, so no argument narrows them to one "
-                        "agent; check_health(agent_id=...) gives an agent-scoped report")]
+    return [
+        sweep(
+            READ,
+            "findings cover the whole database by contract, so no argument narrows them to one "
+            "agent; check_health(agent_id=...) gives an agent-scoped report",
+        )
+    ]
 
 
 def update_check_demands(arguments: Mapping[str, Any], settings: Any) -> list[Demand]:
@@ -342,9 +361,15 @@ def health_demands(arguments: Mapping[str, Any], settings: Any) -> list[Demand]:
     demands = [scope_demand(arguments, "agent_id", READ_WRITE)]
     checks = arguments.get("checks")
     if not checks or any(name in _CROSS_AGENT_REPAIRS for name in checks):
-        demands.append(sweep(READ_WRITE, "this call runs a repair whose effect reaches every agent ("
-                             + ", ".join(_CROSS_AGENT_REPAIRS) + "), so no agent_id narrows it — naming the "
-                             "checks you want in `checks` does"))
+        demands.append(
+            sweep(
+                READ_WRITE,
+                "this call runs a repair whose effect reaches every agent ("
+                + ", ".join(_CROSS_AGENT_REPAIRS)
+                + "), so no agent_id narrows it — naming the "
+                "checks you want in `checks` does",
+            )
+        )
     return demands
 
 
@@ -354,8 +379,10 @@ def deep_check_demands(arguments: Mapping[str, Any], settings: Any) -> list[Dema
 
 def merge_demands(arguments: Mapping[str, Any], settings: Any) -> list[Demand]:
     source_level = READ_WRITE if arguments.get("mode") == "move" else READ
-    return [scope_demand(arguments, "source_agent_id", source_level),
-            scope_demand(arguments, "target_agent_id", READ_WRITE)]
+    return [
+        scope_demand(arguments, "source_agent_id", source_level),
+        scope_demand(arguments, "target_agent_id", READ_WRITE),
+    ]
 
 
 def export_demands(arguments: Mapping[str, Any], settings: Any) -> list[Demand]:
@@ -408,8 +435,15 @@ def _existing_export_owner(raw: Any, export_dir: Path) -> Demand | None:
     agent = header.get("agent_id") if header and header.get("_type") == "header" else None
     if isinstance(agent, str) and agent and agent != ALL:
         return Demand(agent, READ_WRITE, "output_path")
-    cause = ("the destination already holds " + ("an all-agents export" if header and header.get("_type") ==
-             "header" else "a file that is not a single-agent export") + ", which this call would overwrite")
+    cause = (
+        "the destination already holds "
+        + (
+            "an all-agents export"
+            if header and header.get("_type") == "header"
+            else "a file that is not a single-agent export"
+        )
+        + ", which this call would overwrite"
+    )
     return sweep(READ_WRITE, cause)
 
 
@@ -430,8 +464,11 @@ def _import_sources(raw: Any, settings: Any) -> list[Demand]:
             agent = record["agent_id"]
             all_agents = record.get("_type") == "header" and agent == ""
             if not isinstance(agent, str) or all_agents:
-                cause = ("the file is an all-agents export" if all_agents else
-                         f"line {line.number} carries a non-string agent id")
+                cause = (
+                    "the file is an all-agents export"
+                    if all_agents
+                    else f"line {line.number} carries a non-string agent id"
+                )
                 return [sweep(READ, cause + ", so importing it reads every agent")]
             if agent:
                 agents.setdefault(agent)
@@ -469,9 +506,15 @@ class AclGate:
         if sentinel is not None:
             # ACL-21: "@me" means "my own partition", which only a per-subject
             # client has; taken literally it would name a shared agent.
-            return self._deny(call, Demand(ME, READ, sentinel), principal.client_id, detail=(
-                f'{sentinel} was sent as "@me", a sentinel honoured only for a per_subject client; this client '
-                "has no per-subject partition, so name the agent itself"))
+            return self._deny(
+                call,
+                Demand(ME, READ, sentinel),
+                principal.client_id,
+                detail=(
+                    f'{sentinel} was sent as "@me", a sentinel honoured only for a per_subject client; this client '
+                    "has no per-subject partition, so name the agent itself"
+                ),
+            )
         resolved = None
         if access.fills_agent and "agent_id" not in arguments and client is not None:
             resolved = client.connection_agent()
@@ -484,9 +527,15 @@ class AclGate:
             demands = access.demands(arguments, self.settings)
         for demand in demands:
             if client is None:
-                return self._deny(call, demand, principal.client_id, detail=(
-                    "this client has no entry in the ACL grant table, so no agent is reachable at any level — an "
-                    "operator running ACL mode states every principal explicitly, this one included"))
+                return self._deny(
+                    call,
+                    demand,
+                    principal.client_id,
+                    detail=(
+                        "this client has no entry in the ACL grant table, so no agent is reachable at any level — an "
+                        "operator running ACL mode states every principal explicitly, this one included"
+                    ),
+                )
             held = client.sweep_level() if demand.agent == ALL else client.level_on(demand.agent)
             if held < demand.level:
                 return self._deny(call, demand, principal.client_id, detail=_detail(tool, demand, demands, client))
@@ -510,8 +559,13 @@ class AclGate:
                 extra["locked"] = False
         if detail is not None:
             extra["detail"] = detail
-        log.warning("ACL denial: client=%s tool=%s agent=%s required=%s", client_id, tool,
-                    extra.get("agent_id", "-"), extra.get("required", "-"))
+        log.warning(
+            "ACL denial: client=%s tool=%s agent=%s required=%s",
+            client_id,
+            tool,
+            extra.get("agent_id", "-"),
+            extra.get("required", "-"),
+        )
         # `error` is a code callers branch on; `detail` carries the explanation.
         return {"ok": False, "error": "permission_denied", **extra}
 
@@ -525,11 +579,16 @@ def _detail(tool: str, demand: Demand, demands: list[Demand], client: AclClient)
         return f"non-string {demand.argument} argument resolved to the all-agents demand"
     if demand.how == "omitted":
         omitted = [d.argument for d in demands if d.how == "omitted" and d.argument]
-        return ("no agent scope was sent, so the call resolved to the all-agents demand — pass "
-                + " and ".join(dict.fromkeys(omitted)) + " to scope it")
+        return (
+            "no agent scope was sent, so the call resolved to the all-agents demand — pass "
+            + " and ".join(dict.fromkeys(omitted))
+            + " to scope it"
+        )
     if demand.how == "star":
-        return (f'{demand.argument} was sent as "*", so the call demands every agent at once — {reach}. '
-                "Name a single agent to scope it")
+        return (
+            f'{demand.argument} was sent as "*", so the call demands every agent at once — {reach}. '
+            "Name a single agent to scope it"
+        )
     return f"{demand.cause}; no agent scope narrows this call — it demands every agent by its nature, and {reach}"
 
 
@@ -538,5 +597,7 @@ def _reach(client: AclClient) -> str:
         return "this client holds no all-agents grant, and named grants never add up to one"
     weakest = min(client.grants.values())
     holders = [agent for agent, level in client.grants.items() if level == weakest]
-    return (f"a sweep is satisfied only at the weakest grant this client holds "
-            f"({LEVEL_NAMES[weakest]} on {', '.join(holders)})")
+    return (
+        f"a sweep is satisfied only at the weakest grant this client holds "
+        f"({LEVEL_NAMES[weakest]} on {', '.join(holders)})"
+    )

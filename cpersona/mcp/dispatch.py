@@ -59,8 +59,14 @@ def input_error(detail: str) -> Outcome:
     return Outcome(failure(INPUT_ERROR_PREFIX + detail), is_error=True)
 
 
-async def call_tool(app: App, registry: Registry, gates: GateChain, name: str,
-                    arguments: Mapping[str, Any] | None, context: Mapping[str, Any] | None = None) -> Outcome:
+async def call_tool(
+    app: App,
+    registry: Registry,
+    gates: GateChain,
+    name: str,
+    arguments: Mapping[str, Any] | None,
+    context: Mapping[str, Any] | None = None,
+) -> Outcome:
     spec = registry.get(name)
     if spec is None:
         return Outcome(failure(f"Unknown tool: {name}"), is_error=True)
@@ -73,9 +79,12 @@ async def call_tool(app: App, registry: Registry, gates: GateChain, name: str,
     if report.bound_crossed:
         return input_error(report.bound_crossed)
     if report.lone_surrogate_at:
-        return Outcome(spec.refusal(
-            f"{report.lone_surrogate_at} contains a lone UTF-16 surrogate, which is not valid text; nothing was done",
-            arguments))
+        return Outcome(
+            spec.refusal(
+                f"{report.lone_surrogate_at} contains a lone UTF-16 surrogate, which is not valid text; nothing was done",
+                arguments,
+            )
+        )
     if report.nul:
         return Outcome(spec.refusal(f"{report.nul}, which text cannot hold; nothing was done", arguments))
     violation = schema_violation(spec.input_schema, arguments)
@@ -149,5 +158,6 @@ async def _run_service(call: ToolCall) -> Response:
     # Services are blocking (SQLite, HTTP embeddings); the event loop keeps
     # serving other requests while one runs in a worker thread. Read-only tools
     # and writers draw on separate threads, so queued writers never stall a read.
-    return await call.app.db.run(partial(serve, call.app, call.spec, call.arguments),
-                                 writes=call.spec.annotations.read_only is not True)
+    return await call.app.db.run(
+        partial(serve, call.app, call.spec, call.arguments), writes=call.spec.annotations.read_only is not True
+    )

@@ -42,8 +42,13 @@ from starlette.routing import Mount, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from cpersona.mcp.acl import AclPolicy, Principal, current_principal
-from cpersona.mcp.http_guard import (ConnectionGuard, ConnectionLimits, StreamLifetime,
-                                     install_accept_error_limit, protocol_class)
+from cpersona.mcp.http_guard import (
+    ConnectionGuard,
+    ConnectionLimits,
+    StreamLifetime,
+    install_accept_error_limit,
+    protocol_class,
+)
 from cpersona.mcp.oauth import OAuthConfig, TokenVerifier
 from cpersona.mcp.validation import MAX_REQUEST_BYTES
 
@@ -52,8 +57,16 @@ log = logging.getLogger(__name__)
 CORS_ORIGINS = ("https://claude.ai", "https://www.claude.ai")
 CORS_METHODS = ("GET", "POST", "DELETE", "OPTIONS")
 CORS_HEADERS = ("Authorization", "Content-Type", "Mcp-Session-Id", "Mcp-Protocol-Version", "Last-Event-Id")
-FORWARDING_HEADERS = (b"x-forwarded-for", b"x-forwarded-proto", b"x-forwarded-host", b"forwarded", b"via",
-                      b"x-real-ip", b"true-client-ip", b"cf-connecting-ip")
+FORWARDING_HEADERS = (
+    b"x-forwarded-for",
+    b"x-forwarded-proto",
+    b"x-forwarded-host",
+    b"forwarded",
+    b"via",
+    b"x-real-ip",
+    b"true-client-ip",
+    b"cf-connecting-ip",
+)
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 # T-3: the SDK's own ceiling must never bind first; the budget below is the limit.
 SDK_BODY_CEILING = sys.maxsize
@@ -85,8 +98,10 @@ def http_auth_mode(settings: Any, policy: AclPolicy | None, oauth: OAuthConfig |
         verifier = TokenVerifier(oauth) if oauth is not None else None
         return AuthMode(policy=policy, verifier=verifier)
     if oauth is not None:
-        log.warning("OAuth token verification stays off without CPERSONA_ACL_FILE: a verified identity with no "
-                    "grant table would reach every tool. Discovery is still served; OAuth clients will be refused.")
+        log.warning(
+            "OAuth token verification stays off without CPERSONA_ACL_FILE: a verified identity with no "
+            "grant table would reach every tool. Discovery is still served; OAuth clients will be refused."
+        )
     token = settings.auth_token.get_secret_value() if settings.auth_token is not None else ""
     if token:
         return AuthMode(token=token)
@@ -96,9 +111,14 @@ def http_auth_mode(settings: Any, policy: AclPolicy | None, oauth: OAuthConfig |
             "credentials: every tool, including delete_agent_data and file import/export, would be callable by "
             "anyone who reaches the port (a loopback bind is no boundary: tunnels, proxies and port-forwards "
             "reach it). Set CPERSONA_AUTH_TOKEN (or CPERSONA_ACL_FILE), or, for local development only, "
-            "CPERSONA_ALLOW_UNAUTHENTICATED_HTTP=true")
-    log.warning("serving streamable-http WITHOUT authentication (CPERSONA_ALLOW_UNAUTHENTICATED_HTTP=true): "
-                "anyone who reaches %s:%s can call every tool", settings.http_host, settings.http_port)
+            "CPERSONA_ALLOW_UNAUTHENTICATED_HTTP=true"
+        )
+    log.warning(
+        "serving streamable-http WITHOUT authentication (CPERSONA_ALLOW_UNAUTHENTICATED_HTTP=true): "
+        "anyone who reaches %s:%s can call every tool",
+        settings.http_host,
+        settings.http_port,
+    )
     return AuthMode()
 
 
@@ -161,12 +181,16 @@ class Authentication:
         return principal
 
     def _public_metadata(self, scope: Scope) -> bool:
-        return (self.oauth is not None and scope["path"] == self.oauth.metadata_path
-                and scope["method"] in ("GET", "HEAD", "OPTIONS"))
+        return (
+            self.oauth is not None
+            and scope["path"] == self.oauth.metadata_path
+            and scope["method"] in ("GET", "HEAD", "OPTIONS")
+        )
 
     async def _unauthorized(self, scope: Scope, receive: Receive, send: Send) -> None:
-        response = JSONResponse({"error": "unauthorized"}, status_code=401,
-                                headers={"WWW-Authenticate": self.challenge})
+        response = JSONResponse(
+            {"error": "unauthorized"}, status_code=401, headers={"WWW-Authenticate": self.challenge}
+        )
         await response(scope, receive, send)
 
     def _warn_if_exposed(self, scope: Scope) -> None:
@@ -180,8 +204,11 @@ class Authentication:
         if forwarded or not _is_loopback_peer(peer):
             self._warned_exposed = True
             why = f"forwarding header(s) {', '.join(forwarded)}" if forwarded else f"a request from {peer}"
-            log.warning("this server is reachable from outside while unauthenticated (%s); set "
-                        "CPERSONA_AUTH_TOKEN or CPERSONA_ACL_FILE", why)
+            log.warning(
+                "this server is reachable from outside while unauthenticated (%s); set "
+                "CPERSONA_AUTH_TOKEN or CPERSONA_ACL_FILE",
+                why,
+            )
 
 
 def _is_loopback_peer(peer: str | None) -> bool:
@@ -274,23 +301,41 @@ class BodyBudget:
             self.crossings += 1
             self._log(scope, size, "The request was answered 413 and the rest of the body was not read.")
             return
-        what = (f"declares {size} bytes in Content-Length, so none of it was read"
-                if declared else f"reached at least {size} bytes, so the rest of it was not read")
+        what = (
+            f"declares {size} bytes in Content-Length, so none of it was read"
+            if declared
+            else f"reached at least {size} bytes, so the rest of it was not read"
+        )
         self.refusals += 1
         n = self.refusals
         if 10 ** (len(str(n)) - 1) == n:  # 1st, 10th, 100th, ...
-            log.warning("HTTP request body on %s %s is longer than the largest request any tool can accept "
-                        "(%d bytes): its body %s. It was answered 413 whatever CPERSONA_HTTP_BODY_LIMIT_MODE "
-                        "says (mode=%s). Occurrence %d this process.", scope["method"], scope["path"],
-                        self.hard_max_bytes, what, self.mode, n)
+            log.warning(
+                "HTTP request body on %s %s is longer than the largest request any tool can accept "
+                "(%d bytes): its body %s. It was answered 413 whatever CPERSONA_HTTP_BODY_LIMIT_MODE "
+                "says (mode=%s). Occurrence %d this process.",
+                scope["method"],
+                scope["path"],
+                self.hard_max_bytes,
+                what,
+                self.mode,
+                n,
+            )
 
     def _log(self, scope: Scope, seen: int, outcome: str) -> None:
         n = self.crossings
         if n < 1 or 10 ** (len(str(n)) - 1) != n:  # 1st, 10th, 100th, ...
             return
-        log.warning("HTTP request body exceeded CPERSONA_HTTP_MAX_BODY_BYTES on %s %s: at least %d bytes against "
-                    "a budget of %d (mode=%s). Occurrence %d this process. %s", scope["method"], scope["path"],
-                    seen, self.max_bytes, self.mode, n, outcome)
+        log.warning(
+            "HTTP request body exceeded CPERSONA_HTTP_MAX_BODY_BYTES on %s %s: at least %d bytes against "
+            "a budget of %d (mode=%s). Occurrence %d this process. %s",
+            scope["method"],
+            scope["path"],
+            seen,
+            self.max_bytes,
+            self.mode,
+            n,
+            outcome,
+        )
 
 
 def _declared_length(scope: Scope) -> int | None:
@@ -302,9 +347,17 @@ def _declared_length(scope: Scope) -> int | None:
 
 async def _payload_too_large(max_bytes: int, send: Send) -> None:
     body = JSONResponse({"error": "payload_too_large", "max_bytes": max_bytes}).body
-    await send({"type": "http.response.start", "status": 413,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                            (b"connection", b"close")]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 413,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"connection", b"close"),
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 
@@ -327,11 +380,19 @@ def transport_security(host: str) -> TransportSecuritySettings:
     )
 
 
-def build_http_app(server: Server[Any], *, host: str, auth: AuthMode, max_body_bytes: int, body_limit_mode: str,
-                   oauth: OAuthConfig | None = None, stream_max_seconds: float = 300.0) -> Starlette:
+def build_http_app(
+    server: Server[Any],
+    *,
+    host: str,
+    auth: AuthMode,
+    max_body_bytes: int,
+    body_limit_mode: str,
+    oauth: OAuthConfig | None = None,
+    stream_max_seconds: float = 300.0,
+) -> Starlette:
     manager = StreamableHTTPSessionManager(
-        app=server, stateless=True, security_settings=transport_security(host),
-        max_request_body_size=SDK_BODY_CEILING)
+        app=server, stateless=True, security_settings=transport_security(host), max_request_body_size=SDK_BODY_CEILING
+    )
 
     async def mcp_endpoint(scope: Scope, receive: Receive, send: Send) -> None:
         await manager.handle_request(scope, receive, send)
@@ -352,8 +413,13 @@ def build_http_app(server: Server[Any], *, host: str, auth: AuthMode, max_body_b
     routes.append(Mount("/", app=mcp_endpoint))  # /mcp and / alike (T-3)
 
     middleware = [
-        Middleware(CORSMiddleware, allow_origins=list(CORS_ORIGINS), allow_methods=list(CORS_METHODS),
-                   allow_headers=list(CORS_HEADERS), expose_headers=["Mcp-Session-Id"]),
+        Middleware(
+            CORSMiddleware,
+            allow_origins=list(CORS_ORIGINS),
+            allow_methods=list(CORS_METHODS),
+            allow_headers=list(CORS_HEADERS),
+            expose_headers=["Mcp-Session-Id"],
+        ),
         Middleware(BodyBudget, max_bytes=max_body_bytes, mode=body_limit_mode),
         Middleware(Authentication, mode=auth, oauth=oauth),
         Middleware(StreamLifetime, max_seconds=stream_max_seconds),
@@ -365,12 +431,29 @@ def serve_http(app: ASGIApp, host: str, port: int, limits: ConnectionLimits) -> 
     """Run ``app`` under uvicorn until interrupted, with the connection bounds of :mod:`cpersona.mcp.http_guard`."""
     import uvicorn
 
-    log.info("HTTP connections: at most %d open (RLIMIT_NOFILE %s), request head within %g s, body silence up to "
-             "%g s, keep-alive %g s, GET streams end after %g s", limits.max_connections, limits.file_limit,
-             limits.header_timeout, limits.body_timeout, limits.keep_alive_timeout, limits.stream_max_seconds)
-    config = uvicorn.Config(app, host=host, port=port, log_level="info", lifespan="on", access_log=False,
-                            ws="none", http=protocol_class(ConnectionGuard(limits)), loop="asyncio",
-                            timeout_keep_alive=limits.keep_alive_timeout, backlog=limits.backlog)
+    log.info(
+        "HTTP connections: at most %d open (RLIMIT_NOFILE %s), request head within %g s, body silence up to "
+        "%g s, keep-alive %g s, GET streams end after %g s",
+        limits.max_connections,
+        limits.file_limit,
+        limits.header_timeout,
+        limits.body_timeout,
+        limits.keep_alive_timeout,
+        limits.stream_max_seconds,
+    )
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level="info",
+        lifespan="on",
+        access_log=False,
+        ws="none",
+        http=protocol_class(ConnectionGuard(limits)),
+        loop="asyncio",
+        timeout_keep_alive=limits.keep_alive_timeout,
+        backlog=limits.backlog,
+    )
     server = uvicorn.Server(config)
 
     async def serve() -> None:

@@ -99,24 +99,40 @@ def connection_limits(settings: Any, limit: int | None = None, in_use: int | Non
         derived = max(MIN_CONNECTIONS, min(MAX_CONNECTIONS, room * 3 // 4))
         backlog = max(1, min(MAX_BACKLOG, room - derived))
         if room * 3 // 4 < MIN_CONNECTIONS:
-            log.warning("the file limit (RLIMIT_NOFILE %d, %d in use) leaves almost no room for HTTP connections; "
-                        "serving at most %d. Raise it with `ulimit -n`.", limit, in_use, derived)
+            log.warning(
+                "the file limit (RLIMIT_NOFILE %d, %d in use) leaves almost no room for HTTP connections; "
+                "serving at most %d. Raise it with `ulimit -n`.",
+                limit,
+                in_use,
+                derived,
+            )
     wanted = settings.http_max_connections
     chosen = derived if not wanted else min(wanted, derived)
     if wanted and wanted > derived:
-        log.warning("CPERSONA_HTTP_MAX_CONNECTIONS=%d is more than the file limit allows (RLIMIT_NOFILE %s); "
-                    "serving at most %d connections", wanted, limit, derived)
+        log.warning(
+            "CPERSONA_HTTP_MAX_CONNECTIONS=%d is more than the file limit allows (RLIMIT_NOFILE %s); "
+            "serving at most %d connections",
+            wanted,
+            limit,
+            derived,
+        )
     return ConnectionLimits(
-        header_timeout=settings.http_header_timeout_secs, keep_alive_timeout=settings.http_keep_alive_timeout_secs,
-        body_timeout=settings.http_body_timeout_secs, stream_max_seconds=settings.http_stream_max_secs,
-        max_connections=chosen, backlog=backlog, file_limit=limit)
+        header_timeout=settings.http_header_timeout_secs,
+        keep_alive_timeout=settings.http_keep_alive_timeout_secs,
+        body_timeout=settings.http_body_timeout_secs,
+        stream_max_seconds=settings.http_stream_max_secs,
+        max_connections=chosen,
+        backlog=backlog,
+        file_limit=limit,
+    )
 
 
 class RateLimitedLog:
     """One WARNING per interval for a recurring event, saying how often it happened meanwhile."""
 
-    def __init__(self, message: str, interval: float = LOG_INTERVAL_SECONDS,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, message: str, interval: float = LOG_INTERVAL_SECONDS, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.message = message
         self.interval = interval
         self.clock = clock
@@ -131,8 +147,9 @@ class RateLimitedLog:
         now = self.clock()
         if self._last is not None and now - self._last < self.interval:
             return False
-        log.warning("%s%s (%d since the last such message, %d this process)", self.message, detail,
-                    self._since, self.total)
+        log.warning(
+            "%s%s (%d since the last such message, %d this process)", self.message, detail, self._since, self.total
+        )
         self._last, self._since = now, 0
         return True
 
@@ -149,10 +166,12 @@ class ConnectionGuard:
         self.busy: set[GuardedH11Protocol] = set()
         self.refused = RateLimitedLog(
             f"refused HTTP connections: all {limits.max_connections} allowed connections (derived from the file "
-            "limit, or CPERSONA_HTTP_MAX_CONNECTIONS) are in the middle of a request")
+            "limit, or CPERSONA_HTTP_MAX_CONNECTIONS) are in the middle of a request"
+        )
         self.evicted = RateLimitedLog(
             f"closed idle HTTP connections to make room: {limits.max_connections} connections were open and the "
-            "oldest was waiting for a request")
+            "oldest was waiting for a request"
+        )
         self.timed_out = RateLimitedLog("closed slow HTTP connections")
 
     def admit(self, protocol: GuardedH11Protocol) -> bool:

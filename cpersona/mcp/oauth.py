@@ -55,8 +55,10 @@ class OAuthConfig:
         return f"{parts.scheme}://{parts.netloc}{self.metadata_path}"
 
     def metadata(self) -> dict[str, Any]:
-        document: dict[str, Any] = {"resource": self.resource,
-                                    "authorization_servers": list(self.authorization_servers)}
+        document: dict[str, Any] = {
+            "resource": self.resource,
+            "authorization_servers": list(self.authorization_servers),
+        }
         if self.scopes:
             document["scopes_supported"] = list(self.scopes)
         document["bearer_methods_supported"] = ["header"]
@@ -78,8 +80,10 @@ def oauth_config(settings: Any) -> OAuthConfig | None:
     resource = (settings.oauth_resource or "").strip()
     servers = tuple(settings.oauth_authorization_servers)
     if resource and not servers:
-        log.warning("CPERSONA_OAUTH_RESOURCE is set but CPERSONA_OAUTH_AUTHORIZATION_SERVERS lists no issuer; "
-                    "OAuth discovery stays off")
+        log.warning(
+            "CPERSONA_OAUTH_RESOURCE is set but CPERSONA_OAUTH_AUTHORIZATION_SERVERS lists no issuer; "
+            "OAuth discovery stays off"
+        )
     if not resource or not servers:
         return None
     jwks_uri = settings.oauth_jwks_uri
@@ -145,8 +149,14 @@ class TokenVerifier:
         key = await self._signing_key(issuer, header.get("kid"))
         if key is None:
             return None
-        claims = jwt.decode(token, key.key, algorithms=[alg], audience=self.config.resource, issuer=issuer,
-                            options={"require": ["exp", "aud", "iss", "sub"]})
+        claims = jwt.decode(
+            token,
+            key.key,
+            algorithms=[alg],
+            audience=self.config.resource,
+            issuer=issuer,
+            options={"require": ["exp", "aud", "iss", "sub"]},
+        )
         if "act" in claims:
             return None  # delegated tokens are not accepted
         client = claims.get("client_id") or claims.get("azp")
@@ -189,9 +199,11 @@ class TokenVerifier:
     async def _discover_jwks_uri(self, issuer: str) -> str | None:
         parts = urlsplit(issuer)
         origin, path = f"{parts.scheme}://{parts.netloc}", parts.path.rstrip("/")
-        for url in (f"{origin}/.well-known/oauth-authorization-server{path}",
-                    f"{origin}/.well-known/openid-configuration{path}",
-                    f"{origin}{path}/.well-known/openid-configuration"):
+        for url in (
+            f"{origin}/.well-known/oauth-authorization-server{path}",
+            f"{origin}/.well-known/openid-configuration{path}",
+            f"{origin}{path}/.well-known/openid-configuration",
+        ):
             try:
                 document = await _fetch_json(url)
             except Exception:  # noqa: BLE001 — try the next location

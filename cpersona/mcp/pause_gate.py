@@ -101,8 +101,9 @@ class Skip(Rule):
             self.before(call.app, call.arguments)
         # The operating context's Hard layer also precedes the pause: a write its
         # registry refuses is refused, and '@auto' is still reported (OC-11).
-        _, notes = call.spec.project.resolve(call.app, call.arguments.get("project_id"),
-                                             call.arguments.get("agent_id", ""))
+        _, notes = call.spec.project.resolve(
+            call.app, call.arguments.get("project_id"), call.arguments.get("agent_id", "")
+        )
         answer = skipped(call.spec.name, self.body(call.app, call.arguments), state)
         answer.update(notes)
         if self.after is not None:
@@ -118,8 +119,11 @@ class ForceDryRun(Rule):
         asked_to_write = call.arguments.get("dry_run") is False  # its default is a dry run
         answer = await call_next(call.with_arguments({**call.arguments, "dry_run": True}))
         if asked_to_write and isinstance(answer, dict):
-            answer = {**answer, "repairs_skipped": True,
-                      "repairs_skip_reason": "no-persist mode active — dry_run forced"}
+            answer = {
+                **answer,
+                "repairs_skipped": True,
+                "repairs_skip_reason": "no-persist mode active — dry_run forced",
+            }
         return answer
 
 
@@ -132,8 +136,12 @@ class DowngradeFix(Rule):
             return await call_next(call)
         answer = await call_next(call.with_arguments({**call.arguments, "fix": False}))
         if isinstance(answer, dict):
-            answer = {**answer, "fixed": False, "repairs_skipped": True,
-                      "repairs_skip_reason": "no-persist mode active — fix downgraded to fix=False"}
+            answer = {
+                **answer,
+                "fixed": False,
+                "repairs_skipped": True,
+                "repairs_skip_reason": "no-persist mode active — fix downgraded to fix=False",
+            }
         return answer
 
 

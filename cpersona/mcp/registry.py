@@ -118,8 +118,11 @@ class Annotations:
     idempotent: bool | None = None
 
     def as_wire(self) -> dict[str, bool]:
-        pairs = (("readOnlyHint", self.read_only), ("destructiveHint", self.destructive),
-                 ("idempotentHint", self.idempotent))
+        pairs = (
+            ("readOnlyHint", self.read_only),
+            ("destructiveHint", self.destructive),
+            ("idempotentHint", self.idempotent),
+        )
         return {key: value for key, value in pairs if value is not None}
 
 
@@ -254,8 +257,10 @@ class Registry:
         if spec.resolved("input_schema") and not isinstance(spec.request, Ref):
             carried = request_fields(spec.request_type()) | spec.unsupported
             if set(spec.properties) != carried:
-                raise ValueError(f"tool {spec.name!r}: its request carries {sorted(carried)}, "
-                                 f"its schema declares {sorted(spec.properties)}")
+                raise ValueError(
+                    f"tool {spec.name!r}: its request carries {sorted(carried)}, "
+                    f"its schema declares {sorted(spec.properties)}"
+                )
         if spec.annotations.read_only is not True and spec.paused is None:
             raise ValueError(f"tool {spec.name!r} writes, so it must declare what it does while paused")
         self._specs[spec.name] = spec

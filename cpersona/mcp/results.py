@@ -34,7 +34,11 @@ def to_result(outcome: Outcome) -> types.CallToolResult:
 def replace_lone_surrogates(value: Any) -> Any:
     """``value`` with every lone surrogate, in keys and strings at any depth, replaced by U+FFFD."""
     if isinstance(value, str):
-        return "".join("\ufffd" if 0xD800 <= ord(c) <= 0xDFFF else c for c in value) if has_lone_surrogate(value) else value
+        return (
+            "".join("\ufffd" if 0xD800 <= ord(c) <= 0xDFFF else c for c in value)
+            if has_lone_surrogate(value)
+            else value
+        )
     if isinstance(value, dict):
         return {replace_lone_surrogates(k): replace_lone_surrogates(v) for k, v in value.items()}
     if isinstance(value, list):

@@ -47,21 +47,29 @@ def instructions(registry: Registry, operator_summary: str | None = None) -> str
     The operator's context summary follows verbatim after a blank line (spec
     OC-4). It is read once here, so an edit needs a restart to reach clients.
     """
-    parts = ["cpersona is this agent's long-term memory: decisions, rules, preferences and findings from "
-             "earlier sessions, kept as records that can be quoted."]
+    parts = [
+        "cpersona is this agent's long-term memory: decisions, rules, preferences and findings from "
+        "earlier sessions, kept as records that can be quoted."
+    ]
     reader = "reconstruct" if "reconstruct" in registry else "recall" if "recall" in registry else None
     if reader:
-        parts.append(f"Call {reader} when a session starts and whenever a question depends on something from "
-                     "before this conversation.")
+        parts.append(
+            f"Call {reader} when a session starts and whenever a question depends on something from "
+            "before this conversation."
+        )
     if "store" in registry:
-        parts.append("Call store when something should outlive this conversation"
-                     + (", and archive_episode when the session ends." if "archive_episode" in registry else "."))
+        parts.append(
+            "Call store when something should outlive this conversation"
+            + (", and archive_episode when the session ends." if "archive_episode" in registry else ".")
+        )
     if "get_contents" in registry:
         parts.append("get_contents reads a quoted record further.")
     maintenance = [name for name in ("check_health", "list_memories", "list_episodes") if name in registry]
     if maintenance:
-        parts.append(f"The maintenance tools ({', '.join(maintenance)}) are for when the user asks about the "
-                     "memory store itself.")
+        parts.append(
+            f"The maintenance tools ({', '.join(maintenance)}) are for when the user asks about the "
+            "memory store itself."
+        )
     guidance = " ".join(parts)
     return f"{guidance}\n\n{operator_summary}" if operator_summary else guidance
 
@@ -87,8 +95,9 @@ def build_server(app: App, registry: Registry | None = None, gates: GateChain | 
             return to_result(outcome)
         except Exception as exc:  # noqa: BLE001 — an answer that cannot be encoded is a bug, not a reason to stop
             log.exception("could not encode the answer of %s", params.name)
-            return to_result(Outcome(failure(f"{type(exc).__name__}: the answer could not be encoded: {exc}"),
-                                     is_error=True))
+            return to_result(
+                Outcome(failure(f"{type(exc).__name__}: the answer could not be encoded: {exc}"), is_error=True)
+            )
 
     def input_schema(name: str) -> Mapping[str, Any] | None:
         spec = registry.get(name)

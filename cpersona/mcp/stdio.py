@@ -60,8 +60,7 @@ async def serve_stdio(server: Server[Any], after_first_answer: Callable[[], None
             stdin, stdout = pipes
         else:
             stdin, stdout = await stack.enter_async_context(thread_stdin()), None
-        read_stream, write_stream = await stack.enter_async_context(
-            stdio_server(stdin, stdout))  # type: ignore[arg-type]
+        read_stream, write_stream = await stack.enter_async_context(stdio_server(stdin, stdout))  # type: ignore[arg-type]
         write_stream = AnswerTracker(write_stream, after_first_answer)
         reader = SecondChanceReader(read_stream, write_stream)
         if pipes is not None:
@@ -157,8 +156,12 @@ class SecondChanceReader:
 
     async def answer_overlong(self, line: OverlongLine) -> None:
         """Answer a line the pipe reader refused for its length (only its head was kept)."""
-        await self._answer(line.head, f"it is at least {line.length} bytes long, more than the largest request any "
-                                      f"tool can accept ({MAX_REQUEST_BYTES} bytes), so it was not read", null_id=True)
+        await self._answer(
+            line.head,
+            f"it is at least {line.length} bytes long, more than the largest request any "
+            f"tool can accept ({MAX_REQUEST_BYTES} bytes), so it was not read",
+            null_id=True,
+        )
 
     async def _answer(self, line: str, reason: str, null_id: bool = False) -> None:
         request_id = top_level_member(line, "id")
@@ -172,10 +175,14 @@ class SecondChanceReader:
         if method == "tools/call":
             result = to_result(input_error(f"the request could not be read: {reason}"))
             reply: types.JSONRPCResponse | types.JSONRPCError = types.JSONRPCResponse(
-                jsonrpc="2.0", id=request_id, result=result.model_dump(by_alias=True, exclude_none=True, mode="json"))
+                jsonrpc="2.0", id=request_id, result=result.model_dump(by_alias=True, exclude_none=True, mode="json")
+            )
         else:
-            reply = types.JSONRPCError(jsonrpc="2.0", id=request_id, error=types.ErrorData(
-                code=types.PARSE_ERROR, message=f"the request could not be read: {reason}"))
+            reply = types.JSONRPCError(
+                jsonrpc="2.0",
+                id=request_id,
+                error=types.ErrorData(code=types.PARSE_ERROR, message=f"the request could not be read: {reason}"),
+            )
         await self._write.send(SessionMessage(reply))
 
     def __aiter__(self) -> SecondChanceReader:
@@ -193,8 +200,9 @@ class SecondChanceReader:
     async def __aenter__(self) -> SecondChanceReader:
         return self
 
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> None:
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         await self.aclose()
 
 

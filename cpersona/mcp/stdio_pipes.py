@@ -135,7 +135,7 @@ class _LineReader(asyncio.Protocol):
             head: list[str] = []
             kept = 0
             for part in self._parts:
-                head.append(part[:OVERLONG_HEAD_CHARS - kept])
+                head.append(part[: OVERLONG_HEAD_CHARS - kept])
                 kept += len(head[-1])
                 if kept >= OVERLONG_HEAD_CHARS:
                     break

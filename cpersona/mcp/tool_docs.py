@@ -68,8 +68,7 @@ def render_tool(spec: ToolSpec) -> str:
     if props:
         lines += ["| argument | type | default |", "|---|---|---|"]
         for name, prop in props.items():
-            default = "required" if name in required else (
-                f"`{prop['default']!r}`" if "default" in prop else "—")
+            default = "required" if name in required else (f"`{prop['default']!r}`" if "default" in prop else "—")
             lines.append(f"| `{name}` | {_cell(_type(prop))} | {_cell(default)} |")
         lines.append("")
     return "\n".join(lines)

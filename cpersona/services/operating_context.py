@@ -222,10 +222,12 @@ def answer_get_operating_context(app: App, args: SectionArguments) -> dict[str, 
     section = args.section
     if section:
         if section not in context.doctrine:
-            return {"ok": False, "error": f"unknown doctrine section '{section}'",
-                    "doctrine_sections": context.section_names}
-        return {"ok": True, "context_revision": context.revision, "section": section,
-                "body": context.doctrine[section]}
+            return {
+                "ok": False,
+                "error": f"unknown doctrine section '{section}'",
+                "doctrine_sections": context.section_names,
+            }
+        return {"ok": True, "context_revision": context.revision, "section": section, "body": context.doctrine[section]}
     return {
         "ok": True,
         "context_revision": context.revision,
@@ -260,7 +262,9 @@ class ProjectRefusal:
         return {"operating_context_revision": self.revision}
 
 
-def resolve_project(app: App, project_id: Any, *, agent_id: Any = "", writes: bool) -> ProjectResolution | ProjectRefusal:
+def resolve_project(
+    app: App, project_id: Any, *, agent_id: Any = "", writes: bool
+) -> ProjectResolution | ProjectRefusal:
     """Apply the Hard layer to one call's ``project_id`` (spec OC-7..OC-11).
 
     ``writes`` says whether the call writes (refusable) or reads (warned at

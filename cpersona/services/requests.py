@@ -47,8 +47,9 @@ class Request:
 
     def given(self) -> dict[str, Any]:
         """The fields the caller sent (those still at OMITTED left out)."""
-        return {f.name: value for f in dataclasses.fields(self)
-                if (value := getattr(self, f.name)) is not Request.OMITTED}
+        return {
+            f.name: value for f in dataclasses.fields(self) if (value := getattr(self, f.name)) is not Request.OMITTED
+        }
 
 
 @functools.cache

@@ -116,7 +116,9 @@ class FuturePolicy:
                 if self.mode == "warn":
                     log.warning(
                         "caller timestamp %r is %.3fs ahead of the clock (allowance %ss); stored as sent",
-                        stamp, found.ahead_by_seconds, self.allowance_seconds,
+                        stamp,
+                        found.ahead_by_seconds,
+                        self.allowance_seconds,
                     )
                 return found
         return None

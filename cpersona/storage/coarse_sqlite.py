@@ -155,15 +155,19 @@ def _stale(table: str) -> str:
     """Coarse rows that are not exactly what the row's own columns give (gone, moved, re-embedded)."""
     values = [v.strip() for v in _split(_COLUMNS[table].format(r="r"))]
     same = " AND ".join(f"c.{col} IS {value}" for col, value in zip(_COPIED[table], values))
-    return (f"FROM {table}_coarse c WHERE NOT EXISTS (SELECT 1 FROM {table} r WHERE r.id = c.id "
-            f"AND {_QUANTISABLE.format(v='r.embedding')} AND {same})")
+    return (
+        f"FROM {table}_coarse c WHERE NOT EXISTS (SELECT 1 FROM {table} r WHERE r.id = c.id "
+        f"AND {_QUANTISABLE.format(v='r.embedding')} AND {same})"
+    )
 
 
 def _missing(table: str) -> str:
     """Rows with a quantisable vector and no coarse row under their key (by primary key, no scan)."""
-    return (f"FROM {table} r WHERE {_QUANTISABLE.format(v='r.embedding')} AND NOT EXISTS ("
-            f"SELECT 1 FROM {table}_coarse c WHERE c.agent_id = COALESCE(r.agent_id, '') "
-            f"AND c.created_at = COALESCE(r.created_at, '') AND c.id = r.id)")
+    return (
+        f"FROM {table} r WHERE {_QUANTISABLE.format(v='r.embedding')} AND NOT EXISTS ("
+        f"SELECT 1 FROM {table}_coarse c WHERE c.agent_id = COALESCE(r.agent_id, '') "
+        f"AND c.created_at = COALESCE(r.created_at, '') AND c.id = r.id)"
+    )
 
 
 def _split(values: str) -> list[str]:
@@ -179,8 +183,12 @@ def _split(values: str) -> list[str]:
 
 
 def present(conn: Connection) -> bool:
-    found = conn.execute(text("SELECT count(*) FROM main.sqlite_master WHERE type = 'table' AND name IN "
-                              "('memories_coarse', 'episodes_coarse')")).scalar()
+    found = conn.execute(
+        text(
+            "SELECT count(*) FROM main.sqlite_master WHERE type = 'table' AND name IN "
+            "('memories_coarse', 'episodes_coarse')"
+        )
+    ).scalar()
     return found == len(TABLE_NAMES)
 
 
@@ -199,11 +207,17 @@ def reconcile(conn: Connection) -> dict[str, dict[str, int]]:
     """Bring the index back in step inside the caller's write transaction; what was found out of step."""
     found = drift(conn)
     for table in found:
-        conn.execute(text(f"DELETE FROM {table}_coarse WHERE (agent_id, created_at, id) IN "
-                          f"(SELECT c.agent_id, c.created_at, c.id {_stale(table)})"))
-        conn.execute(text(f"INSERT OR REPLACE INTO {table}_coarse SELECT {_COLUMNS[table].format(r='r')} "
-                          f"{_missing(table)}"))
+        conn.execute(
+            text(
+                f"DELETE FROM {table}_coarse WHERE (agent_id, created_at, id) IN "
+                f"(SELECT c.agent_id, c.created_at, c.id {_stale(table)})"
+            )
+        )
+        conn.execute(
+            text(f"INSERT OR REPLACE INTO {table}_coarse SELECT {_COLUMNS[table].format(r='r')} {_missing(table)}")
+        )
     return found
+
 
 _TABLES: dict[str, tuple[str, str]] = {"mem": ("memories", "m"), "ep": ("episodes", "e")}
 

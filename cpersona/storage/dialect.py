@@ -19,7 +19,7 @@ from cpersona.storage import errors, search_postgres, search_sqlite
 
 
 def dialect_name(bind: Any) -> str:
-    """"sqlite" or "postgresql" for a Session, Connection, Engine or Database."""
+    """ "sqlite" or "postgresql" for a Session, Connection, Engine or Database."""
     if hasattr(bind, "get_bind"):  # Session
         bind = bind.get_bind()
     if hasattr(bind, "engine") and not hasattr(bind, "dialect"):  # Database
@@ -102,10 +102,12 @@ def has_object(conn: Any, kind: str, name: str) -> bool:
     if is_sqlite(conn):
         sql = "SELECT 1 FROM sqlite_master WHERE type = :k AND name = :n"
     else:
-        sql = {"table": "SELECT 1 FROM pg_tables WHERE schemaname = current_schema() AND tablename = :n",
-               "index": "SELECT 1 FROM pg_indexes WHERE schemaname = current_schema() AND indexname = :n",
-               "view": "SELECT 1 FROM pg_views WHERE schemaname = current_schema() AND viewname = :n",
-               "trigger": "SELECT 1 FROM pg_trigger WHERE NOT tgisinternal AND tgname = :n"}[kind]
+        sql = {
+            "table": "SELECT 1 FROM pg_tables WHERE schemaname = current_schema() AND tablename = :n",
+            "index": "SELECT 1 FROM pg_indexes WHERE schemaname = current_schema() AND indexname = :n",
+            "view": "SELECT 1 FROM pg_views WHERE schemaname = current_schema() AND viewname = :n",
+            "trigger": "SELECT 1 FROM pg_trigger WHERE NOT tgisinternal AND tgname = :n",
+        }[kind]
     return conn.execute(text(sql), {"k": kind, "n": name}).first() is not None
 
 

@@ -84,9 +84,7 @@ def sqlite_module() -> Any:
 
         if hasattr(sqlite3.Connection, "enable_load_extension"):
             return sqlite3
-        raise RuntimeError(
-            "no SQLite driver that can load extensions: install sqlean.py"
-        ) from None
+        raise RuntimeError("no SQLite driver that can load extensions: install sqlean.py") from None
 
 
 def _sqlite_vec_path() -> str | None:
@@ -487,8 +485,12 @@ def sqlite_engine(path: Path | str, *, foreign_keys: bool = True, read_only: boo
     if read_only:
         uri = read_only_uri(Path(path))
         # A creator with no file in the URL would get SQLite's one-connection pool; readers want the usual one.
-        engine = create_engine("sqlite+pysqlite://", creator=lambda: module.connect(
-            uri, uri=True, check_same_thread=False), poolclass=QueuePool, **options)
+        engine = create_engine(
+            "sqlite+pysqlite://",
+            creator=lambda: module.connect(uri, uri=True, check_same_thread=False),
+            poolclass=QueuePool,
+            **options,
+        )
         pragmas = tuple(p for p in PRAGMAS if not p.startswith("journal_mode"))
     else:
         url = "sqlite+pysqlite:///" + (str(path) if str(path) == ":memory:" else str(Path(path)))

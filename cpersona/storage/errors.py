@@ -81,8 +81,14 @@ def kind(exc: BaseException) -> str | None:
     code = _sqlite_code(orig)
     if code is not None:
         return {
-            _SQLITE_BUSY: BUSY, _SQLITE_LOCKED: BUSY, _SQLITE_READONLY: READ_ONLY, _SQLITE_PERM: READ_ONLY,
-            _SQLITE_FULL: FULL, _SQLITE_IOERR: IO, _SQLITE_CORRUPT: DAMAGED, _SQLITE_CANTOPEN: CANNOT_OPEN,
+            _SQLITE_BUSY: BUSY,
+            _SQLITE_LOCKED: BUSY,
+            _SQLITE_READONLY: READ_ONLY,
+            _SQLITE_PERM: READ_ONLY,
+            _SQLITE_FULL: FULL,
+            _SQLITE_IOERR: IO,
+            _SQLITE_CORRUPT: DAMAGED,
+            _SQLITE_CANTOPEN: CANNOT_OPEN,
             _SQLITE_NOTADB: NOT_A_DATABASE,
         }.get(code)
     state = _sqlstate(orig)
@@ -116,7 +122,7 @@ def sentence(exc: BaseException, label: str | None = None) -> str | None:
     where = f" {label}" if label else ""
     return {
         BUSY: "the database is busy: another writer held the lock longer than this one waits; "
-              "nothing was written, retry in a moment",
+        "nothing was written, retry in a moment",
         READ_ONLY: read_only_sentence(label),
         FULL: f"the disk is full: nothing was written (database{where})",
         IO: f"the database{where} could not be read or written (disk I/O error); nothing was written",
@@ -159,5 +165,11 @@ def log_details(logger: logging.Logger, what: str, exc: BaseException) -> None:
     code = getattr(orig, "sqlite_errorname", None) or _sqlstate(orig) or ""
     statement = getattr(exc, "statement", None) or ""
     first = statement.strip().splitlines()[0][:200] if statement.strip() else ""
-    logger.debug("%s: %s %s: %s%s", what, type(orig).__name__, code, str(orig).splitlines()[0] if str(orig) else "",
-                 f" [statement: {first}]" if first else "")
+    logger.debug(
+        "%s: %s %s: %s%s",
+        what,
+        type(orig).__name__,
+        code,
+        str(orig).splitlines()[0] if str(orig) else "",
+        f" [statement: {first}]" if first else "",
+    )

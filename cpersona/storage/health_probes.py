@@ -32,8 +32,13 @@ def _count(conn: Connection, table: str, where: str, params: dict[str, Any]) -> 
 
 
 def _axis(conn: Connection, column: str, where: str, params: dict[str, Any]) -> dict[str, int]:
-    rows = conn.execute(text(f"SELECT {column} AS v, COUNT(*) AS n FROM memories WHERE {where} GROUP BY {column} "
-                             f"ORDER BY n DESC, {column} LIMIT {AXIS_VALUES}"), params)
+    rows = conn.execute(
+        text(
+            f"SELECT {column} AS v, COUNT(*) AS n FROM memories WHERE {where} GROUP BY {column} "
+            f"ORDER BY n DESC, {column} LIMIT {AXIS_VALUES}"
+        ),
+        params,
+    )
     return {(r.v if r.v else GLOBAL): r.n for r in rows}
 
 
@@ -58,8 +63,10 @@ def storage_stats(conn: Connection, agent_id: str) -> dict[str, Any]:
         "episodes": episodes,
         "profiles": _count(conn, "profiles", where, params),
         "pending_tasks": _count(conn, "pending_memory_tasks", where, params),
-        "axes": {"project_id": _axis(conn, "project_id", where, params),
-                 "channel": _axis(conn, "channel", where, params)},
+        "axes": {
+            "project_id": _axis(conn, "project_id", where, params),
+            "channel": _axis(conn, "channel", where, params),
+        },
     }
     if agent_id:
         out["agent_memories"] = memories
@@ -87,8 +94,17 @@ def _run(conn: Connection, sql: str, **params: Any) -> int:
 # -- content (checks 1-4): rewrites, folds, deletions --------------------------------------------
 
 # The relations' unique key (storage.md §6.2).
-_RELATION_KEY = ("agent_id", "project_id", "channel", "subject_kind", "subject_id", "predicate", "object_kind",
-                 "object_id", "anchor_ref")
+_RELATION_KEY = (
+    "agent_id",
+    "project_id",
+    "channel",
+    "subject_kind",
+    "subject_id",
+    "predicate",
+    "object_kind",
+    "object_id",
+    "anchor_ref",
+)
 
 
 def repoint_declarations(conn: Connection, old_id: int, new_id: int) -> None:
@@ -99,8 +115,13 @@ def repoint_declarations(conn: Connection, old_id: int, new_id: int) -> None:
     # A row whose moved copy would collide with one the survivor already carries
     # stays put (what SQLite's UPDATE OR IGNORE did, spelled for every engine);
     # the deletion trigger removes it with the old row afterwards.
-    _run(conn, "UPDATE entity_mentions SET ref = :new WHERE ref = :old AND NOT EXISTS (SELECT 1 FROM entity_mentions t "
-         "WHERE t.entity_id = entity_mentions.entity_id AND t.ref = :new)", old=old, new=new)
+    _run(
+        conn,
+        "UPDATE entity_mentions SET ref = :new WHERE ref = :old AND NOT EXISTS (SELECT 1 FROM entity_mentions t "
+        "WHERE t.entity_id = entity_mentions.entity_id AND t.ref = :new)",
+        old=old,
+        new=new,
+    )
     _repoint_relations(conn, "subject_id", "subject_kind = 'mem' AND subject_id = :old", old=old_id, new=new_id)
     _repoint_relations(conn, "object_id", "object_kind = 'mem' AND object_id = :old", old=old_id, new=new_id)
     _repoint_relations(conn, "anchor_ref", "anchor_ref = :old", old=old, new=new)
@@ -108,12 +129,17 @@ def repoint_declarations(conn: Connection, old_id: int, new_id: int) -> None:
 
 def _repoint_relations(conn: Connection, column: str, where: str, **params: Any) -> None:
     same = " AND ".join(f"t.{c} = relations.{c}" for c in _RELATION_KEY if c != column)
-    _run(conn, f"UPDATE relations SET {column} = :new WHERE {where} "
-         f"AND NOT EXISTS (SELECT 1 FROM relations t WHERE t.{column} = :new AND {same})", **params)
+    _run(
+        conn,
+        f"UPDATE relations SET {column} = :new WHERE {where} "
+        f"AND NOT EXISTS (SELECT 1 FROM relations t WHERE t.{column} = :new AND {same})",
+        **params,
+    )
 
 
-def delete_unlocked_memories(conn: Connection, ids: list[int], *,
-                             owners: set[tuple[str, int, str]] | None = None) -> int:
+def delete_unlocked_memories(
+    conn: Connection, ids: list[int], *, owners: set[tuple[str, int, str]] | None = None
+) -> int:
     """Delete the unlocked rows among ``ids`` (chunked); rows removed.
 
     With ``owners``, each deleted row's (``"mem"``, id, agent) is added to it first
@@ -123,8 +149,10 @@ def delete_unlocked_memories(conn: Connection, ids: list[int], *,
     for chunk in chunks(ids):
         marks = ", ".join(str(int(i)) for i in chunk)
         if owners is not None:
-            owners.update(("mem", r.id, r.agent_id) for r in _rows(
-                conn, f"SELECT id, agent_id FROM memories WHERE locked = 0 AND id IN ({marks})"))
+            owners.update(
+                ("mem", r.id, r.agent_id)
+                for r in _rows(conn, f"SELECT id, agent_id FROM memories WHERE locked = 0 AND id IN ({marks})")
+            )
         deleted += _run(conn, f"DELETE FROM memories WHERE locked = 0 AND id IN ({marks})")
     return deleted
 
@@ -138,8 +166,15 @@ def memory_bucket(conn: Connection, row_id: int) -> Any:
 def twin_of(conn: Connection, agent_id: str, project_id: str, channel: str, content: str, row_id: int) -> int | None:
     """Another row of the exact bucket already holding ``content`` (a locked one first, then lowest id)."""
     return _scalar(
-        conn, "SELECT id FROM memories WHERE agent_id = :a AND project_id = :p AND channel = :c AND content = :t "
-        "AND id != :i ORDER BY locked DESC, id LIMIT 1", a=agent_id, p=project_id, c=channel, t=content, i=row_id)
+        conn,
+        "SELECT id FROM memories WHERE agent_id = :a AND project_id = :p AND channel = :c AND content = :t "
+        "AND id != :i ORDER BY locked DESC, id LIMIT 1",
+        a=agent_id,
+        p=project_id,
+        c=channel,
+        t=content,
+        i=row_id,
+    )
 
 
 def delete_unlocked_memory(conn: Connection, row_id: int) -> int:
@@ -148,8 +183,9 @@ def delete_unlocked_memory(conn: Connection, row_id: int) -> int:
 
 def rewrite_unlocked_memory(conn: Connection, row_id: int, content: str) -> int:
     """New text for an unlocked row, its vector cleared for the re-embed pass."""
-    return _run(conn, "UPDATE memories SET content = :t, embedding = NULL WHERE id = :i AND locked = 0",
-                t=content, i=row_id)
+    return _run(
+        conn, "UPDATE memories SET content = :t, embedding = NULL WHERE id = :i AND locked = 0", t=content, i=row_id
+    )
 
 
 def memory_content(conn: Connection, row_id: int) -> str | None:
@@ -159,21 +195,35 @@ def memory_content(conn: Connection, row_id: int) -> str | None:
 def memories_containing(conn: Connection, agent_id: str, needle: str) -> list[Any]:
     """(id, content, locked) of the rows whose text contains ``needle`` (a plain substring)."""
     where, params = _agent_where(agent_id)
-    return _rows(conn, f"SELECT id, content, locked FROM memories WHERE {where} "
-                 f"AND {dialect.position(conn, 'content', ':needle')} > 0", needle=needle, **params)
+    return _rows(
+        conn,
+        f"SELECT id, content, locked FROM memories WHERE {where} "
+        f"AND {dialect.position(conn, 'content', ':needle')} > 0",
+        needle=needle,
+        **params,
+    )
 
 
 def oversized_counts(conn: Connection, agent_id: str, cap: int) -> Any:
     """(n, unlocked) of the rows longer than ``cap``."""
     where, params = _agent_where(agent_id)
-    return _rows(conn, f"SELECT COUNT(*) AS n, COALESCE({dialect.count_if('locked = 0')}, 0) AS unlocked "
-                 f"FROM memories WHERE {where} AND length(content) > :cap", cap=cap, **params)[0]
+    return _rows(
+        conn,
+        f"SELECT COUNT(*) AS n, COALESCE({dialect.count_if('locked = 0')}, 0) AS unlocked "
+        f"FROM memories WHERE {where} AND length(content) > :cap",
+        cap=cap,
+        **params,
+    )[0]
 
 
 def oversized_unlocked_ids(conn: Connection, agent_id: str, cap: int) -> list[int]:
     where, params = _agent_where(agent_id)
-    return [r.id for r in _rows(conn, f"SELECT id FROM memories WHERE {where} AND locked = 0 "
-                                f"AND length(content) > :cap", cap=cap, **params)]
+    return [
+        r.id
+        for r in _rows(
+            conn, f"SELECT id FROM memories WHERE {where} AND locked = 0 AND length(content) > :cap", cap=cap, **params
+        )
+    ]
 
 
 def duplicated_rows(conn: Connection, agent_id: str) -> list[Any]:
@@ -184,7 +234,9 @@ def duplicated_rows(conn: Connection, agent_id: str) -> list[Any]:
         f"SELECT m.id, m.agent_id, m.project_id, m.channel, m.content, m.locked FROM memories m "
         f"JOIN (SELECT agent_id, project_id, content FROM memories GROUP BY agent_id, project_id, content "
         f"HAVING COUNT(*) > 1) g ON g.agent_id = m.agent_id AND g.project_id = m.project_id "
-        f"AND g.content = m.content WHERE {where} ORDER BY m.id", **params)
+        f"AND g.content = m.content WHERE {where} ORDER BY m.id",
+        **params,
+    )
 
 
 # -- derived nodes (check 37) ------------------------------------------------------------------
@@ -196,8 +248,13 @@ def texts_to_measure(conn: Connection, kind: str, agent_id: str, limit: int) -> 
     """(id, agent_id, project_id, body) of up to ``limit`` rows of ``kind`` with nonempty text, by id."""
     table, column = _TEXT_TABLES[kind]
     where, params = _agent_where(agent_id)
-    return _rows(conn, f"SELECT id, agent_id, project_id, {column} AS body FROM {table} "
-                 f"WHERE {where} AND length({column}) > 0 ORDER BY id LIMIT :cap", cap=limit, **params)
+    return _rows(
+        conn,
+        f"SELECT id, agent_id, project_id, {column} AS body FROM {table} "
+        f"WHERE {where} AND length({column}) > 0 ORDER BY id LIMIT :cap",
+        cap=limit,
+        **params,
+    )
 
 
 def noded_parents(conn: Connection, kind: str) -> set[int]:
@@ -213,34 +270,58 @@ VECTOR_TABLES = {"memories": "content", "episodes": "summary"}  # table -> the t
 def local_vector_counts(conn: Connection, agent_id: str) -> Any:
     """(n, e): memories, and memories carrying a local vector."""
     where, params = _agent_where(agent_id)
-    return _rows(conn, f"SELECT COUNT(*) AS n, COALESCE({dialect.count_if('embedding IS NOT NULL')}, 0) AS e "
-                 f"FROM memories WHERE {where}", **params)[0]
+    return _rows(
+        conn,
+        f"SELECT COUNT(*) AS n, COALESCE({dialect.count_if('embedding IS NOT NULL')}, 0) AS e "
+        f"FROM memories WHERE {where}",
+        **params,
+    )[0]
 
 
 def null_vector_rows(conn: Connection, table: str, agent_id: str, limit: int) -> list[Any]:
     """(id, body) of up to ``limit`` rows without a vector, by id."""
     where, params = _agent_where(agent_id)
-    return _rows(conn, f"SELECT id, {VECTOR_TABLES[table]} AS body FROM {table} WHERE embedding IS NULL "
-                 f"AND {where} ORDER BY id LIMIT :n", n=limit, **params)
+    return _rows(
+        conn,
+        f"SELECT id, {VECTOR_TABLES[table]} AS body FROM {table} WHERE embedding IS NULL "
+        f"AND {where} ORDER BY id LIMIT :n",
+        n=limit,
+        **params,
+    )
 
 
 def wrong_width_count(conn: Connection, table: str, agent_id: str, width_bytes: int) -> int:
     where, params = _agent_where(agent_id)
-    return int(_scalar(conn, f"SELECT COUNT(*) FROM {table} WHERE {where} AND embedding IS NOT NULL "
-                       f"AND length(embedding) != :w", w=width_bytes, **params))
+    return int(
+        _scalar(
+            conn,
+            f"SELECT COUNT(*) FROM {table} WHERE {where} AND embedding IS NOT NULL AND length(embedding) != :w",
+            w=width_bytes,
+            **params,
+        )
+    )
 
 
 def clear_wrong_width(conn: Connection, table: str, agent_id: str, width_bytes: int) -> int:
     where, params = _agent_where(agent_id)
-    return _run(conn, f"UPDATE {table} SET embedding = NULL WHERE {where} AND embedding IS NOT NULL "
-                f"AND length(embedding) != :w", w=width_bytes, **params)
+    return _run(
+        conn,
+        f"UPDATE {table} SET embedding = NULL WHERE {where} AND embedding IS NOT NULL AND length(embedding) != :w",
+        w=width_bytes,
+        **params,
+    )
 
 
 def vector_page(conn: Connection, table: str, agent_id: str, after: int, page: int) -> list[Any]:
     """(id, embedding) of the next ``page`` rows with a vector past id ``after``."""
     where, params = _agent_where(agent_id)
-    return _rows(conn, f"SELECT id, embedding FROM {table} WHERE {where} AND embedding IS NOT NULL "
-                 f"AND id > :after ORDER BY id LIMIT {int(page)}", after=after, **params)
+    return _rows(
+        conn,
+        f"SELECT id, embedding FROM {table} WHERE {where} AND embedding IS NOT NULL "
+        f"AND id > :after ORDER BY id LIMIT {int(page)}",
+        after=after,
+        **params,
+    )
 
 
 def clear_vectors(conn: Connection, table: str, ids: list[int]) -> None:
@@ -260,24 +341,35 @@ def foreign_labels(conn: Connection, table: str, agent_id: str, accepted: set[st
     where, params = _agent_where(agent_id)
     marks = ", ".join(f":a{i}" for i in range(len(accepted)))
     bind = {f"a{i}": v for i, v in enumerate(sorted(accepted))}
-    return _rows(conn, f"SELECT embedding_model AS label, COUNT(*) AS n FROM {table} WHERE {where} "
-                 f"AND embedding IS NOT NULL AND embedding_model != '' AND embedding_model NOT IN ({marks}) "
-                 f"GROUP BY embedding_model", **params, **bind)
+    return _rows(
+        conn,
+        f"SELECT embedding_model AS label, COUNT(*) AS n FROM {table} WHERE {where} "
+        f"AND embedding IS NOT NULL AND embedding_model != '' AND embedding_model NOT IN ({marks}) "
+        f"GROUP BY embedding_model",
+        **params,
+        **bind,
+    )
 
 
 def null_vector_counts(conn: Connection, table: str, agent_id: str) -> Any:
     """(total, nulls) of the table's rows."""
     where, params = _agent_where(agent_id)
-    return _rows(conn, f"SELECT COUNT(*) AS total, COALESCE({dialect.count_if('embedding IS NULL')}, 0) AS nulls "
-                 f"FROM {table} WHERE {where}", **params)[0]
+    return _rows(
+        conn,
+        f"SELECT COUNT(*) AS total, COALESCE({dialect.count_if('embedding IS NULL')}, 0) AS nulls "
+        f"FROM {table} WHERE {where}",
+        **params,
+    )[0]
 
 
 # -- integrity (checks 11-15): FTS, schema objects, the file -------------------------------------
 
 
 def _fts_integrity_statements(fts: str) -> tuple[str, str]:
-    return (f"INSERT INTO {fts} ({fts}, rank) VALUES ('integrity-check', 1)",
-            f"INSERT INTO {fts} ({fts}) VALUES ('integrity-check')")
+    return (
+        f"INSERT INTO {fts} ({fts}, rank) VALUES ('integrity-check', 1)",
+        f"INSERT INTO {fts} ({fts}) VALUES ('integrity-check')",
+    )
 
 
 def _fts_verifies_with(execute: Callable[[str], Any], fts: str) -> bool:
@@ -316,9 +408,11 @@ def fts_verifies_alone(engine: Engine, fts: str) -> bool:
 
 def fts_verifies(conn: Connection, fts: str) -> bool:
     """The FTS integrity command inside the run's transaction, each attempt in a savepoint (fix runs)."""
+
     def execute(sql: str) -> None:
         with conn.begin_nested():
             conn.exec_driver_sql(sql)
+
     return _fts_verifies_with(execute, fts)
 
 
@@ -332,10 +426,12 @@ def rebuild_fts(conn: Connection, fts: str, create_sql: str) -> None:
 def blank_colliding_msg_ids(conn: Connection) -> None:
     """Every agent: keep the msg_id of the highest-id locked row (else the highest id) per
     (agent, project, msg_id) and blank it on the other unlocked rows. No row is deleted."""
-    _run(conn,
-         "UPDATE memories SET msg_id = '' WHERE locked = 0 AND msg_id != '' AND id != ("
-         " SELECT k.id FROM memories k WHERE k.agent_id = memories.agent_id AND k.project_id = memories.project_id"
-         " AND k.msg_id = memories.msg_id ORDER BY k.locked DESC, k.id DESC LIMIT 1)")
+    _run(
+        conn,
+        "UPDATE memories SET msg_id = '' WHERE locked = 0 AND msg_id != '' AND id != ("
+        " SELECT k.id FROM memories k WHERE k.agent_id = memories.agent_id AND k.project_id = memories.project_id"
+        " AND k.msg_id = memories.msg_id ORDER BY k.locked DESC, k.id DESC LIMIT 1)",
+    )
 
 
 def create_object(conn: Connection, create_sql: str, *, replacing: tuple[str, str] | None = None) -> None:
@@ -358,10 +454,12 @@ def stored_definition(conn: Connection, kind: str, name: str) -> str | None:
 _DUPLICATE_GROUPS = {
     "idx_memories_dedup_content": (
         "SELECT COUNT(*) FROM (SELECT 1 FROM memories GROUP BY agent_id, project_id, channel, content "
-        "HAVING COUNT(*) > 1)"),
+        "HAVING COUNT(*) > 1)"
+    ),
     "idx_memories_dedup_msg_id": (
         "SELECT COUNT(*) FROM (SELECT 1 FROM memories WHERE msg_id != '' "
-        "GROUP BY agent_id, project_id, msg_id HAVING COUNT(*) > 1)"),
+        "GROUP BY agent_id, project_id, msg_id HAVING COUNT(*) > 1)"
+    ),
 }
 
 
@@ -393,22 +491,28 @@ HYGIENE_PAGE = 1000
 def sentinel_sql(conn: Any) -> str:
     """The anonymous User sentinel (R-41, DC-5): type User, empty id and name, nothing else."""
     j = dialect.JsonSql(conn)
-    return (f"({j.valid('source')} AND {j.type_is('source', 'object')} "
-            f"AND {j.text_at('source', 'type')} = 'User' AND {j.text_at('source', 'id')} = '' "
-            f"AND {j.text_at('source', 'name')} = '' AND {j.key_count('source')} = 3)")
+    return (
+        f"({j.valid('source')} AND {j.type_is('source', 'object')} "
+        f"AND {j.text_at('source', 'type')} = 'User' AND {j.text_at('source', 'id')} = '' "
+        f"AND {j.text_at('source', 'name')} = '' AND {j.key_count('source')} = 3)"
+    )
 
 
 def unattributed_sql(conn: Any) -> str:
     j = dialect.JsonSql(conn)
-    return (f"({j.valid('source')} AND ({j.type_is('source', 'null')} OR ({j.type_is('source', 'object')} "
-            f"AND {j.key_count('source')} = 0)))")
+    return (
+        f"({j.valid('source')} AND ({j.type_is('source', 'null')} OR ({j.type_is('source', 'object')} "
+        f"AND {j.key_count('source')} = 0)))"
+    )
 
 
 def _bad_type_sql(conn: Any) -> str:
     j = dialect.JsonSql(conn)
-    return (f"{j.valid('source')} AND NOT {unattributed_sql(conn)} "
-            f"AND (NOT {j.type_is('source', 'object')} OR {j.type_is_not('source', 'text', 'type')} "
-            f"OR {j.text_at('source', 'type')} NOT IN ('User', 'Agent', 'System'))")
+    return (
+        f"{j.valid('source')} AND NOT {unattributed_sql(conn)} "
+        f"AND (NOT {j.type_is('source', 'object')} OR {j.type_is_not('source', 'text', 'type')} "
+        f"OR {j.text_at('source', 'type')} NOT IN ('User', 'Agent', 'System'))"
+    )
 
 
 def _paged(conn: Connection, sql: str, **params: Any) -> Iterator[Any]:
@@ -425,8 +529,12 @@ def _paged(conn: Connection, sql: str, **params: Any) -> Iterator[Any]:
 def project_counts(conn: Connection, agent_id: str) -> list[Any]:
     """(project_id, n) of every nonempty project, most rows first."""
     where, params = _agent_where(agent_id)
-    return _rows(conn, f"SELECT project_id, COUNT(*) AS n FROM memories WHERE {where} AND project_id != '' "
-                 f"GROUP BY project_id ORDER BY n DESC, project_id", **params)
+    return _rows(
+        conn,
+        f"SELECT project_id, COUNT(*) AS n FROM memories WHERE {where} AND project_id != '' "
+        f"GROUP BY project_id ORDER BY n DESC, project_id",
+        **params,
+    )
 
 
 def invalid_json_counts(conn: Connection, agent_id: str) -> Any:
@@ -434,24 +542,37 @@ def invalid_json_counts(conn: Connection, agent_id: str) -> Any:
     where, params = _agent_where(agent_id)
     j = dialect.JsonSql(conn)
     bad_source, bad_metadata = f"NOT {j.valid('source')}", f"NOT {j.valid('metadata')}"
-    return _rows(conn, f"SELECT COALESCE({dialect.count_if(bad_source)}, 0) AS s, "
-                 f"COALESCE({dialect.count_if(bad_metadata)}, 0) AS m, "
-                 f"COALESCE({dialect.count_if(f'locked = 0 AND ({bad_source} OR {bad_metadata})')}, 0) AS u "
-                 f"FROM memories WHERE {where}", **params)[0]
+    return _rows(
+        conn,
+        f"SELECT COALESCE({dialect.count_if(bad_source)}, 0) AS s, "
+        f"COALESCE({dialect.count_if(bad_metadata)}, 0) AS m, "
+        f"COALESCE({dialect.count_if(f'locked = 0 AND ({bad_source} OR {bad_metadata})')}, 0) AS u "
+        f"FROM memories WHERE {where}",
+        **params,
+    )[0]
 
 
 def invalid_json_rows(conn: Connection, agent_id: str) -> list[Any]:
     """(id, source, metadata, vs, vm) of unlocked rows with invalid JSON (vs, vm: each field valid)."""
     where, params = _agent_where(agent_id)
     j = dialect.JsonSql(conn)
-    return _rows(conn, f"SELECT id, source, metadata, {j.valid('source')} AS vs, {j.valid('metadata')} AS vm "
-                 f"FROM memories WHERE {where} AND locked = 0 "
-                 f"AND (NOT {j.valid('source')} OR NOT {j.valid('metadata')})", **params)
+    return _rows(
+        conn,
+        f"SELECT id, source, metadata, {j.valid('source')} AS vs, {j.valid('metadata')} AS vm "
+        f"FROM memories WHERE {where} AND locked = 0 "
+        f"AND (NOT {j.valid('source')} OR NOT {j.valid('metadata')})",
+        **params,
+    )
 
 
 def set_source_and_metadata(conn: Connection, row_id: int, source: str, metadata: str) -> int:
-    return _run(conn, "UPDATE memories SET source = :s, metadata = :m WHERE id = :i AND locked = 0",
-                s=source, m=metadata, i=row_id)
+    return _run(
+        conn,
+        "UPDATE memories SET source = :s, metadata = :m WHERE id = :i AND locked = 0",
+        s=source,
+        m=metadata,
+        i=row_id,
+    )
 
 
 def engine_reads_instant(conn: Connection, stamp: str) -> bool:
@@ -462,15 +583,22 @@ def engine_reads_instant(conn: Connection, stamp: str) -> bool:
 def checked_memory_stamps(conn: Connection, agent_id: str) -> Iterator[Any]:
     """(id, timestamp, created_at, locked, sq) of rows with a timestamp; sq: the engine reads it."""
     where, params = _agent_where(agent_id)
-    return _paged(conn, f"SELECT id, timestamp, created_at, locked, {dialect.instant(conn, 'timestamp')} IS NOT NULL "
-                  f"AS sq FROM memories WHERE {where} AND id > :after AND timestamp != ''", **params)
+    return _paged(
+        conn,
+        f"SELECT id, timestamp, created_at, locked, {dialect.instant(conn, 'timestamp')} IS NOT NULL "
+        f"AS sq FROM memories WHERE {where} AND id > :after AND timestamp != ''",
+        **params,
+    )
 
 
 def memory_stamps(conn: Connection, agent_id: str) -> Iterator[Any]:
     """(id, timestamp, created_at, locked) of rows with a timestamp, by id."""
     where, params = _agent_where(agent_id)
-    return _paged(conn, f"SELECT id, timestamp, created_at, locked FROM memories WHERE {where} "
-                  f"AND id > :after AND timestamp != ''", **params)
+    return _paged(
+        conn,
+        f"SELECT id, timestamp, created_at, locked FROM memories WHERE {where} AND id > :after AND timestamp != ''",
+        **params,
+    )
 
 
 def set_memory_timestamp(conn: Connection, row_id: int, stamp: str) -> int:
@@ -480,15 +608,17 @@ def set_memory_timestamp(conn: Connection, row_id: int, stamp: str) -> int:
 def episodes_without_start(conn: Connection, agent_id: str) -> list[Any]:
     """(id, created_at) of episodes with no start_time."""
     where, params = _agent_where(agent_id)
-    return _rows(conn, f"SELECT id, created_at FROM episodes WHERE {where} "
-                 f"AND (start_time IS NULL OR start_time = '')", **params)
+    return _rows(
+        conn, f"SELECT id, created_at FROM episodes WHERE {where} AND (start_time IS NULL OR start_time = '')", **params
+    )
 
 
 def episode_stamps(conn: Connection, agent_id: str) -> Iterator[Any]:
     """(id, start_time, end_time, created_at) of every episode, by id."""
     where, params = _agent_where(agent_id)
-    return _paged(conn, f"SELECT id, start_time, end_time, created_at FROM episodes WHERE {where} "
-                  f"AND id > :after", **params)
+    return _paged(
+        conn, f"SELECT id, start_time, end_time, created_at FROM episodes WHERE {where} AND id > :after", **params
+    )
 
 
 def set_episode_stamp(conn: Connection, row_id: int, column: str, stamp: str) -> int:
@@ -516,9 +646,15 @@ def delete_tasks_older_than(conn: Connection, agent_id: str, cutoff: str) -> int
 
 def agents_without_profile(conn: Connection, agent_id: str) -> list[str]:
     where, params = _agent_where(agent_id, "m")
-    return [r.agent_id for r in _rows(
-        conn, f"SELECT DISTINCT m.agent_id FROM memories m WHERE {where} AND NOT EXISTS "
-        f"(SELECT 1 FROM profiles p WHERE p.agent_id = m.agent_id) ORDER BY m.agent_id", **params)]
+    return [
+        r.agent_id
+        for r in _rows(
+            conn,
+            f"SELECT DISTINCT m.agent_id FROM memories m WHERE {where} AND NOT EXISTS "
+            f"(SELECT 1 FROM profiles p WHERE p.agent_id = m.agent_id) ORDER BY m.agent_id",
+            **params,
+        )
+    ]
 
 
 _BLANK = "trim(content, :blank_chars) = ''"
@@ -527,14 +663,26 @@ _BLANK = "trim(content, :blank_chars) = ''"
 def blank_counts(conn: Connection, agent_id: str) -> Any:
     """(n, u): rows whose text is only blank characters, and the unlocked ones among them."""
     where, params = _agent_where(agent_id)
-    return _rows(conn, f"SELECT COUNT(*) AS n, COALESCE({dialect.count_if('locked = 0')}, 0) AS u FROM memories "
-                 f"WHERE {where} AND {_BLANK}", blank_chars=dialect.BLANK_CHARS, **params)[0]
+    return _rows(
+        conn,
+        f"SELECT COUNT(*) AS n, COALESCE({dialect.count_if('locked = 0')}, 0) AS u FROM memories "
+        f"WHERE {where} AND {_BLANK}",
+        blank_chars=dialect.BLANK_CHARS,
+        **params,
+    )[0]
 
 
 def blank_unlocked_ids(conn: Connection, agent_id: str) -> list[int]:
     where, params = _agent_where(agent_id)
-    return [r.id for r in _rows(conn, f"SELECT id FROM memories WHERE {where} AND locked = 0 AND {_BLANK}",
-                                blank_chars=dialect.BLANK_CHARS, **params)]
+    return [
+        r.id
+        for r in _rows(
+            conn,
+            f"SELECT id FROM memories WHERE {where} AND locked = 0 AND {_BLANK}",
+            blank_chars=dialect.BLANK_CHARS,
+            **params,
+        )
+    ]
 
 
 def bad_source_rows(conn: Connection, agent_id: str, *, unlocked: bool, limit: int | None = None) -> list[Any]:
@@ -542,15 +690,13 @@ def bad_source_rows(conn: Connection, agent_id: str, *, unlocked: bool, limit: i
     where, params = _agent_where(agent_id)
     lock = " AND locked = 0" if unlocked else ""
     tail = f" ORDER BY id LIMIT {int(limit)}" if limit is not None else ""
-    return _rows(conn, f"SELECT id, source FROM memories WHERE {where}{lock} AND {_bad_type_sql(conn)}{tail}",
-                 **params)
+    return _rows(conn, f"SELECT id, source FROM memories WHERE {where}{lock} AND {_bad_type_sql(conn)}{tail}", **params)
 
 
 def bad_source_count(conn: Connection, agent_id: str, *, unlocked: bool) -> int:
     where, params = _agent_where(agent_id)
     lock = " AND locked = 0" if unlocked else ""
-    return int(_scalar(conn, f"SELECT COUNT(*) FROM memories WHERE {where}{lock} AND {_bad_type_sql(conn)}",
-                       **params))
+    return int(_scalar(conn, f"SELECT COUNT(*) FROM memories WHERE {where}{lock} AND {_bad_type_sql(conn)}", **params))
 
 
 def set_source(conn: Connection, row_id: int, source: str) -> int:
@@ -559,22 +705,31 @@ def set_source(conn: Connection, row_id: int, source: str) -> int:
 
 def oversized_profile_count(conn: Connection, agent_id: str, cap: int) -> int:
     where, params = _agent_where(agent_id)
-    return int(_scalar(conn, f"SELECT COUNT(*) FROM profiles WHERE {where} AND length(content) > :cap",
-                       cap=cap, **params))
+    return int(
+        _scalar(conn, f"SELECT COUNT(*) FROM profiles WHERE {where} AND length(content) > :cap", cap=cap, **params)
+    )
 
 
 def truncate_profiles(conn: Connection, agent_id: str, cap: int) -> int:
     where, params = _agent_where(agent_id)
-    return _run(conn, f"UPDATE profiles SET content = substr(content, 1, :cap) WHERE {where} "
-                f"AND length(content) > :cap", cap=cap, **params)
+    return _run(
+        conn,
+        f"UPDATE profiles SET content = substr(content, 1, :cap) WHERE {where} AND length(content) > :cap",
+        cap=cap,
+        **params,
+    )
 
 
 def anonymous_counts(conn: Connection, agent_id: str) -> Any:
     """(s, u): rows whose source is the anonymous sentinel, and rows with no attribution at all."""
     where, params = _agent_where(agent_id)
-    return _rows(conn, f"SELECT COALESCE({dialect.count_if(sentinel_sql(conn))}, 0) AS s, "
-                 f"COALESCE({dialect.count_if(unattributed_sql(conn))}, 0) AS u "
-                 f"FROM memories WHERE {where}", **params)[0]
+    return _rows(
+        conn,
+        f"SELECT COALESCE({dialect.count_if(sentinel_sql(conn))}, 0) AS s, "
+        f"COALESCE({dialect.count_if(unattributed_sql(conn))}, 0) AS u "
+        f"FROM memories WHERE {where}",
+        **params,
+    )[0]
 
 
 # -- deep check (DC-5 … DC-12): one agent exactly ------------------------------------------------
@@ -582,14 +737,21 @@ def anonymous_counts(conn: Connection, agent_id: str) -> Any:
 
 def sentinel_rows(conn: Connection, agent_id: str) -> list[Any]:
     """(id, content, locked) of the agent's rows whose source is the anonymous sentinel, by id."""
-    return _rows(conn, f"SELECT id, content, locked FROM memories WHERE agent_id = :agent "
-                 f"AND {sentinel_sql(conn)} ORDER BY id", agent=agent_id)
+    return _rows(
+        conn,
+        f"SELECT id, content, locked FROM memories WHERE agent_id = :agent AND {sentinel_sql(conn)} ORDER BY id",
+        agent=agent_id,
+    )
 
 
 def short_rows(conn: Connection, agent_id: str, max_chars: int) -> list[Any]:
     """(id, content, locked) of the agent's rows at most ``max_chars`` long once trimmed, by id."""
-    return _rows(conn, "SELECT id, content, locked FROM memories WHERE agent_id = :agent "
-                 "AND length(trim(content)) <= :n ORDER BY id", agent=agent_id, n=max_chars)
+    return _rows(
+        conn,
+        "SELECT id, content, locked FROM memories WHERE agent_id = :agent AND length(trim(content)) <= :n ORDER BY id",
+        agent=agent_id,
+        n=max_chars,
+    )
 
 
 def profile_updated_at(conn: Connection, agent_id: str) -> tuple[bool, str | None]:
@@ -607,29 +769,46 @@ def orphaned_episode_rows(conn: Connection, agent_id: str) -> list[Any]:
         "AND e.start_time IS NOT NULL AND e.start_time != '' AND e.end_time IS NOT NULL AND e.end_time != '' "
         f"AND ({start} IS NULL OR {end} IS NULL OR NOT EXISTS ("
         " SELECT 1 FROM memories m WHERE m.agent_id = :agent"
-        f" AND {dialect.instant(conn, 'm.timestamp')} BETWEEN {start} AND {end})) ORDER BY e.id", agent=agent_id)
+        f" AND {dialect.instant(conn, 'm.timestamp')} BETWEEN {start} AND {end})) ORDER BY e.id",
+        agent=agent_id,
+    )
 
 
 def embedded_count(conn: Connection, agent_id: str) -> int:
-    return int(_scalar(conn, "SELECT COUNT(*) FROM memories WHERE agent_id = :agent AND embedding IS NOT NULL",
-                       agent=agent_id))
+    return int(
+        _scalar(conn, "SELECT COUNT(*) FROM memories WHERE agent_id = :agent AND embedding IS NOT NULL", agent=agent_id)
+    )
 
 
 def newest_embedded_memories(conn: Connection, agent_id: str, limit: int) -> list[Any]:
     """(id, content, embedding) of the agent's newest ``limit`` rows with a vector."""
-    return _rows(conn, "SELECT id, content, embedding FROM memories WHERE agent_id = :agent "
-                 "AND embedding IS NOT NULL ORDER BY id DESC LIMIT :n", agent=agent_id, n=limit)
+    return _rows(
+        conn,
+        "SELECT id, content, embedding FROM memories WHERE agent_id = :agent "
+        "AND embedding IS NOT NULL ORDER BY id DESC LIMIT :n",
+        agent=agent_id,
+        n=limit,
+    )
 
 
 def newest_texts(conn: Connection, table: str, agent_id: str, limit: int) -> list[Any]:
     """(id, body) of the agent's newest ``limit`` rows of ``table`` (memories or episodes)."""
-    return _rows(conn, f"SELECT id, {VECTOR_TABLES[table]} AS body FROM {table} WHERE agent_id = :agent "
-                 f"ORDER BY id DESC LIMIT :n", agent=agent_id, n=limit)
+    return _rows(
+        conn,
+        f"SELECT id, {VECTOR_TABLES[table]} AS body FROM {table} WHERE agent_id = :agent ORDER BY id DESC LIMIT :n",
+        agent=agent_id,
+        n=limit,
+    )
 
 
 def newest_vectors(conn: Connection, table: str, agent_id: str, limit: int) -> list[Any]:
     """(id, embedding) of the agent's newest ``limit`` rows of ``table`` with a vector."""
     if table not in VECTOR_TABLES:
         raise ValueError(f"not a vector table: {table}")
-    return _rows(conn, f"SELECT id, embedding FROM {table} WHERE agent_id = :agent AND embedding IS NOT NULL "
-                 f"ORDER BY id DESC LIMIT :n", agent=agent_id, n=limit)
+    return _rows(
+        conn,
+        f"SELECT id, embedding FROM {table} WHERE agent_id = :agent AND embedding IS NOT NULL "
+        f"ORDER BY id DESC LIMIT :n",
+        agent=agent_id,
+        n=limit,
+    )

@@ -67,7 +67,6 @@ REFERENCE_VERSION = 13  # the schema_version our databases carry, forever (decis
 FTS_REBUILD_PENDING = 1  # bit 0 of PRAGMA user_version (spec PG-3)
 
 
-
 def copy_target_for(source: Path | str) -> Path:
     """Where ``cpersona import-db`` should copy a database this build will not open in place."""
     source = Path(source)
@@ -102,8 +101,10 @@ class TooNewDatabase(MigrationError):
             what = f"was written by a newer cpersona (migration revision {version})"
         if isinstance(version, int) and path and "://" not in str(path):  # a file, not a server label
             target = copy_target_for(path)
-            hint = (f"copy its data into a new database with `{import_db_command(path, target)}`, "
-                    f"then serve it with CPERSONA_DB_PATH={shlex.quote(str(target))}")
+            hint = (
+                f"copy its data into a new database with `{import_db_command(path, target)}`, "
+                f"then serve it with CPERSONA_DB_PATH={shlex.quote(str(target))}"
+            )
         elif isinstance(version, int):
             hint = "copy its data into a new database with `CPERSONA_DB_PATH=NEW.db cpersona import-db PATH`"
         else:
@@ -139,8 +140,14 @@ def alembic_config(connection: Connection | None = None, *, fts_enabled: bool = 
 # the models do not describe either), and the content dedup index is over
 # md5(content) there, an expression the models cannot state per dialect.
 PG_UNMODELLED_INDEXES = frozenset(
-    {"idx_memories_content_trgm", "idx_episodes_summary_trgm", "idx_episodes_keywords_trgm",
-     "idx_memories_dedup_content", "idx_memories_words", "idx_episodes_words"}
+    {
+        "idx_memories_content_trgm",
+        "idx_episodes_summary_trgm",
+        "idx_episodes_keywords_trgm",
+        "idx_memories_dedup_content",
+        "idx_memories_words",
+        "idx_episodes_words",
+    }
 )
 
 
@@ -259,8 +266,9 @@ def probe(path: Path | str) -> Probe | None:
     try:
         conn = driver.connect(uri, uri=True)
     except driver.Error as exc:
-        raise MigrationError(f"cannot open {path} read-only to check its version: "
-                             f"{storage_errors.reason(exc, str(path))}") from exc
+        raise MigrationError(
+            f"cannot open {path} read-only to check its version: {storage_errors.reason(exc, str(path))}"
+        ) from exc
     try:
         return _probe_rows(lambda sql: conn.execute(sql).fetchall())
     except driver.DatabaseError as exc:
@@ -323,9 +331,7 @@ def upgrade(db: Database, *, fts_enabled: bool = True) -> None:
     except MigrationError:
         raise
     except DBAPIError as exc:
-        raise MigrationError(
-            f"could not upgrade {db.path or db.label}: {exc.orig}; nothing was changed"
-        ) from exc
+        raise MigrationError(f"could not upgrade {db.path or db.label}: {exc.orig}; nothing was changed") from exc
 
 
 def _check_read_only_at_head(db: Database) -> None:
@@ -428,16 +434,14 @@ def adopt_legacy(conn: Connection, current: int, *, fts_enabled: bool = True) ->
                 step(conn, ddl)
             except DBAPIError as exc:
                 raise MigrationError(
-                    f"adopting the CPersona database failed in the v{version} step: {exc.orig}; "
-                    "nothing was changed"
+                    f"adopting the CPersona database failed in the v{version} step: {exc.orig}; nothing was changed"
                 ) from exc
     if rebuild:
         _rebuild_fts(conn)  # MV-9
     _post_ladder_indexes(conn, ddl)  # MV-10
     if current < REFERENCE_VERSION:  # MV-11
         conn.exec_driver_sql(
-            "INSERT OR REPLACE INTO schema_version (version, applied_at) "
-            f"VALUES ({REFERENCE_VERSION}, datetime('now'))"
+            f"INSERT OR REPLACE INTO schema_version (version, applied_at) VALUES ({REFERENCE_VERSION}, datetime('now'))"
         )
 
 

@@ -69,8 +69,15 @@ class Relation(Base):
     __tablename__ = "relations"
     __table_args__ = (
         UniqueConstraint(
-            "agent_id", "project_id", "channel",
-            "subject_kind", "subject_id", "predicate", "object_kind", "object_id", "anchor_ref",
+            "agent_id",
+            "project_id",
+            "channel",
+            "subject_kind",
+            "subject_id",
+            "predicate",
+            "object_kind",
+            "object_id",
+            "anchor_ref",
         ),
         Index("idx_relations_subject", "subject_kind", "subject_id"),
         Index("idx_relations_object", "object_kind", "object_id"),

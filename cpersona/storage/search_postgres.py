@@ -86,8 +86,14 @@ def _terms_clause(column_sets: tuple[str, ...], terms: list[str]) -> tuple[str, 
 
 
 def tiered_statement(
-    table: str, alias: str, columns: str, lowered: tuple[str, ...], similarity_of: str, any_term: str,
-    matched: str, where: str,
+    table: str,
+    alias: str,
+    columns: str,
+    lowered: tuple[str, ...],
+    similarity_of: str,
+    any_term: str,
+    matched: str,
+    where: str,
 ) -> Any:
     """Rows matching any term, best ``:depth`` by matched-term count + ``word_similarity``.
 
@@ -159,12 +165,31 @@ class PostgresSearch(SqlSearch):
             by_source, source_params = source_filter(source_id)
 
             def statement(any_term: str, matched: str) -> Any:
-                return tiered_statement("memories", "m", MEMORY_COLUMNS, ("m.content",), "m.content", any_term,
-                                        matched, f"{where} AND {by_source}")
+                return tiered_statement(
+                    "memories",
+                    "m",
+                    MEMORY_COLUMNS,
+                    ("m.content",),
+                    "m.content",
+                    any_term,
+                    matched,
+                    f"{where} AND {by_source}",
+                )
 
-            rows = self._ranked("memories trigram", statement, ("m.content",), {
-                **params, **source_params, "q": clean_query(query), "depth": depth,
-            }, terms, extra, depth)
+            rows = self._ranked(
+                "memories trigram",
+                statement,
+                ("m.content",),
+                {
+                    **params,
+                    **source_params,
+                    "q": clean_query(query),
+                    "depth": depth,
+                },
+                terms,
+                extra,
+                depth,
+            )
             if rows:
                 return KeywordResult([Hit(memory_record(r), score) for r, score in rows], "fts")
             if rows is not None and terms:
@@ -184,16 +209,30 @@ class PostgresSearch(SqlSearch):
         where, params = sql_fragment(scope, "e")
 
         def statement(any_term: str, matched: str) -> Any:
-            return tiered_statement("episodes", "e", EPISODE_COLUMNS, ("e.summary", "e.keywords"), "e.summary",
-                                    any_term, matched, where)
+            return tiered_statement(
+                "episodes", "e", EPISODE_COLUMNS, ("e.summary", "e.keywords"), "e.summary", any_term, matched, where
+            )
 
-        rows = self._ranked("episodes trigram", statement, ("e.summary", "e.keywords"),
-                            {**params, "q": clean_query(query), "depth": depth}, terms, extra, depth)
+        rows = self._ranked(
+            "episodes trigram",
+            statement,
+            ("e.summary", "e.keywords"),
+            {**params, "q": clean_query(query), "depth": depth},
+            terms,
+            extra,
+            depth,
+        )
         return [Hit(episode_record(r), score) for r, score in (rows or [])]
 
     def _ranked(
-        self, what: str, statement: Any, columns: tuple[str, ...], params: dict[str, Any],
-        terms: list[str], phrases: Sequence[str], depth: int,
+        self,
+        what: str,
+        statement: Any,
+        columns: tuple[str, ...],
+        params: dict[str, Any],
+        terms: list[str],
+        phrases: Sequence[str],
+        depth: int,
     ) -> list[tuple[Any, float]] | None:
         """Rows matching the terms, ranked on the query's content words first.
 

@@ -277,9 +277,6 @@ class SqlSearch(ABC):
         return [(kind, ident) for _, _, kind, ident in found[:depth]]
 
     def profile(self, agent_id: str) -> str | None:
-        sql = text(
-            "SELECT content FROM profiles WHERE agent_id = :agent "
-            "ORDER BY user_id != '', id LIMIT 1"
-        )
+        sql = text("SELECT content FROM profiles WHERE agent_id = :agent ORDER BY user_id != '', id LIMIT 1")
         with self.db.read() as session:
             return session.execute(sql, {"agent": agent_id}).scalar_one_or_none()

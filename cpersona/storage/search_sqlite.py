@@ -77,7 +77,8 @@ def source_filter(source_id: str, alias: str = "m", *, extracted: bool = False) 
     if not source_id:
         return "1=1", {}
     row_id = (
-        f"{alias}.source_key" if extracted
+        f"{alias}.source_key"
+        if extracted
         else f"CAST(CASE WHEN json_valid({alias}.source) THEN json_extract({alias}.source, '$.id') END AS TEXT)"
     )
     if source_id[-1].isalnum():
@@ -196,7 +197,12 @@ class SqliteSearch(SqlSearch):
         return [Hit(memory_record(r), score) for r, score in rows]
 
     def _ranked(
-        self, what: str, search: _FtsSearch, params: dict[str, Any], terms: list[str], depth: int,
+        self,
+        what: str,
+        search: _FtsSearch,
+        params: dict[str, Any],
+        terms: list[str],
+        depth: int,
         phrases: Sequence[str] = (),
     ) -> list[tuple[Any, float]] | None:
         """Rows of an FTS statement ranked on the query's content words.
@@ -269,10 +275,15 @@ class SqliteSearch(SqlSearch):
         marks = ", ".join(f":g{i}" for i in range(len(wanted)))
         with self.db.read() as session:
             try:
-                session.execute(text(
-                    f"CREATE VIRTUAL TABLE IF NOT EXISTS temp.{fts}_vocab USING fts5vocab(main, {fts}, 'row')"))
-                found = dict(session.execute(text(f"SELECT term, doc FROM temp.{fts}_vocab WHERE term IN ({marks})"),
-                                             {f"g{i}": g for i, g in enumerate(wanted)}).all())
+                session.execute(
+                    text(f"CREATE VIRTUAL TABLE IF NOT EXISTS temp.{fts}_vocab USING fts5vocab(main, {fts}, 'row')")
+                )
+                found = dict(
+                    session.execute(
+                        text(f"SELECT term, doc FROM temp.{fts}_vocab WHERE term IN ({marks})"),
+                        {f"g{i}": g for i, g in enumerate(wanted)},
+                    ).all()
+                )
             except DBAPIError as exc:
                 log.warning("%s term counts unavailable, every term is ranked: %s", fts, exc.orig)
                 return {}
@@ -340,8 +351,11 @@ class SqliteSearch(SqlSearch):
             coarse_where = f"{coarse_where} AND {by_source}"
             coarse_params.update(source_params)
         statement = coarse_sqlite.far_statement(kind, coarse_where, where)
-        extra = {"qbits": coarse_sqlite.query_bits(query), "nbits": len(query) // 32,
-                 "k": coarse_sqlite.candidates(int(params["depth"]))}
+        extra = {
+            "qbits": coarse_sqlite.query_bits(query),
+            "nbits": len(query) // 32,
+            "k": coarse_sqlite.candidates(int(params["depth"])),
+        }
         rows = self._run(f"{kind} coarse vector", statement, {**params, **coarse_params, **extra})
         return [(float(r.cosine), r.id) for r in rows or []]
 

@@ -68,8 +68,17 @@ class PostgresWordSearch(PostgresSearch):
             return []
         where, params = sql_fragment(scope, "m")
         by_source, source_params = pg_source_filter(source_id)
-        rows = self._words("memories words", "mem", "m", MEMORY_COLUMNS, "memories", f"{where} AND {by_source}",
-                           {**params, **source_params}, terms, depth)
+        rows = self._words(
+            "memories words",
+            "mem",
+            "m",
+            MEMORY_COLUMNS,
+            "memories",
+            f"{where} AND {by_source}",
+            {**params, **source_params},
+            terms,
+            depth,
+        )
         return [Hit(memory_record(r), float(r.score)) for r in rows]
 
     def word_episodes(self, scope: Scope, query: str, depth: int) -> list[Hit]:
@@ -81,8 +90,16 @@ class PostgresWordSearch(PostgresSearch):
         return [Hit(episode_record(r), float(r.score)) for r in rows]
 
     def _words(
-        self, what: str, kind: str, alias: str, columns: str, table: str, where: str, params: dict[str, Any],
-        terms: list[str], depth: int,
+        self,
+        what: str,
+        kind: str,
+        alias: str,
+        columns: str,
+        table: str,
+        where: str,
+        params: dict[str, Any],
+        terms: list[str],
+        depth: int,
     ) -> list[Any]:
         vector = pg_word_vector(kind, alias)  # the indexed expression finds the rows
         stored = f"{alias}.{WORD_VECTOR_COLUMN}" if _has_word_columns(self.db) else vector

@@ -126,8 +126,11 @@ def ensure_vector_columns(conn: Connection) -> bool:
                     conn.exec_driver_sql("CREATE EXTENSION IF NOT EXISTS vector")
                 installed = True
             except DBAPIError as exc:  # e.g. a role that may not create extensions
-                log.warning("pgvector is installed on the server but this role cannot enable it (%s); vectors rank "
-                            "in-process until CREATE EXTENSION vector is run in this database", exc.orig)
+                log.warning(
+                    "pgvector is installed on the server but this role cannot enable it (%s); vectors rank "
+                    "in-process until CREATE EXTENSION vector is run in this database",
+                    exc.orig,
+                )
     if installed is None:
         for table in VECTOR_TABLES:
             conn.exec_driver_sql(f"DROP TRIGGER IF EXISTS {_trigger_name(table)} ON {table}")
@@ -144,9 +147,10 @@ def ensure_vector_columns(conn: Connection) -> bool:
         # 10k rows. The blob, EXTENDED, goes out of line instead; the scan only
         # reads its length, which needs no fetch. Rows written before keep their
         # layout until rewritten.
-        storage = conn.execute(text(
-            "SELECT attstorage FROM pg_attribute WHERE attrelid = CAST(:table AS regclass) AND attname = :column"
-        ), {"table": table, "column": VECTOR_COLUMN}).scalar_one()
+        storage = conn.execute(
+            text("SELECT attstorage FROM pg_attribute WHERE attrelid = CAST(:table AS regclass) AND attname = :column"),
+            {"table": table, "column": VECTOR_COLUMN},
+        ).scalar_one()
         if storage != "m":  # ALTER takes a table lock: only when it changes something
             conn.exec_driver_sql(f"ALTER TABLE {table} ALTER COLUMN {VECTOR_COLUMN} SET STORAGE MAIN")
         conn.exec_driver_sql(
@@ -202,7 +206,9 @@ def vector_text(query: bytes) -> str:
     return "[" + ",".join(repr(float(v)) for v in np.frombuffer(query, dtype=FLOAT32)) + "]"
 
 
-def pgvector_scan(session: Any, kind: Kind, where: str, params: dict[str, Any], query: bytes) -> list[tuple[float, int]]:
+def pgvector_scan(
+    session: Any, kind: Kind, where: str, params: dict[str, Any], query: bytes
+) -> list[tuple[float, int]]:
     """(cosine, id) of the window's best rows, ranked inside PostgreSQL."""
     rows = session.execute(pgvector_scan_statement(kind, where), {**params, "qv": vector_text(query)})
     return [(float(r.cosine), r.id) for r in rows]

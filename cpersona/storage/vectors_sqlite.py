@@ -77,9 +77,7 @@ def scan_statement(kind: Kind, where: str) -> TextClause:
     )
 
 
-def scan_parameters(
-    query: bytes, *, window: tuple[int, int], threshold: float, depth: int
-) -> dict[str, Any]:
+def scan_parameters(query: bytes, *, window: tuple[int, int], threshold: float, depth: int) -> dict[str, Any]:
     start, stop = max(0, int(window[0])), max(0, int(window[1]))
     return {
         "q": query,

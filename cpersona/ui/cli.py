@@ -21,10 +21,12 @@ HOST = "127.0.0.1"  # never another interface: the token is the only lock on thi
 
 def add_subcommands(commands: Any) -> None:
     ui = commands.add_parser("ui", help="browse the memory in a local web page (read-only unless --write)")
-    ui.add_argument("--port", type=int, default=DEFAULT_PORT,
-                    help=f"port on 127.0.0.1 (default {DEFAULT_PORT}; 0 picks a free one)")
-    ui.add_argument("--write", action="store_true",
-                    help="allow edit, lock, unlock and delete (through the tools' own rules)")
+    ui.add_argument(
+        "--port", type=int, default=DEFAULT_PORT, help=f"port on 127.0.0.1 (default {DEFAULT_PORT}; 0 picks a free one)"
+    )
+    ui.add_argument(
+        "--write", action="store_true", help="allow edit, lock, unlock and delete (through the tools' own rules)"
+    )
     ui.add_argument("--db", type=Path, default=None, help="SQLite database file (default: CPERSONA_DB_PATH)")
 
 
@@ -79,8 +81,9 @@ def run(args: argparse.Namespace) -> int:
         except OSError as exc:
             listener.close()
             return _fail(f"cannot listen on {HOST}:{args.port}: {exc.strerror or exc}", 1)
-        return _serve(listener, db, settings, embedder, gates, context, token=secrets.token_urlsafe(24),
-                      write=args.write)
+        return _serve(
+            listener, db, settings, embedder, gates, context, token=secrets.token_urlsafe(24), write=args.write
+        )
     finally:
         db.close()
         if embedder is not None:
@@ -101,8 +104,17 @@ def _gates(settings: Any) -> tuple[Any, dict[str, Any]]:
     return cli.tool_gates(policy, settings, "stdio"), context
 
 
-def _serve(listener: Any, db: Any, settings: Any, embedder: Any, gates: Any, context: dict[str, Any], *,
-           token: str, write: bool) -> int:
+def _serve(
+    listener: Any,
+    db: Any,
+    settings: Any,
+    embedder: Any,
+    gates: Any,
+    context: dict[str, Any],
+    *,
+    token: str,
+    write: bool,
+) -> int:
     import uvicorn
 
     from cpersona.mcp.tools import default_registry
@@ -113,10 +125,15 @@ def _serve(listener: Any, db: Any, settings: Any, embedder: Any, gates: Any, con
     state = UiState(app=app, registry=default_registry(), gates=gates, token=token, write=write, context=context)
     port = listener.getsockname()[1]
     print(f"cpersona ui: http://{HOST}:{port}/?token={token}", flush=True)
-    print(f"cpersona ui: database {db.label}, {'WRITE enabled' if write else 'read-only (--write to edit)'}; "
-          "the link works until this process stops (Ctrl-C)", file=sys.stderr, flush=True)
-    config = uvicorn.Config(build_ui_app(state), log_level="warning", access_log=False, lifespan="off",
-                            ws="none", loop="asyncio")
+    print(
+        f"cpersona ui: database {db.label}, {'WRITE enabled' if write else 'read-only (--write to edit)'}; "
+        "the link works until this process stops (Ctrl-C)",
+        file=sys.stderr,
+        flush=True,
+    )
+    config = uvicorn.Config(
+        build_ui_app(state), log_level="warning", access_log=False, lifespan="off", ws="none", loop="asyncio"
+    )
     server = uvicorn.Server(config)
     try:
         server.run(sockets=[listener])

@@ -43,7 +43,7 @@ STATIC = Path(__file__).resolve().parent / "static"
 # Stored text is shown, never run: scripts and styles come only from this server's /static.
 SECURITY_HEADERS = {
     "content-security-policy": "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
-                               "form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+    "form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
     "x-content-type-options": "nosniff",
     "referrer-policy": "no-referrer",
     "cache-control": "no-store",
@@ -117,9 +117,13 @@ class TokenGate:
             await _secured(response)(scope, receive, send)
             return
         if not self._valid(_cookie(scope)):
-            await _secured(PlainTextResponse(
-                "401: this page needs the link `cpersona ui` printed when it started (it carries a token that "
-                "changes at every start).", status_code=401))(scope, receive, send)
+            await _secured(
+                PlainTextResponse(
+                    "401: this page needs the link `cpersona ui` printed when it started (it carries a token that "
+                    "changes at every start).",
+                    status_code=401,
+                )
+            )(scope, receive, send)
             return
         await self.app(scope, receive, send)
 
@@ -175,6 +179,7 @@ def build_ui_app(state: UiState) -> ASGIApp:
                 return await handler(request, state)
             except WriteRefused as refused:
                 return pages.refused_write(state, str(refused))
+
         return endpoint
 
     routes = [Route(path, bind(handler), methods=list(methods)) for path, handler, methods in pages.ROUTES]

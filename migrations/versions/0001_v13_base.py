@@ -83,26 +83,21 @@ BASE_TABLES_DDL = (
 
 # spec storage.md §4.6: indexes the reference creates in ladder steps v6 / v10.
 CHANNEL_INDEXES_DDL = (
-    "CREATE INDEX IF NOT EXISTS idx_memories_agent_channel"
-    " ON memories (agent_id, channel, created_at DESC)",
-    "CREATE INDEX IF NOT EXISTS idx_episodes_agent_channel"
-    " ON episodes (agent_id, channel, created_at DESC)",
+    "CREATE INDEX IF NOT EXISTS idx_memories_agent_channel ON memories (agent_id, channel, created_at DESC)",
+    "CREATE INDEX IF NOT EXISTS idx_episodes_agent_channel ON episodes (agent_id, channel, created_at DESC)",
 )
 
 # spec DB-5 / DB-6: the dedup indexes; on an adopted database they may fail.
 DEDUP_INDEXES_DDL = (
-    "CREATE UNIQUE INDEX IF NOT EXISTS idx_memories_dedup_content"
-    " ON memories (agent_id, project_id, channel, content)",
+    "CREATE UNIQUE INDEX IF NOT EXISTS idx_memories_dedup_content ON memories (agent_id, project_id, channel, content)",
     "CREATE UNIQUE INDEX IF NOT EXISTS idx_memories_dedup_msg_id"
     " ON memories (agent_id, project_id, msg_id) WHERE msg_id != ''",
 )
 
 # spec MV-10: the isolation indexes, created after the ladder on every boot.
 ISOLATION_INDEXES_DDL = (
-    "CREATE INDEX IF NOT EXISTS idx_memories_isolation"
-    " ON memories (agent_id, project_id, created_at DESC)",
-    "CREATE INDEX IF NOT EXISTS idx_episodes_isolation"
-    " ON episodes (agent_id, project_id, created_at DESC)",
+    "CREATE INDEX IF NOT EXISTS idx_memories_isolation ON memories (agent_id, project_id, created_at DESC)",
+    "CREATE INDEX IF NOT EXISTS idx_episodes_isolation ON episodes (agent_id, project_id, created_at DESC)",
 )
 
 # spec DB-2.
@@ -237,6 +232,7 @@ PG_DEDUP_INDEXES_DDL = (
     " ON memories (agent_id, project_id, channel, md5(content))",
     DEDUP_INDEXES_DDL[1],
 )
+
 
 # PostgreSQL reflects an index column's direction and the models state none
 # (SQLite's reflection cannot report it), so the PostgreSQL indexes are

@@ -102,7 +102,9 @@ END""",
 # trigger functions (a PostgreSQL trigger runs a function, not a body).
 # Ids that name a row are BIGINT like the ids themselves.
 PG_TABLES_DDL = tuple(
-    ddl.replace("INTEGER PRIMARY KEY AUTOINCREMENT", "BIGSERIAL PRIMARY KEY").replace(" INTEGER NOT NULL", " BIGINT NOT NULL")
+    ddl.replace("INTEGER PRIMARY KEY AUTOINCREMENT", "BIGSERIAL PRIMARY KEY").replace(
+        " INTEGER NOT NULL", " BIGINT NOT NULL"
+    )
     for ddl in TABLES_DDL
 )
 

@@ -69,16 +69,21 @@ END $$""",
 
 PG_TRIGGERS_DDL = (
     *_pg_trigger("record_nodes_memories_ad", "DELETE", "memories", "mem"),
-    *_pg_trigger("record_nodes_memories_au", "UPDATE OF content", "memories", "mem",
-                 "old.content IS DISTINCT FROM new.content"),
+    *_pg_trigger(
+        "record_nodes_memories_au", "UPDATE OF content", "memories", "mem", "old.content IS DISTINCT FROM new.content"
+    ),
     *_pg_trigger("record_nodes_episodes_ad", "DELETE", "episodes", "ep"),
-    *_pg_trigger("record_nodes_episodes_au", "UPDATE OF summary", "episodes", "ep",
-                 "old.summary IS DISTINCT FROM new.summary"),
+    *_pg_trigger(
+        "record_nodes_episodes_au", "UPDATE OF summary", "episodes", "ep", "old.summary IS DISTINCT FROM new.summary"
+    ),
 )
 _PG_TRIGGER_TABLES = ("memories", "memories", "episodes", "episodes")
 
 TRIGGER_NAMES = (
-    "record_nodes_memories_ad", "record_nodes_memories_au", "record_nodes_episodes_ad", "record_nodes_episodes_au",
+    "record_nodes_memories_ad",
+    "record_nodes_memories_au",
+    "record_nodes_episodes_ad",
+    "record_nodes_episodes_au",
 )
 
 

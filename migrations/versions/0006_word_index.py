@@ -75,8 +75,12 @@ WHEN old.summary <> new.summary OR old.keywords <> new.keywords BEGIN
 END""",
 )
 WORD_TRIGGER_NAMES = (
-    "memories_words_ai", "memories_words_ad", "memories_words_au",
-    "episodes_words_ai", "episodes_words_ad", "episodes_words_au",
+    "memories_words_ai",
+    "memories_words_ad",
+    "memories_words_au",
+    "episodes_words_ai",
+    "episodes_words_ad",
+    "episodes_words_au",
 )
 
 # PostgreSQL: the expressions recall's word search uses (storage/search_words.py),

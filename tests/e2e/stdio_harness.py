@@ -35,15 +35,27 @@ def server_env(db_path: Path, **extra: str) -> dict[str, str]:
 
 
 def run_cli(*args: str, env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "cpersona", *args], env=env, capture_output=True, text=True,
-                          timeout=timeout, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [sys.executable, "-m", "cpersona", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 class RawSession:
     """Newline-delimited JSON-RPC written by hand to a server process."""
 
-    def __init__(self, env: dict[str, str], args: list[str] | None = None, *, argv: list[str] | None = None,
-                 stderr: Any = subprocess.DEVNULL) -> None:
+    def __init__(
+        self,
+        env: dict[str, str],
+        args: list[str] | None = None,
+        *,
+        argv: list[str] | None = None,
+        stderr: Any = subprocess.DEVNULL,
+    ) -> None:
         # args: what follows the interpreter (default -m cpersona); argv: a whole other command
         command = argv or [sys.executable, *(args or ["-m", "cpersona"])]
         self.proc = subprocess.Popen(command, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr)
@@ -59,8 +71,9 @@ class RawSession:
     def request(self, method: str, params: dict[str, Any] | None = None, *, raw_params: str | None = None) -> int:
         self._next_id += 1
         params_text = raw_params if raw_params is not None else json.dumps(params or {})
-        self.send_line('{"jsonrpc":"2.0","id":%d,"method":%s,"params":%s}'
-                       % (self._next_id, json.dumps(method), params_text))
+        self.send_line(
+            '{"jsonrpc":"2.0","id":%d,"method":%s,"params":%s}' % (self._next_id, json.dumps(method), params_text)
+        )
         return self._next_id
 
     def reply(self, request_id: int, timeout: float = 30) -> dict[str, Any]:
@@ -89,14 +102,24 @@ class RawSession:
             self._buffer += chunk
 
     def initialize(self) -> dict[str, Any]:
-        answer = self.reply(self.request("initialize", {
-            "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw-test", "version": "0"}}))
+        answer = self.reply(
+            self.request(
+                "initialize",
+                {
+                    "protocolVersion": "2025-11-25",
+                    "capabilities": {},
+                    "clientInfo": {"name": "raw-test", "version": "0"},
+                },
+            )
+        )
         self.send_line('{"jsonrpc":"2.0","method":"notifications/initialized"}')
         return answer
 
     def call(self, name: str, arguments_json: str, timeout: float = 30) -> dict[str, Any]:
         """tools/call with the arguments given as JSON text (so any bytes can be sent)."""
-        request_id = self.request("tools/call", raw_params='{"name":%s,"arguments":%s}' % (json.dumps(name), arguments_json))
+        request_id = self.request(
+            "tools/call", raw_params='{"name":%s,"arguments":%s}' % (json.dumps(name), arguments_json)
+        )
         return self.reply(request_id, timeout)
 
     def close(self) -> int:

@@ -19,15 +19,24 @@ def tool_answer(reply: dict) -> tuple[dict, bool]:
 def still_serving(session: RawSession) -> None:
     listed = session.reply(session.request("tools/list"))
     names = {tool["name"] for tool in listed["result"]["tools"]}
-    assert {"store", "recall", "get_profile", "update_profile", "archive_episode", "list_memories",
-            "list_episodes"} <= names  # later issues add tools
+    assert {
+        "store",
+        "recall",
+        "get_profile",
+        "update_profile",
+        "archive_episode",
+        "list_memories",
+        "list_episodes",
+    } <= names  # later issues add tools
 
 
 def test_lone_surrogate_escapes_are_answered_in_each_tools_own_shape(raw_session):  # spec G-6
     store, is_error = tool_answer(raw_session.call("store", '{"agent_id":"a","content":"bad \\ud800 text"}'))
     assert is_error is False
     assert store["ok"] is False and store["result"] == "rejected" and "$.content" in store["reason"]
-    locked, _ = tool_answer(raw_session.call("store", '{"agent_id":"a","content":"x","lock":true,"metadata":{"k":"\\udc00"}}'))
+    locked, _ = tool_answer(
+        raw_session.call("store", '{"agent_id":"a","content":"x","lock":true,"metadata":{"k":"\\udc00"}}')
+    )
     assert locked["locked"] is False and "$.metadata.k" in locked["reason"]  # spec ST-12
     recall, _ = tool_answer(raw_session.call("recall", '{"agent_id":"a","query":"x\\udc00"}'))
     assert recall["ok"] is False and recall["messages"] == [] and "lone UTF-16 surrogate" in recall["error"]
@@ -44,7 +53,10 @@ def test_ten_thousand_levels_of_nesting_are_answered_not_dropped(raw_session):
     deep = '{"k":' * 10_000 + "1" + "}" * 10_000
     body, is_error = tool_answer(raw_session.call("store", '{"agent_id":"a","content":"deep","metadata":%s}' % deep))
     assert is_error is True
-    assert body == {"ok": False, "error": "Input validation error: the request could not be read: it is nested too deeply"}
+    assert body == {
+        "ok": False,
+        "error": "Input validation error: the request could not be read: it is nested too deeply",
+    }
     still_serving(raw_session)
 
 
@@ -105,8 +117,10 @@ def test_a_line_longer_than_any_request_is_refused_unread_and_the_next_is_answer
     tool_answer(raw_session.call("list_memories", '{"agent_id":"a"}'))
     before = _peak_rss_kib(raw_session.proc.pid)
     filler = "x" * (3 * MAX_REQUEST_BYTES)
-    raw_session.send_line('{"jsonrpc":"2.0","id":77,"method":"tools/call","params":{"name":"store",'
-                          '"arguments":{"agent_id":"a","content":"%s"}}}' % filler)
+    raw_session.send_line(
+        '{"jsonrpc":"2.0","id":77,"method":"tools/call","params":{"name":"store",'
+        '"arguments":{"agent_id":"a","content":"%s"}}}' % filler
+    )
     body, is_error = tool_answer(raw_session.reply(77, timeout=120))
     assert is_error is True and body["ok"] is False
     assert "more than the largest request any tool can accept" in body["error"]
@@ -114,7 +128,7 @@ def test_a_line_longer_than_any_request_is_refused_unread_and_the_next_is_answer
     # peak grew by less than the line's size (the old reader held it whole, and joined it again).
     grown = (_peak_rss_kib(raw_session.proc.pid) - before) * 1024
     assert grown < 2 * MAX_REQUEST_BYTES < len(filler)
-    raw_session.send_line('{"no_id_here":"%s"}' % filler[:MAX_REQUEST_BYTES + 1])  # no id: parse error, id null
+    raw_session.send_line('{"no_id_here":"%s"}' % filler[: MAX_REQUEST_BYTES + 1])  # no id: parse error, id null
     error = raw_session.reply(None, timeout=120)
     assert error["error"]["code"] == -32700 and "largest request" in error["error"]["message"]
     listed, _ = tool_answer(raw_session.call("list_memories", '{"agent_id":"a"}'))

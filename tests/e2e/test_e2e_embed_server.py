@@ -28,11 +28,20 @@ pytestmark = pytest.mark.anyio
 
 class EmbedServer:
     def __init__(self, folder: Path) -> None:
-        env = {**os.environ, "CPERSONA_EMBEDDING_MODEL_PATH": str(folder), "CPERSONA_UPDATE_CHECK": "false",
-               "CPERSONA_EMBEDDING_THREADS": "1"}
-        self.proc = subprocess.Popen([sys.executable, "-m", "cpersona", "embed-server", "--port", "0"], env=env,
-                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                                     stdin=subprocess.DEVNULL)
+        env = {
+            **os.environ,
+            "CPERSONA_EMBEDDING_MODEL_PATH": str(folder),
+            "CPERSONA_UPDATE_CHECK": "false",
+            "CPERSONA_EMBEDDING_THREADS": "1",
+        }
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "cpersona", "embed-server", "--port", "0"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            stdin=subprocess.DEVNULL,
+        )
         line = self.proc.stdout.readline().strip()
         assert line.startswith("listening on http://127.0.0.1:"), line
         self.url = line.removeprefix("listening on ")
@@ -78,8 +87,9 @@ def test_the_routes_speak_the_http_embedding_contract(embed_server, model_folder
 
 
 def stdio(db_path: Path, **env: str) -> StdioServerParameters:
-    return StdioServerParameters(command=sys.executable, args=["-m", "cpersona"],
-                                 env=server_env(db_path, **env), cwd=os.getcwd())
+    return StdioServerParameters(
+        command=sys.executable, args=["-m", "cpersona"], env=server_env(db_path, **env), cwd=os.getcwd()
+    )
 
 
 async def call(client: Client, tool: str, **arguments) -> dict:
@@ -95,8 +105,7 @@ def stored(db_path: Path) -> tuple[list[bytes], list[tuple]]:
     return vectors, identity
 
 
-async def test_stdio_servers_share_the_model_and_local_mode_keeps_its_vectors(e2e_db_path, embed_server,
-                                                                             model_folder):
+async def test_stdio_servers_share_the_model_and_local_mode_keeps_its_vectors(e2e_db_path, embed_server, model_folder):
     model = LocalModel(model_folder, threads=1)
     texts = ["morning coffee with music", "the garden tomato", "a piano lesson"]
     http_mode = stdio(e2e_db_path, CPERSONA_EMBEDDING_MODE="http", CPERSONA_EMBEDDING_URL=embed_server.url)
@@ -106,18 +115,19 @@ async def test_stdio_servers_share_the_model_and_local_mode_keeps_its_vectors(e2
         found = await call(client, "recall", agent_id="a", query="piano")
         assert "a piano lesson" in [m["content"] for m in found["messages"]]
     vectors, identity = stored(e2e_db_path)
-    np.testing.assert_allclose(np.frombuffer(b"".join(vectors), dtype=np.float32).reshape(3, 16),
-                               model.embed(texts), atol=1e-6)
+    np.testing.assert_allclose(
+        np.frombuffer(b"".join(vectors), dtype=np.float32).reshape(3, 16), model.embed(texts), atol=1e-6
+    )
     assert [label for label, _ in identity] == [model.fingerprint]  # the width is recorded once known
 
     # The same model in-process: same fingerprint, so nothing is cleared or re-embedded.
-    local_mode = stdio(e2e_db_path, CPERSONA_EMBEDDING_MODE="local",
-                       CPERSONA_EMBEDDING_MODEL_PATH=str(model_folder))
+    local_mode = stdio(e2e_db_path, CPERSONA_EMBEDDING_MODE="local", CPERSONA_EMBEDDING_MODEL_PATH=str(model_folder))
     async with Client(local_mode) as client:
         assert (await call(client, "store", agent_id="a", content="tea in the evening"))["embedded"] is True
         health = await call(client, "check_health", agent_id="a")
         assert not [i for i in health.get("issues", []) if i.get("type") == "embedding_model_mismatch"]
     after, identity = stored(e2e_db_path)
     assert after[:3] == vectors and identity == [(model.fingerprint, 16)]
-    np.testing.assert_allclose(np.frombuffer(after[3], dtype=np.float32), model.embed(["tea in the evening"])[0],
-                               atol=1e-6)
+    np.testing.assert_allclose(
+        np.frombuffer(after[3], dtype=np.float32), model.embed(["tea in the evening"])[0], atol=1e-6
+    )

@@ -27,8 +27,14 @@ from stdio_harness import e2e_db_path, server_env  # noqa: F401 (fixture)
 pytestmark = pytest.mark.anyio
 
 TESTS = Path(__file__).resolve().parents[1]
-SYNONYMS = {"automobile": "car", "needs": "wants", "new": "fresh", "tyres": "tires",
-            "bicycle": "bike", "pedals": "cranks"}
+SYNONYMS = {
+    "automobile": "car",
+    "needs": "wants",
+    "new": "fresh",
+    "tyres": "tires",
+    "bicycle": "bike",
+    "pedals": "cranks",
+}
 LAUNCH = (
     "import json, sys, threading; sys.path.insert(0, sys.argv[1]);"
     "from test_vector_channel import TableServer;"
@@ -53,7 +59,9 @@ class EmbeddingProcess:
     def start(self) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, "-c", LAUNCH, str(TESTS), json.dumps(SYNONYMS), str(self.port)],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
         )
         assert self.proc.stdout.readline().strip() == "ready"
 
@@ -73,8 +81,9 @@ def embedder_process():
 
 
 def params(db_path: Path, url: str) -> StdioServerParameters:
-    env = server_env(db_path, CPERSONA_EMBEDDING_MODE="http", CPERSONA_EMBEDDING_URL=url,
-                     CPERSONA_EMBEDDING_TIMEOUT_SECS="5")
+    env = server_env(
+        db_path, CPERSONA_EMBEDDING_MODE="http", CPERSONA_EMBEDDING_URL=url, CPERSONA_EMBEDDING_TIMEOUT_SECS="5"
+    )
     return StdioServerParameters(command=sys.executable, args=["-m", "cpersona"], env=env, cwd=os.getcwd())
 
 
@@ -132,9 +141,7 @@ async def test_paraphrase_outage_degraded_recall_and_backfill_on_recovery(e2e_db
         assert refs(answer) == ["mem:2"] and answer["messages"][0]["match_reason"]["signal"] == "cosine"
 
 
-async def test_a_row_stored_while_the_backend_was_down_is_embedded_at_the_next_startup(
-    e2e_db_path, embedder_process
-):
+async def test_a_row_stored_while_the_backend_was_down_is_embedded_at_the_next_startup(e2e_db_path, embedder_process):
     embedder_process.kill()
     async with Client(params(e2e_db_path, embedder_process.url)) as client:
         down = await call(client, "store", agent_id="a", content="The bicycle needs new pedals")

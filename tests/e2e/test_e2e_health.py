@@ -24,7 +24,9 @@ async def test_check_health_over_stdio(stdio_params, e2e_db_path):
         assert result["checks_run"] == ["memory_annotation"] and result["status"] == "healthy"
         [issue] = result["issues"]
         assert issue["type"] == "memory_annotation" and issue["repairable"] == 1
-        fixed = (await client.call_tool("check_health", {"checks": ["memory_annotation"], "fix": True})).structured_content
+        fixed = (
+            await client.call_tool("check_health", {"checks": ["memory_annotation"], "fix": True})
+        ).structured_content
         assert fixed["fixed"] is True and fixed["issues"][0]["count"] == 1
         again = (await client.call_tool("check_health", {"checks": ["memory_annotation"]})).structured_content
         assert again["issues"] == []

@@ -31,8 +31,11 @@ def answer(result) -> dict:
 
 async def test_store_recall_restart_on_postgres(tmp_path: Path):
     with fresh_pg_url() as url:
-        params = StdioServerParameters(command=sys.executable, args=["-m", "cpersona"],
-                                       env=server_env(tmp_path / "unused.db", CPERSONA_DATABASE_URL=url))
+        params = StdioServerParameters(
+            command=sys.executable,
+            args=["-m", "cpersona"],
+            env=server_env(tmp_path / "unused.db", CPERSONA_DATABASE_URL=url),
+        )
         async with Client(params) as client:
             for content in (ENGLISH, JAPANESE):
                 stored = answer(await client.call_tool("store", {"agent_id": "pg", "content": content}))
@@ -40,8 +43,10 @@ async def test_store_recall_restart_on_postgres(tmp_path: Path):
             again = answer(await client.call_tool("store", {"agent_id": "pg", "content": ENGLISH}))
             assert again["result"] == "skipped" and again["reason"] == "duplicate content"  # spec ST-4
             for query, expected in (("deploy-7f3a", ENGLISH), ("定例会議", JAPANESE), ("水曜", JAPANESE)):
-                rows = [m["content"] for m in answer(await client.call_tool(
-                    "recall", {"agent_id": "pg", "query": query}))["messages"]]
+                rows = [
+                    m["content"]
+                    for m in answer(await client.call_tool("recall", {"agent_id": "pg", "query": query}))["messages"]
+                ]
                 assert rows and rows[-1] == expected, (query, rows)  # spec RC-1
         async with Client(params) as client:
             listed = answer(await client.call_tool("list_memories", {"agent_id": "pg"}))

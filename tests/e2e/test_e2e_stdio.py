@@ -90,9 +90,17 @@ async def test_profile_and_episode_round_trip_over_stdio(stdio_params):  # spec 
         updated = answer(await client.call_tool("update_profile", {"agent_id": "e2e", "profile": "簡潔な回答を好む。"}))
         assert updated == {"ok": True, "profiles_updated": 1}
         assert answer(await client.call_tool("get_profile", {"agent_id": "e2e"})) == {"profile": "簡潔な回答を好む。"}
-        archived = answer(await client.call_tool("archive_episode", {
-            "agent_id": "e2e", "summary": "Discussed the deploy key rotation.", "keywords": "deploy vault",
-            "history": [{"timestamp": "2026-01-02T10:00:00+00:00"}, {"timestamp": "2026-01-02T09:00:00+00:00"}]}))
+        archived = answer(
+            await client.call_tool(
+                "archive_episode",
+                {
+                    "agent_id": "e2e",
+                    "summary": "Discussed the deploy key rotation.",
+                    "keywords": "deploy vault",
+                    "history": [{"timestamp": "2026-01-02T10:00:00+00:00"}, {"timestamp": "2026-01-02T09:00:00+00:00"}],
+                },
+            )
+        )
         assert archived["ok"] is True and isinstance(archived["episode_id"], int)
         episodes = answer(await client.call_tool("list_episodes", {"agent_id": "e2e"}))
         assert episodes["count"] == 1
@@ -105,8 +113,10 @@ async def test_a_bad_call_does_not_stop_the_process(stdio_params):  # spec G-3, 
     async with Client(stdio_params) as client:
         bad = await client.call_tool("recall", {"agent_id": "e2e", "query": "x", "limit": 101})
         assert bad.is_error is True
-        assert answer(bad) == {"ok": False,
-                               "error": "Input validation error: 101 is greater than the maximum of 100 (at $.limit)"}
+        assert answer(bad) == {
+            "ok": False,
+            "error": "Input validation error: 101 is greater than the maximum of 100 (at $.limit)",
+        }
         unknown = await client.call_tool("no_such_tool", {})
         assert unknown.is_error is True and answer(unknown)["error"] == "Unknown tool: no_such_tool"
         stored = answer(await client.call_tool("store", {"agent_id": "e2e", "content": "still serving"}))
@@ -114,6 +124,7 @@ async def test_a_bad_call_does_not_stop_the_process(stdio_params):  # spec G-3, 
 
 
 # --- the command line ----------------------------------------------------------
+
 
 def test_version_prints_our_version(e2e_db_path):
     done = run_cli("--version", env=server_env(e2e_db_path))
@@ -127,6 +138,7 @@ def test_console_script_is_installed_and_answers_version(e2e_db_path):
     # pyproject's [project.scripts] installs it with the package; its absence is a packaging bug
     assert script.exists(), f"{script} is missing: reinstall with pip install -e ."
     import subprocess
+
     done = subprocess.run([str(script), "--version"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stdout.strip() == f"cpersona {cpersona.__version__} ({cpersona.DISTRIBUTION})"
 
@@ -175,8 +187,11 @@ def test_serve_is_the_default_command(e2e_db_path):
 
 
 async def test_http_embeddings_are_wired_into_the_served_app(e2e_db_path, embed_server):  # spec ST-6, T-7
-    params = StdioServerParameters(command=sys.executable, args=["-m", "cpersona"], env=server_env(
-        e2e_db_path, CPERSONA_EMBEDDING_MODE="http", CPERSONA_EMBEDDING_URL=embed_server.url))
+    params = StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "cpersona"],
+        env=server_env(e2e_db_path, CPERSONA_EMBEDDING_MODE="http", CPERSONA_EMBEDDING_URL=embed_server.url),
+    )
     async with Client(params) as client:
         stored = answer(await client.call_tool("store", {"agent_id": "e2e", "content": ENGLISH}))
     assert stored["result"] == "stored" and stored["embedded"] is True

@@ -20,15 +20,39 @@ def make_app(db: Any, **env: str) -> App:
     return app_on(db, **env)
 
 
-def insert_memory(app: Any, content: str, *, agent: str = "a", project: str = "", channel: str = "",
-                  locked: int = 0, source: str = "{}", metadata: str = "{}", timestamp: str = "2024-01-01T00:00:00+00:00",
-                  msg_id: str = "", embedding: bytes | None = None) -> int:
+def insert_memory(
+    app: Any,
+    content: str,
+    *,
+    agent: str = "a",
+    project: str = "",
+    channel: str = "",
+    locked: int = 0,
+    source: str = "{}",
+    metadata: str = "{}",
+    timestamp: str = "2024-01-01T00:00:00+00:00",
+    msg_id: str = "",
+    embedding: bytes | None = None,
+) -> int:
     with app.db.write_connection() as conn:
-        return conn.execute(text(
-            "INSERT INTO memories (agent_id, project_id, channel, content, locked, source, metadata, timestamp, "
-            "msg_id, embedding) VALUES (:a, :p, :c, :t, :l, :s, :m, :ts, :mid, :e) RETURNING id"),
-            {"a": agent, "p": project, "c": channel, "t": content, "l": locked, "s": source, "m": metadata,
-             "ts": timestamp, "mid": msg_id, "e": embedding}).scalar()
+        return conn.execute(
+            text(
+                "INSERT INTO memories (agent_id, project_id, channel, content, locked, source, metadata, timestamp, "
+                "msg_id, embedding) VALUES (:a, :p, :c, :t, :l, :s, :m, :ts, :mid, :e) RETURNING id"
+            ),
+            {
+                "a": agent,
+                "p": project,
+                "c": channel,
+                "t": content,
+                "l": locked,
+                "s": source,
+                "m": metadata,
+                "ts": timestamp,
+                "mid": msg_id,
+                "e": embedding,
+            },
+        ).scalar()
 
 
 def execute(app: Any, sql: str, **params: Any) -> None:
@@ -52,8 +76,10 @@ def run(app: Any, check: str, **kwargs: Any) -> list[dict[str, Any]]:
 @pytest.fixture
 def h():
     """The helpers as one object, so test modules need no import path tricks."""
+
     class H:
         pass
+
     obj = H()
     for fn in (make_app, insert_memory, execute, query, issues_of, run):
         setattr(obj, fn.__name__, staticmethod(fn))

@@ -69,6 +69,7 @@ def test_null_embedding_fix_reembeds_outside_the_lock(db, h, embed_server):
     # spec R-21, H-4: severity from the share of NULL rows; fix writes the vectors
     app = h.make_app(db, EMBEDDING_MODE="http", EMBEDDING_URL=embed_server.url)
     from cpersona.embedding.client import build_embedder
+
     app.embedder = build_embedder(app.settings)
     h.insert_memory(app, "first text")
     [issue] = h.run(app, "null_embedding")
@@ -82,6 +83,7 @@ def test_nonfinite_and_dimension_mismatch(db, h, embed_server):
     # spec
     app = h.make_app(db, EMBEDDING_MODE="http", EMBEDDING_URL=embed_server.url)
     from cpersona.embedding.client import build_embedder
+
     app.embedder = build_embedder(app.settings)
     h.insert_memory(app, "nan row", embedding=np.array([np.nan, 1.0], dtype="<f4").tobytes())
     out = check_health(app, checks=["embedding_dimension", "nonfinite_embedding"])
@@ -97,7 +99,10 @@ def test_nonfinite_and_dimension_mismatch(db, h, embed_server):
 def test_findings_shape_caps_and_summary(app, h):
     # spec F-1, F-3..F-7, F-9
     assert get_session_findings(app, per_kind_limit=0) == {
-        "ok": False, "error": "per_kind_limit must be at least 1 (got 0)", "per_kind_limit": 0}
+        "ok": False,
+        "error": "per_kind_limit must be at least 1 (got 0)",
+        "per_kind_limit": 0,
+    }
     h.execute(app, "DROP TRIGGER episodes_ai")
     h.execute(app, "DROP INDEX idx_memories_agent")
     h.execute(app, "DROP INDEX idx_episodes_agent")
@@ -128,8 +133,11 @@ def test_deep_check_report_and_fix(app, h):
     anon = h.insert_memory(app, "[carol] hello there", source='{"type":"User","id":"","name":""}')
     h.insert_memory(app, "ok")
     h.insert_memory(app, "caf\u0065\u0301 decomposed text")
-    h.execute(app, "INSERT INTO episodes (agent_id, summary, start_time, end_time) VALUES "
-                   "('a', 'nothing inside', '2020-01-01T00:00:00', '2020-01-02T00:00:00')")
+    h.execute(
+        app,
+        "INSERT INTO episodes (agent_id, summary, start_time, end_time) VALUES "
+        "('a', 'nothing inside', '2020-01-01T00:00:00', '2020-01-02T00:00:00')",
+    )
     out = deep_check(app, agent_id="a")
     r = out["results"]
     assert list(r) == out["checks_run"] and out["fixed"] is False
@@ -160,19 +168,23 @@ def test_deep_check_near_duplicate_and_norm(app, h):
 @pytest.mark.sqlite_only  # the checkup CLI reads a SQLite file
 def test_checkup_cli_exit_codes_and_json(db, h, tmp_path):
     # spec CLI-1, CLI-6, CLI-7
-    missing = subprocess.run([sys.executable, "-m", "cpersona.checkup", "--db", str(tmp_path / "none.db")],
-                             capture_output=True, text=True)
+    missing = subprocess.run(
+        [sys.executable, "-m", "cpersona.checkup", "--db", str(tmp_path / "none.db")], capture_output=True, text=True
+    )
     assert missing.returncode == 2 and "error: database not found:" in missing.stderr
-    ok = subprocess.run([sys.executable, "-m", "cpersona.checkup", "--db", str(db.path), "--json"],
-                        capture_output=True, text=True)
+    ok = subprocess.run(
+        [sys.executable, "-m", "cpersona.checkup", "--db", str(db.path), "--json"], capture_output=True, text=True
+    )
     assert ok.returncode == 0, ok.stderr
     assert len(json.loads(ok.stdout)["checks_run"]) == 38
     h.execute(h.make_app(db), "DROP TRIGGER episodes_ai")
-    bad = subprocess.run([sys.executable, "-m", "cpersona.checkup", "--db", str(db.path)],
-                         capture_output=True, text=True)
+    bad = subprocess.run(
+        [sys.executable, "-m", "cpersona.checkup", "--db", str(db.path)], capture_output=True, text=True
+    )
     assert bad.returncode == 2
     lines = bad.stdout.splitlines()
     assert lines[0].startswith("cpersona checkup: 0 memories, 1 critical") and lines[-1] == "exit=2 (non-strict gate)"
-    fixed = subprocess.run([sys.executable, "-m", "cpersona", "checkup", "--db", str(db.path), "--fix"],
-                           capture_output=True, text=True)
+    fixed = subprocess.run(
+        [sys.executable, "-m", "cpersona", "checkup", "--db", str(db.path), "--fix"], capture_output=True, text=True
+    )
     assert fixed.returncode == 0 and "(fix applied)" in fixed.stdout.splitlines()[0]

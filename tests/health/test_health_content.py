@@ -54,8 +54,14 @@ def test_oversized_content_truncates_to_the_cap_keeping_the_start(db, h):
     row = h.insert_memory(app, "0123456789abcdef")
     h.insert_memory(app, "x" * 20, locked=1)
     [issue] = h.run(app, "oversized_content")
-    assert issue == {"type": "oversized_content", "count": 2, "repairable": 1, "max_len": 10, "severity": "warn",
-                     "check": "oversized_content"}
+    assert issue == {
+        "type": "oversized_content",
+        "count": 2,
+        "repairable": 1,
+        "max_len": 10,
+        "severity": "warn",
+        "check": "oversized_content",
+    }
     h.run(app, "oversized_content", fix=True)
     assert h.query(app, "SELECT content FROM memories WHERE id = :i", i=row)[0].content == "0123456789"
     [left] = h.run(app, "oversized_content")
@@ -92,13 +98,13 @@ def test_duplicate_content_is_agent_scoped(app, h):
 # survive the fix (spec R-16: a bucket's keeper is its lowest-id locked row, else its lowest-id row; a
 # named-channel row under a '' copy is covered; locked rows are never deleted).
 KEEPERS = [
-    ([("", 0), ("", 0), ("", 0)], {0}),              # the oldest of unlocked twins
-    ([("", 0), ("", 1), ("", 0)], {1}),              # the locked one, not the oldest
-    ([("", 0), ("", 1), ("", 1)], {1, 2}),           # the lowest-id locked keeps; the other locked stays
-    ([("c", 0), ("c", 0), ("", 0)], {2}),            # the '' copy covers the named channel, whatever its id
-    ([("c", 1), ("", 0), ("", 0)], {0, 1}),          # a covered locked row stays; the '' keeper is the oldest
-    ([("c", 0), ("c", 0), ("d", 0)], {0, 2}),        # siblings without a '' copy: one keeper per channel
-    ([("c", 0), ("d", 1), ("c", 1)], {1, 2}),        # per channel: c keeps its locked row, d its only row
+    ([("", 0), ("", 0), ("", 0)], {0}),  # the oldest of unlocked twins
+    ([("", 0), ("", 1), ("", 0)], {1}),  # the locked one, not the oldest
+    ([("", 0), ("", 1), ("", 1)], {1, 2}),  # the lowest-id locked keeps; the other locked stays
+    ([("c", 0), ("c", 0), ("", 0)], {2}),  # the '' copy covers the named channel, whatever its id
+    ([("c", 1), ("", 0), ("", 0)], {0, 1}),  # a covered locked row stays; the '' keeper is the oldest
+    ([("c", 0), ("c", 0), ("d", 0)], {0, 2}),  # siblings without a '' copy: one keeper per channel
+    ([("c", 0), ("d", 1), ("c", 1)], {1, 2}),  # per channel: c keeps its locked row, d its only row
 ]
 
 

@@ -31,9 +31,15 @@ def server() -> Iterator[EmbedServer]:
 
 
 def http_app(db, server: EmbedServer, **env: str) -> App:
-    settings = load_settings({"CPERSONA_DB_PATH": str(db.path), "CPERSONA_EMBEDDING_MODE": "http",
-                              "CPERSONA_EMBEDDING_URL": server.url, "CPERSONA_TASK_RETRY_DELAY": "0",
-                              **{f"CPERSONA_{k}": v for k, v in env.items()}})
+    settings = load_settings(
+        {
+            "CPERSONA_DB_PATH": str(db.path),
+            "CPERSONA_EMBEDDING_MODE": "http",
+            "CPERSONA_EMBEDDING_URL": server.url,
+            "CPERSONA_TASK_RETRY_DELAY": "0",
+            **{f"CPERSONA_{k}": v for k, v in env.items()},
+        }
+    )
     return App(db=db, settings=settings, embedder=build_embedder(settings))
 
 
@@ -59,11 +65,23 @@ def test_long_records_without_nodes_are_found_queued_and_built(napp, h, server):
     # spec R-49, H-4, H-14
     long_id = h.insert_memory(napp, LONG, locked=1)  # locked records are included: nodes never modify them
     h.insert_memory(napp, "short one")
-    h.execute(napp, "INSERT INTO episodes (agent_id, summary, start_time, end_time) VALUES ('a', :s, '', '')",
-              s=LONG + " episode")
+    h.execute(
+        napp,
+        "INSERT INTO episodes (agent_id, summary, start_time, end_time) VALUES ('a', :s, '', '')",
+        s=LONG + " episode",
+    )
     report = nodes_issue(napp)
-    assert report == [{"type": "missing_nodes", "count": 2, "memories": 1, "episodes": 1, "repairable": 2,
-                       "severity": "info", "check": "missing_nodes"}]
+    assert report == [
+        {
+            "type": "missing_nodes",
+            "count": 2,
+            "memories": 1,
+            "episodes": 1,
+            "repairable": 2,
+            "severity": "info",
+            "check": "missing_nodes",
+        }
+    ]
     assert h.query(napp, "SELECT COUNT(*) FROM pending_memory_tasks")[0][0] == 0  # the report wrote nothing
 
     fixed = nodes_issue(napp, fix=True)[0]

@@ -62,10 +62,19 @@ def test_timestamp_format_drift_converts_aware_and_never_naive(app, h):
     aware = h.insert_memory(app, "a", timestamp="2024-01-01T09:00:00+09:00")
     h.insert_memory(app, "n", timestamp="2024-01-01 00:00:00")
     [issue] = h.run(app, "timestamp_format_drift")
-    assert (issue["utc"], issue["aware"], issue["naive"], issue["repairable"], issue["unfixable_naive"]) == (1, 1, 1, 1, 1)
+    assert (issue["utc"], issue["aware"], issue["naive"], issue["repairable"], issue["unfixable_naive"]) == (
+        1,
+        1,
+        1,
+        1,
+        1,
+    )
     [fixed] = h.run(app, "timestamp_format_drift", fix=True)
     assert fixed["normalized"] == 1
-    assert h.query(app, "SELECT timestamp FROM memories WHERE id = :i", i=aware)[0].timestamp == "2024-01-01T00:00:00+00:00"
+    assert (
+        h.query(app, "SELECT timestamp FROM memories WHERE id = :i", i=aware)[0].timestamp
+        == "2024-01-01T00:00:00+00:00"
+    )
     [left] = h.run(app, "timestamp_format_drift")  # naive vs utc still mixed: reported, nothing repairable
     assert left["aware"] == 0 and left["repairable"] == 0 and left["severity"] == "info"
 
@@ -81,8 +90,11 @@ def test_missing_episode_start_time_written_from_created_at(app, h):
 
 def test_future_episode_timestamp(app, h):
     # spec R-35
-    h.execute(app, "INSERT INTO episodes (agent_id, summary, start_time, end_time) VALUES "
-                   "('a', 's', '2024-01-01T00:00:00+00:00', '2999-01-01T00:00:00+00:00')")
+    h.execute(
+        app,
+        "INSERT INTO episodes (agent_id, summary, start_time, end_time) VALUES "
+        "('a', 's', '2024-01-01T00:00:00+00:00', '2999-01-01T00:00:00+00:00')",
+    )
     [issue] = h.run(app, "future_episode_timestamp")
     assert issue["count"] == 1
     h.run(app, "future_episode_timestamp", fix=True)
@@ -91,8 +103,11 @@ def test_future_episode_timestamp(app, h):
 
 def test_stale_pending_tasks_deleted(app, h):
     # spec R-36
-    h.execute(app, "INSERT INTO pending_memory_tasks (task_type, agent_id, payload, created_at) "
-                   "VALUES ('x', 'a', '{}', '2000-01-01 00:00:00')")
+    h.execute(
+        app,
+        "INSERT INTO pending_memory_tasks (task_type, agent_id, payload, created_at) "
+        "VALUES ('x', 'a', '{}', '2000-01-01 00:00:00')",
+    )
     h.execute(app, "INSERT INTO pending_memory_tasks (task_type, agent_id, payload) VALUES ('x', 'a', '{}')")
     [issue] = h.run(app, "stale_pending_tasks")
     assert issue["count"] == 1
@@ -165,10 +180,25 @@ def test_anonymous_source_counts_sentinel_and_unattributed(app, h):
 
 
 def test_clean_rows_report_nothing(app, h):
-    h.insert_memory(app, "fine", source='{"type":"User","id":"u","name":"n"}',
-                    timestamp=datetime.now(timezone.utc).replace(year=2024).isoformat())
+    h.insert_memory(
+        app,
+        "fine",
+        source='{"type":"User","id":"u","name":"n"}',
+        timestamp=datetime.now(timezone.utc).replace(year=2024).isoformat(),
+    )
     h.execute(app, "INSERT INTO profiles (agent_id, content) VALUES ('a', 'p')")
-    for name in ("axis_hygiene", "invalid_json", "invalid_timestamp", "future_timestamp", "timestamp_format_drift",
-                 "stale_pending_tasks", "missing_profile", "empty_content", "invalid_source_type",
-                 "oversized_profile", "anonymous_source", "episode_timestamp_format_drift"):
+    for name in (
+        "axis_hygiene",
+        "invalid_json",
+        "invalid_timestamp",
+        "future_timestamp",
+        "timestamp_format_drift",
+        "stale_pending_tasks",
+        "missing_profile",
+        "empty_content",
+        "invalid_source_type",
+        "oversized_profile",
+        "anonymous_source",
+        "episode_timestamp_format_drift",
+    ):
         assert h.run(app, name) == [], name

@@ -56,11 +56,20 @@ def test_dedup_msg_id_index_fix_blanks_colliders_keeping_locked(app, h):
 def test_fts_out_of_sync_is_critical_and_rebuild_fixes_it(app, h):
     # spec R-23: an index out of step with its content table
     row = h.insert_memory(app, "searchable words")
-    h.execute(app, "INSERT INTO memories_fts (memories_fts, rowid, content) VALUES ('delete', :i, :c)",
-              i=row, c="searchable words")
+    h.execute(
+        app,
+        "INSERT INTO memories_fts (memories_fts, rowid, content) VALUES ('delete', :i, :c)",
+        i=row,
+        c="searchable words",
+    )
     [issue] = h.run(app, "fts_integrity")
-    assert issue == {"type": "fts_integrity_failure", "table": "memories", "severity": "critical", "repairable": 1,
-                     "check": "fts_integrity"}
+    assert issue == {
+        "type": "fts_integrity_failure",
+        "table": "memories",
+        "severity": "critical",
+        "repairable": 1,
+        "check": "fts_integrity",
+    }
     [fixed] = h.run(app, "fts_integrity", fix=True)
     assert fixed["fixed"] is True
     assert h.run(app, "fts_integrity") == []
@@ -97,12 +106,18 @@ def test_report_run_writes_nothing_and_holds_no_lock(app, h):
 # --- schema_objects on adopted legacy files (issue 13 item 8) ---------------------------------------------
 
 SAME_DEFINITION = [  # (stored spelling, ours): one definition, two spellings
-    ("CREATE INDEX idx_a\n    ON memories(agent_id, created_at DESC)",
-     "CREATE INDEX IF NOT EXISTS idx_a  ON memories (agent_id, created_at DESC)"),
-    ('create index "idx_a" on [memories] ( `agent_id` , created_at desc );',
-     "CREATE INDEX idx_a ON memories (agent_id, created_at DESC)"),
-    ("CREATE TRIGGER t AFTER INSERT ON m BEGIN\n    INSERT INTO f(rowid, c)\n    VALUES (new.id, new.c);\nEND;;",
-     "CREATE TRIGGER IF NOT EXISTS t AFTER INSERT ON m BEGIN\n  INSERT INTO f (rowid, c) VALUES (new.id, new.c);\nEND"),
+    (
+        "CREATE INDEX idx_a\n    ON memories(agent_id, created_at DESC)",
+        "CREATE INDEX IF NOT EXISTS idx_a  ON memories (agent_id, created_at DESC)",
+    ),
+    (
+        'create index "idx_a" on [memories] ( `agent_id` , created_at desc );',
+        "CREATE INDEX idx_a ON memories (agent_id, created_at DESC)",
+    ),
+    (
+        "CREATE TRIGGER t AFTER INSERT ON m BEGIN\n    INSERT INTO f(rowid, c)\n    VALUES (new.id, new.c);\nEND;;",
+        "CREATE TRIGGER IF NOT EXISTS t AFTER INSERT ON m BEGIN\n  INSERT INTO f (rowid, c) VALUES (new.id, new.c);\nEND",
+    ),
     ("CREATE INDEX i ON m (id) -- why\n WHERE msg_id <> ''", "CREATE INDEX i ON m (id) /* note */ WHERE msg_id != ''"),
 ]
 DIFFERENT_DEFINITION = [  # a real drift must stay visible
@@ -111,9 +126,11 @@ DIFFERENT_DEFINITION = [  # a real drift must stay visible
     ("CREATE INDEX idx_a ON memories (agent_id)", "CREATE UNIQUE INDEX idx_a ON memories (agent_id)"),
     ("CREATE INDEX i ON m (id) WHERE msg_id != 'X'", "CREATE INDEX i ON m (id) WHERE msg_id != 'x'"),
     ("CREATE INDEX i ON m (id) WHERE msg_id != ''", "CREATE INDEX i ON m (id)"),
-    ("CREATE TRIGGER t AFTER UPDATE ON m BEGIN SELECT 1; END",
-     "CREATE TRIGGER t AFTER UPDATE OF c ON m BEGIN SELECT 1; END"),
-    ("CREATE INDEX i ON m (\"agent id\")", "CREATE INDEX i ON m (agent, id)"),
+    (
+        "CREATE TRIGGER t AFTER UPDATE ON m BEGIN SELECT 1; END",
+        "CREATE TRIGGER t AFTER UPDATE OF c ON m BEGIN SELECT 1; END",
+    ),
+    ('CREATE INDEX i ON m ("agent id")', "CREATE INDEX i ON m (agent, id)"),
 ]
 
 
@@ -176,9 +193,12 @@ def test_adopted_legacy_database_still_reports_real_drift(tmp_path, h, fixture):
         h.execute(app, "DROP INDEX idx_memories_isolation")
         h.execute(app, "CREATE INDEX idx_memories_isolation\n    ON memories(agent_id, created_at DESC)")
         h.execute(app, "DROP TRIGGER memories_fts_ad")
-        h.execute(app, "CREATE TRIGGER memories_fts_ad AFTER DELETE ON memories BEGIN\n"
-                       "    INSERT INTO memories_fts(memories_fts, rowid, content)\n"
-                       "    VALUES ('DELETE', old.id, old.content);\nEND")
+        h.execute(
+            app,
+            "CREATE TRIGGER memories_fts_ad AFTER DELETE ON memories BEGIN\n"
+            "    INSERT INTO memories_fts(memories_fts, rowid, content)\n"
+            "    VALUES ('DELETE', old.id, old.content);\nEND",
+        )
         found = {i["object"]: i for i in h.run(app, "schema_objects")}
         assert set(found) == {"idx_memories_isolation", "memories_fts_ad"}
         assert found["memories_fts_ad"]["severity"] == "critical"
@@ -193,11 +213,21 @@ def test_adopted_legacy_database_still_reports_real_drift(tmp_path, h, fixture):
 def test_the_word_indexes_are_checked_and_rebuilt_like_the_trigram_ones(app, h):
     # issue 14: revision 0006's word index out of step with its rows is found and rebuilt
     row = h.insert_memory(app, "searchable words")
-    h.execute(app, "INSERT INTO memories_words (memories_words, rowid, content) VALUES ('delete', :i, :c)",
-              i=row, c="searchable words")
+    h.execute(
+        app,
+        "INSERT INTO memories_words (memories_words, rowid, content) VALUES ('delete', :i, :c)",
+        i=row,
+        c="searchable words",
+    )
     [issue] = h.run(app, "fts_integrity")
-    assert issue == {"type": "fts_integrity_failure", "table": "memories", "index": "memories_words",
-                     "severity": "critical", "repairable": 1, "check": "fts_integrity"}
+    assert issue == {
+        "type": "fts_integrity_failure",
+        "table": "memories",
+        "index": "memories_words",
+        "severity": "critical",
+        "repairable": 1,
+        "check": "fts_integrity",
+    }
     [fixed] = h.run(app, "fts_integrity", fix=True)
     assert fixed["fixed"] is True
     assert h.run(app, "fts_integrity") == []

@@ -77,9 +77,12 @@ def test_sqlite_integrity_reports_a_corrupt_index_page(app, h, tmp_path):
 
 def test_episode_timestamp_drift_repair_and_second_run(app, h):
     # spec R-34: aware -> UTC; naive equal to created_at -> canonical; other naive unfixable
-    h.execute(app, "INSERT INTO episodes (agent_id, summary, start_time, end_time, created_at) VALUES "
-                   "('a', 'aware', '2024-01-01T09:00:00+09:00', '2024-01-01T10:00:00+00:00', '2024-01-01 00:00:00'),"
-                   "('a', 'naive=created', '2024-02-01 00:00:00', '2024-02-01T01:00:00+00:00', '2024-02-01 00:00:00')")
+    h.execute(
+        app,
+        "INSERT INTO episodes (agent_id, summary, start_time, end_time, created_at) VALUES "
+        "('a', 'aware', '2024-01-01T09:00:00+09:00', '2024-01-01T10:00:00+00:00', '2024-01-01 00:00:00'),"
+        "('a', 'naive=created', '2024-02-01 00:00:00', '2024-02-01T01:00:00+00:00', '2024-02-01 00:00:00')",
+    )
     [issue] = h.run(app, "episode_timestamp_format_drift")
     assert issue["aware"] == 1 and issue["naive"] == 1 and issue["repairable"] == 2
     h.run(app, "episode_timestamp_format_drift", fix=True)
@@ -91,8 +94,11 @@ def test_episode_timestamp_drift_repair_and_second_run(app, h):
 
 def test_episode_timestamp_unfixable_naive_is_left_alone(app, h):
     # spec R-34: a naive value that is not created_at cannot be placed in a zone
-    h.execute(app, "INSERT INTO episodes (agent_id, summary, start_time, end_time, created_at) VALUES "
-                   "('a', 'x', '2024-03-01 05:00:00', '2024-03-01T06:00:00+00:00', '2024-03-02 00:00:00')")
+    h.execute(
+        app,
+        "INSERT INTO episodes (agent_id, summary, start_time, end_time, created_at) VALUES "
+        "('a', 'x', '2024-03-01 05:00:00', '2024-03-01T06:00:00+00:00', '2024-03-02 00:00:00')",
+    )
     [issue] = h.run(app, "episode_timestamp_format_drift")
     assert issue["repairable"] == 0 and issue["unfixable_naive"] == 1 and issue["needs_human_review"] is True
     h.run(app, "episode_timestamp_format_drift", fix=True)
@@ -290,10 +296,18 @@ def test_null_episode_embedding_fix_and_second_run(db, h, embed_server):
 
 def test_deep_check_clean_agent_reports_nothing(app, h):
     # spec DC-5..DC-12: the clean twin of every deep check
-    h.insert_memory(app, "a perfectly ordinary memory", source='{"type":"User","id":"u1","name":"Ann"}',
-                    timestamp="2024-01-01T00:30:00+00:00", embedding=np.array([1.0, 0.0], dtype="<f4").tobytes())
-    h.execute(app, "INSERT INTO episodes (agent_id, summary, start_time, end_time) VALUES "
-                   "('a', 'covers the memory', '2024-01-01T00:00:00+00:00', '2024-01-01T01:00:00+00:00')")
+    h.insert_memory(
+        app,
+        "a perfectly ordinary memory",
+        source='{"type":"User","id":"u1","name":"Ann"}',
+        timestamp="2024-01-01T00:30:00+00:00",
+        embedding=np.array([1.0, 0.0], dtype="<f4").tobytes(),
+    )
+    h.execute(
+        app,
+        "INSERT INTO episodes (agent_id, summary, start_time, end_time) VALUES "
+        "('a', 'covers the memory', '2024-01-01T00:00:00+00:00', '2024-01-01T01:00:00+00:00')",
+    )
     r = deep_check(app, agent_id="a")["results"]
     assert r["anonymous_source"]["recoverable"] == 0 and r["anonymous_source"]["unrecoverable"] == 0
     assert r["short_content"]["count"] == 0 and r["stale_profile"]["count"] == 0

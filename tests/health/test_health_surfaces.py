@@ -81,16 +81,26 @@ def test_report_only_checkup_leaves_the_file_byte_identical(tmp_path):
 
     db_env = {k: v for k, v in os.environ.items() if not k.startswith(("CPERSONA_", "EMBEDDING_"))}
     db_env["CPERSONA_UPDATE_CHECK"] = "false"
-    subprocess.run([sys.executable, "-m", "cpersona.checkup", "--db", str(path), "--fix"], env=db_env,
-                   capture_output=True, text=True, timeout=120)  # a --fix run migrates it to the current schema
+    subprocess.run(
+        [sys.executable, "-m", "cpersona.checkup", "--db", str(path), "--fix"],
+        env=db_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )  # a --fix run migrates it to the current schema
     conn = sqlite3.connect(path)
     conn.execute("PRAGMA journal_mode=DELETE")
     conn.execute("INSERT INTO memories (agent_id, content, timestamp) VALUES ('a', '   ', '2024-01-01 00:00:00')")
     conn.commit()
     conn.close()
     before = _digest(path)
-    out = subprocess.run([sys.executable, "-m", "cpersona.checkup", "--db", str(path), "--json", "--deep"],
-                         env=db_env, capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "cpersona.checkup", "--db", str(path), "--json", "--deep"],
+        env=db_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode in (0, 1), out.stderr
     report = json.loads(out.stdout)
     assert any(i["type"] == "empty_content" for i in report["issues"])

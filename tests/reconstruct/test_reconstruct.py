@@ -18,8 +18,9 @@ A = "agent"
 
 
 def _put(app, content, stamp, source_id="s1", **kw):
-    out = store(app, content=content, agent_id=A, timestamp=stamp,
-                source={"type": "User", "id": source_id, "name": ""}, **kw)
+    out = store(
+        app, content=content, agent_id=A, timestamp=stamp, source={"type": "User", "id": source_id, "name": ""}, **kw
+    )
     assert out.get("ok", True) is not False, out
     return f"mem:{out['id']}" if "id" in out else out
 
@@ -32,8 +33,12 @@ def _ref_of(app, text):
 
 def _memory_rows(app):
     with app.db.read() as session:
-        return [tuple(r) for r in session.execute(
-            sql("SELECT id, content, recall_count, last_recalled_at FROM memories ORDER BY id"))]
+        return [
+            tuple(r)
+            for r in session.execute(
+                sql("SELECT id, content, recall_count, last_recalled_at FROM memories ORDER BY id")
+            )
+        ]
 
 
 def _seed(app):
@@ -74,8 +79,13 @@ def test_count_is_a_ceiling_and_zero_count(app):
     one = reconstruct(app, agent_id=A, query="cache eviction", count=1)
     assert one["returned_count"] == 1 and one["shortfall_reason"] if one["returned_count"] < 1 else True
     zero = reconstruct(app, agent_id=A, query="cache eviction", count=0)
-    assert zero == {"items": [], "effective_count": 0, "returned_count": 0, "shortfall_reason": "count_zero",
-                    **{k: v for k, v in zero.items() if k == "advisory"}}  # spec RX-13
+    assert zero == {
+        "items": [],
+        "effective_count": 0,
+        "returned_count": 0,
+        "shortfall_reason": "count_zero",
+        **{k: v for k, v in zero.items() if k == "advisory"},
+    }  # spec RX-13
     clamped = reconstruct(app, agent_id=A, query="cache eviction", count=50)
     assert clamped["requested_count"] == 50 and clamped["effective_count"] == 10  # spec RX-3
     assert clamped["count_policy"] == {"source": "caller", "clamped": True, "reason": "count_requested"}
@@ -114,18 +124,29 @@ def test_operator_forced_count(db):
 
 def test_refusals_have_one_shape(app):
     bad = reconstruct(app, agent_id=A, query="x", mode="lite", lite=True)
-    assert bad == {"ok": False, "error": 'pass mode or lite, not both: lite=true is mode "lite"', "items": [],
-                   "returned_count": 0}  # spec RX-1
+    assert bad == {
+        "ok": False,
+        "error": 'pass mode or lite, not both: lite=true is mode "lite"',
+        "items": [],
+        "returned_count": 0,
+    }  # spec RX-1
     assert reconstruct(app, agent_id=A, query="x", mode="max")["error"] == "mode must be one of ['lite', 'pro']"
     cue = reconstruct(app, agent_id=A, query="x", time_cue={"confidence": "sure"})
     assert cue["error"] == "time_cue needs either after/before or ago, not both and not neither"  # spec TQ-1
-    assert reconstruct(app, agent_id=A, query="x", time_cue={"after": "2026-01-01"})["error"] == \
-        "time_cue.confidence is required: one of sure, likely, vague"
-    assert reconstruct(app, agent_id=A, query="x", time_cue={"after": "nope", "confidence": "sure"})["error"] == \
-        "time_cue.after is not a date or timestamp: 'nope'"  # spec TQ-2
-    assert reconstruct(app, agent_id=A, query="x", time_cue={"ago": {"unit": "years", "value": 1},
-                                                             "confidence": "sure"})["error"] == \
-        "time_cue.ago.unit must be one of days, weeks, months"  # spec TQ-3
+    assert (
+        reconstruct(app, agent_id=A, query="x", time_cue={"after": "2026-01-01"})["error"]
+        == "time_cue.confidence is required: one of sure, likely, vague"
+    )
+    assert (
+        reconstruct(app, agent_id=A, query="x", time_cue={"after": "nope", "confidence": "sure"})["error"]
+        == "time_cue.after is not a date or timestamp: 'nope'"
+    )  # spec TQ-2
+    assert (
+        reconstruct(app, agent_id=A, query="x", time_cue={"ago": {"unit": "years", "value": 1}, "confidence": "sure"})[
+            "error"
+        ]
+        == "time_cue.ago.unit must be one of days, weeks, months"
+    )  # spec TQ-3
     assert reconstruct(app, agent_id=None, query="x")["ok"] is False
 
 
@@ -177,12 +198,20 @@ def test_long_record_quoted_by_passages(app):
 def test_declared_relation_adds_walked_evidence_not_items(app):
     _put(app, "Mina approves hotfixes during the deploy freeze.", "2026-07-01T10:00:00+00:00", source_id="x1")
     _put(app, "The release calendar lives under ops/calendar.", "2026-07-05T10:00:00+00:00", source_id="x2")
-    head, walked = _ref_of(app, "Mina approves hotfixes during the deploy freeze."), \
-        _ref_of(app, "The release calendar lives under ops/calendar.")
+    head, walked = (
+        _ref_of(app, "Mina approves hotfixes during the deploy freeze."),
+        _ref_of(app, "The release calendar lives under ops/calendar."),
+    )
     plain = reconstruct(app, agent_id=A, query="deploy freeze hotfixes")
-    declare_associations(app, agent_id=A, anchor_ref=head, associations={
-        "entities": [{"name": "Mina"}], "relations": [{"subject": "Mina", "predicate": "owns",
-                                                        "object": "Release calendar"}]})
+    declare_associations(
+        app,
+        agent_id=A,
+        anchor_ref=head,
+        associations={
+            "entities": [{"name": "Mina"}],
+            "relations": [{"subject": "Mina", "predicate": "owns", "object": "Release calendar"}],
+        },
+    )
     declare_associations(app, agent_id=A, anchor_ref=walked, associations={"entities": [{"name": "Release calendar"}]})
     out = reconstruct(app, agent_id=A, query="deploy freeze hotfixes")
     # spec RX-51: same items in the same order; the walk adds evidence inside

@@ -17,9 +17,13 @@ A = "agent"
 def _burst(app, n):
     """``n`` notes of one source within one minute: a single adjacency cluster (RX-16)."""
     for i in range(n):
-        out = store(app, agent_id=A, content=f"incident cache note {i} about the outage",
-                    timestamp=f"2026-08-01T10:00:{i // 2:02d}.{(i % 2) * 5}00000+00:00",
-                    source={"type": "User", "id": "s1", "name": ""})
+        out = store(
+            app,
+            agent_id=A,
+            content=f"incident cache note {i} about the outage",
+            timestamp=f"2026-08-01T10:00:{i // 2:02d}.{(i % 2) * 5}00000+00:00",
+            source={"type": "User", "id": "s1", "name": ""},
+        )
         assert out.get("ok", True) is not False, out
 
 

@@ -25,8 +25,9 @@ A = "agent"
 
 
 def _put(app, content, stamp, source_id="s1", **kw):
-    out = store(app, content=content, agent_id=A, timestamp=stamp,
-                source={"type": "User", "id": source_id, "name": ""}, **kw)
+    out = store(
+        app, content=content, agent_id=A, timestamp=stamp, source={"type": "User", "id": source_id, "name": ""}, **kw
+    )
     assert out.get("ok", True) is not False, out
     return f"mem:{out['id']}"
 
@@ -37,10 +38,14 @@ def _clone_with_msg_id(app, ref, content, stamp, msg_id):
     with app.db.write_connection() as conn:
         conn.exec_driver_sql("DROP INDEX IF EXISTS idx_memories_dedup_msg_id")
         conn.execute(text("UPDATE memories SET msg_id = :m WHERE id = :i"), {"m": msg_id, "i": ident})
-        new_id = conn.execute(text(
-            "INSERT INTO memories (agent_id, msg_id, content, source, timestamp, metadata, project_id, channel)"
-            " SELECT agent_id, msg_id, :c, source, :s, metadata, project_id, channel FROM memories WHERE id = :i"
-            " RETURNING id"), {"c": content, "s": stamp, "i": ident}).scalar_one()
+        new_id = conn.execute(
+            text(
+                "INSERT INTO memories (agent_id, msg_id, content, source, timestamp, metadata, project_id, channel)"
+                " SELECT agent_id, msg_id, :c, source, :s, metadata, project_id, channel FROM memories WHERE id = :i"
+                " RETURNING id"
+            ),
+            {"c": content, "s": stamp, "i": ident},
+        ).scalar_one()
     return f"mem:{new_id}"
 
 
@@ -50,8 +55,9 @@ def _item_with(out, ref):
 
 def test_msg_id_bundles_newest_version_heads_and_older_is_superseded(app):
     old = _put(app, "Quarterly budget review moved to room 4.", "2026-05-01T09:00:00+00:00", source_id="q1")
-    new = _clone_with_msg_id(app, old, "Quarterly budget review moved to room 7.", "2026-05-03T09:00:00+00:00",
-                             "note-42")
+    new = _clone_with_msg_id(
+        app, old, "Quarterly budget review moved to room 7.", "2026-05-03T09:00:00+00:00", "note-42"
+    )
     out = reconstruct(app, agent_id=A, query="quarterly budget review room")
     item = _item_with(out, old)
     assert item["independence_reason"] == "cluster:msg_id"  # spec RX-14, RX-28
@@ -68,19 +74,26 @@ def test_same_msg_id_same_timestamp_is_a_conflict(app):
     first = _put(app, "Door code for the lab is 1234.", "2026-05-01T09:00:00+00:00", source_id="q1")
     second = _clone_with_msg_id(app, first, "Door code for the lab is 9876.", "2026-05-01T09:00:00+00:00", "code")
     item = _item_with(reconstruct(app, agent_id=A, query="door code lab"), first)
-    assert item["conflicts"] == [{"refs": sorted([first, second]), "reason": "same_msg_id_same_timestamp",
-                                  "msg_id": "code"}]  # spec RX-27
+    assert item["conflicts"] == [
+        {"refs": sorted([first, second]), "reason": "same_msg_id_same_timestamp", "msg_id": "code"}
+    ]  # spec RX-27
     assert all("roles" not in c for c in item["claims"])  # equal timestamps: no successor (RX-26 (1))
 
 
 def test_episode_bundles_memories_in_its_span_and_supports_them(app):
-    inside = _put(app, "Standup: the migration window is Tuesday night.", "2026-06-02T10:05:00+00:00",
-                  source_id="m1")
-    outside = _put(app, "Standup: the migration window was discussed again later.", "2026-06-20T10:05:00+00:00",
-                   source_id="m2")
-    ep = archive_episode(app, agent_id=A, summary="Standup about the migration window",
-                         history=[{"role": "user", "content": "migration window", "timestamp": "2026-06-02T10:00:00+00:00"},
-                                  {"role": "user", "content": "ok", "timestamp": "2026-06-02T10:30:00+00:00"}])
+    inside = _put(app, "Standup: the migration window is Tuesday night.", "2026-06-02T10:05:00+00:00", source_id="m1")
+    outside = _put(
+        app, "Standup: the migration window was discussed again later.", "2026-06-20T10:05:00+00:00", source_id="m2"
+    )
+    ep = archive_episode(
+        app,
+        agent_id=A,
+        summary="Standup about the migration window",
+        history=[
+            {"role": "user", "content": "migration window", "timestamp": "2026-06-02T10:00:00+00:00"},
+            {"role": "user", "content": "ok", "timestamp": "2026-06-02T10:30:00+00:00"},
+        ],
+    )
     assert ep["ok"] is True, ep
     ep_ref = f"ep:{ep['episode_id']}"
     out = reconstruct(app, agent_id=A, query="standup migration window")
@@ -96,13 +109,19 @@ def test_episode_bundles_memories_in_its_span_and_supports_them(app):
 
 def test_declared_record_relation_bundles_and_gives_a_role(app):
     wrong = _put(app, "The backup bucket is s3://alpha-backups.", "2026-04-01T08:00:00+00:00", source_id="b1")
-    fix = _put(app, "Correction: the backup bucket is s3://beta-backups.", "2026-04-03T08:00:00+00:00",
-               source_id="b2")
+    fix = _put(app, "Correction: the backup bucket is s3://beta-backups.", "2026-04-03T08:00:00+00:00", source_id="b2")
     plain = reconstruct(app, agent_id=A, query="backup bucket")
     assert len(plain["items"]) == 2  # not bundled before the declaration
-    declared = declare_associations(app, agent_id=A, associations={
-        "relations": [{"subject": fix, "predicate": "Corrects", "object": wrong},
-                      {"subject": fix, "predicate": "mentions_bucket", "object": wrong}]})
+    declared = declare_associations(
+        app,
+        agent_id=A,
+        associations={
+            "relations": [
+                {"subject": fix, "predicate": "Corrects", "object": wrong},
+                {"subject": fix, "predicate": "mentions_bucket", "object": wrong},
+            ]
+        },
+    )
     assert declared["ok"] is True and len(declared["relations"]) == 2, declared
     out = reconstruct(app, agent_id=A, query="backup bucket")
     assert len(out["items"]) == 1  # spec RX-17: a record → record relation between candidates joins them
@@ -118,8 +137,15 @@ NAMES = ("alpha", "bravo", "charlie", "delta", "echo")
 
 
 def _burst(app, n, source="burst"):
-    return [_put(app, f"Restart log: cache node {NAMES[i]} restarted after the incident.",
-                 f"2026-03-01T10:00:{i:02d}+00:00", source_id=source) for i in range(n)]
+    return [
+        _put(
+            app,
+            f"Restart log: cache node {NAMES[i]} restarted after the incident.",
+            f"2026-03-01T10:00:{i:02d}+00:00",
+            source_id=source,
+        )
+        for i in range(n)
+    ]
 
 
 def test_max_evidence_cuts_claims_and_says_so(app):
@@ -146,11 +172,19 @@ def test_top_k_reached(app):
 
 def test_walk_meeting_the_per_entity_read_bound_reports_reached_max_evidence(app):
     head = _put(app, "Mina approves hotfixes during the deploy freeze.", "2026-07-01T10:00:00+00:00", source_id="x0")
-    walked = [_put(app, f"Calendar note {i} for ops.", f"2026-07-0{i + 2}T10:00:00+00:00", source_id=f"c{i}")
-              for i in range(3)]
-    declare_associations(app, agent_id=A, anchor_ref=head, associations={
-        "entities": [{"name": "Mina"}],
-        "relations": [{"subject": "Mina", "predicate": "owns", "object": "Release calendar"}]})
+    walked = [
+        _put(app, f"Calendar note {i} for ops.", f"2026-07-0{i + 2}T10:00:00+00:00", source_id=f"c{i}")
+        for i in range(3)
+    ]
+    declare_associations(
+        app,
+        agent_id=A,
+        anchor_ref=head,
+        associations={
+            "entities": [{"name": "Mina"}],
+            "relations": [{"subject": "Mina", "predicate": "owns", "object": "Release calendar"}],
+        },
+    )
     for ref in walked:
         declare_associations(app, agent_id=A, anchor_ref=ref, associations={"entities": [{"name": "Release calendar"}]})
     out = reconstruct(app, agent_id=A, query="deploy freeze hotfixes", max_evidence=2)
@@ -207,11 +241,17 @@ def test_excerpt_from_a_node_set_ranked_without_a_query_vector_says_lexical_only
     assert "quote_selection" not in plain  # no node set used yet
     cut = len(first_part)
     with app.db.write_connection() as conn:
-        conn.execute(text('INSERT INTO record_nodes (parent_kind, parent_id, node_index, start_char, end_char,'
-                          ' token_count, "window", embedding, embedding_model)'
-                          " VALUES ('mem', :p, :n, :a, :b, 1, 256, NULL, '')"),
-                     [{"p": int(older.split(":")[1]), "n": 0, "a": 0, "b": cut},
-                      {"p": int(older.split(":")[1]), "n": 1, "a": cut, "b": len(long_text)}])
+        conn.execute(
+            text(
+                "INSERT INTO record_nodes (parent_kind, parent_id, node_index, start_char, end_char,"
+                ' token_count, "window", embedding, embedding_model)'
+                " VALUES ('mem', :p, :n, :a, :b, 1, 256, NULL, '')"
+            ),
+            [
+                {"p": int(older.split(":")[1]), "n": 0, "a": 0, "b": cut},
+                {"p": int(older.split(":")[1]), "n": 1, "a": cut, "b": len(long_text)},
+            ],
+        )
     out = reconstruct(app, agent_id=A, query="vault rotation key HSM", deep=True)
     excerpt = next(e for i in out["items"] for e in i.get("excerpts", []) if e["ref"] == older)
     assert excerpt["content"] == second_part  # spec RX-32: the lexically best node is quoted
@@ -220,12 +260,18 @@ def test_excerpt_from_a_node_set_ranked_without_a_query_vector_says_lexical_only
 
 
 def test_a_multi_word_declared_name_is_searched_as_one_phrase(app):
-    phrase = _put(app, "Project North Star shipped its beta to the pilot users.", "2026-01-05T10:00:00+00:00",
-                  source_id="n1")
-    scattered = _put(app, "North of the river, the star festival project needs volunteers.",
-                     "2026-01-06T10:00:00+00:00", source_id="n2")
-    declare_associations(app, agent_id=A, associations={"entities": [{"name": "Orion",
-                                                                       "aliases": ["Project North Star"]}]})
+    phrase = _put(
+        app, "Project North Star shipped its beta to the pilot users.", "2026-01-05T10:00:00+00:00", source_id="n1"
+    )
+    scattered = _put(
+        app,
+        "North of the river, the star festival project needs volunteers.",
+        "2026-01-06T10:00:00+00:00",
+        source_id="n2",
+    )
+    declare_associations(
+        app, agent_id=A, associations={"entities": [{"name": "Orion", "aliases": ["Project North Star"]}]}
+    )
     out = reconstruct(app, agent_id=A, query="status of Orion", trace=True)
     assert out["trace"]["cues"]["terms"] == ["Project North Star"]  # spec RX-7
     # spec RX-8: the alias is one quoted phrase, not "Project" OR "North" OR "Star"

@@ -17,13 +17,14 @@ from conftest import make_app
 pytestmark = pytest.mark.both_backends
 
 A = "agent"
-WORDS = ("amber basalt cobalt dahlia ember fennel garnet hazel indigo jasper kelp lilac marble nectar onyx pewter "
-         "quartz russet saffron topaz umber violet walnut xenon yarrow zinnia").split()
+WORDS = (
+    "amber basalt cobalt dahlia ember fennel garnet hazel indigo jasper kelp lilac marble nectar onyx pewter "
+    "quartz russet saffron topaz umber violet walnut xenon yarrow zinnia"
+).split()
 
 
 def _put(app, content, stamp, source_id):
-    out = store(app, content=content, agent_id=A, timestamp=stamp,
-                source={"type": "User", "id": source_id, "name": ""})
+    out = store(app, content=content, agent_id=A, timestamp=stamp, source={"type": "User", "id": source_id, "name": ""})
     assert out.get("ok", True) is not False, out
     return f"mem:{out['id']}"
 
@@ -44,8 +45,12 @@ def test_an_unreadable_cue_is_refused_before_any_retrieval(app, monkeypatch):  #
 
     monkeypatch.setattr(service_module, "candidate_pool", no_retrieval)
     out = reconstruct(app, agent_id=A, query="ledger", time_cue={"confidence": "sure", "after": "not a date"})
-    assert out == {"ok": False, "error": "time_cue.after is not a date or timestamp: 'not a date'",
-                   "items": [], "returned_count": 0}  # spec RX-1 shape
+    assert out == {
+        "ok": False,
+        "error": "time_cue.after is not a date or timestamp: 'not a date'",
+        "items": [],
+        "returned_count": 0,
+    }  # spec RX-1 shape
 
 
 def test_pro_without_a_budget_is_bounded_by_tokens_only(app):  # spec RX-5, RX-44
@@ -109,8 +114,9 @@ def test_the_items_sequence_heads_first_then_excerpts_round_by_round(app):  # sp
     head_chars = sum(len(i["content"]) for i in full["items"])
     first_excerpt = len(full["items"][0]["excerpts"][0]["content"])
     # Room for both heads and the first item's excerpt, not the second's: the sequence stops there.
-    out = reconstruct(app, agent_id=A, query="ledger close balanced", deep=True,
-                      budget=max(800, head_chars + first_excerpt))
+    out = reconstruct(
+        app, agent_id=A, query="ledger close balanced", deep=True, budget=max(800, head_chars + first_excerpt)
+    )
     assert [i["head_ref"] for i in out["items"]] == heads
     first, second = out["items"]
     if head_chars + first_excerpt >= 800:
@@ -140,7 +146,7 @@ def test_an_expand_reads_on_with_get_contents(app):  # spec RX-52
     assert "unresolved" not in read
     start, end = expand["span"]
     assert read["items"][0]["content"] == text[start:end]
-    assert item["content"] == text[start:start + len(item["content"])]  # the quote is the range's start
+    assert item["content"] == text[start : start + len(item["content"])]  # the quote is the range's start
 
 
 def test_reconstruct_needs_what_recall_needs_under_acl():  # spec RX-53
@@ -148,4 +154,5 @@ def test_reconstruct_needs_what_recall_needs_under_acl():  # spec RX-53
     for arguments in ({"agent_id": "alice", "query": "x"}, {"agent_id": "", "query": ""}):
         registry = default_registry()
         assert [(d.agent, d.level) for d in access_for(registry.get("reconstruct")).demands(arguments, settings)] == [
-            (d.agent, d.level) for d in access_for(registry.get("recall")).demands(arguments, settings)]
+            (d.agent, d.level) for d in access_for(registry.get("recall")).demands(arguments, settings)
+        ]

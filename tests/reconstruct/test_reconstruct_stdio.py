@@ -20,17 +20,25 @@ def test_reconstruct_end_to_end_over_stdio(raw_session: RawSession):
     listed = raw_session.reply(raw_session.request("tools/list"))["result"]["tools"]
     tool = next(t for t in listed if t["name"] == "reconstruct")
     assert tool["annotations"]["readOnlyHint"] is True  # spec §8: read-only
-    for i, (text, stamp) in enumerate([
-        ("The eviction trigger for the gateway cache is owned by the platform team.", "2026-08-12T10:00:00+00:00"),
-        ("Cache eviction notes for the gateway service.", "2026-08-01T10:00:00+00:00"),
-        ("Follow-up on cache eviction for the gateway.", "2026-08-01T10:00:20+00:00"),
-    ]):
+    for i, (text, stamp) in enumerate(
+        [
+            ("The eviction trigger for the gateway cache is owned by the platform team.", "2026-08-12T10:00:00+00:00"),
+            ("Cache eviction notes for the gateway service.", "2026-08-01T10:00:00+00:00"),
+            ("Follow-up on cache eviction for the gateway.", "2026-08-01T10:00:20+00:00"),
+        ]
+    ):
         source = {"type": "User", "id": "a" if i == 0 else "c", "name": ""}
-        stored, _ = _body(raw_session.call("store", json.dumps(
-            {"agent_id": "e2e", "content": text, "timestamp": stamp, "source": source})))
+        stored, _ = _body(
+            raw_session.call(
+                "store", json.dumps({"agent_id": "e2e", "content": text, "timestamp": stamp, "source": source})
+            )
+        )
         assert stored["ok"] is True
-    out, is_error = _body(raw_session.call("reconstruct", json.dumps(
-        {"agent_id": "e2e", "query": "cache eviction gateway", "deep": True})))
+    out, is_error = _body(
+        raw_session.call(
+            "reconstruct", json.dumps({"agent_id": "e2e", "query": "cache eviction gateway", "deep": True})
+        )
+    )
     assert is_error is False
     assert out["returned_count"] == len(out["items"]) == 2 and out["effective_count"] == 10  # spec RX-3, RX-35
     bundled = next(i for i in out["items"] if i.get("independence_reason") == "cluster:adjacent")  # spec RX-16

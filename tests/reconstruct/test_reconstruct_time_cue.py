@@ -22,8 +22,9 @@ WORDS = "split cake pudding chips muffin pancake waffle cream shake jam toast lo
 
 
 def _put(app, content, stamp, source_id, agent=A):
-    out = store(app, content=content, agent_id=agent, timestamp=stamp,
-                source={"type": "User", "id": source_id, "name": ""})
+    out = store(
+        app, content=content, agent_id=agent, timestamp=stamp, source={"type": "User", "id": source_id, "name": ""}
+    )
     assert out.get("ok", True) is not False, out
     return f"mem:{out['id']}"
 
@@ -54,9 +55,14 @@ def test_the_notice_names_the_period_searched_with_the_confidence_margin(app, pa
     cue = {"confidence": "likely", "after": "2026-05-01", "before": "2026-05-03"}
     out = reconstruct(app, agent_id=A, query="banana smoothie", time_cue=cue)
     # spec §9 example: 2026-05-01T00:00 – 2026-05-04T00:00 widened by half its length on each side
-    assert out["time_cue"] == {"policy": "cued-v0.3",
-                               "period": ["2026-04-29T12:00:00+00:00", "2026-05-05T12:00:00+00:00"],
-                               "confidence": "likely", "revised": False, "moved": 0, "seated": 0}  # spec TQ-7
+    assert out["time_cue"] == {
+        "policy": "cued-v0.3",
+        "period": ["2026-04-29T12:00:00+00:00", "2026-05-05T12:00:00+00:00"],
+        "confidence": "likely",
+        "revised": False,
+        "moved": 0,
+        "seated": 0,
+    }  # spec TQ-7
 
 
 def test_an_empty_period_is_widened_once_by_one_confidence_step(app, pantry):
@@ -65,12 +71,18 @@ def test_an_empty_period_is_widened_once_by_one_confidence_step(app, pantry):
     assert out["time_cue"]["revised"] is True  # spec TQ-6
     assert out["time_cue"]["confidence"] == "likely"  # spec TQ-7: the last confidence used
     assert out["time_cue"]["period"] == ["2026-04-29T12:00:00+00:00", "2026-05-05T12:00:00+00:00"]
-    vague = reconstruct(app, agent_id=A, query="apple",
-                        time_cue={"confidence": "vague", "after": "2026-04-10", "before": "2026-04-12"})
+    vague = reconstruct(
+        app, agent_id=A, query="apple", time_cue={"confidence": "vague", "after": "2026-04-10", "before": "2026-04-12"}
+    )
     # spec TQ-6: vague has no wider step
-    assert vague["time_cue"] == {"policy": "cued-v0.3",
-                                 "period": ["2026-04-07T00:00:00+00:00", "2026-04-16T00:00:00+00:00"],
-                                 "confidence": "vague", "revised": False, "moved": 0, "seated": 0}
+    assert vague["time_cue"] == {
+        "policy": "cued-v0.3",
+        "period": ["2026-04-07T00:00:00+00:00", "2026-04-16T00:00:00+00:00"],
+        "confidence": "vague",
+        "revised": False,
+        "moved": 0,
+        "seated": 0,
+    }
 
 
 def test_period_rows_no_arm_retrieved_take_held_seats(app, pantry):
@@ -124,8 +136,9 @@ def test_lift_matches_the_reference_orders():  # spec TQ-6
 
 
 def test_a_recent_only_cue_is_ignored(app, pantry):
-    out = reconstruct(app, agent_id=A, query="banana", time_cue={"confidence": "vague", "ago": {"unit": "days",
-                                                                                                  "value": 0}})
+    out = reconstruct(
+        app, agent_id=A, query="banana", time_cue={"confidence": "vague", "ago": {"unit": "days", "value": 0}}
+    )
     notice = out["time_cue"]
     assert notice["policy"] == "cued-v0.3" and notice["ignored"] == "recent_only"  # spec TQ-5
     assert set(notice) == {"policy", "ignored", "period"}
@@ -138,8 +151,9 @@ def test_relative_and_long_ago_periods(app, pantry):
     # spec TQ-4: the oldest third of March 1st … June 20th, widened by half its length each side
     assert out["time_cue"]["period"] == ["2026-02-10T22:00:00+00:00", "2026-04-25T22:00:00+00:00"]
     now = datetime.now(timezone.utc)
-    weeks = reconstruct(app, agent_id=A, query="cherry", time_cue={"confidence": "sure",
-                                                                   "ago": {"unit": "weeks", "value": 3}})
+    weeks = reconstruct(
+        app, agent_id=A, query="cherry", time_cue={"confidence": "sure", "ago": {"unit": "weeks", "value": 3}}
+    )
     start, end = (datetime.fromisoformat(t) for t in weeks["time_cue"]["period"])
     # one unit wide, centred 3 weeks ago; nothing there, so widened to likely: half a unit each side
     assert weeks["time_cue"]["revised"] is True

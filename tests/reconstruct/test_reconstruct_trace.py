@@ -23,21 +23,35 @@ A = "agent"
 
 
 def _put(app, content, stamp, source_id):
-    out = store(app, content=content, agent_id=A, timestamp=stamp,
-                source={"type": "User", "id": source_id, "name": ""})
+    out = store(app, content=content, agent_id=A, timestamp=stamp, source={"type": "User", "id": source_id, "name": ""})
     assert out.get("ok", True) is not False, out
     return f"mem:{out['id']}"
 
 
 def test_query_parts_follow_the_reference_split():  # spec RX-43 coverage
-    query = "What did the apple pie do on 2023-05-07 at 5pm? 東京タワー CVE-2024-3094 e.g. x banana_bread A.B. dont-know"
+    query = (
+        "What did the apple pie do on 2023-05-07 at 5pm? 東京タワー CVE-2024-3094 e.g. x banana_bread A.B. dont-know"
+    )
     folded, parts = query_parts(query)
     assert [(folded[s:e], kind) for (s, e), kind in ((p["span"], p["kind"]) for p in parts)] == [
-        ("what", "identifier"), ("did", "identifier"), ("the", "identifier"), ("apple", "identifier"),
-        ("pie", "identifier"), ("do", "identifier"), ("on", "identifier"), ("2023-05-07", "identifier"),
-        ("at", "identifier"), ("5pm", "identifier"), ("東京", "kanji"), ("タワー", "katakana"),
-        ("cve-2024-3094", "identifier"), ("e.g", "identifier"), ("banana_bread", "identifier"),
-        ("a.b", "identifier"), ("dont-know", "identifier")]
+        ("what", "identifier"),
+        ("did", "identifier"),
+        ("the", "identifier"),
+        ("apple", "identifier"),
+        ("pie", "identifier"),
+        ("do", "identifier"),
+        ("on", "identifier"),
+        ("2023-05-07", "identifier"),
+        ("at", "identifier"),
+        ("5pm", "identifier"),
+        ("東京", "kanji"),
+        ("タワー", "katakana"),
+        ("cve-2024-3094", "identifier"),
+        ("e.g", "identifier"),
+        ("banana_bread", "identifier"),
+        ("a.b", "identifier"),
+        ("dont-know", "identifier"),
+    ]
     # single characters, hiragana and hangul are no parts; NFKC folds full-width letters; é breaks an identifier
     _, parts = query_parts("grape ape ice 猫 の ねこ 한국 x1 A Ünïcode ＡＢＣ")
     assert [p["span"] for p in parts] == [[0, 5], [6, 9], [10, 13], [24, 26], [32, 36], [37, 40]]
@@ -52,9 +66,16 @@ def test_coverage_names_the_cited_records_holding_each_part(app):
     assert cited == [pie]
     assert out["trace"]["coverage"] == {  # spec RX-43: substring of the folded stored text
         "normalization": "nfkc-lower",
-        "parts": [{"span": [0, 7], "kind": "identifier"}, {"span": [8, 13], "kind": "identifier"},
-                  {"span": [14, 17], "kind": "identifier"}, {"span": [18, 23], "kind": "identifier"}],
-        "covered_by": [[pie], [pie], [pie], []], "uncovered": [3], "records": 1}
+        "parts": [
+            {"span": [0, 7], "kind": "identifier"},
+            {"span": [8, 13], "kind": "identifier"},
+            {"span": [14, 17], "kind": "identifier"},
+            {"span": [18, 23], "kind": "identifier"},
+        ],
+        "covered_by": [[pie], [pie], [pie], []],
+        "uncovered": [3],
+        "records": 1,
+    }
     blank = reconstruct(app, agent_id=A, query="", trace=True)
     assert blank["trace"]["coverage"]["parts"] == [] and blank["trace"]["coverage"]["records"] == 2
     nothing = reconstruct(app, agent_id=A, query="zzzz qqqq", trace=True)
@@ -72,8 +93,14 @@ def server() -> Iterator[EmbedServer]:
 
 @pytest.fixture
 def http_app(db, server) -> Iterator[App]:
-    settings = load_settings({**db_settings_env(db), "CPERSONA_EMBEDDING_MODE": "http",
-                              "CPERSONA_EMBEDDING_URL": server.url, "CPERSONA_TASK_RETRY_DELAY": "0"})
+    settings = load_settings(
+        {
+            **db_settings_env(db),
+            "CPERSONA_EMBEDDING_MODE": "http",
+            "CPERSONA_EMBEDDING_URL": server.url,
+            "CPERSONA_TASK_RETRY_DELAY": "0",
+        }
+    )
     made = App(db=db, settings=settings, embedder=build_embedder(settings))
     yield made
     made.task_queue.stop()
@@ -81,8 +108,9 @@ def http_app(db, server) -> Iterator[App]:
 
 
 def test_node_order_lists_the_best_nodes_of_records_quoted_from_nodes(http_app):
-    long_text = " ".join(f"Sentence {i} is about the {'gateway cache eviction' if i == 17 else 'weather'}."
-                         for i in range(40))
+    long_text = " ".join(
+        f"Sentence {i} is about the {'gateway cache eviction' if i == 17 else 'weather'}." for i in range(40)
+    )
     # Same source within a minute: one item (adjacency); the long row is the excerpt, quoted from a node.
     first = _put(http_app, long_text, "2026-08-01T10:00:00+00:00", "s1")
     head = _put(http_app, "Follow-up on gateway cache eviction.", "2026-08-01T10:00:20+00:00", "s1")

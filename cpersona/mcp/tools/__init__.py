@@ -25,8 +25,23 @@ from cpersona.mcp.tools import (
 # and traverse), search (recall,
 # recall_with_context, get_contents), profile, episodes, listings, administration, calibration, portability,
 # health, then operations (operating context, queue, channel migration, update check).
-_GROUPS = (persistence, memory, associations, recall, recall_context, contents, reconstruct, profiles, episodes, listing, admin,
-           calibration, portability, health, operations)
+_GROUPS = (
+    persistence,
+    memory,
+    associations,
+    recall,
+    recall_context,
+    contents,
+    reconstruct,
+    profiles,
+    episodes,
+    listing,
+    admin,
+    calibration,
+    portability,
+    health,
+    operations,
+)
 
 
 def default_registry() -> Registry:

@@ -71,95 +71,99 @@ DECLARE_ASSOCIATIONS = ToolSpec(
     name="declare_associations",
     contracts="associations-and-reconstruct.md §3",
     description=DECLARE_DESCRIPTION,
-    input_schema=object_schema({
-        "agent_id": prop(AGENT_ID, description="The agent the declaration belongs to."),
-        "associations": {
-            "type": "object",
-            "description": "What to declare. A malformed item is listed in `dropped` and skipped.",
-            "properties": {
-                "entities": {
-                    "type": "array",
-                    "description": (
-                        "Entities to register when new and to record as mentioned by the anchor. Names and "
-                        "aliases are compared after normalization (NFKC, case folding, runs of whitespace made "
-                        "one space), so two spellings that normalize alike are one entity."
-                    ),
-                    "items": {
-                        "type": "object",
-                        "properties": {
-                            "name": {"type": "string", "description": "The entity's name, stored as written."},
-                            "aliases": {
-                                "type": "array",
-                                "items": {"type": "string"},
-                                "description": (
-                                    "Further names of the same entity. Within one scope an alias leads to one "
-                                    "entity only; a claim on an alias another entity already holds is dropped."
-                                ),
+    input_schema=object_schema(
+        {
+            "agent_id": prop(AGENT_ID, description="The agent the declaration belongs to."),
+            "associations": {
+                "type": "object",
+                "description": "What to declare. A malformed item is listed in `dropped` and skipped.",
+                "properties": {
+                    "entities": {
+                        "type": "array",
+                        "description": (
+                            "Entities to register when new and to record as mentioned by the anchor. Names and "
+                            "aliases are compared after normalization (NFKC, case folding, runs of whitespace made "
+                            "one space), so two spellings that normalize alike are one entity."
+                        ),
+                        "items": {
+                            "type": "object",
+                            "properties": {
+                                "name": {"type": "string", "description": "The entity's name, stored as written."},
+                                "aliases": {
+                                    "type": "array",
+                                    "items": {"type": "string"},
+                                    "description": (
+                                        "Further names of the same entity. Within one scope an alias leads to one "
+                                        "entity only; a claim on an alias another entity already holds is dropped."
+                                    ),
+                                },
                             },
+                            "required": ["name"],
                         },
-                        "required": ["name"],
                     },
-                },
-                "relations": {
-                    "type": "array",
-                    "description": (
-                        "Relations to record. subject and object are entity names (registered when new) or "
-                        "refs 'mem:<id>' / 'ep:<id>' of this agent's records; predicate is free text, stored "
-                        "normalized. On a record → record relation, a predicate from the role vocabulary "
-                        "(supports, supersedes, corrects, qualifies, contradicts, temporal_predecessor) is "
-                        "read by reconstruct as that role."
-                    ),
-                    "items": {
-                        "type": "object",
-                        "properties": {
-                            "subject": {"type": "string"},
-                            "predicate": {"type": "string"},
-                            "object": {"type": "string"},
+                    "relations": {
+                        "type": "array",
+                        "description": (
+                            "Relations to record. subject and object are entity names (registered when new) or "
+                            "refs 'mem:<id>' / 'ep:<id>' of this agent's records; predicate is free text, stored "
+                            "normalized. On a record → record relation, a predicate from the role vocabulary "
+                            "(supports, supersedes, corrects, qualifies, contradicts, temporal_predecessor) is "
+                            "read by reconstruct as that role."
+                        ),
+                        "items": {
+                            "type": "object",
+                            "properties": {
+                                "subject": {"type": "string"},
+                                "predicate": {"type": "string"},
+                                "object": {"type": "string"},
+                            },
+                            "required": ["subject", "predicate", "object"],
                         },
-                        "required": ["subject", "predicate", "object"],
                     },
                 },
             },
-        },
-        "anchor_ref": {
-            "type": "string",
-            "description": "Optional evidence record for this declaration: 'mem:<id>' or 'ep:<id>' of this agent.",
-            "default": "",
-        },
-        "retract": {
-            "type": "object",
-            "description": (
-                "Declarations to take back: {relations: [relation ids], mentions: [{entity: <entity id>, "
-                "ref: 'mem:<id>'}]}. Only rows of this agent are affected."
-            ),
-            "properties": {
-                "relations": {"type": "array", "items": {"type": "integer"}},
-                "mentions": {
-                    "type": "array",
-                    "items": {
-                        "type": "object",
-                        "properties": {"entity": {"type": "integer"}, "ref": {"type": "string"}},
+            "anchor_ref": {
+                "type": "string",
+                "description": "Optional evidence record for this declaration: 'mem:<id>' or 'ep:<id>' of this agent.",
+                "default": "",
+            },
+            "retract": {
+                "type": "object",
+                "description": (
+                    "Declarations to take back: {relations: [relation ids], mentions: [{entity: <entity id>, "
+                    "ref: 'mem:<id>'}]}. Only rows of this agent are affected."
+                ),
+                "properties": {
+                    "relations": {"type": "array", "items": {"type": "integer"}},
+                    "mentions": {
+                        "type": "array",
+                        "items": {
+                            "type": "object",
+                            "properties": {"entity": {"type": "integer"}, "ref": {"type": "string"}},
+                        },
                     },
                 },
             },
+            "channel": {
+                "type": "string",
+                "description": "Channel the declaration belongs to. Default '' (shared by every channel).",
+            },
+            "project_id": {
+                "type": "string",
+                "description": "Project the declaration belongs to; omit or send '' for the global pool." + _AUTO,
+            },
+            "session_key": SESSION_KEY,
         },
-        "channel": {
-            "type": "string",
-            "description": "Channel the declaration belongs to. Default '' (shared by every channel).",
-        },
-        "project_id": {
-            "type": "string",
-            "description": "Project the declaration belongs to; omit or send '' for the global pool." + _AUTO,
-        },
-        "session_key": SESSION_KEY,
-    }, required=["agent_id"]),
+        required=["agent_id"],
+    ),
     # destructive: `retract` removes declarations.
     annotations=Annotations(read_only=False, destructive=True, idempotent=True),
     service=ServiceRef("cpersona.services.graph.associations", "declare_associations", keywords=True),
     project=WRITE_PROJECT,
     access=dataclasses.replace(WRITE_AGENT, says_rejected=True),  # ACL-15: a denial says rejected
-    paused=Skip(const({"ok": True, "result": "skipped", "entities": [], "mentions": 0, "relations": [],
-                       "dropped": []})),
+    paused=Skip(
+        const({"ok": True, "result": "skipped", "entities": [], "mentions": 0, "relations": [], "dropped": []})
+    ),
     refusal=_declare_refusal,
 )
 
@@ -167,36 +171,39 @@ TRAVERSE = ToolSpec(
     name="traverse",
     contracts="associations-and-reconstruct.md §5",
     description=TRAVERSE_DESCRIPTION,
-    input_schema=object_schema({
-        "agent_id": prop(AGENT_ID, description="The agent whose declarations are read."),
-        "entity": {"type": "string", "description": "An entity name or alias, as declared."},
-        "max_hops": {
-            "type": "integer",
-            "minimum": 0,
-            "maximum": 5,
-            "default": 1,
-            "description": "How many relations to follow away from the entity, in either direction; 0 gives the entity alone.",
+    input_schema=object_schema(
+        {
+            "agent_id": prop(AGENT_ID, description="The agent whose declarations are read."),
+            "entity": {"type": "string", "description": "An entity name or alias, as declared."},
+            "max_hops": {
+                "type": "integer",
+                "minimum": 0,
+                "maximum": 5,
+                "default": 1,
+                "description": "How many relations to follow away from the entity, in either direction; 0 gives the entity alone.",
+            },
+            "limit": {
+                "type": "integer",
+                "minimum": 1,
+                "maximum": 100,
+                "default": 20,
+                "description": "At most this many entities, and at most this many mentioning refs for each.",
+            },
+            "channel": {"type": "string", "description": "Channel filter, read as recall reads it."},
+            "project_id": {
+                "type": "string",
+                "description": (
+                    "Project filter, read as recall reads it: omitted reads every project, '' only the global "
+                    "pool, 'X' the project X together with the global pool." + _AUTO
+                ),
+            },
+            "source_id": {
+                "type": "string",
+                "description": "Per-user filter on the mentioning records' source, as in recall.",
+            },
         },
-        "limit": {
-            "type": "integer",
-            "minimum": 1,
-            "maximum": 100,
-            "default": 20,
-            "description": "At most this many entities, and at most this many mentioning refs for each.",
-        },
-        "channel": {"type": "string", "description": "Channel filter, read as recall reads it."},
-        "project_id": {
-            "type": "string",
-            "description": (
-                "Project filter, read as recall reads it: omitted reads every project, '' only the global "
-                "pool, 'X' the project X together with the global pool." + _AUTO
-            ),
-        },
-        "source_id": {
-            "type": "string",
-            "description": "Per-user filter on the mentioning records' source, as in recall.",
-        },
-    }, required=["agent_id", "entity"]),
+        required=["agent_id", "entity"],
+    ),
     annotations=READ_ONLY,
     service=ServiceRef("cpersona.services.graph.traverse", "traverse", keywords=True),
     project=READ_PROJECT,

@@ -26,22 +26,37 @@ CALIBRATE_THRESHOLD = ToolSpec(
         "The result applies at once and is saved beside the database (sidecar_persisted says whether the "
         "save worked)."
     ),
-    input_schema=object_schema({
-        "agent_id": {"type": "string", "description": "Agent whose memories are sampled; '' for the global threshold."},
-        "sample_size": {"type": "integer", "description": "How many embeddings to sample (default 200; at most CPERSONA_CALIBRATE_MAX_SAMPLE)."},
-        "z_factor": {"type": "number", "description": "Multiplier of the standard deviation for method='zscore' (default 1.0; higher is stricter)."},
-        "method": {
-            "type": "string",
-            "enum": ["separation", "percentile", "zscore"],
-            "description": (
-                "'separation' (default): learn the operating point from unrelated pairs versus memories written "
-                "close together in one session (nearest neighbours when there are too few); 'percentile'; or "
-                "'zscore'."
-            ),
+    input_schema=object_schema(
+        {
+            "agent_id": {
+                "type": "string",
+                "description": "Agent whose memories are sampled; '' for the global threshold.",
+            },
+            "sample_size": {
+                "type": "integer",
+                "description": "How many embeddings to sample (default 200; at most CPERSONA_CALIBRATE_MAX_SAMPLE).",
+            },
+            "z_factor": {
+                "type": "number",
+                "description": "Multiplier of the standard deviation for method='zscore' (default 1.0; higher is stricter).",
+            },
+            "method": {
+                "type": "string",
+                "enum": ["separation", "percentile", "zscore"],
+                "description": (
+                    "'separation' (default): learn the operating point from unrelated pairs versus memories written "
+                    "close together in one session (nearest neighbours when there are too few); 'percentile'; or "
+                    "'zscore'."
+                ),
+            },
+            "percentile": {
+                "type": "number",
+                "description": "Quantile of the null distribution for method='percentile' (default 0.95; higher is stricter; 95 reads as 0.95).",
+            },
+            "session_key": SESSION_KEY,
         },
-        "percentile": {"type": "number", "description": "Quantile of the null distribution for method='percentile' (default 0.95; higher is stricter; 95 reads as 0.95)."},
-        "session_key": SESSION_KEY,
-    }, required=["agent_id"]),  # fmt: skip
+        required=["agent_id"],
+    ),  # fmt: skip
     annotations=_RECALIBRATES,
     service=ServiceRef("cpersona.services.calibration.service", "calibrate_threshold", keywords=True),
     paused=Skip(Ref("cpersona.services.calibration.service", "paused_calibration_body")),
@@ -62,16 +77,23 @@ SET_RECALL_PRECISION = ToolSpec(
         "an embedding backend and at least 10 embedded memories; if the gate cannot be measured the call "
         "fails and the previous setting stays."
     ),
-    input_schema=object_schema({
-        "agent_id": {"type": "string", "description": "Agent whose precision is set."},
-        "precision": {
-            "type": "string",
-            "description": "strict / balanced / lenient. '' together with beta <= 0 removes the agent's own setting.",
-            "default": "",
+    input_schema=object_schema(
+        {
+            "agent_id": {"type": "string", "description": "Agent whose precision is set."},
+            "precision": {
+                "type": "string",
+                "description": "strict / balanced / lenient. '' together with beta <= 0 removes the agent's own setting.",
+                "default": "",
+            },
+            "beta": {
+                "type": "number",
+                "description": "Raw specificity weight; above 0 it overrides precision.",
+                "default": 0,
+            },
+            "session_key": SESSION_KEY,
         },
-        "beta": {"type": "number", "description": "Raw specificity weight; above 0 it overrides precision.", "default": 0},
-        "session_key": SESSION_KEY,
-    }, required=["agent_id"]),  # fmt: skip
+        required=["agent_id"],
+    ),  # fmt: skip
     annotations=_RECALIBRATES,
     service=ServiceRef("cpersona.services.calibration.precision", "set_recall_precision", keywords=True),
     paused=Skip(Ref("cpersona.services.calibration.precision", "paused_precision_body")),
@@ -87,8 +109,9 @@ GET_RECALL_PRECISION = ToolSpec(
         "(global_precision, global_beta). Read-only: it never recalibrates and never saves anything, so a "
         "settings screen can load the current value, let the user change it and write it back."
     ),
-    input_schema=object_schema({"agent_id": {"type": "string", "description": "Agent whose precision is read."}},
-                               required=["agent_id"]),
+    input_schema=object_schema(
+        {"agent_id": {"type": "string", "description": "Agent whose precision is read."}}, required=["agent_id"]
+    ),
     annotations=READ_ONLY,
     service=ServiceRef("cpersona.services.calibration.precision", "answer_get_recall_precision"),
     request=Ref("cpersona.services.calibration.precision", "PrecisionArguments"),

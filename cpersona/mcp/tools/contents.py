@@ -42,43 +42,46 @@ GET_CONTENTS = ToolSpec(
     name="get_contents",
     contracts="memory-and-recall.md §3.4, associations-and-reconstruct.md §7",
     description=DESCRIPTION,
-    input_schema=object_schema({
-        "agent_id": {
-            "type": "string",
-            "description": "The agent that owns the rows; refs of any other agent come back in `missing`.",
-        },
-        "refs": {
-            "type": "array",
-            "items": {
-                "anyOf": [
-                    {"type": "string"},
-                    {
-                        "type": "object",
-                        "properties": {
-                            "ref": {"type": "string"},
-                            "node": _INDEX_OR_PAIR,
-                            "block": _INDEX_OR_PAIR,
-                            "span": {
-                                "type": "array",
-                                "items": {"type": "integer", "minimum": 0},
-                                "minItems": 2,
-                                "maxItems": 2,
-                            },
-                            "revision": {"type": "string"},
-                        },
-                        "required": ["ref"],
-                    },
-                ]
+    input_schema=object_schema(
+        {
+            "agent_id": {
+                "type": "string",
+                "description": "The agent that owns the rows; refs of any other agent come back in `missing`.",
             },
-            "maxItems": 20,
-            "description": (
-                "Up to 20 refs as recall gives them ('mem:<id>' / 'ep:<id>'), or range objects such as "
-                "{'ref': 'mem:<id>', 'node': [2, 3]}, {'ref': 'ep:<id>', 'span': [0, 800]} or "
-                "{'ref': 'mem:<id>', 'span': [738, 2212], 'revision': '<from an expand>'}. An object names at "
-                "most one of node / span / block."
-            ),
+            "refs": {
+                "type": "array",
+                "items": {
+                    "anyOf": [
+                        {"type": "string"},
+                        {
+                            "type": "object",
+                            "properties": {
+                                "ref": {"type": "string"},
+                                "node": _INDEX_OR_PAIR,
+                                "block": _INDEX_OR_PAIR,
+                                "span": {
+                                    "type": "array",
+                                    "items": {"type": "integer", "minimum": 0},
+                                    "minItems": 2,
+                                    "maxItems": 2,
+                                },
+                                "revision": {"type": "string"},
+                            },
+                            "required": ["ref"],
+                        },
+                    ]
+                },
+                "maxItems": 20,
+                "description": (
+                    "Up to 20 refs as recall gives them ('mem:<id>' / 'ep:<id>'), or range objects such as "
+                    "{'ref': 'mem:<id>', 'node': [2, 3]}, {'ref': 'ep:<id>', 'span': [0, 800]} or "
+                    "{'ref': 'mem:<id>', 'span': [738, 2212], 'revision': '<from an expand>'}. An object names at "
+                    "most one of node / span / block."
+                ),
+            },
         },
-    }, required=["agent_id", "refs"]),
+        required=["agent_id", "refs"],
+    ),
     annotations=READ_ONLY,
     service=ServiceRef("cpersona.services.records.contents", "get_contents", keywords=True),
 )

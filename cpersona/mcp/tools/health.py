@@ -23,7 +23,7 @@ def _default(name: str) -> int:
 _SESSION_KEY = {
     "type": "string",
     "description": "A session name you choose. It only picks which no-persist pause applies to this call (a paused "
-                   "session gets fix downgraded to false); it is not a credential and never filters data.",
+    "session gets fix downgraded to false); it is not a credential and never filters data.",
     "default": "",
     "maxLength": KEY_FIELD_MAX,
 }
@@ -80,29 +80,44 @@ CHECK_HEALTH = ToolSpec(
     name="check_health",
     contracts="health.md §2",
     description=_check_health_description,
-    input_schema=object_schema({
-        "agent_id": {"type": "string", "description": "The agent to check; empty checks every agent."},
-        "fix": {"type": "boolean", "description": "Apply the repairs (default: report only).", "default": False},
-        "checks": {"type": "array", "items": {"type": "string"},
-                   "description": "Registry check names to run; empty runs them all."},
-        "session_key": _SESSION_KEY,
-    }),
+    input_schema=object_schema(
+        {
+            "agent_id": {"type": "string", "description": "The agent to check; empty checks every agent."},
+            "fix": {"type": "boolean", "description": "Apply the repairs (default: report only).", "default": False},
+            "checks": {
+                "type": "array",
+                "items": {"type": "string"},
+                "description": "Registry check names to run; empty runs them all.",
+            },
+            "session_key": _SESSION_KEY,
+        }
+    ),
     annotations=Annotations(read_only=False),
     service=ServiceRef("cpersona.services.health.check_health", "check_health", keywords=True),
     access=HEALTH,
     paused=DowngradeFix(),  # P-11: it reports, it does not repair
 )
 
+
 def _deep_check_schema() -> dict:
     from cpersona.services.health.deep_check import DEEP_CHECKS
 
-    return object_schema({
-        "agent_id": {"type": "string", "description": "The agent to analyse (required; '' is the empty-agent bucket)."},
-        "fix": {"type": "boolean", "description": "Apply the repairs (default: report only).", "default": False},
-        "checks": {"type": "array", "items": {"type": "string"},
-                   "description": "Checks to run; empty runs all of: " + ", ".join(DEEP_CHECKS)},
-        "session_key": _SESSION_KEY,
-    }, required=["agent_id"])
+    return object_schema(
+        {
+            "agent_id": {
+                "type": "string",
+                "description": "The agent to analyse (required; '' is the empty-agent bucket).",
+            },
+            "fix": {"type": "boolean", "description": "Apply the repairs (default: report only).", "default": False},
+            "checks": {
+                "type": "array",
+                "items": {"type": "string"},
+                "description": "Checks to run; empty runs all of: " + ", ".join(DEEP_CHECKS),
+            },
+            "session_key": _SESSION_KEY,
+        },
+        required=["agent_id"],
+    )
 
 
 DEEP_CHECK = ToolSpec(
@@ -135,14 +150,28 @@ GET_SESSION_FINDINGS = ToolSpec(
         "transport without a session_key the answer carries identity_shared: true; _meta.server_version names the "
         "running version."
     ),
-    input_schema=object_schema({
-        "session_key": {"type": "string", "description": "A session name you choose; on a shared (non-stdio) "
-                        "transport an empty one marks the answer identity_shared.", "default": "", "maxLength": KEY_FIELD_MAX},
-        "per_kind_limit": {"type": "integer", "description": "Most findings returned per kind (default 5, at "
-                           "least 1); kinds that had more are listed in capped_kinds.", "default": 5},
-        "include_summary": {"type": "boolean", "description": "Add the prose `summary` (default true); set false "
-                            "when reading the answer by machine.", "default": True},
-    }),
+    input_schema=object_schema(
+        {
+            "session_key": {
+                "type": "string",
+                "description": "A session name you choose; on a shared (non-stdio) "
+                "transport an empty one marks the answer identity_shared.",
+                "default": "",
+                "maxLength": KEY_FIELD_MAX,
+            },
+            "per_kind_limit": {
+                "type": "integer",
+                "description": "Most findings returned per kind (default 5, at "
+                "least 1); kinds that had more are listed in capped_kinds.",
+                "default": 5,
+            },
+            "include_summary": {
+                "type": "boolean",
+                "description": "Add the prose `summary` (default true); set false when reading the answer by machine.",
+                "default": True,
+            },
+        }
+    ),
     annotations=READ_ONLY,
     service=ServiceRef("cpersona.services.health.findings", "answer_get_session_findings"),
     request=Ref("cpersona.services.health.findings", "FindingsArguments"),

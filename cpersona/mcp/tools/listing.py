@@ -23,11 +23,14 @@ LIST_MEMORIES = ToolSpec(
         "therefore the budget, one whole row and the cut rows' starts; a preview cap of 0 turns both the "
         "cutting and the budget off."
     ),
-    input_schema=object_schema({
-        "agent_id": _ALL_AGENTS,
-        "limit": {"type": "integer", "description": "Most memories to return (capped at 500).", "default": 100},
-        "project_id": PROJECT_ID_FILTER,
-    }, required=[]),
+    input_schema=object_schema(
+        {
+            "agent_id": _ALL_AGENTS,
+            "limit": {"type": "integer", "description": "Most memories to return (capped at 500).", "default": 100},
+            "project_id": PROJECT_ID_FILTER,
+        },
+        required=[],
+    ),
     annotations=READ_ONLY,
     service=ServiceRef("cpersona.services.records.listing", "answer_list_memories"),
     request=Ref("cpersona.services.records.listing", "ListArguments"),
@@ -48,11 +51,14 @@ LIST_EPISODES = ToolSpec(
         "get_contents (under the row's own agent_id); the full keywords are only available through "
         "export_memories."
     ),
-    input_schema=object_schema({
-        "agent_id": _ALL_AGENTS,
-        "limit": {"type": "integer", "description": "Most episodes to return (capped at 200).", "default": 50},
-        "project_id": prop(PROJECT_ID_FILTER),
-    }, required=[]),
+    input_schema=object_schema(
+        {
+            "agent_id": _ALL_AGENTS,
+            "limit": {"type": "integer", "description": "Most episodes to return (capped at 200).", "default": 50},
+            "project_id": prop(PROJECT_ID_FILTER),
+        },
+        required=[],
+    ),
     annotations=READ_ONLY,
     service=ServiceRef("cpersona.services.records.episodes", "answer_list_episodes"),
     request=Ref("cpersona.services.records.episodes", "EpisodeListArguments"),

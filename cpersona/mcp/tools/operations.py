@@ -19,14 +19,16 @@ GET_OPERATING_CONTEXT = ToolSpec(
         "(~/.cpersona/operating-context.toml by default); no tool can change it. When no usable file exists the "
         "answer is ok:false with enabled:false and the reason."
     ),
-    input_schema=object_schema({
-        "section": {
-            "type": "string",
-            "description": "Name of one doctrine section (as listed in doctrine_sections) to read in full; "
-                           "leave empty for the overview.",
-            "default": "",
-        },
-    }),
+    input_schema=object_schema(
+        {
+            "section": {
+                "type": "string",
+                "description": "Name of one doctrine section (as listed in doctrine_sections) to read in full; "
+                "leave empty for the overview.",
+                "default": "",
+            },
+        }
+    ),
     annotations=READ_ONLY,
     service=ServiceRef("cpersona.services.operating_context", "answer_get_operating_context"),
     request=Ref("cpersona.services.operating_context", "SectionArguments"),
@@ -63,21 +65,27 @@ MIGRATE_CHANNEL_AXIS = ToolSpec(
         "bucket to channel '' (global, seen by every channel-scoped recall). Under pause_persistence a real run is "
         "turned into a dry run and the answer says repairs_skipped."
     ),
-    input_schema=object_schema({
-        "agent_id": {"type": "string", "description": "The agent whose memories to re-file; empty for every agent."},
-        "dry_run": {
-            "type": "boolean",
-            "description": "true (the default) reports what would move without changing anything.",
-            "default": True,
+    input_schema=object_schema(
+        {
+            "agent_id": {
+                "type": "string",
+                "description": "The agent whose memories to re-file; empty for every agent.",
+            },
+            "dry_run": {
+                "type": "boolean",
+                "description": "true (the default) reports what would move without changing anything.",
+                "default": True,
+            },
+            "globalize_unrecoverable": {
+                "type": "boolean",
+                "description": "Also move 'discord' rows whose channel cannot be recovered to channel '' (global). "
+                "Off by default.",
+                "default": False,
+            },
+            "session_key": SESSION_KEY,
         },
-        "globalize_unrecoverable": {
-            "type": "boolean",
-            "description": "Also move 'discord' rows whose channel cannot be recovered to channel '' (global). "
-                           "Off by default.",
-            "default": False,
-        },
-        "session_key": SESSION_KEY,
-    }, required=[]),
+        required=[],
+    ),
     annotations=Annotations(read_only=False),
     service=ServiceRef("cpersona.services.operations.channel_axis", "migrate_channel_axis", keywords=True),
     paused=ForceDryRun(),  # P-11: it still reports what it would do
@@ -103,21 +111,23 @@ CHECK_UPDATE = ToolSpec(
         "another call, and a restart is always required afterwards. pause_persistence does not affect this tool. "
         "CPERSONA_UPDATE_CHECK=false turns the whole feature off: no request, no cache, no notices, state=disabled."
     ),
-    input_schema=object_schema({
-        "refresh": {
-            "type": "boolean",
-            "description": "Ask the package index now instead of answering from the verdict in memory (3 s budget). "
-                           "If that fails, the verdict already known stays (checked_at unchanged); with none, "
-                           "state=unknown.",
-            "default": False,
-        },
-        "apply": {
-            "type": "boolean",
-            "description": "Run the update command shown in install.command (pip and checkout installs only). "
-                           "Off by default; restart the server afterwards.",
-            "default": False,
-        },
-    }),
+    input_schema=object_schema(
+        {
+            "refresh": {
+                "type": "boolean",
+                "description": "Ask the package index now instead of answering from the verdict in memory (3 s budget). "
+                "If that fails, the verdict already known stays (checked_at unchanged); with none, "
+                "state=unknown.",
+                "default": False,
+            },
+            "apply": {
+                "type": "boolean",
+                "description": "Run the update command shown in install.command (pip and checkout installs only). "
+                "Off by default; restart the server afterwards.",
+                "default": False,
+            },
+        }
+    ),
     annotations=Annotations(read_only=False),
     service=ServiceRef("cpersona.services.operations.update_check", "check_update", keywords=True),
     access=UPDATE_CHECK,

@@ -7,10 +7,13 @@ from cpersona.mcp.pause_gate import PassThrough
 from cpersona.mcp.registry import READ_ONLY, Annotations, Ref, ServiceRef, ToolSpec
 from cpersona.mcp.tools.common import SESSION_KEY, object_schema, prop
 
-_SESSION_KEY = prop(SESSION_KEY, description=(
-    "A session name you choose. It selects which pause bucket this call arms, clears or reports; it is not a "
-    "credential and filters no data. Omit it to use the one bucket shared by every caller that omits it."
-))
+_SESSION_KEY = prop(
+    SESSION_KEY,
+    description=(
+        "A session name you choose. It selects which pause bucket this call arms, clears or reports; it is not a "
+        "credential and filters no data. Omit it to use the one bucket shared by every caller that omits it."
+    ),
+)
 
 PAUSE_PERSISTENCE = ToolSpec(
     name="pause_persistence",
@@ -34,16 +37,18 @@ PAUSE_PERSISTENCE = ToolSpec(
         "being told, until resume or the end of the TTL; over stdio that bucket is just this session. "
         "Only this server is paused; other servers must be paused on their own."
     ),
-    input_schema=object_schema({
-        "ttl_seconds": {
-            "type": "integer",
-            "description": "How long the pause lasts before writing resumes by itself, in seconds: 1 to 86400, default 1800.",
-            "default": 1800,
-            "minimum": 1,
-            "maximum": 86400,
-        },
-        "session_key": _SESSION_KEY,
-    }),
+    input_schema=object_schema(
+        {
+            "ttl_seconds": {
+                "type": "integer",
+                "description": "How long the pause lasts before writing resumes by itself, in seconds: 1 to 86400, default 1800.",
+                "default": 1800,
+                "minimum": 1,
+                "maximum": 86400,
+            },
+            "session_key": _SESSION_KEY,
+        }
+    ),
     annotations=Annotations(read_only=False, destructive=False, idempotent=True),
     service=ServiceRef("cpersona.services.operations.pause", "answer_pause_persistence"),
     request=Ref("cpersona.services.operations.pause", "PauseArguments"),

@@ -16,8 +16,12 @@ from cpersona.mcp.tools.common import SESSION_KEY, object_schema
 
 
 def _merge_arguments(args: Mapping[str, Any]) -> tuple[Any, Any, Any, Any]:
-    return (args.get("source_agent_id"), args.get("target_agent_id"),
-            args.get("strategy", "skip"), args.get("mode", "copy"))
+    return (
+        args.get("source_agent_id"),
+        args.get("target_agent_id"),
+        args.get("strategy", "skip"),
+        args.get("mode", "copy"),
+    )
 
 
 def _vet_import(app: Any, args: Mapping[str, Any]) -> None:
@@ -54,15 +58,18 @@ EXPORT_MEMORIES = ToolSpec(
         "itself an earlier export: the server's own files, anything that is not a regular file, a symlink "
         "and other existing files are refused. Over HTTP, paths stay inside the server's export directory."
     ),
-    input_schema=object_schema({
-        "agent_id": {"type": "string", "description": "The agent to export; '' exports every agent."},
-        "output_path": {"type": "string", "description": "Where to write the JSONL file, as a path on the server."},
-        "include_embeddings": {
-            "type": "boolean",
-            "description": "Also write each record's vector, base64-encoded. Default false; rarely needed.",
-            "default": False,
+    input_schema=object_schema(
+        {
+            "agent_id": {"type": "string", "description": "The agent to export; '' exports every agent."},
+            "output_path": {"type": "string", "description": "Where to write the JSONL file, as a path on the server."},
+            "include_embeddings": {
+                "type": "boolean",
+                "description": "Also write each record's vector, base64-encoded. Default false; rarely needed.",
+                "default": False,
+            },
         },
-    }, required=["agent_id", "output_path"]),
+        required=["agent_id", "output_path"],
+    ),
     annotations=Annotations(read_only=False, destructive=True),
     service=ServiceRef("cpersona.services.portability", "export_memories", keywords=True),
     access=EXPORT,
@@ -79,20 +86,23 @@ IMPORT_MEMORIES = ToolSpec(
         "within the same project and channel, is already stored, and an episode when its summary is, "
         "within the same project and channel."
     ),
-    input_schema=object_schema({
-        "input_path": {"type": "string", "description": "The JSONL file to read, as a path on the server."},
-        "target_agent_id": {
-            "type": "string",
-            "description": "Write every record under this agent instead; '' (default) keeps each record's own agent_id.",
-            "default": "",
+    input_schema=object_schema(
+        {
+            "input_path": {"type": "string", "description": "The JSONL file to read, as a path on the server."},
+            "target_agent_id": {
+                "type": "string",
+                "description": "Write every record under this agent instead; '' (default) keeps each record's own agent_id.",
+                "default": "",
+            },
+            "dry_run": {
+                "type": "boolean",
+                "description": "Only count what would be imported; nothing is written.",
+                "default": False,
+            },
+            "session_key": SESSION_KEY,
         },
-        "dry_run": {
-            "type": "boolean",
-            "description": "Only count what would be imported; nothing is written.",
-            "default": False,
-        },
-        "session_key": SESSION_KEY,
-    }, required=["input_path"]),
+        required=["input_path"],
+    ),
     annotations=Annotations(read_only=False, destructive=True, idempotent=True),
     service=ServiceRef("cpersona.services.portability", "import_memories", keywords=True),
     access=IMPORT,
@@ -110,26 +120,29 @@ MERGE_MEMORIES = ToolSpec(
         "'skip' a memory whose msg_id the target already has, or an episode whose summary it already has, is "
         "left out."
     ),
-    input_schema=object_schema({
-        "source_agent_id": {"type": "string", "description": "The agent whose records are copied."},
-        "target_agent_id": {"type": "string", "description": "The agent that receives them."},
-        "strategy": {
-            "type": "string",
-            "description": "How duplicates are handled: only 'skip' (the default), which keeps the target's own copy.",
-            "default": "skip",
+    input_schema=object_schema(
+        {
+            "source_agent_id": {"type": "string", "description": "The agent whose records are copied."},
+            "target_agent_id": {"type": "string", "description": "The agent that receives them."},
+            "strategy": {
+                "type": "string",
+                "description": "How duplicates are handled: only 'skip' (the default), which keeps the target's own copy.",
+                "default": "skip",
+            },
+            "mode": {
+                "type": "string",
+                "description": "'copy' (default) leaves the source as it was; 'move' deletes from the source what was copied.",
+                "default": "copy",
+            },
+            "dry_run": {
+                "type": "boolean",
+                "description": "Only count what would be merged; nothing is written.",
+                "default": False,
+            },
+            "session_key": SESSION_KEY,
         },
-        "mode": {
-            "type": "string",
-            "description": "'copy' (default) leaves the source as it was; 'move' deletes from the source what was copied.",
-            "default": "copy",
-        },
-        "dry_run": {
-            "type": "boolean",
-            "description": "Only count what would be merged; nothing is written.",
-            "default": False,
-        },
-        "session_key": SESSION_KEY,
-    }, required=["source_agent_id", "target_agent_id"]),
+        required=["source_agent_id", "target_agent_id"],
+    ),
     annotations=Annotations(read_only=False, destructive=True, idempotent=True),
     service=ServiceRef("cpersona.services.portability", "merge_memories", keywords=True),
     access=MERGE,

@@ -25,17 +25,20 @@ UPDATE_PROFILE = ToolSpec(
         "(CPERSONA_MAX_PROFILE_LENGTH). When the limit cut it the answer says truncated:true — check for it, "
         "because the cut-off part is not kept anywhere."
     ),
-    input_schema=object_schema({
-        "agent_id": AGENT_ID,
-        "profile": {
-            "type": "string",
-            "description": (
-                "The profile text, prepared by the caller. Longer than 2000 characters "
-                "(CPERSONA_MAX_PROFILE_LENGTH) is cut, and the answer then says truncated:true."
-            ),
+    input_schema=object_schema(
+        {
+            "agent_id": AGENT_ID,
+            "profile": {
+                "type": "string",
+                "description": (
+                    "The profile text, prepared by the caller. Longer than 2000 characters "
+                    "(CPERSONA_MAX_PROFILE_LENGTH) is cut, and the answer then says truncated:true."
+                ),
+            },
+            "session_key": SESSION_KEY,
         },
-        "session_key": SESSION_KEY,
-    }, required=["agent_id", "profile"]),
+        required=["agent_id", "profile"],
+    ),
     annotations=Annotations(read_only=False, destructive=False),
     service=ServiceRef("cpersona.services.records.profiles", "answer_update_profile"),
     request=Ref("cpersona.services.records.profiles", "ProfileUpdateArguments"),

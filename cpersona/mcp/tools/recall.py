@@ -45,8 +45,8 @@ _TIME_CUE = {
         "before": {"type": "string"},
         "ago": {
             "description": (
-                "Relative to now: {\"unit\": \"days\" | \"weeks\" | \"months\", \"value\": N} is the period one "
-                "unit long centred N units ago (a month counts 30 days); \"long_ago\" is the oldest third of "
+                'Relative to now: {"unit": "days" | "weeks" | "months", "value": N} is the period one '
+                'unit long centred N units ago (a month counts 30 days); "long_ago" is the oldest third of '
                 "what this scope holds."
             ),
             "oneOf": [
@@ -72,78 +72,88 @@ RECALL = ToolSpec(
     name="recall",
     contracts="memory-and-recall.md §3.2",
     description=RECALL_DESCRIPTION,
-    input_schema=object_schema({
-        "agent_id": AGENT_ID,
-        "query": {"type": "string", "description": "What to look for. An empty query returns the most recent memories."},
-        "limit": {
-            "type": "integer",
-            "description": (
-                "How deep each retriever searches as well as how many rows come back: lowering it shrinks the "
-                "candidate pool itself, so a smaller limit can return different rows, not only fewer. Fewer rows "
-                "than this is normal; rows held by other features (time_cue seats) can add a few."
+    input_schema=object_schema(
+        {
+            "agent_id": AGENT_ID,
+            "query": {
+                "type": "string",
+                "description": "What to look for. An empty query returns the most recent memories.",
+            },
+            "limit": {
+                "type": "integer",
+                "description": (
+                    "How deep each retriever searches as well as how many rows come back: lowering it shrinks the "
+                    "candidate pool itself, so a smaller limit can return different rows, not only fewer. Fewer rows "
+                    "than this is normal; rows held by other features (time_cue seats) can add a few."
+                ),
+                "default": 10,
+                "minimum": 0,
+                "maximum": 100,
+            },
+            "deep": {
+                "type": "boolean",
+                "description": (
+                    "Admit weaker matches: halves the quality gate. It also switches off time and completion decay "
+                    "(only active with CPERSONA_CONFIDENCE_ENABLED=true) but does not search further back than the "
+                    "scan window (CPERSONA_MAX_MEMORIES)."
+                ),
+                "default": False,
+            },
+            "channel": {
+                "type": "string",
+                "description": "Only this channel (e.g. 'chat', 'discord') plus memories stored without one. '' (default) reads every channel.",
+            },
+            "exclude_contents": {
+                "type": "array",
+                "items": {"type": "string"},
+                "description": (
+                    "Texts the caller already has, normalised (stripped, lower-cased), kept out of the results. An "
+                    "entry of 32 characters or more excludes every memory that starts with it; a shorter entry only "
+                    "excludes a memory equal to it, so a short prefix cannot silently hide everything beginning with it."
+                ),
+            },
+            "session_key": prop(
+                SESSION_KEY,
+                description=(
+                    "A session name you choose; it is not a credential. It keeps this server's per-session memory "
+                    "(whether the degraded-recall advisory was already shown) and picks which no-persist pause applies. "
+                    "It never filters stored data (agent_id, project_id and channel do that). Callers that omit it share "
+                    "one bucket."
+                ),
             ),
-            "default": 10,
-            "minimum": 0,
-            "maximum": 100,
+            "project_id": PROJECT_ID_FILTER,
+            "source_id": {
+                "type": "string",
+                "description": (
+                    "Only memories whose source id matches; '' (default) means no filter. A value ending in a letter "
+                    "or digit must equal the id (e.g. 'discord:12345' for one Discord user); a value ending in any "
+                    "other character is a prefix (e.g. 'discord:'). Episodes carry no source, so they are left out "
+                    "when this is set, unless channel is set too."
+                ),
+                "default": "",
+            },
+            "full_content": {
+                "type": "boolean",
+                "default": False,
+                "description": (
+                    "Return whole rows instead of previews. By default a row longer than "
+                    "CPERSONA_RECALL_PREVIEW_CHARS (500) is cut to its start and marked content_truncated with "
+                    "content_len; its ref expands through get_contents."
+                ),
+            },
+            "trace": {
+                "type": "boolean",
+                "default": False,
+                "description": (
+                    "Declared for compatibility and not carried out: this server builds no recall trace, so "
+                    "trace=true is refused (ok=false, nothing searched) rather than answered without one. "
+                    "Leave it false; reconstruct's trace explains its own answers."
+                ),
+            },
+            "time_cue": _TIME_CUE,
         },
-        "deep": {
-            "type": "boolean",
-            "description": (
-                "Admit weaker matches: halves the quality gate. It also switches off time and completion decay "
-                "(only active with CPERSONA_CONFIDENCE_ENABLED=true) but does not search further back than the "
-                "scan window (CPERSONA_MAX_MEMORIES)."
-            ),
-            "default": False,
-        },
-        "channel": {
-            "type": "string",
-            "description": "Only this channel (e.g. 'chat', 'discord') plus memories stored without one. '' (default) reads every channel.",
-        },
-        "exclude_contents": {
-            "type": "array",
-            "items": {"type": "string"},
-            "description": (
-                "Texts the caller already has, normalised (stripped, lower-cased), kept out of the results. An "
-                "entry of 32 characters or more excludes every memory that starts with it; a shorter entry only "
-                "excludes a memory equal to it, so a short prefix cannot silently hide everything beginning with it."
-            ),
-        },
-        "session_key": prop(SESSION_KEY, description=(
-            "A session name you choose; it is not a credential. It keeps this server's per-session memory "
-            "(whether the degraded-recall advisory was already shown) and picks which no-persist pause applies. "
-            "It never filters stored data (agent_id, project_id and channel do that). Callers that omit it share "
-            "one bucket.")),
-        "project_id": PROJECT_ID_FILTER,
-        "source_id": {
-            "type": "string",
-            "description": (
-                "Only memories whose source id matches; '' (default) means no filter. A value ending in a letter "
-                "or digit must equal the id (e.g. 'discord:12345' for one Discord user); a value ending in any "
-                "other character is a prefix (e.g. 'discord:'). Episodes carry no source, so they are left out "
-                "when this is set, unless channel is set too."
-            ),
-            "default": "",
-        },
-        "full_content": {
-            "type": "boolean",
-            "default": False,
-            "description": (
-                "Return whole rows instead of previews. By default a row longer than "
-                "CPERSONA_RECALL_PREVIEW_CHARS (500) is cut to its start and marked content_truncated with "
-                "content_len; its ref expands through get_contents."
-            ),
-        },
-        "trace": {
-            "type": "boolean",
-            "default": False,
-            "description": (
-                "Declared for compatibility and not carried out: this server builds no recall trace, so "
-                "trace=true is refused (ok=false, nothing searched) rather than answered without one. "
-                "Leave it false; reconstruct's trace explains its own answers."
-            ),
-        },
-        "time_cue": _TIME_CUE,
-    }, required=["agent_id", "query"]),
+        required=["agent_id", "query"],
+    ),
     annotations=READ_ONLY,
     service=ServiceRef("cpersona.services.recall.service", "answer_recall"),
     request=Ref("cpersona.services.recall.service", "RecallArguments"),

@@ -199,7 +199,8 @@ def scored_candidates(app: App, agent_id: str, text: str) -> list[Candidate]:
 
     req = recall.RecallRequest(agent_id=agent_id, query=text, limit=PSEUDO_QUERY_LIMIT)
     backend = retrievers.search_backend(app)
-    found = retrievers.retrieve(app, backend, req.retriever_query(), recall.depth_for(app, req),
-                                retrievers.exclusion(()))
+    found = retrievers.retrieve(
+        app, backend, req.retriever_query(), recall.depth_for(app, req), retrievers.exclusion(())
+    )
     rows = recall.fuse(app, req, found, None)
     return recall.score_candidates(app, backend, req, found, rows)  # legacy ordering: confidence too

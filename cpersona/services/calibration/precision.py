@@ -87,7 +87,9 @@ def set_recall_precision(
             return failure(
                 f"no quality gate could be measured at beta {value}, and the agent's current gate was "
                 f"measured at beta {previous_beta}; precision left unchanged (too few same-session "
-                "memories, or no gate for this recall mode)", **shape)
+                "memories, or no gate for this recall mode)",
+                **shape,
+            )
         captured = state.capture()
         beta_entry: dict[Entry, float | None] = {("agent_betas", agent): None if cleared else value}
         try:
@@ -98,10 +100,12 @@ def set_recall_precision(
         written = state.persist(app.settings)
         if not written.ok:
             state.rollback(captured)  # SP-3: a β that is not on disk is not adopted
-            return failure(f"the calibration sidecar could not be written ({written.error}); "
-                           "precision left unchanged", **shape)
+            return failure(
+                f"the calibration sidecar could not be written ({written.error}); precision left unchanged", **shape
+            )
     return {
-        "ok": True, **shape,
+        "ok": True,
+        **shape,
         "fused_gate": m.gate.as_response() if m.gate is not None else None,
         "calibrate": {"ok": True, "scope": "per_agent", "new_threshold": m.new_threshold},
     }
@@ -140,5 +144,12 @@ def paused_precision_body(app: App, arguments: Mapping[str, Any]) -> dict[str, A
     """
     agent = _agent(arguments.get("agent_id"))
     label, beta, cleared = resolve(app, arguments.get("precision", ""), arguments.get("beta", 0))
-    return {"ok": True, "agent_id": agent, "precision": label, "beta": beta, "cleared": cleared,
-            "fused_gate": None, "calibrate": None}
+    return {
+        "ok": True,
+        "agent_id": agent,
+        "precision": label,
+        "beta": beta,
+        "cleared": cleared,
+        "fused_gate": None,
+        "calibrate": None,
+    }

@@ -77,8 +77,9 @@ def _finite(name: str, value: Any) -> float | None:
     return None if value == 0 else float(value)
 
 
-def parse_arguments(app: App, agent_id: Any, sample_size: Any = None, z_factor: Any = None,
-                    method: Any = None, percentile: Any = None) -> CalibrationRequest:
+def parse_arguments(
+    app: App, agent_id: Any, sample_size: Any = None, z_factor: Any = None, method: Any = None, percentile: Any = None
+) -> CalibrationRequest:
     """Normalise the tool's arguments (spec §3.11 table); ToolFailure on bad input."""
     settings = app.settings
     if not isinstance(agent_id, str):
@@ -217,8 +218,9 @@ def measure(app: App, req: CalibrationRequest, *, beta: float | None, rng: Any) 
         stats = values.astype(np.float64)
         raw = float(stats.mean() + req.z_factor * stats.std())
     else:
-        positives = temporal_positives(app, req.scope, sample.width, req.sample_size,
-                                       settings.calibrate_temporal_window_min)
+        positives = temporal_positives(
+            app, req.scope, sample.width, req.sample_size, settings.calibrate_temporal_window_min
+        )
         source = "temporal"
         if positives.size < MIN_TEMPORAL_PAIRS:
             positives, source = null.nearest, "nn_fallback"
@@ -272,11 +274,16 @@ def apply(app: App, m: Measurement, extra: dict[Entry, float | None] | None = No
     """Put a measurement in force (and any ``extra`` entries, e.g. a β) in one step."""
     state = app.calibration
     if m.request.agent_id and not _has_embedded(app, m.request.agent_id):
-        raise ToolFailure(f"the memories of agent {m.request.agent_id!r} were deleted while it was being "
-                          "calibrated; nothing was changed")
-    state.apply({**changes_of(m), **(extra or {})}, embedding_dim=corpus_width(app) or m.width,
-                embedding_model=embedding_model_label(app.settings),
-                gate_signal=m.gate.signal if m.gate is not None else None)
+        raise ToolFailure(
+            f"the memories of agent {m.request.agent_id!r} were deleted while it was being "
+            "calibrated; nothing was changed"
+        )
+    state.apply(
+        {**changes_of(m), **(extra or {})},
+        embedding_dim=corpus_width(app) or m.width,
+        embedding_model=embedding_model_label(app.settings),
+        gate_signal=m.gate.signal if m.gate is not None else None,
+    )
 
 
 def _has_embedded(app: App, agent_id: str) -> bool:
@@ -450,13 +457,28 @@ def install(app: App, *, seed: int | None = None) -> CalibrationState:
 
 def paused_calibration_body(app: App, arguments: Mapping[str, Any]) -> dict[str, Any]:
     """``calibrate_threshold``'s success shape under a pause: all a measurement computes left empty (§9.5)."""
-    req = parse_arguments(app, arguments.get("agent_id"), arguments.get("sample_size"), arguments.get("z_factor"),
-                          arguments.get("method"), arguments.get("percentile"))
+    req = parse_arguments(
+        app,
+        arguments.get("agent_id"),
+        arguments.get("sample_size"),
+        arguments.get("z_factor"),
+        arguments.get("method"),
+        arguments.get("percentile"),
+    )
     return {
-        "ok": True, "sidecar_persisted": False, "scope": "per_agent" if req.agent_id else "global",
-        "agent_id": req.agent_id, "sampled_embeddings": 0, "num_pairs": 0, "method": req.method,
-        "z_factor": req.z_factor, "percentile": req.percentile, "embedding_dim": None,
-        "embedding_model": embedding_model_label(app.settings), "distribution": None,
-        "null_admit_rate": None, "old_threshold": current_threshold(app, req.agent_id),
+        "ok": True,
+        "sidecar_persisted": False,
+        "scope": "per_agent" if req.agent_id else "global",
+        "agent_id": req.agent_id,
+        "sampled_embeddings": 0,
+        "num_pairs": 0,
+        "method": req.method,
+        "z_factor": req.z_factor,
+        "percentile": req.percentile,
+        "embedding_dim": None,
+        "embedding_model": embedding_model_label(app.settings),
+        "distribution": None,
+        "null_admit_rate": None,
+        "old_threshold": current_threshold(app, req.agent_id),
         "new_threshold": None,
     }

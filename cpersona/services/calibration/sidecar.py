@@ -78,8 +78,12 @@ class SidecarValues:
     calibrated_at: str | None = None
 
     def copy(self) -> SidecarValues:
-        return replace(self, agent_thresholds=dict(self.agent_thresholds),
-                       agent_fused_gates=dict(self.agent_fused_gates), agent_betas=dict(self.agent_betas))
+        return replace(
+            self,
+            agent_thresholds=dict(self.agent_thresholds),
+            agent_fused_gates=dict(self.agent_fused_gates),
+            agent_betas=dict(self.agent_betas),
+        )
 
     def matches(self, embedding_dim: int | None, fingerprint: str) -> bool:
         """Whether measured values apply to a corpus of this width under this scoring (SC-5)."""
@@ -263,8 +267,9 @@ def write_sidecar(path: Path, live: SidecarValues, touched: set[Entry], fingerpr
             if stored.status != "missing" and not carried:
                 backed_up = backup(path, stored)
                 if not backed_up:
-                    return WriteResult(False, error=f"could not copy the previous {path.name} aside; "
-                                                    "it was left as it is")
+                    return WriteResult(
+                        False, error=f"could not copy the previous {path.name} aside; it was left as it is"
+                    )
             result = merge(stored, live, touched, fingerprint)
             _replace(path, json.dumps(result.to_json(), ensure_ascii=False).encode("utf-8"))
             return WriteResult(True, result)
@@ -281,7 +286,7 @@ def _replace(path: Path, data: bytes) -> None:
             os.fchmod(fd, 0o600)  # the temp file may be left over from a crash with other bits
             view = memoryview(data)
             while view:
-                view = view[os.write(fd, view):]
+                view = view[os.write(fd, view) :]
             os.fsync(fd)
         finally:
             os.close(fd)

@@ -94,8 +94,14 @@ class CalibrationState:
             self._values = captured["values"]
             self._touched = captured["touched"]
 
-    def apply(self, changes: dict[Entry, float | None], *, embedding_dim: int | None = None,
-              embedding_model: str | None = None, gate_signal: str | None = None) -> None:
+    def apply(
+        self,
+        changes: dict[Entry, float | None],
+        *,
+        embedding_dim: int | None = None,
+        embedding_model: str | None = None,
+        gate_signal: str | None = None,
+    ) -> None:
         """Put measured values in force; None removes an entry.
 
         A measurement on another vector width makes every measured value of
@@ -162,8 +168,13 @@ class CalibrationState:
             had = self.forget(agent_id)
             stored = read_sidecar(settings.calibration_sidecar)
             on_disk = stored.values is not None and any(
-                agent_id in table for table in (stored.values.agent_thresholds, stored.values.agent_fused_gates,
-                                                stored.values.agent_betas))
+                agent_id in table
+                for table in (
+                    stored.values.agent_thresholds,
+                    stored.values.agent_fused_gates,
+                    stored.values.agent_betas,
+                )
+            )
             if not had and not on_disk:
                 return True
             return self.persist(settings).ok
@@ -171,8 +182,9 @@ class CalibrationState:
     def persist(self, settings: Any) -> WriteResult:
         """Write this process's changes to the sidecar, merged with the file; adopt the result."""
         with self._lock:
-            result = write_sidecar(settings.calibration_sidecar, self._values, set(self._touched),
-                                   scoring_version(settings))
+            result = write_sidecar(
+                settings.calibration_sidecar, self._values, set(self._touched), scoring_version(settings)
+            )
             if result.ok and result.values is not None:
                 # The merged file is now the truth: other processes' newer
                 # entries come into force here too.

@@ -132,8 +132,10 @@ class Report:
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
-            "entities": self.entities, "mentions": self.mentions,
-            "relations": self.relations, "dropped": self.dropped,
+            "entities": self.entities,
+            "mentions": self.mentions,
+            "relations": self.relations,
+            "dropped": self.dropped,
         }
         if self.retracted is not None:
             out["retracted"] = self.retracted
@@ -147,8 +149,9 @@ def empty_report() -> dict[str, Any]:
 class _Declaration:
     """One declaration inside one write transaction (A-22)."""
 
-    def __init__(self, session: Session, report: Report, *, agent_id: str, project_id: str, channel: str,
-                 stamp: str) -> None:
+    def __init__(
+        self, session: Session, report: Report, *, agent_id: str, project_id: str, channel: str, stamp: str
+    ) -> None:
         self.session = session
         self.graph = AssociationRepository(session)
         self.report = report
@@ -165,10 +168,17 @@ class _Declaration:
         return resolve_in_scopes(self.session, self.agent_id, scopes, normalized)
 
     def register(self, name: str, normalized: str) -> int:
-        return self.graph.register_entity({
-            "agent_id": self.agent_id, "project_id": self.project_id, "channel": self.channel,
-            "name": name, "normalized": normalized, "declared_by": DECLARED_BY_AGENT, "created_at": self.stamp,
-        })
+        return self.graph.register_entity(
+            {
+                "agent_id": self.agent_id,
+                "project_id": self.project_id,
+                "channel": self.channel,
+                "name": name,
+                "normalized": normalized,
+                "declared_by": DECLARED_BY_AGENT,
+                "created_at": self.stamp,
+            }
+        )
 
     def entity_for(self, name: str, normalized: str, *, exact_scope: bool) -> tuple[int, bool]:
         found = self.resolve(normalized, exact_scope=exact_scope)
@@ -290,9 +300,15 @@ class _Declaration:
             ends.append(end)
         (subject_kind, subject_id), (object_kind, object_id) = ends
         key = {
-            "agent_id": self.agent_id, "project_id": self.project_id, "channel": self.channel,
-            "subject_kind": subject_kind, "subject_id": subject_id, "predicate": predicate,
-            "object_kind": object_kind, "object_id": object_id, "anchor_ref": anchor,
+            "agent_id": self.agent_id,
+            "project_id": self.project_id,
+            "channel": self.channel,
+            "subject_kind": subject_kind,
+            "subject_id": subject_id,
+            "predicate": predicate,
+            "object_kind": object_kind,
+            "object_id": object_id,
+            "anchor_ref": anchor,
         }
         self.report.relations.append(self.graph.add_relation(key, DECLARED_BY_AGENT, self.stamp))
 
@@ -361,8 +377,14 @@ def _is_int(value: Any) -> bool:
 
 
 def declare(
-    app: App, *, agent_id: str, associations: Any, anchor_ref: Any = "", retract: Any = None,
-    project_id: str = "", channel: str = "",
+    app: App,
+    *,
+    agent_id: str,
+    associations: Any,
+    anchor_ref: Any = "",
+    retract: Any = None,
+    project_id: str = "",
+    channel: str = "",
 ) -> Report:
     """Write one declaration and its retraction; arguments already validated. Raises on a database error."""
     report = Report()
@@ -370,8 +392,9 @@ def declare(
         report.drop("associations", NOT_AN_OBJECT)
     elif associations:
         with app.db.write() as session:
-            declaration = _Declaration(session, report, agent_id=agent_id, project_id=project_id,
-                                       channel=channel, stamp=app.now_iso())
+            declaration = _Declaration(
+                session, report, agent_id=agent_id, project_id=project_id, channel=channel, stamp=app.now_iso()
+            )
             anchor = declaration.anchor(anchor_ref)
             declaration.entities(associations.get("entities"), anchor)
             declaration.relations(associations.get("relations"), anchor)
@@ -413,14 +436,29 @@ def declare_associations(
         if problem := check_key_field(name, value):
             return declare_refusal(problem)
     if find_lone_surrogate(agent_id, associations, anchor_ref, retract, channel, project_id):
-        return declare_refusal("the arguments contain a lone UTF-16 surrogate, which is not valid text; nothing was declared")
-    report = declare(app, agent_id=agent_id, associations=associations, anchor_ref=anchor_ref,
-                     retract=retract, project_id=project_id, channel=channel)
+        return declare_refusal(
+            "the arguments contain a lone UTF-16 surrogate, which is not valid text; nothing was declared"
+        )
+    report = declare(
+        app,
+        agent_id=agent_id,
+        associations=associations,
+        anchor_ref=anchor_ref,
+        retract=retract,
+        project_id=project_id,
+        channel=channel,
+    )
     return {"ok": True, "result": "declared", **report.as_dict()}
 
 
 def declare_for_record(
-    app: App, *, agent_id: str, project_id: str, channel: str, anchor: str, associations: Any,
+    app: App,
+    *,
+    agent_id: str,
+    project_id: str,
+    channel: str,
+    anchor: str,
+    associations: Any,
 ) -> dict[str, Any]:
     """The ``store`` rider (AS-1 … AS-4): declare against the new memory, never failing the store.
 
@@ -428,8 +466,9 @@ def declare_for_record(
     here is reported in ``dropped`` and the memory stays stored.
     """
     try:
-        return declare(app, agent_id=agent_id, associations=associations, anchor_ref=anchor,
-                       project_id=project_id, channel=channel).as_dict()
+        return declare(
+            app, agent_id=agent_id, associations=associations, anchor_ref=anchor, project_id=project_id, channel=channel
+        ).as_dict()
     except Exception as exc:  # noqa: BLE001 — AS-4: the memory is stored whatever happens here
         log.warning("associations rider for %s failed", anchor, exc_info=True)
         body = empty_report()
@@ -440,8 +479,9 @@ def declare_for_record(
 # -- reads (traverse, reconstruct) -------------------------------------------------------
 
 
-def resolve_in_scopes(session: Session, agent_id: str, scopes: Sequence[tuple[str, str]],
-                      normalized: str) -> int | None:
+def resolve_in_scopes(
+    session: Session, agent_id: str, scopes: Sequence[tuple[str, str]], normalized: str
+) -> int | None:
     """The entity ``normalized`` names in the first of ``scopes`` that has one (lowest id); else None.
 
     Two indexed lookups rather than one OR'ed query (which SQLite answers by
@@ -462,8 +502,9 @@ def resolve_in_scopes(session: Session, agent_id: str, scopes: Sequence[tuple[st
     return min(found)[1] if found else None
 
 
-def resolve_visible(session: Session, agent_id: str, name: str, *, project_id: str = "",
-                    channel: str = "") -> int | None:
+def resolve_visible(
+    session: Session, agent_id: str, name: str, *, project_id: str = "", channel: str = ""
+) -> int | None:
     """A-5: the entity a declaration in (project_id, channel) would take ``name`` to mean."""
     normalized = normalize(name)
     if not normalized:
@@ -533,9 +574,30 @@ def delete_agent_associations(session: Session, agent_id: str) -> dict[str, int]
 
 
 __all__ = [
-    "MAX_ALIASES", "MAX_ITEMS", "MAX_TEXT", "Ref", "RelationRow", "Report", "canonical_ref", "declare",
-    "declare_associations", "declare_for_record", "declare_refusal", "declared_text", "delete_agent_associations",
-    "empty_report", "entities_mentioned_by", "entity_rows", "mentions_of", "normalize", "parse_ref",
-    "readable_entities", "record_of_agent", "record_relations", "relations_between_entities",
-    "resolve_in_scopes", "resolve_visible", "visible_scopes",
+    "MAX_ALIASES",
+    "MAX_ITEMS",
+    "MAX_TEXT",
+    "Ref",
+    "RelationRow",
+    "Report",
+    "canonical_ref",
+    "declare",
+    "declare_associations",
+    "declare_for_record",
+    "declare_refusal",
+    "declared_text",
+    "delete_agent_associations",
+    "empty_report",
+    "entities_mentioned_by",
+    "entity_rows",
+    "mentions_of",
+    "normalize",
+    "parse_ref",
+    "readable_entities",
+    "record_of_agent",
+    "record_relations",
+    "relations_between_entities",
+    "resolve_in_scopes",
+    "resolve_visible",
+    "visible_scopes",
 ]

@@ -124,7 +124,8 @@ def _most_recently_reached(reached: dict[int, list[RelationRow]], room: int) -> 
         return kept
     ranked = sorted(
         (_recency_order(relation) + (entity,), entity)
-        for entity, relations in reached.items() for relation in relations
+        for entity, relations in reached.items()
+        for relation in relations
     )
     for _, entity in ranked:
         if entity not in kept:
@@ -145,14 +146,16 @@ def _entity_order(walk: _Walk) -> list[int]:
     return sorted(walk.distance, key=lambda e: (walk.distance[e], best.get(e, -1), e))
 
 
-def _mentions(session: Session, scope: Scope, source_id: str, channel: str, entity_ids: list[int],
-              limit: int) -> dict[int, tuple[list[str], int]]:
+def _mentions(
+    session: Session, scope: Scope, source_id: str, channel: str, entity_ids: list[int], limit: int
+) -> dict[int, tuple[list[str], int]]:
     """TV-7: per entity, the first ``limit`` readable mentioning refs and how many readable ones exist."""
     if not entity_ids:
         return {}
     # ISO-4: episodes carry no per-user source, so a source-filtered read skips them.
     rows = AssociationRepository(session, scope).readable_mentions(
-        source_id, not source_id or bool(channel), entity_ids, limit)
+        source_id, not source_id or bool(channel), entity_ids, limit
+    )
     out: dict[int, tuple[list[str], int]] = {}
     for entity_id, kind, record_id, total in rows:
         refs, _ = out.get(entity_id, ([], 0))
@@ -182,8 +185,9 @@ def traverse(
     channel = channel if isinstance(channel, str) else ""
     source_id = source_id if isinstance(source_id, str) else ""
     # '@auto' and the registry warning (OC-7 … OC-11) were applied by the facade.
-    scope = Scope(agent_id=agent_id, project_id=project_id if isinstance(project_id, str) else None,
-                  channel=channel or None)
+    scope = Scope(
+        agent_id=agent_id, project_id=project_id if isinstance(project_id, str) else None, channel=channel or None
+    )
     answer: dict[str, Any] = {"entity": entity, "max_hops": hops, "limit": cap}
 
     with app.db.read() as session:
@@ -213,14 +217,16 @@ def traverse(
 
     on_page = set(kept)
     relations = [
-        _relation_item(relation) for relation in sorted(walk.loaded.values(), key=_recency_order)
+        _relation_item(relation)
+        for relation in sorted(walk.loaded.values(), key=_recency_order)
         if relation.subject_id in on_page and relation.object_id in on_page
     ]
     answer.update(entities=entities, relations=relations)
     if len(ordered) > cap:
         answer["entities_omitted"] = len(ordered) - cap
-    omitted = [name for name, cut in (("max_hops", walk.unfollowed), ("limit", len(ordered) > cap or mentions_cut))
-               if cut]
+    omitted = [
+        name for name, cut in (("max_hops", walk.unfollowed), ("limit", len(ordered) > cap or mentions_cut)) if cut
+    ]
     if omitted:
         answer["bounds"] = {"omitted": omitted}
     return answer
@@ -228,8 +234,12 @@ def traverse(
 
 def _relation_item(relation: RelationRow) -> dict[str, Any]:
     item: dict[str, Any] = {
-        "id": relation.id, "subject": relation.subject_id, "predicate": relation.predicate,
-        "object": relation.object_id, "declared_by": relation.declared_by, "declared_at": relation.declared_at,
+        "id": relation.id,
+        "subject": relation.subject_id,
+        "predicate": relation.predicate,
+        "object": relation.object_id,
+        "declared_by": relation.declared_by,
+        "declared_at": relation.declared_at,
     }
     if relation.anchor_ref:
         item["anchor_ref"] = relation.anchor_ref

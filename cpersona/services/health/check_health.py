@@ -9,8 +9,18 @@ from cpersona.services.records import remote_vectors
 from cpersona.services.app import App
 from cpersona.services.health import derived, embeddings
 from cpersona.services.health.registry import (
-    Check, Ctx, Issue, Prep, dedupe, names, registry, run_checks, severity_summary, unknown_names,
-    unknown_refusal, verdict,
+    Check,
+    Ctx,
+    Issue,
+    Prep,
+    dedupe,
+    names,
+    registry,
+    run_checks,
+    severity_summary,
+    unknown_names,
+    unknown_refusal,
+    verdict,
 )
 from cpersona.storage.health_probes import storage_stats
 from cpersona.services.operations.update_check import update_notice
@@ -95,20 +105,25 @@ def update_issue(app: App) -> Issue | None:
     if notice is None or notice.get("kind") not in ("newer", "yanked"):
         return None
     yanked = notice["kind"] == "yanked"
-    issue: Issue = {"check": "update_status", "running": notice["running"], "available": notice["available"],
-                    "install_method": notice["install"]["method"],
-                    "hint": f"{notice['install']['command']} — then restart the server",
-                    "release_notes": notice["release_notes"],
-                    "type": "version_yanked" if yanked else "update_available",
-                    "severity": "warn" if yanked else "info"}
+    issue: Issue = {
+        "check": "update_status",
+        "running": notice["running"],
+        "available": notice["available"],
+        "install_method": notice["install"]["method"],
+        "hint": f"{notice['install']['command']} — then restart the server",
+        "release_notes": notice["release_notes"],
+        "type": "version_yanked" if yanked else "update_available",
+        "severity": "warn" if yanked else "info",
+    }
     if yanked:
         issue["yank_reason"] = notice.get("reason")
     issue["detail"] = notice["message"]
     return issue
 
 
-def run_health(app: App, *, agent_id: str, fix: bool, checks: Sequence[Check], checks_run: list[str],
-               with_update: bool = True) -> dict[str, Any]:
+def run_health(
+    app: App, *, agent_id: str, fix: bool, checks: Sequence[Check], checks_run: list[str], with_update: bool = True
+) -> dict[str, Any]:
     prep = prepare(app, agent_id, checks, fix=fix)
     if fix:
         issues = fix_run(app, agent_id, checks, prep)
@@ -124,12 +139,20 @@ def run_health(app: App, *, agent_id: str, fix: bool, checks: Sequence[Check], c
     with app.db.engine.connect() as conn:
         stats = storage_stats(conn, agent_id)
         conn.rollback()
-    return {"total_memories": stats["memories"], "issues": issues, "severity_summary": summary,
-            "status": verdict(summary), "fixed": fix, "checks_run": checks_run, "stats": stats}
+    return {
+        "total_memories": stats["memories"],
+        "issues": issues,
+        "severity_summary": summary,
+        "status": verdict(summary),
+        "fixed": fix,
+        "checks_run": checks_run,
+        "stats": stats,
+    }
 
 
-def check_health(app: App, *, agent_id: Any = "", fix: Any = False, checks: Any = None,
-                 session_key: Any = "") -> dict[str, Any]:
+def check_health(
+    app: App, *, agent_id: Any = "", fix: Any = False, checks: Any = None, session_key: Any = ""
+) -> dict[str, Any]:
     chosen = select(checks)
     if isinstance(chosen, dict):
         return chosen

@@ -50,10 +50,18 @@ def detect_coarse(ctx: Ctx) -> list[Issue]:
         return []
     if not coarse_sqlite.present(ctx.conn):
         return []
-    return [{"type": "coarse_index_drift", "table": table, "stale_rows": n["stale"], "missing_rows": n["missing"],
-             "repairable": 1, "hint": "rows written by a program without sqlite-vec; fix rewrites their index rows "
-                                      "(cpersona also does at every start)"}
-            for table, n in coarse_sqlite.drift(ctx.conn).items()]
+    return [
+        {
+            "type": "coarse_index_drift",
+            "table": table,
+            "stale_rows": n["stale"],
+            "missing_rows": n["missing"],
+            "repairable": 1,
+            "hint": "rows written by a program without sqlite-vec; fix rewrites their index rows "
+            "(cpersona also does at every start)",
+        }
+        for table, n in coarse_sqlite.drift(ctx.conn).items()
+    ]
 
 
 def repair_coarse(ctx: Ctx, issues: list[Issue]) -> None:
@@ -71,10 +79,17 @@ def detect_vector_fallback(ctx: Ctx) -> list[Issue]:
     if s.vector_search_mode != "remote" or s.store_blob:
         return []
     r = probes.local_vector_counts(ctx.conn, ctx.agent_id)
-    return [{"type": "no_local_vector_fallback", "vector_search_mode": s.vector_search_mode,
-             "store_blob": s.store_blob, "memories": r.n, "memories_with_local_embedding": int(r.e),
-             "hint": "no local vectors are kept: a remote /search outage would leave keyword-only recall; set "
-                     "CPERSONA_STORE_BLOB=true to keep a local fallback"}]
+    return [
+        {
+            "type": "no_local_vector_fallback",
+            "vector_search_mode": s.vector_search_mode,
+            "store_blob": s.store_blob,
+            "memories": r.n,
+            "memories_with_local_embedding": int(r.e),
+            "hint": "no local vectors are kept: a remote /search outage would leave keyword-only recall; set "
+            "CPERSONA_STORE_BLOB=true to keep a local fallback",
+        }
+    ]
 
 
 # -- 34, 35: operating context --------------------------------------------------------------------
@@ -99,8 +114,11 @@ def detect_context_size(ctx: Ctx) -> list[Issue]:
     issue: Issue = {"type": "operating_context_summary_oversized"}
     if not ctx.scoped:
         issue["path"] = str(read_state(ctx.settings).path)
-    issue.update(summary_len=len(context.summary), budget=SUMMARY_SIZE_HINT,
-                 hint="clients get this summary at every connection; move detail into [[doctrine]] sections")
+    issue.update(
+        summary_len=len(context.summary),
+        budget=SUMMARY_SIZE_HINT,
+        hint="clients get this summary at every connection; move detail into [[doctrine]] sections",
+    )
     return [issue]
 
 
@@ -111,11 +129,16 @@ def server_files(ctx: Ctx) -> list[tuple[Path, str]]:
     """(path, what it holds) for every file the server keeps beside the database (R-48)."""
     s = ctx.settings
     db = Path(ctx.app.db.path or s.db_file)
-    files = [(db, "the memory database"), (Path(f"{db}-wal"), "the database's write-ahead log"),
-             (Path(f"{db}-shm"), "the database's shared-memory index"),
-             (s.calibration_sidecar, "calibrated thresholds")]
-    files += [(Path(p), "a calibration backup")
-              for p in sorted(glob.glob(glob_escape(str(s.calibration_sidecar)) + ".before-*"))]
+    files = [
+        (db, "the memory database"),
+        (Path(f"{db}-wal"), "the database's write-ahead log"),
+        (Path(f"{db}-shm"), "the database's shared-memory index"),
+        (s.calibration_sidecar, "calibrated thresholds"),
+    ]
+    files += [
+        (Path(p), "a calibration backup")
+        for p in sorted(glob.glob(glob_escape(str(s.calibration_sidecar)) + ".before-*"))
+    ]
     files += [(s.update_check_cache, "the update-check cache"), (s.alias_ledger_path, "the alias ledger")]
     for table in ("memories", "episodes"):
         files.append((Path(f"{db}.{table}.vecindex"), "a vector index"))
@@ -138,18 +161,27 @@ def detect_permissions(ctx: Ctx) -> list[Issue]:
             issue: Issue = {"type": "file_reachable_by_other_accounts"}
             if not ctx.scoped:
                 issue["path"] = str(path)
-            issue.update(mode=f"{mode:04o}", holds=holds, writable_by_others=bool(mode & 0o022), repairable=1,
-                         hint="fix narrows it to 0600 (owner only)")
+            issue.update(
+                mode=f"{mode:04o}",
+                holds=holds,
+                writable_by_others=bool(mode & 0o022),
+                repairable=1,
+                hint="fix narrows it to 0600 (owner only)",
+            )
             issues.append(issue)
     directory = Path(ctx.app.db.path or ctx.settings.db_file).parent
     if directory.is_dir() and (mode := _mode(directory)) & 0o077:
         issue = {"type": "directory_reachable_by_other_accounts"}
         if not ctx.scoped:
             issue["path"] = str(directory)
-        issue.update(mode=f"{mode:04o}", holds="the files above", writable_by_others=bool(mode & 0o022),
-                     repairable=0,
-                     hint="reported, not narrowed: this directory can hold files this package did not place, so "
-                          "chmod 700 it yourself once no other account needs to traverse it")
+        issue.update(
+            mode=f"{mode:04o}",
+            holds="the files above",
+            writable_by_others=bool(mode & 0o022),
+            repairable=0,
+            hint="reported, not narrowed: this directory can hold files this package did not place, so "
+            "chmod 700 it yourself once no other account needs to traverse it",
+        )
         issues.append(issue)
     return issues
 
@@ -174,8 +206,7 @@ CHECKS = [
     Check("block_index", "info", _nothing, _no_repair, cross_agent=True),
     Check("operating_context_parse", "warn", detect_context_parse),
     Check("operating_context_size", "info", detect_context_size),
-    Check("file_permissions", "warn", detect_permissions, repair_permissions, cross_agent=True,
-          whole_database=True),
+    Check("file_permissions", "warn", detect_permissions, repair_permissions, cross_agent=True, whole_database=True),
     derived.CHECK,  # missing_nodes
     Check("missing_blocks", "info", _nothing, _no_repair),
 ]

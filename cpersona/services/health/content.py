@@ -152,8 +152,14 @@ def detect_duplicates(ctx: Ctx) -> list[Issue]:
     covered = covered_rows(ctx)
     if not covered:
         return []
-    return [{"type": "duplicate_content", "groups": len({c[0] for c in covered}), "total_extra": len(covered),
-             "repairable": sum(1 for c in covered if not c[2])}]
+    return [
+        {
+            "type": "duplicate_content",
+            "groups": len({c[0] for c in covered}),
+            "total_extra": len(covered),
+            "repairable": sum(1 for c in covered if not c[2]),
+        }
+    ]
 
 
 def repair_duplicates(ctx: Ctx, issues: list[Issue]) -> None:

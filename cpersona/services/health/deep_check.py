@@ -26,8 +26,26 @@ NORM_TOLERANCE = 0.001
 NORM_SCAN_ROWS = 2000
 BLOCK = 256  # rows per block of the near-duplicate product: bounds memory at BLOCK x cap floats
 _NAME_PREFIX = re.compile(r"^\[([^\[\]\n]{1,64})\] ")
-_NOT_NAMES = frozenset({"x", "episode", "profile", "trace", "debug", "info", "notice", "warn", "warning", "error",
-                        "err", "critical", "crit", "fatal", "alert", "emerg"})
+_NOT_NAMES = frozenset(
+    {
+        "x",
+        "episode",
+        "profile",
+        "trace",
+        "debug",
+        "info",
+        "notice",
+        "warn",
+        "warning",
+        "error",
+        "err",
+        "critical",
+        "crit",
+        "fatal",
+        "alert",
+        "emerg",
+    }
+)
 _STAMP = re.compile(r"^\d{1,4}([-/:.]\d{1,4})+([ T]\d{1,2}(:\d{2}){1,2}(\.\d+)?)?(Z|[+-]\d{2}:?\d{2})?$")
 
 
@@ -48,8 +66,12 @@ def recovered_name(content: str) -> str | None:
     if not match:
         return None
     name = match.group(1)
-    if (not any(ch.isalpha() for ch in name) or name.lower() in _NOT_NAMES or name[0] in "!^"
-            or _STAMP.match(name.strip())):
+    if (
+        not any(ch.isalpha() for ch in name)
+        or name.lower() in _NOT_NAMES
+        or name[0] in "!^"
+        or _STAMP.match(name.strip())
+    ):
         return None
     return name
 
@@ -79,6 +101,7 @@ def anonymous_source(ctx: DeepCtx) -> dict[str, Any]:
 
 def _json_str(value: str) -> str:
     import json
+
     return json.dumps(value, ensure_ascii=False)
 
 
@@ -130,8 +153,9 @@ def orphaned_episodes(ctx: DeepCtx) -> dict[str, Any]:
     rows = probes.orphaned_episode_rows(ctx.conn, ctx.agent_id)
     out: dict[str, Any] = {"count": len(rows)}
     if rows:
-        out["samples"] = [{"id": r.id, "summary": r.summary[:80], "start": r.start_time, "end": r.end_time}
-                          for r in rows[:5]]
+        out["samples"] = [
+            {"id": r.id, "summary": r.summary[:80], "start": r.start_time, "end": r.end_time} for r in rows[:5]
+        ]
     return out
 
 
@@ -144,8 +168,11 @@ def calibration_staleness(ctx: DeepCtx) -> dict[str, Any]:
         return {"status": "not_applicable", "reason": "no embedding client configured"}
     stored = read_sidecar(app.settings.calibration_sidecar)
     if stored.status == "unreadable":
-        return {"status": "unreadable", "hint": f"the calibration sidecar cannot be parsed ({stored.error}); "
-                "run calibrate_threshold to write a fresh one"}
+        return {
+            "status": "unreadable",
+            "hint": f"the calibration sidecar cannot be parsed ({stored.error}); "
+            "run calibrate_threshold to write a fresh one",
+        }
     if stored.status == "missing":
         embedded = probes.embedded_count(ctx.conn, ctx.agent_id)
         if embedded >= NEVER_CALIBRATED_MIN_ROWS:
@@ -157,15 +184,23 @@ def calibration_staleness(ctx: DeepCtx) -> dict[str, Any]:
         hint = "restart the server so start-up recalibrates, or run calibrate_threshold"
         if not app.settings.auto_calibrate and not app.settings.calibrate_on_model_change:
             hint += " (or set CPERSONA_CALIBRATE_ON_MODEL_CHANGE=true)"
-        return {"status": "stale_scoring_version", "sidecar_scoring_version": values.scoring_version,
-                "runtime_scoring_version": runtime, "hint": hint}
+        return {
+            "status": "stale_scoring_version",
+            "sidecar_scoring_version": values.scoring_version,
+            "runtime_scoring_version": runtime,
+            "hint": hint,
+        }
     seconds = instant_seconds(values.calibrated_at or "")
     if seconds is None:
         return {"status": "unknown", "reason": "the sidecar's calibrated_at cannot be read"}
     age_days = round((app.clock().timestamp() - seconds) / 86400, 1)
     if age_days > STALE_CALIBRATION_DAYS:
-        return {"status": "stale", "age_days": age_days, "threshold_days": STALE_CALIBRATION_DAYS,
-                "hint": "run calibrate_threshold: the corpus has likely changed since"}
+        return {
+            "status": "stale",
+            "age_days": age_days,
+            "threshold_days": STALE_CALIBRATION_DAYS,
+            "hint": "run calibrate_threshold: the corpus has likely changed since",
+        }
     return {"status": "ok", "age_days": age_days}
 
 
@@ -199,7 +234,7 @@ def near_duplicate(ctx: DeepCtx) -> dict[str, Any]:
     pairs: list[tuple[float, int, int]] = []
     count = 0
     for start in range(0, len(kept), BLOCK):
-        block = matrix[start:start + BLOCK] @ matrix.T  # BLOCK x n: memory stays bounded
+        block = matrix[start : start + BLOCK] @ matrix.T  # BLOCK x n: memory stays bounded
         for i, j in zip(*np.nonzero(block > NEAR_DUPLICATE_COSINE)):
             a, b = start + int(i), int(j)
             if b <= a or kept[a].content == kept[b].content:
@@ -213,9 +248,16 @@ def near_duplicate(ctx: DeepCtx) -> dict[str, Any]:
     out["threshold"] = NEAR_DUPLICATE_COSINE
     if pairs:
         pairs.sort(key=lambda p: (-p[0], p[1], p[2]))
-        out["samples"] = [{"id_a": kept[a].id, "id_b": kept[b].id, "cosine": round(c, 4),
-                           "preview_a": kept[a].content[:60], "preview_b": kept[b].content[:60]}
-                          for c, a, b in pairs[:20]]
+        out["samples"] = [
+            {
+                "id_a": kept[a].id,
+                "id_b": kept[b].id,
+                "cosine": round(c, 4),
+                "preview_a": kept[a].content[:60],
+                "preview_b": kept[b].content[:60],
+            }
+            for c, a, b in pairs[:20]
+        ]
         out["hint"] = "merge candidates: review them and use merge_memories where they say the same thing"
     return out
 
@@ -242,10 +284,16 @@ def unnormalized_content(ctx: DeepCtx) -> dict[str, Any]:
             complete, rows = False, rows[:cap]
         bad = [r for r in rows if isinstance(r.body, str) and unicodedata.normalize("NFC", r.body) != r.body]
         by_table[table], scanned[table] = len(bad), len(rows)
-        samples.extend({"table": table, "id": r.id, "excerpt": r.body[:80], "decomposed_codepoints": decomposed(r.body)}
-                       for r in bad)
-    out: dict[str, Any] = {"count": sum(by_table.values()), "by_table": by_table, "rows_scanned": scanned,
-                           "complete": complete}
+        samples.extend(
+            {"table": table, "id": r.id, "excerpt": r.body[:80], "decomposed_codepoints": decomposed(r.body)}
+            for r in bad
+        )
+    out: dict[str, Any] = {
+        "count": sum(by_table.values()),
+        "by_table": by_table,
+        "rows_scanned": scanned,
+        "complete": complete,
+    }
     if samples:
         out["samples"] = samples[:10]
     return out
@@ -272,8 +320,13 @@ def embedding_norm(ctx: DeepCtx) -> dict[str, Any]:
                 bad += 1
                 samples.append({"table": table, "id": r.id, "norm": round(norm, 6)})
         by_table[table], scanned[table] = bad, len(rows)
-    out: dict[str, Any] = {"count": sum(by_table.values()), "by_table": by_table, "rows_scanned": scanned,
-                           "tolerance": NORM_TOLERANCE, "complete": complete}
+    out: dict[str, Any] = {
+        "count": sum(by_table.values()),
+        "by_table": by_table,
+        "rows_scanned": scanned,
+        "tolerance": NORM_TOLERANCE,
+        "complete": complete,
+    }
     if samples:
         out["samples"] = samples[:10]
     return out
@@ -301,8 +354,9 @@ def _run(ctx: DeepCtx, name: str) -> dict[str, Any]:
         return {"error": str(exc) or type(exc).__name__}
 
 
-def deep_check(app: App, *, agent_id: Any, fix: Any = False, checks: Any = None,
-               session_key: Any = "") -> dict[str, Any]:
+def deep_check(
+    app: App, *, agent_id: Any, fix: Any = False, checks: Any = None, session_key: Any = ""
+) -> dict[str, Any]:
     requested = [str(n) for n in (checks or [])]
     valid = list(DEEP_CHECKS)
     unknown = unknown_names(requested, valid)
@@ -326,5 +380,4 @@ def deep_check(app: App, *, agent_id: Any, fix: Any = False, checks: Any = None,
             for name in writers:
                 results[name] = _run(ctx, name)
         remote_vectors.forget(app, agent, ctx.removed)  # after commit (remote vector mode)
-    return {"agent_id": agent, "checks_run": checks_run, "results": {n: results[n] for n in checks_run},
-            "fixed": fix}
+    return {"agent_id": agent, "checks_run": checks_run, "results": {n: results[n] for n in checks_run}, "fixed": fix}

@@ -30,10 +30,14 @@ BUILD_CAP = 50  # records one fix run queues (R-49)
 REPORT_BATCH = 256  # texts per token-report request
 MEASURE_CAP = 20000  # records measured per run and table; past it the count is a lower bound
 
-HINT_UNKNOWN = ("the embedding backend did not return token counts, so records past the window cannot be "
-                "told apart; check that its count_tokens route answers, then re-run")
-HINT_QUEUE_OFF = ("node builds run on the task queue, which is off (CPERSONA_TASK_QUEUE_ENABLED=false); "
-                  "turn it on to let fix queue them")
+HINT_UNKNOWN = (
+    "the embedding backend did not return token counts, so records past the window cannot be "
+    "told apart; check that its count_tokens route answers, then re-run"
+)
+HINT_QUEUE_OFF = (
+    "node builds run on the task queue, which is off (CPERSONA_TASK_QUEUE_ENABLED=false); "
+    "turn it on to let fix queue them"
+)
 
 
 @dataclass
@@ -62,12 +66,14 @@ def measure(app: App, prep: Prep, agent_id: str) -> None:
                 scan.complete, rows = False, rows[:MEASURE_CAP]
             noded = probes.noded_parents(conn, kind)
             for row in rows:
-                if row.id in noded and nodes.current_nodes(session, kind, row.id, row.body,
-                                                           model_keys=scan.model_keys) is not None:
+                if (
+                    row.id in noded
+                    and nodes.current_nodes(session, kind, row.id, row.body, model_keys=scan.model_keys) is not None
+                ):
                     continue
                 candidates.append((kind, row.id, row.agent_id, row.project_id, row.body))
     for start in range(0, len(candidates), REPORT_BATCH):
-        batch = candidates[start:start + REPORT_BATCH]
+        batch = candidates[start : start + REPORT_BATCH]
         infos = reporter.report([c[4] for c in batch])
         if infos is None:
             prep.nodes = NodeScan(failed=True)
@@ -113,9 +119,13 @@ def detect_missing_nodes(ctx: Ctx) -> list[Issue]:
     queued = _queued_ids(ctx)
     waiting = sum((r[0], r[1]) in queued for r in missing)
     buildable = 0 if not ctx.settings.task_queue_enabled else min(len(missing) - waiting, BUILD_CAP)
-    issue: Issue = {"type": "missing_nodes", "count": len(missing),
-                    "memories": sum(r[0] == "mem" for r in missing),
-                    "episodes": sum(r[0] == "ep" for r in missing), "repairable": buildable}
+    issue: Issue = {
+        "type": "missing_nodes",
+        "count": len(missing),
+        "memories": sum(r[0] == "mem" for r in missing),
+        "episodes": sum(r[0] == "ep" for r in missing),
+        "repairable": buildable,
+    }
     if waiting:
         issue["already_queued"] = waiting
     if not scan.complete:
@@ -132,8 +142,14 @@ def repair_missing_nodes(ctx: Ctx, issues: list[Issue]) -> None:
         queued = _queued_ids(ctx)
         todo = [r for r in _still_missing(ctx, ctx.prep.nodes) if (r[0], r[1]) not in queued][:BUILD_CAP]
     for kind, record_id, agent_id, project_id, _ in todo:
-        enqueue(ctx.app, ctx.conn, nodes.TASK_TYPE, agent_id=agent_id, project_id=project_id,
-                payload={"kind": kind, "id": record_id})
+        enqueue(
+            ctx.app,
+            ctx.conn,
+            nodes.TASK_TYPE,
+            agent_id=agent_id,
+            project_id=project_id,
+            payload={"kind": kind, "id": record_id},
+        )
     # Builds run on the queue after this commit; `built` counts none here, `queued` says what was handed over.
     if issue["count"] is None:
         issue["built"] = 0
@@ -166,7 +182,7 @@ def queue_after_rewrites(app: App, rewritten: set[tuple[str, int]]) -> int:
     records = [r for r in records if r[2]]
     past: list[tuple[str, int, str]] = []
     for start in range(0, len(records), REPORT_BATCH):
-        batch = records[start:start + REPORT_BATCH]
+        batch = records[start : start + REPORT_BATCH]
         infos = reporter.report([r[2] for r in batch])
         if infos is None:
             return 0  # unknown is never "fits" nor "past": missing_nodes will find them later
@@ -177,6 +193,7 @@ def queue_after_rewrites(app: App, rewritten: set[tuple[str, int]]) -> int:
             if nodes.record_text(session, kind, record_id) != body:
                 continue  # changed again since: that write queued its own build
             owner = (MemoryRepository if kind == "mem" else EpisodeRepository)(session).bucket_of(record_id)
-            queued += nodes.queue_build(app, session, kind, record_id, agent_id=owner.agent_id,
-                                        project_id=owner.project_id)
+            queued += nodes.queue_build(
+                app, session, kind, record_id, agent_id=owner.agent_id, project_id=owner.project_id
+            )
     return queued

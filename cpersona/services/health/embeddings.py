@@ -74,7 +74,7 @@ def null_rows(app: App, table: str, agent_id: str, limit: int) -> list[tuple[int
 def compute_vectors(app: App, rows: list[tuple[int, str]]) -> list[tuple[int, str, bytes]]:
     out: list[tuple[int, str, bytes]] = []
     for start in range(0, len(rows), EMBED_BATCH):
-        batch = rows[start:start + EMBED_BATCH]
+        batch = rows[start : start + EMBED_BATCH]
         blobs = app.embedder.embed_many([body for _, body in batch], batch_size=EMBED_BATCH)
         if all(b is None for b in blobs):
             break  # the backend stopped answering; what is left waits for the next run
@@ -131,8 +131,16 @@ def detect_dimension(ctx: Ctx) -> list[Issue]:
     total = sum(counts.values())
     if not total:
         return []
-    return [{"type": "embedding_dimension_mismatch", "count": total, "memories": counts["memories"],
-             "episodes": counts["episodes"], "expected_dim": dim, "repairable": total}]
+    return [
+        {
+            "type": "embedding_dimension_mismatch",
+            "count": total,
+            "memories": counts["memories"],
+            "episodes": counts["episodes"],
+            "expected_dim": dim,
+            "repairable": total,
+        }
+    ]
 
 
 def repair_dimension(ctx: Ctx, issues: list[Issue]) -> None:
@@ -176,12 +184,18 @@ def repair_nonfinite(ctx: Ctx, issues: list[Issue]) -> None:
 # -- 7: embedding_backend (report-only) -------------------------------------------------------------
 
 SEMANTIC_DEGRADED = "degraded — recall is falling back to keyword/FTS"
-HINT_UNREACHABLE = ("the configured embedding backend did not answer; restart or reconfigure it, then re-run "
-                    "this check to confirm recovery")
-HINT_MISCONFIGURED = ("no request could be sent, so this is configuration, not an outage: fix the embedding "
-                      "URL / key settings and restart, then re-run this check")
-HINT_NOT_PROBED = ("liveness is not judged on a report-only run — only a fix=true run reads its probe as "
-                   "liveness evidence. A finding-free result here is not evidence the backend is up")
+HINT_UNREACHABLE = (
+    "the configured embedding backend did not answer; restart or reconfigure it, then re-run "
+    "this check to confirm recovery"
+)
+HINT_MISCONFIGURED = (
+    "no request could be sent, so this is configuration, not an outage: fix the embedding "
+    "URL / key settings and restart, then re-run this check"
+)
+HINT_NOT_PROBED = (
+    "liveness is not judged on a report-only run — only a fix=true run reads its probe as "
+    "liveness evidence. A finding-free result here is not evidence the backend is up"
+)
 
 
 def _evidence(ctx: Ctx, error: str | None) -> str:
@@ -197,23 +211,57 @@ def detect_backend(ctx: Ctx) -> list[Issue]:
         if prep.probe_ok:
             return []
         if prep.probe_from_cache:
-            return [{"type": "embedding_backend_not_probed", "status": "not_probed", "reason": "served_from_cache",
-                     "hint": "the probe was answered from the client's cache, so it says nothing about the backend"}]
+            return [
+                {
+                    "type": "embedding_backend_not_probed",
+                    "status": "not_probed",
+                    "reason": "served_from_cache",
+                    "hint": "the probe was answered from the client's cache, so it says nothing about the backend",
+                }
+            ]
         if not prep.probe_attempted and prep.probe_error:
-            return [{"type": "embedding_backend_misconfigured", "status": "misconfigured", "severity": "warn",
-                     "evidence": _evidence(ctx, prep.probe_error), "semantic_recall": SEMANTIC_DEGRADED,
-                     "hint": HINT_MISCONFIGURED}]
-        return [{"type": "embedding_backend_unreachable", "status": "unreachable", "severity": "warn",
-                 "evidence": _evidence(ctx, prep.probe_error), "semantic_recall": SEMANTIC_DEGRADED,
-                 "hint": HINT_UNREACHABLE}]
+            return [
+                {
+                    "type": "embedding_backend_misconfigured",
+                    "status": "misconfigured",
+                    "severity": "warn",
+                    "evidence": _evidence(ctx, prep.probe_error),
+                    "semantic_recall": SEMANTIC_DEGRADED,
+                    "hint": HINT_MISCONFIGURED,
+                }
+            ]
+        return [
+            {
+                "type": "embedding_backend_unreachable",
+                "status": "unreachable",
+                "severity": "warn",
+                "evidence": _evidence(ctx, prep.probe_error),
+                "semantic_recall": SEMANTIC_DEGRADED,
+                "hint": HINT_UNREACHABLE,
+            }
+        ]
     state, kind, evidence, _ = ctx.app.embedding_health.snapshot()
     if state == "fault":
         kind = "misconfigured" if kind == "misconfigured" else "unreachable"
-        return [{"type": f"embedding_backend_{kind}", "status": kind, "severity": "warn",
-                 "evidence": _evidence(ctx, evidence), "semantic_recall": SEMANTIC_DEGRADED,
-                 "hint": HINT_MISCONFIGURED if kind == "misconfigured" else HINT_UNREACHABLE}]
-    return [{"type": "embedding_backend_not_probed", "status": "not_probed", "last_observed": state,
-             "reason": "no_probe_on_this_run", "hint": HINT_NOT_PROBED}]
+        return [
+            {
+                "type": f"embedding_backend_{kind}",
+                "status": kind,
+                "severity": "warn",
+                "evidence": _evidence(ctx, evidence),
+                "semantic_recall": SEMANTIC_DEGRADED,
+                "hint": HINT_MISCONFIGURED if kind == "misconfigured" else HINT_UNREACHABLE,
+            }
+        ]
+    return [
+        {
+            "type": "embedding_backend_not_probed",
+            "status": "not_probed",
+            "last_observed": state,
+            "reason": "no_probe_on_this_run",
+            "hint": HINT_NOT_PROBED,
+        }
+    ]
 
 
 # -- 8: embedding_model (report-only) -------------------------------------------------------------
@@ -238,13 +286,25 @@ def detect_model(ctx: Ctx) -> list[Issue]:
     if not total:
         return []
     top = sorted(labels.items(), key=lambda kv: (-kv[1], kv[0]))[:5]
-    recall = ("treated as unembedded (keyword search only)" if mode == "reject"
-              else "still compared by vector; scores across models are not comparable")
-    return [{"type": "embedding_model_mismatch", "count": total, "memories": counts["memories"],
-             "episodes": counts["episodes"], "current": current,
-             "labels": [{"label": k, "count": v} for k, v in top], "mode": mode, "recall": recall,
-             "hint": "re-embed these rows with the current model (export, clear vectors, backfill) "
-                     "or restore the model that produced them"}]
+    recall = (
+        "treated as unembedded (keyword search only)"
+        if mode == "reject"
+        else "still compared by vector; scores across models are not comparable"
+    )
+    return [
+        {
+            "type": "embedding_model_mismatch",
+            "count": total,
+            "memories": counts["memories"],
+            "episodes": counts["episodes"],
+            "current": current,
+            "labels": [{"label": k, "count": v} for k, v in top],
+            "mode": mode,
+            "recall": recall,
+            "hint": "re-embed these rows with the current model (export, clear vectors, backfill) "
+            "or restore the model that produced them",
+        }
+    ]
 
 
 # -- 9, 10: NULL vectors --------------------------------------------------------------------------

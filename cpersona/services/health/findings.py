@@ -15,12 +15,21 @@ from cpersona.services.responses import failure
 SUPERAUDITOR = "1.1"
 # F-5: static severities of the escalation tiers (registry names use their base severity).
 TIER_SEVERITY = {
-    "null_embedding_expected": "info", "null_episode_embedding_expected": "info",
-    "null_embedding_pipeline_down": "critical", "null_episode_embedding_pipeline_down": "critical",
-    "schema_objects_perf_index": "warn", "vector_index_degraded": "warn", "coarse_index_degraded": "warn",
-    "embedding_backend_unreachable": "warn", "embedding_backend_misconfigured": "warn",
-    "folder_integrity": "warn", "folder_integrity_cycle": "critical", "folder_integrity_empty": "info",
-    "folder_unfiled": "info", "check_crashed": "warn", "fts_integrity": "critical",
+    "null_embedding_expected": "info",
+    "null_episode_embedding_expected": "info",
+    "null_embedding_pipeline_down": "critical",
+    "null_episode_embedding_pipeline_down": "critical",
+    "schema_objects_perf_index": "warn",
+    "vector_index_degraded": "warn",
+    "coarse_index_degraded": "warn",
+    "embedding_backend_unreachable": "warn",
+    "embedding_backend_misconfigured": "warn",
+    "folder_integrity": "warn",
+    "folder_integrity_cycle": "critical",
+    "folder_integrity_empty": "info",
+    "folder_unfiled": "info",
+    "check_crashed": "warn",
+    "fts_integrity": "critical",
 }
 
 
@@ -31,8 +40,10 @@ def finding_kind(issue: Issue) -> str:
         return "check_crashed"
     if check in ("null_embedding", "null_episode_embedding"):
         return {"critical": f"{check}_pipeline_down", "info": f"{check}_expected"}.get(sev, check)
-    if check == "embedding_backend" and issue.get("type") in ("embedding_backend_unreachable",
-                                                               "embedding_backend_misconfigured"):
+    if check == "embedding_backend" and issue.get("type") in (
+        "embedding_backend_unreachable",
+        "embedding_backend_misconfigured",
+    ):
         return issue["type"]
     if check == "schema_objects":
         return "schema_objects" if sev == "critical" else "schema_objects_perf_index"
@@ -91,14 +102,20 @@ class FindingsArguments(Request):
     include_summary: bool = True
 
 
-def get_session_findings(app: App, *, session_key: Any = "", per_kind_limit: Any = 5,
-                         include_summary: Any = True) -> dict[str, Any]:
+def get_session_findings(
+    app: App, *, session_key: Any = "", per_kind_limit: Any = 5, include_summary: Any = True
+) -> dict[str, Any]:
     """:func:`answer_get_session_findings` for a library caller, whose arguments no schema has checked."""
     if isinstance(per_kind_limit, bool) or not isinstance(per_kind_limit, int):
         return _bad_limit(per_kind_limit)
-    return answer_get_session_findings(app, FindingsArguments(
-        session_key=session_key if isinstance(session_key, str) else "", per_kind_limit=per_kind_limit,
-        include_summary=include_summary is not False))
+    return answer_get_session_findings(
+        app,
+        FindingsArguments(
+            session_key=session_key if isinstance(session_key, str) else "",
+            per_kind_limit=per_kind_limit,
+            include_summary=include_summary is not False,
+        ),
+    )
 
 
 def _bad_limit(per_kind_limit: Any) -> dict[str, Any]:
@@ -125,10 +142,12 @@ def answer_get_session_findings(app: App, args: FindingsArguments) -> dict[str, 
             continue
         kept.append(finding)
     out: dict[str, Any] = {
-        "findings": kept, "total": len(kept),
+        "findings": kept,
+        "total": len(kept),
         "counts_by_kind": _counts([f["kind"] for f in kept]),
         "counts_by_severity": _counts([f["severity"] for f in kept]),
-        "capped_kinds": capped, "per_kind_limit": per_kind_limit,
+        "capped_kinds": capped,
+        "per_kind_limit": per_kind_limit,
     }
     if args.include_summary:
         out["summary"] = summary_text(kept, capped, per_kind_limit)

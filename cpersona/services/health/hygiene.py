@@ -20,7 +20,6 @@ STALE_TASK_AGE = timedelta(hours=1)
 _OFFSET = re.compile(r"[+-]\d{2}:?\d{2}$")
 
 
-
 def canonical_utc(stamp: str | None) -> str | None:
     """A readable stamp as ``YYYY-MM-DDTHH:MM:SS+00:00``, or None."""
     seconds = instant_seconds(stamp) if stamp else None
@@ -87,8 +86,12 @@ def detect_json(ctx: Ctx) -> list[Issue]:
 
 def repair_json(ctx: Ctx, issues: list[Issue]) -> None:
     for r in probes.invalid_json_rows(ctx.conn, ctx.agent_id):
-        probes.set_source_and_metadata(ctx.conn, r.id, r.source if r.vs else reencode_json(r.source),
-                                       r.metadata if r.vm else reencode_json(r.metadata))
+        probes.set_source_and_metadata(
+            ctx.conn,
+            r.id,
+            r.source if r.vs else reencode_json(r.source),
+            r.metadata if r.vm else reencode_json(r.metadata),
+        )
 
 
 # -- 18, 19: memory timestamps ------------------------------------------------------------------
@@ -173,9 +176,14 @@ def detect_missing_start(ctx: Ctx) -> list[Issue]:
     rows = _missing_start(ctx)
     if not rows:
         return []
-    return [{"type": "missing_episode_start_time", "count": len(rows),
-             "repairable": sum(1 for r in rows if canonical_utc(r.created_at)),
-             "hint": "fix writes created_at as start_time: an approximation (when the episode was recorded)"}]
+    return [
+        {
+            "type": "missing_episode_start_time",
+            "count": len(rows),
+            "repairable": sum(1 for r in rows if canonical_utc(r.created_at)),
+            "hint": "fix writes created_at as start_time: an approximation (when the episode was recorded)",
+        }
+    ]
 
 
 def repair_missing_start(ctx: Ctx, issues: list[Issue]) -> None:
@@ -224,8 +232,11 @@ def detect_memory_drift(ctx: Ctx) -> list[Issue]:
     if not _drifting(counts):
         return []
     aware = [r for r in rows if stamp_class(r.timestamp) == "aware"]
-    issue: Issue = {"type": "timestamp_format_drift", **counts,
-                    "repairable": sum(1 for r in aware if not r.locked and to_utc(r.timestamp))}
+    issue: Issue = {
+        "type": "timestamp_format_drift",
+        **counts,
+        "repairable": sum(1 for r in aware if not r.locked and to_utc(r.timestamp)),
+    }
     locked = sum(1 for r in aware if r.locked)
     if locked:
         issue["unfixable_locked"] = locked
@@ -266,13 +277,17 @@ def detect_episode_drift(ctx: Ctx) -> list[Issue]:
     counts = _classes([v[2] for v in values])
     if not _drifting(counts):
         return []
-    issue: Issue = {"type": "episode_timestamp_format_drift", **counts,
-                    "repairable": sum(1 for v in values if v[3] is not None)}
+    issue: Issue = {
+        "type": "episode_timestamp_format_drift",
+        **counts,
+        "repairable": sum(1 for v in values if v[3] is not None),
+    }
     unfixable = sum(1 for v in values if stamp_class(v[2]) == "naive" and v[3] is None)
     if unfixable:
         issue["unfixable_naive"] = unfixable
-        issue["hint"] = ("naive start/end values that differ from created_at are left alone: their time zone "
-                         "cannot be known")
+        issue["hint"] = (
+            "naive start/end values that differ from created_at are left alone: their time zone cannot be known"
+        )
     return [issue]
 
 
@@ -289,16 +304,22 @@ def repair_episode_drift(ctx: Ctx, issues: list[Issue]) -> None:
 
 
 def _future_episodes(ctx: Ctx) -> list[Any]:
-    return [r for r in probes.episode_stamps(ctx.conn, ctx.agent_id)
-            if _ahead(ctx, r.start_time) or _ahead(ctx, r.end_time)]
+    return [
+        r for r in probes.episode_stamps(ctx.conn, ctx.agent_id) if _ahead(ctx, r.start_time) or _ahead(ctx, r.end_time)
+    ]
 
 
 def detect_future_episode(ctx: Ctx) -> list[Issue]:
     rows = _future_episodes(ctx)
     if not rows:
         return []
-    return [{"type": "future_episode_timestamp", "count": len(rows),
-             "repairable": sum(1 for r in rows if _future_fix(ctx, r.created_at))}]
+    return [
+        {
+            "type": "future_episode_timestamp",
+            "count": len(rows),
+            "repairable": sum(1 for r in rows if _future_fix(ctx, r.created_at)),
+        }
+    ]
 
 
 def repair_future_episode(ctx: Ctx, issues: list[Issue]) -> None:
@@ -336,6 +357,7 @@ def detect_missing_profile(ctx: Ctx) -> list[Issue]:
 
 
 # -- 26: empty_content ----------------------------------------------------------------------------
+
 
 def detect_empty(ctx: Ctx) -> list[Issue]:
     r = probes.blank_counts(ctx.conn, ctx.agent_id)
@@ -401,11 +423,14 @@ def repair_source_type(ctx: Ctx, issues: list[Issue]) -> None:
     for issue in issues:
         issue.update(mapped=mapped, unmapped=unmapped, locked=locked, remaining=remaining)
         if issue.get("repairable") is None:
-            issue["hint"] = (f"at most {cap} rows are classified per run: run fix again until `remaining` "
-                             "stops decreasing")
+            issue["hint"] = (
+                f"at most {cap} rows are classified per run: run fix again until `remaining` stops decreasing"
+            )
         elif mapped == 0:
-            hint = ("nothing here maps to User/Agent/System: repairing these sources is a reviewed migration, "
-                    "not an automatic fix")
+            hint = (
+                "nothing here maps to User/Agent/System: repairing these sources is a reviewed migration, "
+                "not an automatic fix"
+            )
             if remaining == 0 and locked:
                 hint += "; every offender is locked — unlock them first"
             issue["hint"] = hint
@@ -436,8 +461,10 @@ def detect_anonymous(ctx: Ctx) -> list[Issue]:
     if unattributed:
         issue["unattributed"] = unattributed
     if sentinel:
-        issue["hint"] = ("names can often be recovered from a leading [name] in the text: run "
-                         "deep_check with checks=['anonymous_source']")
+        issue["hint"] = (
+            "names can often be recovered from a leading [name] in the text: run "
+            "deep_check with checks=['anonymous_source']"
+        )
     return [issue]
 
 

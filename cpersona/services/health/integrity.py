@@ -26,18 +26,47 @@ FTS = {"memories_fts": "memories", "episodes_fts": "episodes"}
 WORD_FTS = {"memories_words": "memories", "episodes_words": "episodes"}
 _NAME = re.compile(r"^CREATE\s+(UNIQUE\s+)?(INDEX|TRIGGER)\s+(IF\s+NOT\s+EXISTS\s+)?(\w+)\s+", re.I)
 _ON = re.compile(r"\bON\s+(\w+)", re.I)
-_CRITICAL = frozenset({
-    "idx_memories_dedup_content", "idx_memories_dedup_msg_id",
-    "memories_fts_ai", "memories_fts_ad", "memories_fts_au", "episodes_ai", "episodes_ad", "episodes_au",
-    "record_nodes_memories_ad", "record_nodes_memories_au", "record_nodes_episodes_ad", "record_nodes_episodes_au",
-    "associations_entities_ad", "associations_memories_ad", "associations_episodes_ad",
-    "memories_words_ai", "memories_words_ad", "memories_words_au",
-    "episodes_words_ai", "episodes_words_ad", "episodes_words_au",
-})
-FTS_TRIGGERS = frozenset({"memories_fts_ai", "memories_fts_ad", "memories_fts_au",
-                          "episodes_ai", "episodes_ad", "episodes_au",
-                          "memories_words_ai", "memories_words_ad", "memories_words_au",
-                          "episodes_words_ai", "episodes_words_ad", "episodes_words_au"})
+_CRITICAL = frozenset(
+    {
+        "idx_memories_dedup_content",
+        "idx_memories_dedup_msg_id",
+        "memories_fts_ai",
+        "memories_fts_ad",
+        "memories_fts_au",
+        "episodes_ai",
+        "episodes_ad",
+        "episodes_au",
+        "record_nodes_memories_ad",
+        "record_nodes_memories_au",
+        "record_nodes_episodes_ad",
+        "record_nodes_episodes_au",
+        "associations_entities_ad",
+        "associations_memories_ad",
+        "associations_episodes_ad",
+        "memories_words_ai",
+        "memories_words_ad",
+        "memories_words_au",
+        "episodes_words_ai",
+        "episodes_words_ad",
+        "episodes_words_au",
+    }
+)
+FTS_TRIGGERS = frozenset(
+    {
+        "memories_fts_ai",
+        "memories_fts_ad",
+        "memories_fts_au",
+        "episodes_ai",
+        "episodes_ad",
+        "episodes_au",
+        "memories_words_ai",
+        "memories_words_ad",
+        "memories_words_au",
+        "episodes_words_ai",
+        "episodes_words_ad",
+        "episodes_words_au",
+    }
+)
 # Canonical names the spec lists for features this build does not have (blocks, vector
 # logs, folders, ...) are absent from our revisions, so they are never expected here.
 
@@ -148,7 +177,7 @@ def _canonical_statements() -> dict[str, Canonical]:
             match = _NAME.match(sql.strip())
             if not match:
                 continue
-            on = _ON.search(sql[match.end(0) - 1:])
+            on = _ON.search(sql[match.end(0) - 1 :])
             table = on.group(1) if on else ""
             kind = match.group(2).lower()
             found[match.group(4)] = Canonical(match.group(4), kind, table, sql, bool(match.group(1)))
@@ -158,13 +187,16 @@ def _canonical_statements() -> dict[str, Canonical]:
 # One SQL token: a comment or whitespace (dropped), a string or blob literal (kept
 # verbatim: 'delete' and 'DELETE' differ), a quoted identifier ("x", [x], `x`), a
 # word, a number, or an operator (longest first).
-_TOKEN = re.compile(r"""
+_TOKEN = re.compile(
+    r"""
     (?P<skip>\s+|--[^\n]*|/\*.*?(?:\*/|\Z))
   | (?P<string>[xX]?'(?:[^']|'')*')
   | "(?P<dq>(?:[^"]|"")*)" | \[(?P<br>[^\]]*)\] | `(?P<bt>(?:[^`]|``)*)`
   | (?P<word>[^\W\d]\w*|\d+(?:\.\d*)?(?:[eE][+-]?\d+)?|\.\d+(?:[eE][+-]?\d+)?)
   | (?P<op><>|!=|<=|>=|==|<<|>>|\|\||.)
-""", re.VERBOSE | re.DOTALL)
+""",
+    re.VERBOSE | re.DOTALL,
+)
 _SAME_OP = {"<>": "!=", "==": "="}  # SQLite spells these two operators two ways each
 
 
@@ -201,8 +233,8 @@ def canonical_form(sql: str | None) -> str:
     while tokens and tokens[-1] == ";":
         tokens.pop()
     for i in range(len(tokens) - 2):
-        if tokens[i:i + 3] == ["if", "not", "exists"]:
-            del tokens[i:i + 3]
+        if tokens[i : i + 3] == ["if", "not", "exists"]:
+            del tokens[i : i + 3]
             break
     return " ".join(tokens)
 
@@ -232,8 +264,17 @@ def _drift(ctx: Ctx) -> list[tuple[Canonical, str, str | None]]:
 def detect_schema_objects(ctx: Ctx) -> list[Issue]:
     if not _sqlite(ctx):
         return []
-    return [{"type": "schema_object_drift", "object": obj.name, "kind": obj.kind, "state": state,
-             "severity": obj.severity, "repairable": 1} for obj, state, _ in _drift(ctx)]
+    return [
+        {
+            "type": "schema_object_drift",
+            "object": obj.name,
+            "kind": obj.kind,
+            "state": state,
+            "severity": obj.severity,
+            "repairable": 1,
+        }
+        for obj, state, _ in _drift(ctx)
+    ]
 
 
 def repair_schema_objects(ctx: Ctx, issues: list[Issue]) -> None:
@@ -245,8 +286,10 @@ def repair_schema_objects(ctx: Ctx, issues: list[Issue]) -> None:
             continue
         if obj.unique and (groups := probes.duplicate_groups(ctx.conn, obj.name)):
             issue["fixed"] = False
-            issue["fix_error"] = (f"{groups} duplicate group(s) across all agents would violate {obj.name}; "
-                                  "resolve them (duplicate_content / dedup_msg_id_index) first")
+            issue["fix_error"] = (
+                f"{groups} duplicate group(s) across all agents would violate {obj.name}; "
+                "resolve them (duplicate_content / dedup_msg_id_index) first"
+            )
             continue
         try:
             probes.create_object(ctx.conn, obj.sql, replacing=None if stored is None else (obj.kind, obj.name))
@@ -284,8 +327,14 @@ def detect_sqlite_integrity(ctx: Ctx) -> list[Issue]:
 CHECKS = [
     Check("fts_integrity", "warn", detect_fts, repair_fts, whole_database=True),
     Check("schema_version", "critical", detect_schema_version, whole_database=True),
-    Check("dedup_msg_id_index", "critical", detect_msg_id_index, repair_msg_id_index, cross_agent=True,
-          whole_database=True),
+    Check(
+        "dedup_msg_id_index",
+        "critical",
+        detect_msg_id_index,
+        repair_msg_id_index,
+        cross_agent=True,
+        whole_database=True,
+    ),
     Check("schema_objects", "critical", detect_schema_objects, repair_schema_objects, whole_database=True),
     Check("sqlite_integrity", "critical", detect_sqlite_integrity, whole_database=True),
 ]

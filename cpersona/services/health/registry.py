@@ -153,7 +153,9 @@ def unknown_refusal(unknown: list[str], valid: list[str]) -> dict[str, Any]:
     return {
         "ok": False,
         "error": f"unknown check name(s): {', '.join(unknown)}. Valid names: {', '.join(valid)}",
-        "unknown_checks": unknown, "valid_checks": valid, "checks_run": [],
+        "unknown_checks": unknown,
+        "valid_checks": valid,
+        "checks_run": [],
     }
 
 
@@ -178,8 +180,13 @@ def _stamp(check: Check, issue: Issue) -> Issue:
 def crashed(check: Check, exc: BaseException) -> Issue:
     """R-3: a check that raised becomes one warn issue; the rest of the run goes on."""
     # One line, never SQLAlchemy's text (the statement and its parameters).
-    return {"type": "check_crashed", "check_name": check.name, "detail": storage_errors.reason(exc),
-            "severity": "warn", "check": check.name}
+    return {
+        "type": "check_crashed",
+        "check_name": check.name,
+        "detail": storage_errors.reason(exc),
+        "severity": "warn",
+        "check": check.name,
+    }
 
 
 def run_one(check: Check, ctx: Ctx) -> list[Issue]:

@@ -76,8 +76,10 @@ class Installation:
 
     def note(self) -> str:
         if self.method == "uvx":
-            return ("This server runs from a uv tool cache entry, which the next launch replaces: change the "
-                    "launch arguments in your MCP client's configuration to the command shown, then restart it.")
+            return (
+                "This server runs from a uv tool cache entry, which the next launch replaces: change the "
+                "launch arguments in your MCP client's configuration to the command shown, then restart it."
+            )
         if self.method == "checkout" and self.detached:
             return "The checkout is parked at a tag (detached HEAD): fetch the tags and check out the new one."
         if self.method == "unknown":
@@ -85,28 +87,41 @@ class Installation:
         return ""
 
     def describe(self, available: str | None) -> dict[str, Any]:
-        return {"method": self.method, "command": self.command(available), "note": self.note(),
-                "restart_required": True}
+        return {
+            "method": self.method,
+            "command": self.command(available),
+            "note": self.note(),
+            "restart_required": True,
+        }
 
     def refusal(self, available: str | None) -> str | None:
         """Why ``apply`` must not run for this install, or None (UP-7)."""
         if self.method == "uvx":
-            return (f"apply is not available for a uvx install: an install here would be discarded at the next "
-                    f"launch; change your client's launch arguments to `{self.command(available)}` instead")
+            return (
+                f"apply is not available for a uvx install: an install here would be discarded at the next "
+                f"launch; change your client's launch arguments to `{self.command(available)}` instead"
+            )
         if self.method not in ("pip", "checkout"):
             return f"apply is not available for a {self.method} install"
         if self.method == "checkout" and (self.detached or not self._on_branch()):
             detached = Installation(self.method, self.python, self.repo, True, self.editable, self.installer)
-            return (f"the checkout at {self.repo} is not on a branch (detached HEAD), so pulling cannot update it; "
-                    f"run `{detached.command(available)}` yourself")
+            return (
+                f"the checkout at {self.repo} is not on a branch (detached HEAD), so pulling cannot update it; "
+                f"run `{detached.command(available)}` yourself"
+            )
         if _safe(available) is None:
             return "the index named a version that is not safe to put in a command"
         return None
 
     def _on_branch(self) -> bool:
         try:
-            probe = subprocess.run(["git", "-C", str(self.repo), "symbolic-ref", "-q", "HEAD"],
-                                   stdin=subprocess.DEVNULL, capture_output=True, timeout=10, check=False)
+            probe = subprocess.run(
+                ["git", "-C", str(self.repo), "symbolic-ref", "-q", "HEAD"],
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                timeout=10,
+                check=False,
+            )
         except (OSError, subprocess.TimeoutExpired):
             return True  # no verdict from git: let the pull itself report
         return probe.returncode != 1
@@ -142,8 +157,9 @@ def _installed_editable() -> bool:
     return False
 
 
-def detect_install(package_dir: Path | None = None, *, prefix: str | None = None,
-                   python: str | None = None) -> Installation:
+def detect_install(
+    package_dir: Path | None = None, *, prefix: str | None = None, python: str | None = None
+) -> Installation:
     python = python or sys.executable
     prefix = prefix if prefix is not None else sys.prefix
     if package_dir is None:
@@ -157,8 +173,9 @@ def detect_install(package_dir: Path | None = None, *, prefix: str | None = None
         return Installation("uvx", python)
     if not {"site-packages", "dist-packages"} & set(package_dir.parts):
         repo = package_dir.parent
-        return Installation("checkout", python, repo, _head_is_detached(repo), _installed_editable(),
-                            _installer(python))
+        return Installation(
+            "checkout", python, repo, _head_is_detached(repo), _installed_editable(), _installer(python)
+        )
     return Installation("pip", python)
 
 
@@ -170,8 +187,14 @@ def run_steps(steps: list[list[str]]) -> tuple[int, list[str]]:
     for argv in steps:
         tail.append("$ " + shlex.join(argv))
         try:
-            process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                       stderr=subprocess.STDOUT, start_new_session=True, env=env)
+            process = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env=env,
+            )
         except OSError as exc:
             tail.append(f"could not start {argv[0]}: {exc.strerror or exc}")
             return 127, list(tail)

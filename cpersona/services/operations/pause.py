@@ -131,8 +131,10 @@ def ttl_text(state: PauseState) -> str:
 
 def skip_reason(tool: str, state: PauseState) -> str:
     """The ``reason`` every skipped write carries (spec §9.5)."""
-    return (f"session no-persist mode active ({ttl_text(state)}) — `{tool}` skipped. "
-            "Call `resume_persistence` to re-enable, or wait for TTL to elapse.")
+    return (
+        f"session no-persist mode active ({ttl_text(state)}) — `{tool}` skipped. "
+        "Call `resume_persistence` to re-enable, or wait for TTL to elapse."
+    )
 
 
 # -- the three tools -------------------------------------------------------------------

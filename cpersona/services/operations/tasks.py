@@ -287,7 +287,9 @@ class TaskQueue:
         try:
             answer = registered.fn(self.app, task)
         except Exception as exc:  # noqa: BLE001 — a failing task must not stop the worker
-            log.warning("task %d (%s) failed: %s", task.id, task.task_type, exc, exc_info=not isinstance(exc, TaskFailed))
+            log.warning(
+                "task %d (%s) failed: %s", task.id, task.task_type, exc, exc_info=not isinstance(exc, TaskFailed)
+            )
             return str(exc) or type(exc).__name__
         if isinstance(answer, dict) and (answer.get("ok") is False or "error" in answer):
             return str(answer.get("error") or answer.get("reason") or "the handler answered ok:false")
@@ -302,8 +304,14 @@ class TaskQueue:
             if registered.derived and self._legacy_waiting(session):
                 # Derived work is rebuildable; it must not hold up older, one-off work.
                 tasks = TaskRepository(session)
-                new_id = tasks.add(row.task_type, row.agent_id, row.project_id, row.payload,
-                                   retries=attempts, created_at=row.created_at)
+                new_id = tasks.add(
+                    row.task_type,
+                    row.agent_id,
+                    row.project_id,
+                    row.payload,
+                    retries=attempts,
+                    created_at=row.created_at,
+                )
                 tasks.remove(row.id)
                 self.attribute(new_id, self._session_of(row.id, forget=True))
                 return _Step.NEXT
@@ -334,8 +342,10 @@ def _legacy_archive_episode(app: App, task: Task) -> dict[str, Any] | None:
     no history payload yields a summary any more: the task fails until its
     retries run out, and the row is then dropped with a log line (spec §11.2).
     """
-    raise TaskFailed("no summary: server-side episode summarisation was removed; "
-                     "archive the episode again with a caller-computed summary")
+    raise TaskFailed(
+        "no summary: server-side episode summarisation was removed; "
+        "archive the episode again with a caller-computed summary"
+    )
 
 
 register_handler("archive_episode", _legacy_archive_episode)

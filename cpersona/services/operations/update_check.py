@@ -102,8 +102,10 @@ def not_ours(document: Any) -> str | None:
     if not isinstance(name, str):
         return "the index page does not name its project"
     if project_key(name) != OURS:
-        return (f"the index page is for the project {name[:100]!r}, not {DISTRIBUTION}; releases of another "
-                "program are never offered")
+        return (
+            f"the index page is for the project {name[:100]!r}, not {DISTRIBUTION}; releases of another "
+            "program are never offered"
+        )
     return None
 
 
@@ -293,15 +295,14 @@ class UpdateChecker:
             self._issued += 1
             issued = self._issued
         result: dict[str, Any] = {}
-        worker = threading.Thread(target=lambda: result.update(out=_read_verdict(self.url, self.running)),
-                                  daemon=True)
+        worker = threading.Thread(target=lambda: result.update(out=_read_verdict(self.url, self.running)), daemon=True)
         worker.start()
         worker.join(FETCH_BUDGET_SECONDS + 0.5)  # nothing waits longer, whatever the network does
         verdict = result.get("out", f"the index did not answer within {FETCH_BUDGET_SECONDS:.0f} s")
         if isinstance(verdict, str):
             log.info("update check: cannot tell: %s", verdict)
             with self._lock:
-                self._unknown_reason = verdict[:REASON_MAX_CHARS * 2]
+                self._unknown_reason = verdict[: REASON_MAX_CHARS * 2]
             return False
         fetched_at = _iso_now()
         if not self._adopt(verdict, fetched_at, issued):
@@ -313,21 +314,31 @@ class UpdateChecker:
     def apply(self, verdict: Verdict) -> dict[str, Any]:
         install = self.installation.describe(verdict.available)
         if not self.enabled:
-            return {"applied": False, "reason": "update checking is disabled (CPERSONA_UPDATE_CHECK=false), "
-                                                "so there is no verdict to act on"}
+            return {
+                "applied": False,
+                "reason": "update checking is disabled (CPERSONA_UPDATE_CHECK=false), so there is no verdict to act on",
+            }
         if verdict.kind is None or verdict.available is None:
             return {"applied": False, "reason": f"nothing newer to install (state={verdict.state})", "install": install}
         if refusal := self.installation.refusal(verdict.available):
             return {"applied": False, "reason": refusal, "install": install}
         if not self._apply_lock.acquire(blocking=False):
-            return {"applied": False, "reason": "another apply is still running in this process; wait for it to end",
-                    "install": install}
+            return {
+                "applied": False,
+                "reason": "another apply is still running in this process; wait for it to end",
+                "install": install,
+            }
         try:
             exit_code, tail = run_steps(self.installation.steps(verdict.available))
         finally:
             self._apply_lock.release()
-        return {"applied": exit_code == 0, "exit_code": exit_code, "output_tail": tail, "restart_required": True,
-                "install": install}
+        return {
+            "applied": exit_code == 0,
+            "exit_code": exit_code,
+            "output_tail": tail,
+            "restart_required": True,
+            "install": install,
+        }
 
 
 def start_update_check(app: App) -> UpdateChecker:
@@ -345,14 +356,21 @@ def _message(verdict: Verdict, command: str) -> str:
     how = f"To update, run: {command}." if command else "Update it the way it was installed."
     if verdict.kind == "yanked":
         reason = f" (the publisher's reason: {verdict.reason})" if verdict.reason else ""
-        newest = (f" The newest release still offered is {verdict.available}; its notes are at {notes}."
-                  if verdict.available else " No newer release is offered yet.")
-        return (f"The release of {DISTRIBUTION} this server runs ({verdict.running}) was withdrawn (yanked) from the "
-                f"package index{reason}.{newest} {how} Nothing is updated automatically, and the server has to be "
-                "restarted afterwards.")
-    return (f"{DISTRIBUTION} {verdict.available} is available; this server runs {verdict.running}. Read the release "
-            f"notes first for what changed and anything to do by hand: {notes}. {how} Nothing is updated "
-            "automatically, and the server has to be restarted afterwards.")
+        newest = (
+            f" The newest release still offered is {verdict.available}; its notes are at {notes}."
+            if verdict.available
+            else " No newer release is offered yet."
+        )
+        return (
+            f"The release of {DISTRIBUTION} this server runs ({verdict.running}) was withdrawn (yanked) from the "
+            f"package index{reason}.{newest} {how} Nothing is updated automatically, and the server has to be "
+            "restarted afterwards."
+        )
+    return (
+        f"{DISTRIBUTION} {verdict.available} is available; this server runs {verdict.running}. Read the release "
+        f"notes first for what changed and anything to do by hand: {notes}. {how} Nothing is updated "
+        "automatically, and the server has to be restarted afterwards."
+    )
 
 
 def check_update(app: App, *, refresh: Any = False, apply: Any = False) -> dict[str, Any]:
@@ -433,7 +451,9 @@ def update_notice(app: App) -> dict[str, Any] | None:
         return None
     install = checker.installation.describe(verdict.available)
     notice: dict[str, Any] = {
-        "kind": verdict.kind, "running": verdict.running, "available": verdict.available,
+        "kind": verdict.kind,
+        "running": verdict.running,
+        "available": verdict.available,
         "install": {"method": install["method"], "command": install["command"], "restart_required": True},
         "message": _message(verdict, install["command"]),
         "release_notes": RELEASE_NOTES.format(version=verdict.available) if verdict.available else None,
@@ -441,4 +461,3 @@ def update_notice(app: App) -> dict[str, Any] | None:
     if verdict.kind == "yanked":
         notice["reason"] = verdict.reason
     return notice
-

@@ -41,10 +41,18 @@ class Version:
     @property
     def key(self) -> tuple:
         # PEP 440 order; a bare dev release sorts before the pre-releases of its release.
-        pre = self.pre if self.pre is not None else ((-_INF, 0) if self.dev is not None and self.post is None
-                                                     else (_INF, 0))
-        return (self.epoch, self.release, pre, self.post if self.post is not None else -_INF,
-                self.dev if self.dev is not None else _INF)
+        pre = (
+            self.pre
+            if self.pre is not None
+            else ((-_INF, 0) if self.dev is not None and self.post is None else (_INF, 0))
+        )
+        return (
+            self.epoch,
+            self.release,
+            pre,
+            self.post if self.post is not None else -_INF,
+            self.dev if self.dev is not None else _INF,
+        )
 
     @property
     def is_pre(self) -> bool:

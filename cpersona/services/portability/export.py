@@ -29,9 +29,7 @@ log = logging.getLogger(__name__)
 
 
 @answers_refusals
-def export_memories(
-    app: App, *, agent_id: Any, output_path: Any, include_embeddings: bool = False
-) -> dict[str, Any]:
+def export_memories(app: App, *, agent_id: Any, output_path: Any, include_embeddings: bool = False) -> dict[str, Any]:
     if not isinstance(agent_id, str):
         return failure("agent_id must be a string")
     path = output_target(app, output_path)

@@ -120,15 +120,23 @@ class GraphReader:
         """Entities (ascending id), mentions (entity id, ref), relations (id): JL-2."""
         for row, aliases in self._pages.entities():
             yield {
-                "_type": "entity", "id": row.id, "agent_id": row.agent_id,
-                "project_id": row.project_id, "channel": row.channel, "name": row.name,
-                "declared_by": row.declared_by, "created_at": row.created_at,
+                "_type": "entity",
+                "id": row.id,
+                "agent_id": row.agent_id,
+                "project_id": row.project_id,
+                "channel": row.channel,
+                "name": row.name,
+                "declared_by": row.declared_by,
+                "created_at": row.created_at,
                 "aliases": aliases,
             }
         for row in self._pages.mentions():
             yield {
-                "_type": "mention", "entity": row.entity_id, "ref": row.ref,
-                "declared_by": row.declared_by, "created_at": row.created_at,
+                "_type": "mention",
+                "entity": row.entity_id,
+                "ref": row.ref,
+                "declared_by": row.declared_by,
+                "created_at": row.created_at,
             }
         for row in self._pages.relations():
             yield {"_type": "relation", **row._asdict()}
@@ -416,8 +424,12 @@ class GraphCarrier:
                 "a": record["agent_id"],
                 "p": coerce.text(record, "project_id"),
                 "c": coerce.text(record, "channel"),
-                "sk": record.get("subject_kind"), "si": subject, "pred": predicate,
-                "ok": record.get("object_kind"), "oi": obj, "anchor": anchor,
+                "sk": record.get("subject_kind"),
+                "si": subject,
+                "pred": predicate,
+                "ok": record.get("object_kind"),
+                "oi": obj,
+                "anchor": anchor,
                 "by": coerce.text(record, "declared_by") or "agent",
                 "at": coerce.text(record, "declared_at") or self.now,
             }

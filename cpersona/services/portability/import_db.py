@@ -86,34 +86,39 @@ def _copy(app: App, path: Path, progress: Progress) -> dict[str, Any]:
             raise ToolFailure(f"could not read {path}: {storage_errors.reason(exc, str(path))}") from None
         if not {"memories", "episodes", "profiles"} <= layout.tables:
             raise ToolFailure(f"{path} is not a CPersona database (no memories/episodes/profiles tables)")
-        version = (
-            schema_version(source)
-            if "schema_version" in layout.tables else None
-        )
+        version = schema_version(source) if "schema_version" in layout.tables else None
         reader = SnapshotReader(source, layout, None)
         graph = GraphReader(source, None) if layout.has_graph else None
         refs = RefMap()
         for record in graph.records() if graph else ():
             refs.want_from(record)
-        sizes = {table: row_count(source, table)
-                 for table in ("memories", "episodes", "profiles")}
+        sizes = {table: row_count(source, table) for table in ("memories", "episodes", "profiles")}
         progress(f"{path} (schema_version {version}): " + ", ".join(f"{n} {t}" for t, n in sizes.items()))
 
         errors = ErrorLog()
         with app.db.write() as session:
             importer = RecordImporter(
-                app, session.connection(), target_agent_id="", dry_run=False,
-                refs=refs, export_headed=False, errors=errors,
+                app,
+                session.connection(),
+                target_agent_id="",
+                dry_run=False,
+                refs=refs,
+                export_headed=False,
+                errors=errors,
             )
             t = importer.tallies
             for row in reader.memories():
                 importer.feed(f"memories id {row.id}", jsonl.memory_record(row, True))
-            progress(f"memories  {sizes['memories']} read: {t.imported_memories} copied, "
-                     f"{t.skipped_memories} already present")
+            progress(
+                f"memories  {sizes['memories']} read: {t.imported_memories} copied, "
+                f"{t.skipped_memories} already present"
+            )
             for row in reader.episodes():
                 importer.feed(f"episodes id {row.id}", jsonl.episode_record(row, True))
-            progress(f"episodes  {sizes['episodes']} read: {t.imported_episodes} copied, "
-                     f"{t.skipped_episodes} already present")
+            progress(
+                f"episodes  {sizes['episodes']} read: {t.imported_episodes} copied, "
+                f"{t.skipped_episodes} already present"
+            )
             for row in reader.profiles():
                 importer.feed(f"profiles id {row.id}", jsonl.profile_record(row))
             progress(f"profiles  {sizes['profiles']} read: {t.profiles_applied} copied")
@@ -125,10 +130,7 @@ def _copy(app: App, path: Path, progress: Progress) -> dict[str, Any]:
                 progress(f"associations  {graph_records} records read")
             extra = importer.finish()
             progress("committing")
-        not_copied = {
-            label: row_count(source, table)
-            for label, table in NOT_COPIED.items() if table in layout.tables
-        }
+        not_copied = {label: row_count(source, table) for label, table in NOT_COPIED.items() if table in layout.tables}
 
     answer: dict[str, Any] = {
         "ok": True,

@@ -320,9 +320,7 @@ class RecordImporter:
                 f"({stored.updated_at} > {updated_at}); the stored profile was kept"
             )
             return
-        self.writer.put_profile(
-            ProfileRow(agent, user_id, coerce.key(record, "project_id"), content, updated_at)
-        )
+        self.writer.put_profile(ProfileRow(agent, user_id, coerce.key(record, "project_id"), content, updated_at))
         self.tallies.profile_updated = True
         self.tallies.profiles_applied += 1
 
@@ -436,13 +434,13 @@ def _push_remote(app: App, importer: RecordImporter) -> None:
 def _stopped(run: Run[Tallies] | None, aborted: str, reason: str, dry_run: bool, errors: ErrorLog) -> dict[str, Any]:
     """The failure answer: all rolled back (zero counts), or a kept prefix and its counts."""
     if run is not None and run.wrote and run.committed is not None:
-        return failure(stopped_message(reason, "import"), dry_run=dry_run, **run.committed.counts(),
-                       **_errors(errors))
+        return failure(stopped_message(reason, "import"), dry_run=dry_run, **run.committed.counts(), **_errors(errors))
     return failure(f"{aborted}: {reason}", dry_run=dry_run, **_zero_counts(), **_errors(errors))
 
 
-def _restore_lines(importer: RecordImporter, path: Any, max_bytes: int, errors: ErrorLog,
-                   tick: Callable[[], bool]) -> Counter[str]:
+def _restore_lines(
+    importer: RecordImporter, path: Any, max_bytes: int, errors: ErrorLog, tick: Callable[[], bool]
+) -> Counter[str]:
     """Second pass: every line into the importer, a batch boundary after each; the per-type counts seen."""
     seen: Counter[str] = Counter()
     for line in jsonl.read_lines(path, max_bytes):

@@ -159,9 +159,7 @@ def read_lines(path: Path, max_bytes: int) -> Iterator[Line]:
             for number, raw in enumerate(handle, start=1):
                 consumed += len(raw)
                 if consumed > max_bytes:
-                    raise ToolFailure(
-                        f"input file exceeds CPERSONA_MAX_IMPORT_BYTES ({max_bytes}): {path}"
-                    )
+                    raise ToolFailure(f"input file exceeds CPERSONA_MAX_IMPORT_BYTES ({max_bytes}): {path}")
                 try:
                     text = raw.decode("utf-8")
                 except UnicodeDecodeError as exc:
@@ -220,7 +218,8 @@ class FileScan:
         if self.header is None:
             return None
         mismatched = [
-            kind for kind, key in COUNT_KEYS.items()
+            kind
+            for kind, key in COUNT_KEYS.items()
             if key in self.header and not _same_count(self.header[key], self.counts[kind])
         ]
         if not mismatched:
@@ -236,9 +235,14 @@ def _same_count(declared: Any, found: int) -> bool:
 
 
 _PLURAL = {
-    "memory": "memories", "episode": "episodes", "profile": "profiles",
-    "entity": "entities", "mention": "mentions", "relation": "relations",
-    "folder": "folders", "folder_member": "folder members",
+    "memory": "memories",
+    "episode": "episodes",
+    "profile": "profiles",
+    "entity": "entities",
+    "mention": "mentions",
+    "relation": "relations",
+    "folder": "folders",
+    "folder_member": "folder members",
 }
 
 

@@ -170,14 +170,25 @@ class _Merge:
     def _memories(self) -> None:
         for row in self.reader.memories():
             # An empty row counts as skipped, never copied (MG-3, MG-4 for episodes).
-            written = bool(row.content) and self._copy(row.id, MemoryRow(
-                agent_id=self.target, project_id=row.project_id, channel=row.channel,
-                msg_id=row.msg_id, content=row.content, source=row.source,
-                timestamp=row.timestamp, metadata=row.metadata, created_at=row.created_at,
-                locked=row.locked, recall_count=row.recall_count,
-                last_recalled_at=row.last_recalled_at, embedding=row.embedding,
-                embedding_model=row.embedding_model or "",
-            ))
+            written = bool(row.content) and self._copy(
+                row.id,
+                MemoryRow(
+                    agent_id=self.target,
+                    project_id=row.project_id,
+                    channel=row.channel,
+                    msg_id=row.msg_id,
+                    content=row.content,
+                    source=row.source,
+                    timestamp=row.timestamp,
+                    metadata=row.metadata,
+                    created_at=row.created_at,
+                    locked=row.locked,
+                    recall_count=row.recall_count,
+                    last_recalled_at=row.last_recalled_at,
+                    embedding=row.embedding,
+                    embedding_model=row.embedding_model or "",
+                ),
+            )
             if written:
                 self.tallies.merged_memories += 1
             else:
@@ -186,12 +197,22 @@ class _Merge:
 
     def _episodes(self) -> None:
         for row in self.reader.episodes():
-            written = bool(row.summary) and self._copy(row.id, EpisodeRow(
-                agent_id=self.target, project_id=row.project_id, channel=row.channel,
-                summary=row.summary, keywords=row.keywords, created_at=row.created_at,
-                start_time=row.start_time, end_time=row.end_time, resolved=row.resolved,
-                embedding=row.embedding, embedding_model=row.embedding_model or "",
-            ))
+            written = bool(row.summary) and self._copy(
+                row.id,
+                EpisodeRow(
+                    agent_id=self.target,
+                    project_id=row.project_id,
+                    channel=row.channel,
+                    summary=row.summary,
+                    keywords=row.keywords,
+                    created_at=row.created_at,
+                    start_time=row.start_time,
+                    end_time=row.end_time,
+                    resolved=row.resolved,
+                    embedding=row.embedding,
+                    embedding_model=row.embedding_model or "",
+                ),
+            )
             if written:
                 self.tallies.merged_episodes += 1
             else:
@@ -217,8 +238,11 @@ class _Merge:
     def _note_inserted(self, kind: str, new_id: int | None, text: str, project_id: str) -> None:
         if new_id is not None and self.remote_items is not None:
             self.remote_items.append((f"{kind}:{new_id}", text))
-        if (new_id is not None and not self.dry_run
-                and len(self.inserted) + len(self.durable_inserted) < NODE_FOLLOWUP_LIMIT):
+        if (
+            new_id is not None
+            and not self.dry_run
+            and len(self.inserted) + len(self.durable_inserted) < NODE_FOLLOWUP_LIMIT
+        ):
             self.inserted.append((kind, new_id, text, project_id))
 
     def _profiles(self) -> None:
@@ -227,9 +251,7 @@ class _Merge:
             if self.writer.stored_profile(self.target, row.user_id) is not None:
                 self.tallies.skipped_profile = True
                 continue
-            self.writer.put_profile(
-                ProfileRow(self.target, row.user_id, row.project_id, row.content, row.updated_at)
-            )
+            self.writer.put_profile(ProfileRow(self.target, row.user_id, row.project_id, row.content, row.updated_at))
             self.tallies.profile_copied = True
             self._to_delete["profiles"].append(row.id)
             self.run_.tick()
@@ -297,24 +319,37 @@ def merge_memories(
         if merge is not None and run is not None and run.wrote and run.committed is not None:
             _follow_up(app, merge, emptied=False, moved=mode == "move")
             return failure(
-                stopped_message(reason, "merge"), dry_run=dry_run, source_agent_id=source_agent_id,
-                target_agent_id=target_agent_id, **run.committed.counts(),
+                stopped_message(reason, "merge"),
+                dry_run=dry_run,
+                source_agent_id=source_agent_id,
+                target_agent_id=target_agent_id,
+                **run.committed.counts(),
             )
         seen = merge.tallies if merge else MergeTallies()
         return failure(
             f"merge aborted and rolled back: {reason}",
-            dry_run=dry_run, source_agent_id=source_agent_id, target_agent_id=target_agent_id,
-            merged_memories=0, skipped_memories=seen.skipped_memories, merged_episodes=0,
-            skipped_episodes=seen.skipped_episodes, profile_copied=False,
+            dry_run=dry_run,
+            source_agent_id=source_agent_id,
+            target_agent_id=target_agent_id,
+            merged_memories=0,
+            skipped_memories=seen.skipped_memories,
+            merged_episodes=0,
+            skipped_episodes=seen.skipped_episodes,
+            profile_copied=False,
             skipped_profile=seen.skipped_profile,
         )
     if not dry_run:
         emptied = mode == "move" and not any(extra.get("left_at_source", {}).values())
         _follow_up(app, merge, emptied=emptied, moved=mode == "move")
     return {
-        "ok": True, "dry_run": dry_run, "source_agent_id": source_agent_id,
-        "target_agent_id": target_agent_id, "strategy": strategy, "mode": mode,
-        **merge.tallies.counts(), **extra,
+        "ok": True,
+        "dry_run": dry_run,
+        "source_agent_id": source_agent_id,
+        "target_agent_id": target_agent_id,
+        "strategy": strategy,
+        "mode": mode,
+        **merge.tallies.counts(),
+        **extra,
     }
 
 
@@ -351,14 +386,15 @@ def _queue_node_builds(app: App, agent_id: str, inserted: list[tuple[str, int, s
     """
     from cpersona.services.records.nodes import queue_build, runs_past_window
 
-    long_rows = [(kind, row_id, project) for kind, row_id, text, project in inserted
-                 if runs_past_window(app, text)]
+    long_rows = [(kind, row_id, project) for kind, row_id, text, project in inserted if runs_past_window(app, text)]
     if not long_rows:
         return 0
     try:
         with app.db.write() as session:
-            return sum(queue_build(app, session, kind, row_id, agent_id=agent_id, project_id=project)
-                       for kind, row_id, project in long_rows)
+            return sum(
+                queue_build(app, session, kind, row_id, agent_id=agent_id, project_id=project)
+                for kind, row_id, project in long_rows
+            )
     except SQLAlchemyError:
         log.warning("merged rows past the embedding window were not queued for nodes", exc_info=True)
         return 0
@@ -368,7 +404,11 @@ def paused_merge_body(source_agent_id: str, target_agent_id: str, strategy: str,
     """The success shape a paused, non-dry merge answers before the facade adds
     ``persisted``/``reason`` (spec §9.5)."""
     return {
-        "ok": True, "dry_run": True, "source_agent_id": source_agent_id,
-        "target_agent_id": target_agent_id, "strategy": strategy, "mode": mode,
+        "ok": True,
+        "dry_run": True,
+        "source_agent_id": source_agent_id,
+        "target_agent_id": target_agent_id,
+        "strategy": strategy,
+        "mode": mode,
         **MergeTallies().counts(),
     }

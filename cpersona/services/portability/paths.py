@@ -95,8 +95,10 @@ def confine(raw: object, export_dir: Path | None, argument: str, *, relative_to_
     resolved = Path(os.path.realpath(given))
     if resolved != root and root not in resolved.parents:
         if relative_to_root:
-            message += (f" — over streamable HTTP, export and import stay inside {root} unless "
-                        "CPERSONA_EXPORT_DIR names another directory")
+            message += (
+                f" — over streamable HTTP, export and import stay inside {root} unless "
+                "CPERSONA_EXPORT_DIR names another directory"
+            )
         raise ToolFailure(message)
     return resolved
 
@@ -114,24 +116,43 @@ def protected_files(app: Any) -> list[tuple[Path, str]]:
     s = app.settings
     files: list[tuple[Path, str]] = []
     for db in dict.fromkeys((database_path(app), s.db_file)):
-        files += [(db, "the memory database"), (Path(f"{db}-wal"), "the database's write-ahead log"),
-                  (Path(f"{db}-shm"), "the database's shared-memory index"),
-                  (Path(f"{db}-journal"), "the database's rollback journal")]
-        files += [(Path(f"{db}.{name}"), "a vector index sidecar") for name in (
-            "memories.vecindex", "episodes.vecindex", "memories.coarseindex", "episodes.coarseindex",
-            "blocks.blockindex")]
+        files += [
+            (db, "the memory database"),
+            (Path(f"{db}-wal"), "the database's write-ahead log"),
+            (Path(f"{db}-shm"), "the database's shared-memory index"),
+            (Path(f"{db}-journal"), "the database's rollback journal"),
+        ]
+        files += [
+            (Path(f"{db}.{name}"), "a vector index sidecar")
+            for name in (
+                "memories.vecindex",
+                "episodes.vecindex",
+                "memories.coarseindex",
+                "episodes.coarseindex",
+                "blocks.blockindex",
+            )
+        ]
     sidecar = s.calibration_sidecar
     files += [(sidecar, "the calibration sidecar"), (Path(f"{sidecar}.lock"), "the calibration sidecar's lock")]
     files += [(Path(p), "a calibration sidecar backup") for p in glob.glob(glob.escape(str(sidecar)) + ".before-*")]
-    files += [(s.update_check_cache, "the update-check cache"), (s.alias_ledger_path, "the alias ledger"),
-              (s.operating_context_path, "the operating-context file")]
+    files += [
+        (s.update_check_cache, "the update-check cache"),
+        (s.alias_ledger_path, "the alias ledger"),
+        (s.operating_context_path, "the operating-context file"),
+    ]
     if s.acl_file is not None:
         files.append((s.acl_file, "the ACL file"))
     return files
 
 
-_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-          (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISLNK, "a symbolic link"))
+_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISLNK, "a symbolic link"),
+)
 
 
 def file_kind(mode: int) -> str:
@@ -178,17 +199,21 @@ class Guard:
         except FileNotFoundError:
             return
         if stat.S_ISLNK(info.st_mode):
-            raise ToolFailure(f"{argument} refused: {shown} is a symbolic link, which is never written through; "
-                              "name the file itself")
+            raise ToolFailure(
+                f"{argument} refused: {shown} is a symbolic link, which is never written through; name the file itself"
+            )
         if not stat.S_ISREG(info.st_mode):
-            raise ToolFailure(f"{argument} refused: {shown} is {file_kind(info.st_mode)}, not a regular file, "
-                              "so nothing was written")
+            raise ToolFailure(
+                f"{argument} refused: {shown} is {file_kind(info.st_mode)}, not a regular file, so nothing was written"
+            )
         what = self.by_inode(info)
         if what:
             raise _never_written(argument, shown, what)
         if not is_export_header(first_record(name, dir_fd=dir_fd)):
-            raise ToolFailure(f"{argument} refused: {shown} already exists and is not a cpersona export, so it "
-                              "was not replaced; choose a new file name")
+            raise ToolFailure(
+                f"{argument} refused: {shown} already exists and is not a cpersona export, so it "
+                "was not replaced; choose a new file name"
+            )
 
     def check_target(self, path: Path, argument: str) -> None:
         """The same checks before anything is written (the directory may not exist yet)."""
@@ -243,8 +268,12 @@ def first_record(path: str | Path, *, dir_fd: int | None = None) -> dict[str, An
 def is_export_header(record: dict[str, Any] | None) -> bool:
     """Whether ``record`` (a file's first line) is the header of a cpersona export."""
     version = record.get("version") if record else None
-    return bool(record) and record.get("_type") == "header" and isinstance(version, str) and (
-        version.startswith(EXPORT_PREFIX))
+    return (
+        bool(record)
+        and record.get("_type") == "header"
+        and isinstance(version, str)
+        and (version.startswith(EXPORT_PREFIX))
+    )
 
 
 # --- export: the destination and the write --------------------------------------------
@@ -299,8 +328,7 @@ def write_atomically(app: Any, path: Path) -> Iterator[IO[str]]:
     dir_fd = os.open(absolute.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     temp = f".{absolute.name}.{secrets.token_hex(6)}.tmp"
     try:
-        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
-                     dir_fd=dir_fd)
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
         try:
             with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
                 yield handle
@@ -340,7 +368,5 @@ def vet_input_file(app: Any, raw: object) -> Path:
     if what:
         raise ToolFailure(f"input_path refused: {path} is {what}, not an export; import reads only export files")
     if info.st_size > max_bytes:
-        raise ToolFailure(
-            f"input file exceeds CPERSONA_MAX_IMPORT_BYTES ({max_bytes}): {path}"
-        )
+        raise ToolFailure(f"input file exceeds CPERSONA_MAX_IMPORT_BYTES ({max_bytes}): {path}")
     return path

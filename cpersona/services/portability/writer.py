@@ -98,7 +98,8 @@ class RecordWriter:
         """The id of the row that already holds this memory, if any."""
         if row.msg_id:
             found = self._remembered("msg", row.agent_id, row.project_id, row.msg_id) or self.rows.memory_by_msg_id(
-                row.agent_id, row.project_id, row.msg_id)
+                row.agent_id, row.project_id, row.msg_id
+            )
             if found is not None:
                 return found
         content_key = ("content", row.agent_id, row.project_id, row.channel, row.content)
@@ -157,7 +158,9 @@ class RecordWriter:
         if self.dry_run:
             return
         values: dict[str, Any] = {
-            "project_id": row.project_id, "content": row.content, "updated_at": row.updated_at,
+            "project_id": row.project_id,
+            "content": row.content,
+            "updated_at": row.updated_at,
         }
         if exists:
             self.rows.update_profile(row.agent_id, row.user_id, values)

@@ -37,11 +37,11 @@ _HINT_RUNBOOK = (
     "(CPERSONA_EMBEDDING_MODE=none), so recall matches keywords and substrings only. "
     "Memories worded differently from the question, and older ones, can be missed.\n\n"
     "To search by meaning, run an embedding server that speaks the CPersona embedding "
-    "contract (POST {\"texts\": [...]} -> {\"embeddings\": [...]}), then set "
+    'contract (POST {"texts": [...]} -> {"embeddings": [...]}), then set '
     "CPERSONA_EMBEDDING_MODE=http and CPERSONA_EMBEDDING_URL to its /embed endpoint "
     "(or CPERSONA_EMBEDDING_MODE=api for an OpenAI-compatible service) and restart.\n\n"
-    "In plain words for the user: \"I can only find memories by their exact words right "
-    "now; with an embedding service I could also find them by meaning.\"\n\n"
+    'In plain words for the user: "I can only find memories by their exact words right '
+    'now; with an embedding service I could also find them by meaning."\n\n'
     "Setting CPERSONA_DEGRADED_ADVISORY=false stops this notice; it does not turn "
     "semantic search on."
 )
@@ -53,7 +53,7 @@ _FAULT_REASON = {
 }
 _FAULT_INVESTIGATE = (
     "What to check: is the embedding server process running; is its port reachable from "
-    "this machine; does the URL answer a POST of {{\"texts\": [\"test\"]}} by hand ({endpoint}); "
+    'this machine; does the URL answer a POST of {{"texts": ["test"]}} by hand ({endpoint}); '
     "has the server finished downloading or loading its model?"
 )
 _FAULT_RECONFIGURE = (
@@ -73,8 +73,8 @@ def _fault_runbook(kind: str, evidence: str, endpoint: str) -> str:
         "missed until the service is back. Nothing is lost: memories stored meanwhile are "
         "kept and receive their vectors once the service answers again.\n\n"
         f"{steps}\n\n"
-        "In plain words for the user: \"My memory search can only match exact words right "
-        "now because the service that understands meaning is down.\"\n\n"
+        'In plain words for the user: "My memory search can only match exact words right '
+        'now because the service that understands meaning is down."\n\n'
         "Setting CPERSONA_DEGRADED_ADVISORY=false stops this notice; it does not repair "
         "semantic search."
     )

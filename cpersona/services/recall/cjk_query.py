@@ -184,8 +184,9 @@ class _Sample:
         return _Weighting(idf, {unit: weights[unit] for unit in idf}, mean_length)
 
 
-def candidates(backend: SearchBackend, scope: Scope, query: str, depth: int, sample: _Sample,
-               source_id: str) -> dict[RowKey, Record]:
+def candidates(
+    backend: SearchBackend, scope: Scope, query: str, depth: int, sample: _Sample, source_id: str
+) -> dict[RowKey, Record]:
     """The rows worth scoring, in the order first found: the trigram arm's, then each run's."""
     pool: dict[RowKey, Record] = {}
 

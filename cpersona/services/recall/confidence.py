@@ -126,11 +126,7 @@ def row_confidence(
             rate /= max(1.0, max(settings.min_time_range_hours, range_h) / settings.reference_hours)
         decay = max(floor, 1 / (1 + age_h * rate))
     completion = settings.resolved_decay_factor if resolved and not deep else 1.0
-    recent = (
-        since_last_h is not None
-        and since_last_h * 60 < settings.recent_recall_window_min
-        and not deep
-    )
+    recent = since_last_h is not None and since_last_h * 60 < settings.recent_recall_window_min and not deep
     penalty = settings.recent_recall_penalty if recent else 1.0
 
     if cosine is not None:

@@ -102,8 +102,7 @@ def _start_flusher(app: App, backlog: CounterBacklog) -> None:
     with backlog.lock:
         if backlog.flusher is not None and backlog.flusher.is_alive():
             return
-        backlog.flusher = threading.Thread(target=_flush, args=(app, backlog), name="recall-counters",
-                                           daemon=True)
+        backlog.flusher = threading.Thread(target=_flush, args=(app, backlog), name="recall-counters", daemon=True)
         backlog.flusher.start()
 
 

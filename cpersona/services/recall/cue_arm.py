@@ -52,8 +52,16 @@ class CueOutcome:
         return PLACES[self.confidence] if self.used else 0
 
 
-def search_period(backend: Any, scope: Scope, cue: TimeCue | None, query: str, phrases: Sequence[str],
-                  source_id: str, *, now: datetime) -> CueOutcome:
+def search_period(
+    backend: Any,
+    scope: Scope,
+    cue: TimeCue | None,
+    query: str,
+    phrases: Sequence[str],
+    source_id: str,
+    *,
+    now: datetime,
+) -> CueOutcome:
     """TQ-4 … TQ-6: the period the cue names and the rows found in it (widened once when empty)."""
     outcome = CueOutcome()
     if cue is None:
@@ -76,8 +84,14 @@ def search_period(backend: Any, scope: Scope, cue: TimeCue | None, query: str, p
         found = _in_period(backend, scope, period, query, phrases, source_id)
         revised = True
     outcome.found, outcome.confidence, outcome.used = found, confidence, True
-    outcome.notice = {"policy": POLICY, "period": [period[0].isoformat(), period[1].isoformat()],
-                      "confidence": confidence, "revised": revised, "moved": 0, "seated": 0}
+    outcome.notice = {
+        "policy": POLICY,
+        "period": [period[0].isoformat(), period[1].isoformat()],
+        "confidence": confidence,
+        "revised": revised,
+        "moved": 0,
+        "seated": 0,
+    }
     return outcome
 
 
@@ -113,8 +127,9 @@ def _needs_span(cue: TimeCue) -> bool:
     return cue.ago == "long_ago" or (cue.ago is None and cue.after is None)
 
 
-def _in_period(backend: Any, scope: Scope, period: tuple[datetime, datetime], query: str,
-               phrases: Sequence[str], source_id: str) -> list[RowKey]:
+def _in_period(
+    backend: Any, scope: Scope, period: tuple[datetime, datetime], query: str, phrases: Sequence[str], source_id: str
+) -> list[RowKey]:
     """Rows of the period holding a term of the query (content words first) or a cue phrase, best first.
 
     A query with no usable term (blank, or only words shorter than 3
@@ -125,8 +140,9 @@ def _in_period(backend: Any, scope: Scope, period: tuple[datetime, datetime], qu
     return backend.period_rows(scope, period[0], period[1], words, source_id=source_id, depth=DEPTH)
 
 
-def seat_records(backend: Any, scope: Scope, outcome: CueOutcome, retrieved: set[RowKey], *,
-                 source_id: str = "") -> list[Record]:
+def seat_records(
+    backend: Any, scope: Scope, outcome: CueOutcome, retrieved: set[RowKey], *, source_id: str = ""
+) -> list[Record]:
     """TQ-6: the best period rows no arm retrieved, as many as the cue lifts places, best first.
 
     Hydrated through the scope and the source filter, so a seat can never
@@ -137,8 +153,16 @@ def seat_records(backend: Any, scope: Scope, outcome: CueOutcome, retrieved: set
     return [records[key] for key in wanted if key in records]
 
 
-def cued_answer(backend: Any, scope: Scope, outcome: CueOutcome, admitted: list[Candidate], retrieved: set[RowKey],
-                limit: int, *, source_id: str = "") -> tuple[list[Candidate], list[Candidate]]:
+def cued_answer(
+    backend: Any,
+    scope: Scope,
+    outcome: CueOutcome,
+    admitted: list[Candidate],
+    retrieved: set[RowKey],
+    limit: int,
+    *,
+    source_id: str = "",
+) -> tuple[list[Candidate], list[Candidate]]:
     """Recall's answer under a cue: the ranked rows (lifted, then cut) and the held seats, both best first.
 
     The lift works on the admitted list before the cut, as in reconstruct, so a
@@ -150,8 +174,10 @@ def cued_answer(backend: Any, scope: Scope, outcome: CueOutcome, admitted: list[
     order, moved = lift([row.key for row in admitted], set(outcome.found), outcome.places)
     ranked = [admitted[i] for i in order][:limit]
     records = seat_records(backend, scope, outcome, retrieved | {row.key for row in ranked}, source_id=source_id)
-    seats = [Candidate(record.key, record=record, held={"signal": "cue", "admission": "reservation", "cue_rank": rank})
-             for rank, record in enumerate(records)]
+    seats = [
+        Candidate(record.key, record=record, held={"signal": "cue", "admission": "reservation", "cue_rank": rank})
+        for rank, record in enumerate(records)
+    ]
     if outcome.used and outcome.notice is not None:
         outcome.notice.update(moved=moved, seated=len(seats))
     return ranked, seats

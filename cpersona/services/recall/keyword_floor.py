@@ -85,5 +85,5 @@ def gate_notice(candidates: Sequence[Candidate], admitted: Sequence[Candidate]) 
     return {
         "candidates": len(scored),
         "message": f"{len(scored)} candidate row(s) were found but none cleared the quality gate; "
-                   "deep=true halves its bar",
+        "deep=true halves its bar",
     }

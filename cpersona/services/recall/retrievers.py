@@ -71,9 +71,7 @@ class Retrieval:
     # (memories, episodes) in scope, each counted up to POOL_SATURATION; None on the blank path
     counts: tuple[int, int] | None = None
 
-    def add(
-        self, channel: str, hits: Sequence[Hit], excluded: Callable[[str], bool], *, weight: float = 1.0
-    ) -> None:
+    def add(self, channel: str, hits: Sequence[Hit], excluded: Callable[[str], bool], *, weight: float = 1.0) -> None:
         """Add one retriever's hits; an excluded row casts no vote, later rows keep their rank."""
         entries = []
         for rank, hit in enumerate(hits):
@@ -125,8 +123,15 @@ def retrieve(app: App, backend: SearchBackend, query: Query, depth: int, exclude
     elif (vector := embed_query(app, query.text, measure=query.measure)) is not None:
         found.query_embedded, found.query_vector = True, vector
         vector_lists(app, backend, query, depth, vector, excluded, found)
-    add_lexical_lists(backend, query, depth, excluded, found, weight=app.settings.recall_word_weight,
-                      cjk=cjk_query.applies(query.text))
+    add_lexical_lists(
+        backend,
+        query,
+        depth,
+        excluded,
+        found,
+        weight=app.settings.recall_word_weight,
+        cjk=cjk_query.applies(query.text),
+    )
     found.counts = backend.table_counts(query.scope, cap=POOL_SATURATION)  # fusion's rank scale, the gate's pool
     return found
 
@@ -181,9 +186,17 @@ def remote_near_list(app: App, backend: SearchBackend, query: Query, depth: int)
     if app.settings.vector_search_mode != "remote":
         return None
     return remote_vectors.near_list(
-        app, backend, agent_id=query.agent_id, text=query.text, scope=query.scope, source_id=query.source_id,
-        episodes_apply=query.episodes_apply, depth=depth, threshold=arm_threshold(app, query.agent_id),
-        measure=query.measure)
+        app,
+        backend,
+        agent_id=query.agent_id,
+        text=query.text,
+        scope=query.scope,
+        source_id=query.source_id,
+        episodes_apply=query.episodes_apply,
+        depth=depth,
+        threshold=arm_threshold(app, query.agent_id),
+        measure=query.measure,
+    )
 
 
 def vector_lists(
@@ -208,8 +221,9 @@ def vector_lists(
         in_near = {hit.record.key for hit in near}
         far = nearest(backend, query, vector, far_depth, threshold, (window, reach))
         # Two statements, two snapshots: a row that moved across the boundary is counted once.
-        found.add("far", [hit for hit in far if hit.record.key not in in_near], excluded,
-                  weight=settings.prior_far_weight)
+        found.add(
+            "far", [hit for hit in far if hit.record.key not in in_near], excluded, weight=settings.prior_far_weight
+        )
 
 
 def nearest(

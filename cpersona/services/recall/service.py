@@ -104,8 +104,14 @@ class RecallRequest:
         return not clean_query(self.query)
 
     def retriever_query(self) -> Query:
-        return Query(agent_id=self.agent_id, text=self.query, scope=self.scope, source_id=self.source_id,
-                     channel=self.channel, blank=self.blank)
+        return Query(
+            agent_id=self.agent_id,
+            text=self.query,
+            scope=self.scope,
+            source_id=self.source_id,
+            channel=self.channel,
+            blank=self.blank,
+        )
 
 
 @dataclass(frozen=True)
@@ -438,16 +444,24 @@ def run_recall(app: App, req: RecallRequest) -> RecallOutcome:
         ranked = keep_a_memory(rows, req.limit)
     else:  # TQ-6: cue rows lifted before the cut; held seats after it, outside the ranked order (ORD-2)
         cued = search_period(backend, req.scope, req.time_cue, req.query, (), req.source_id, now=app.clock())
-        ranked, seats = cued_answer(backend, req.scope, cued, rows, set(found.records), req.limit,
-                                    source_id=req.source_id)
+        ranked, seats = cued_answer(
+            backend, req.scope, cued, rows, set(found.records), req.limit, source_id=req.source_id
+        )
         if cued.notice is not None:
             extras["time_cue"] = cued.notice  # TQ-5 ignored / TQ-7 used
     legacy = legacy_ordering(settings)
     if settings.confidence_enabled and (seats or not legacy):
         described = seats if legacy else ranked + seats  # legacy ordering scored the ranked rows already
         with app.db.read() as session:  # fusion ordering: confidence for the response only (§5.9.3)
-            describe_confidence(settings, session, found.query_vector, described, now=app.clock(),
-                                span=memory_time_span(backend, req.scope), deep=req.deep)
+            describe_confidence(
+                settings,
+                session,
+                found.query_vector,
+                described,
+                now=app.clock(),
+                span=memory_time_span(backend, req.scope),
+                deep=req.deep,
+            )
     if settings.confidence_enabled and not req.deep and not admitted.gate_fallback:  # spec §5.9.5
         # the ranked answer only: after the cut, before held seats
         bump_recall_counters(app, [r.record.id for r in ranked if r.record and r.record.kind == "mem"])
@@ -461,8 +475,11 @@ def answer_recall(app: App, args: RecallArguments) -> dict[str, Any]:
     req = resolve_request(app, args)
     outcome = recalled(app, req)
     settings = app.settings
-    cut = {"preview_chars": settings.recall_preview_chars, "excerpt_chars": settings.recall_excerpt_chars,
-           "query": req.query}
+    cut = {
+        "preview_chars": settings.recall_preview_chars,
+        "excerpt_chars": settings.recall_excerpt_chars,
+        "query": req.query,
+    }
     response: dict[str, Any] = {"messages": outcome.messages}
     if not req.full_content:
         apply_preview_tier(outcome.messages, **cut)

@@ -99,8 +99,9 @@ def parse_time_cue(raw: Any) -> TimeCue | None:
     return TimeCue(confidence, ago=(ago["unit"], value))
 
 
-def base_period(cue: TimeCue, now: datetime, oldest: datetime | None,
-                newest: datetime | None) -> tuple[datetime, datetime] | None:
+def base_period(
+    cue: TimeCue, now: datetime, oldest: datetime | None, newest: datetime | None
+) -> tuple[datetime, datetime] | None:
     """TQ-4 before the confidence margin: the period the cue names, or None."""
     if cue.ago == "long_ago":
         if oldest is None or newest is None:

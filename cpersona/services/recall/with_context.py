@@ -48,7 +48,9 @@ _NOT_FORWARDED = frozenset({"depth"})
 FILTER_ONLY_NOTE = (
     "entries with these roles were used to keep matching rows out of the recall, but are not part of messages"
 )
-ISSUES_NOTE_KEPT = "these fields were not strings, so they were treated as absent; each entry was still merged without them"
+ISSUES_NOTE_KEPT = (
+    "these fields were not strings, so they were treated as absent; each entry was still merged without them"
+)
 ISSUES_NOTE_DROPPED = (
     "these entries had no usable text once their non-string fields were treated as absent, so they were dropped: "
     "they are not in messages and did not filter the recall"

@@ -49,8 +49,15 @@ def with_words(trigram: Sequence[Hit], words: Sequence[Hit], depth: int, *, weig
 
 
 def add_lexical_lists(
-    backend: SearchBackend, query: Query, depth: int, excluded: Callable[[str], bool], found: Retrieval,
-    *, weight: float, phrases: Sequence[str] = (), cjk: bool = False,
+    backend: SearchBackend,
+    query: Query,
+    depth: int,
+    excluded: Callable[[str], bool],
+    found: Retrieval,
+    *,
+    weight: float,
+    phrases: Sequence[str] = (),
+    cjk: bool = False,
 ) -> None:
     """The two lexical lists, in fusion order: episodes (when they apply), then memories.
 
@@ -66,7 +73,6 @@ def add_lexical_lists(
     if cjk:
         hits = cjk_query.keyword_memories(backend, query.scope, query.text, depth, source_id=query.source_id)
     else:
-        hits = backend.keyword_memories(query.scope, query.text, depth, source_id=query.source_id,
-                                        phrases=phrases).hits
+        hits = backend.keyword_memories(query.scope, query.text, depth, source_id=query.source_id, phrases=phrases).hits
     words = backend.word_memories(query.scope, query.text, depth, source_id=query.source_id) if weight > 0 else []
     found.add("memories", with_words(hits, words, depth, weight=weight), excluded)

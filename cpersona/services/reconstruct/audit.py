@@ -35,8 +35,9 @@ def fold(text: str) -> str:
 
 def query_parts(query: str) -> tuple[str, list[dict[str, Any]]]:
     folded = fold(query)
-    parts = [{"span": [m.start(), m.end()], "kind": m.lastgroup}
-             for m in _PARTS.finditer(folded) if m.end() - m.start() >= 2]
+    parts = [
+        {"span": [m.start(), m.end()], "kind": m.lastgroup} for m in _PARTS.finditer(folded) if m.end() - m.start() >= 2
+    ]
     return folded, parts
 
 
@@ -44,6 +45,11 @@ def coverage(query: str, records: list[tuple[str, str]]) -> dict[str, Any]:
     """``records``: (ref, stored text) of every cited record, in citation order, each once."""
     folded, parts = query_parts(query)
     texts = [(ref, fold(text)) for ref, text in records]
-    covered_by = [[ref for ref, text in texts if folded[p["span"][0]:p["span"][1]] in text] for p in parts]
-    return {"normalization": NORMALIZATION, "parts": parts, "covered_by": covered_by,
-            "uncovered": [i for i, refs in enumerate(covered_by) if not refs], "records": len(texts)}
+    covered_by = [[ref for ref, text in texts if folded[p["span"][0] : p["span"][1]] in text] for p in parts]
+    return {
+        "normalization": NORMALIZATION,
+        "parts": parts,
+        "covered_by": covered_by,
+        "uncovered": [i for i, refs in enumerate(covered_by) if not refs],
+        "records": len(texts),
+    }

@@ -99,9 +99,10 @@ def bundle(candidates: list[Candidate], relations: list[RelationRow], adjacency_
     groups_by_root: dict[int, list[Candidate]] = {}
     for c in candidates:
         groups_by_root.setdefault(uf.find(c.rank), []).append(c)
-    clusters = [Cluster(sorted(members, key=lambda c: c.rank),
-                        {c.ref: why[c.rank] for c in members if c.rank in why})
-                for members in groups_by_root.values()]
+    clusters = [
+        Cluster(sorted(members, key=lambda c: c.rank), {c.ref: why[c.rank] for c in members if c.rank in why})
+        for members in groups_by_root.values()
+    ]
     clusters.sort(key=lambda cl: cl.best_rank)
     return clusters
 

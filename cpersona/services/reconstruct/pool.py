@@ -19,7 +19,14 @@ from cpersona.services.app import App
 from cpersona.services.recall.cue_arm import CueOutcome, lift, search_period, seat_records
 from cpersona.services.recall.time_cue import TimeCue
 from cpersona.services.recall.words import add_lexical_lists
-from cpersona.services.recall.service import RecallRequest, depth_for, fuse, gate_candidates, parse_instant, score_candidates
+from cpersona.services.recall.service import (
+    RecallRequest,
+    depth_for,
+    fuse,
+    gate_candidates,
+    parse_instant,
+    score_candidates,
+)
 from cpersona.services.recall.retrievers import Retrieval, exclusion, retrieve, search_backend
 from cpersona.services.operations.update_check import recall_update_notice
 from cpersona.services.sanitize import parse_stored_json
@@ -117,8 +124,14 @@ def candidate_pool(app: App, req: RecallRequest, terms: list[str], cue: TimeCue 
         pool.candidates.append(Candidate(len(pool.candidates), row.record))
     if not req.blank:
         lexical = {key for lst in found.lists if lst.channel in LEXICAL for key in (e.key for e in lst.entries)}
-        seat = next((r for r in fused if r.record is not None and r.key in lexical and r.key not in taken
-                     and r.key not in found.cosines), None)
+        seat = next(
+            (
+                r
+                for r in fused
+                if r.record is not None and r.key in lexical and r.key not in taken and r.key not in found.cosines
+            ),
+            None,
+        )
         if seat is not None:
             pool.candidates.append(Candidate(len(pool.candidates), seat.record, held=True))
     seated = _cue_seats(backend, req, pool, cued, {r.key for r in fused} | taken)

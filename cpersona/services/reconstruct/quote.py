@@ -28,16 +28,44 @@ SEPARATOR = " \u2026 "
 _CUT_CLASSES = (re.compile(r"\n[ \t]*\n"), re.compile(r"\n"), re.compile(r"[。．！？]|[.!?](?=\s|\Z)"))
 _WEAK = re.compile(r"[、，,;；:：]")
 _SENTENCE_END = tuple("。！？．.!?…")
-_QUALIFIERS_JA = ("ただし", "但し", "ただ、", "しかし", "しかしながら", "だが", "ですが", "でも、", "なお", "とはいえ",
-                  "一方", "他方", "その代わり", "代わりに")
-_QUALIFIERS_EN = ("except", "however", "but ", "although", "though", "unless", "instead", "on the other hand",
-                  "that said", "caveat", "note that", "provided that", "in fact", "actually")
+_QUALIFIERS_JA = (
+    "ただし",
+    "但し",
+    "ただ、",
+    "しかし",
+    "しかしながら",
+    "だが",
+    "ですが",
+    "でも、",
+    "なお",
+    "とはいえ",
+    "一方",
+    "他方",
+    "その代わり",
+    "代わりに",
+)
+_QUALIFIERS_EN = (
+    "except",
+    "however",
+    "but ",
+    "although",
+    "though",
+    "unless",
+    "instead",
+    "on the other hand",
+    "that said",
+    "caveat",
+    "note that",
+    "provided that",
+    "in fact",
+    "actually",
+)
 
 
 def _force_split(start: int, end: int, text: str) -> list[tuple[int, int]]:
     pieces = []
     while end - start > FORCE_CUT:
-        window = text[start:start + FORCE_CUT]
+        window = text[start : start + FORCE_CUT]
         cut = 0
         for pattern in (_WEAK, re.compile(r"\s")):
             ends = [m.end() for m in pattern.finditer(window) if m.end() >= FORCE_CUT // 2]
@@ -61,10 +89,10 @@ def divide(text: str) -> list[tuple[int, int]]:
             start = cut
     merged: list[tuple[int, int]] = []
     for span in spans:  # whitespace-only pieces join the next piece
-        if merged and not text[merged[-1][0]:merged[-1][1]].strip() and span[1] - merged[-1][0] <= FORCE_CUT:
+        if merged and not text[merged[-1][0] : merged[-1][1]].strip() and span[1] - merged[-1][0] <= FORCE_CUT:
             span = (merged.pop()[0], span[1])
         merged.append(span)
-    if len(merged) > 1 and not text[merged[-1][0]:merged[-1][1]].strip():
+    if len(merged) > 1 and not text[merged[-1][0] : merged[-1][1]].strip():
         last = merged.pop()
         merged[-1] = (merged[-1][0], last[1])
     return merged
@@ -84,13 +112,15 @@ def governing(text: str, blocks: list[tuple[int, int]], i: int) -> tuple[int, in
     first = last = i
     while True:
         start, end = blocks[first][0], blocks[last][1]
-        if first > 0 and (not _ends_sentence(text[blocks[first - 1][0]:blocks[first - 1][1]])
-                          or _qualified(text[start:end])):
+        if first > 0 and (
+            not _ends_sentence(text[blocks[first - 1][0] : blocks[first - 1][1]]) or _qualified(text[start:end])
+        ):
             if end - blocks[first - 1][0] > GOVERNING_MAX:
                 return start, end, False
             first -= 1
-        elif last + 1 < len(blocks) and (not _ends_sentence(text[start:end])
-                                         or _qualified(text[blocks[last + 1][0]:])):
+        elif last + 1 < len(blocks) and (
+            not _ends_sentence(text[start:end]) or _qualified(text[blocks[last + 1][0] :])
+        ):
             if blocks[last + 1][1] - start > GOVERNING_MAX:
                 return start, end, False
             last += 1
@@ -100,7 +130,7 @@ def governing(text: str, blocks: list[tuple[int, int]], i: int) -> tuple[int, in
 
 def _trigrams(text: str) -> set[str]:
     low = text.lower()
-    return {low} if len(low) < 3 else {low[i:i + 3] for i in range(len(low) - 2)}
+    return {low} if len(low) < 3 else {low[i : i + 3] for i in range(len(low) - 2)}
 
 
 def _dense_rrf(values: list[float], rrf_k: int) -> list[float]:
@@ -108,8 +138,9 @@ def _dense_rrf(values: list[float], rrf_k: int) -> list[float]:
     return [1.0 / (rrf_k + 1 + dense[v]) for v in values]
 
 
-def rank_spans(text: str, spans: list[tuple[int, int]], query: str, rrf_k: int,
-               closeness: list[float] | None = None) -> list[int]:
+def rank_spans(
+    text: str, spans: list[tuple[int, int]], query: str, rrf_k: int, closeness: list[float] | None = None
+) -> list[int]:
     """RX-30: distinct query trigrams found, fused with the spans' cosine when there is one; ties to the earlier span."""
     wanted = _trigrams(query) if query.strip() else set()
     fused = _dense_rrf([float(len(wanted & _trigrams(text[s:e]))) for s, e in spans], rrf_k)
@@ -150,9 +181,15 @@ def head_quote(ref: str, text: str, query: str, cap: int, rrf_k: int) -> Quote:
         return Quote(text, {"ranges": [[0, len(text)]]})
     blocks = divide(text)
     if len(blocks) <= 1:
-        return Quote(text[:cap], {"content_len": len(text), "ranges": [[0, cap]],
-                                  "expand": {"ref": ref, "span": [0, len(text)], "revision": revision_of(text)}},
-                     basis="start")
+        return Quote(
+            text[:cap],
+            {
+                "content_len": len(text),
+                "ranges": [[0, cap]],
+                "expand": {"ref": ref, "span": [0, len(text)], "revision": revision_of(text)},
+            },
+            basis="start",
+        )
     taken: list[tuple[int, int]] = []
     used = 0
     severed: tuple[int, int] | None = None
@@ -189,23 +226,34 @@ def head_quote(ref: str, text: str, query: str, cap: int, rrf_k: int) -> Quote:
     return Quote(SEPARATOR.join(text[s:e] for s, e in merged), fields, basis="lexical")
 
 
-def excerpt_quote(session: Session, kind: str, record_id: int, ref: str, text: str, shown: str, query: str,
-                  cap: int, rrf_k: int, query_vector: bytes | None = None) -> Quote:
+def excerpt_quote(
+    session: Session,
+    kind: str,
+    record_id: int,
+    ref: str,
+    text: str,
+    shown: str,
+    query: str,
+    cap: int,
+    rrf_k: int,
+    query_vector: bytes | None = None,
+) -> Quote:
     """RX-32 without blocks: the best node of a current node set, else the row as recall shows it, cut to cap."""
     nodes = current_nodes(session, kind, record_id, text)
     if nodes:
         spans = [(n.start, n.end) for n in nodes]
         ranked = rank_spans(text, spans, query, rrf_k, node_closeness(nodes, query_vector))
         node = nodes[ranked[0]]
-        piece = text[node.start:node.end]
+        piece = text[node.start : node.end]
         fields: dict[str, Any] = {"node": {"index": node.index, "of": len(nodes), "span": [node.start, node.end]}}
         if len(piece) > cap:
             fields["node"]["span"] = [node.start, node.start + cap]
             fields["content_len"] = len(piece)
             fields["expand"] = {"ref": ref, "node": node.index}
             piece = piece[:cap]
-        return Quote(piece, fields, basis="node", lexical_only=query_vector is None,
-                     node_order=[nodes[i].index for i in ranked])
+        return Quote(
+            piece, fields, basis="node", lexical_only=query_vector is None, node_order=[nodes[i].index for i in ranked]
+        )
     if len(shown) <= cap:
         return Quote(shown)
     unavailable = "not_current" if node_rows(session, kind, record_id) else "no_nodes"

@@ -161,8 +161,9 @@ def window_quote_chars(settings: Settings, items: int) -> int:
     return head * full + max(0, items - head) * tail
 
 
-def resolve_budget(settings: Settings, requested: int | None, mode: str | None,
-                   items: int) -> tuple[int | None, Policy | None]:
+def resolve_budget(
+    settings: Settings, requested: int | None, mode: str | None, items: int
+) -> tuple[int | None, Policy | None]:
     """RX-4 / RX-5: the quoted-character budget and, when it differs from what was asked, why.
 
     ``None`` means no character budget (pro without a caller or forced budget:
@@ -211,8 +212,12 @@ def check_reconstruct_arguments(arguments: Mapping[str, Any]) -> ReconstructArgu
         raise refusal(failure.message) from None
     integers = {name: _int_or_none(name, given.get(name)) for name in _INTEGERS}
     return ReconstructArguments(
-        **{name: getattr(recall_args, name) for name in _RECALL_FIELDS}, **integers,
-        trace=_flag("trace", given.get("trace")), time_cue=given.get("time_cue"), mode=given.get("mode"), lite=lite,
+        **{name: getattr(recall_args, name) for name in _RECALL_FIELDS},
+        **integers,
+        trace=_flag("trace", given.get("trace")),
+        time_cue=given.get("time_cue"),
+        mode=given.get("mode"),
+        lite=lite,
     )
 
 
@@ -233,11 +238,18 @@ def parse(app: Any, args: ReconstructArguments) -> Request:
     evidence, low_e = _bound(args.max_evidence, settings.reconstruct_max_evidence, 1, MAX_EVIDENCE)
     library_max = settings.recall_library_max_limit
     effective_top_k = min(top_k, library_max)
-    bounds = Bounds(top_k, hops, evidence, effective_top_k if effective_top_k != top_k else None,
-                    lowered=low_k or low_h or low_e)
+    bounds = Bounds(
+        top_k, hops, evidence, effective_top_k if effective_top_k != top_k else None, lowered=low_k or low_h or low_e
+    )
     count, count_policy = resolve_count(settings, args.count, mode)
     return Request(
-        recall=replace(recall_req, limit=effective_top_k), mode=mode, trace=args.trace,
-        time_cue=cue, requested_count=args.count, effective_count=count, count_policy=count_policy,
-        requested_budget=args.budget, bounds=bounds,
+        recall=replace(recall_req, limit=effective_top_k),
+        mode=mode,
+        trace=args.trace,
+        time_cue=cue,
+        requested_count=args.count,
+        effective_count=count,
+        count_policy=count_policy,
+        requested_budget=args.budget,
+        bounds=bounds,
     )

@@ -51,8 +51,9 @@ def record_passages(item: int, text: str, query: str, rrf_k: int) -> list[Passag
     return out
 
 
-def order(passages: list[list[Passage]], texts: list[str], held: list[bool], *, kind: str, pro: bool,
-          rrf_k: int) -> list[Passage]:
+def order(
+    passages: list[list[Passage]], texts: list[str], held: list[bool], *, kind: str, pro: bool, rrf_k: int
+) -> list[Passage]:
     """RX-37: every passage of every item, in the order the budget admits them."""
     flat = [p for ps in passages for p in ps]
 
@@ -120,8 +121,7 @@ def passages_within_budget(sequence: list[Passage], excerpts: list[list[int]], b
     return count
 
 
-def prefix(k: int, sequence: list[Passage], excerpts: list[list[int]], refs: list[str],
-           texts: list[str]) -> Prefix:
+def prefix(k: int, sequence: list[Passage], excerpts: list[list[int]], refs: list[str], texts: list[str]) -> Prefix:
     """The answer that the first ``k`` entries of the sequence make."""
     taken = sequence[:k]
     items = 1 + max((p.item for p in taken), default=-1)
@@ -137,8 +137,7 @@ def prefix(k: int, sequence: list[Passage], excerpts: list[list[int]], refs: lis
             if rest > 0 and j < len(excerpts[i]):
                 counts[i] += 1
                 rest -= 1
-    used = sum(len(q.content) for q in quotes) + sum(
-        excerpts[i][j] for i in range(items) for j in range(counts[i]))
+    used = sum(len(q.content) for q in quotes) + sum(excerpts[i][j] for i in range(items) for j in range(counts[i]))
     return Prefix(items, quotes, counts, used, taken)
 
 
@@ -147,8 +146,11 @@ def _quote(ref: str, text: str, passages: list[Passage]) -> Quote:
         return Quote("", {"ranges": []})
     if len(passages) == 1 and passages[0].whole:
         return Quote(text, {"ranges": [[0, len(text)]]})
-    basis = "start" if len(passages) == 1 and passages[0].governing_end == len(text) and passages[0].start == 0 \
-        else "lexical"  # read-time division ranked lexically, as the head quotes (RX-31)
+    basis = (
+        "start"
+        if len(passages) == 1 and passages[0].governing_end == len(text) and passages[0].start == 0
+        else "lexical"
+    )  # read-time division ranked lexically, as the head quotes (RX-31)
     merged = _joined([(p.start, p.end) for p in passages])
     fields: dict[str, Any] = {"content_len": len(text)}
     cut = next((p for p in passages if p.governing_end > p.end), None)
@@ -162,6 +164,15 @@ def _quote(ref: str, text: str, passages: list[Passage]) -> Quote:
 
 def trace(kind: str, sequence: list[Passage], taken: list[Passage], refs: list[str]) -> dict[str, Any]:
     """RX-43 ``sequence``: the passages taken, with their ranks."""
-    return {"mode": kind, "candidates": len(sequence),
-            "taken": [{"ref": refs[p.item], "span": [p.start, p.end],
-                       "ranks": {"record": p.item, "inside": p.inside, "cosine": None}} for p in taken]}
+    return {
+        "mode": kind,
+        "candidates": len(sequence),
+        "taken": [
+            {
+                "ref": refs[p.item],
+                "span": [p.start, p.end],
+                "ranks": {"record": p.item, "inside": p.inside, "cosine": None},
+            }
+            for p in taken
+        ],
+    }

@@ -67,12 +67,29 @@ def reconstruct(
     lite: Any = None,
 ) -> dict[str, Any]:
     """:func:`answer_reconstruct` for a library caller, whose arguments no schema has checked."""
-    return answer_reconstruct(app, check_reconstruct_arguments({
-        "agent_id": agent_id, "query": query, "count": count, "top_k": top_k, "max_hops": max_hops,
-        "max_evidence": max_evidence, "deep": deep, "channel": channel, "project_id": project_id,
-        "source_id": source_id, "trace": trace, "budget": budget, "session_key": session_key,
-        "time_cue": time_cue, "mode": mode, "lite": lite,
-    }))
+    return answer_reconstruct(
+        app,
+        check_reconstruct_arguments(
+            {
+                "agent_id": agent_id,
+                "query": query,
+                "count": count,
+                "top_k": top_k,
+                "max_hops": max_hops,
+                "max_evidence": max_evidence,
+                "deep": deep,
+                "channel": channel,
+                "project_id": project_id,
+                "source_id": source_id,
+                "trace": trace,
+                "budget": budget,
+                "session_key": session_key,
+                "time_cue": time_cue,
+                "mode": mode,
+                "lite": lite,
+            }
+        ),
+    )
 
 
 @dataclass(slots=True)
@@ -147,21 +164,31 @@ def _gather_items(app: App, run: Run) -> None:
     walks: list[ItemWalk | None] = [None] * len(chosen)
     if req.mode is None and chosen and run.graph:  # RX-20: a mode never carries walked evidence
         with app.db.read() as session:
-            walks = list(walk_items(session, scope, chosen, max_hops=req.bounds.max_hops,
-                                    max_evidence=req.bounds.max_evidence, source_id=req.recall.source_id,
-                                    channel=req.recall.channel))
+            walks = list(
+                walk_items(
+                    session,
+                    scope,
+                    chosen,
+                    max_hops=req.bounds.max_hops,
+                    max_evidence=req.bounds.max_evidence,
+                    source_id=req.recall.source_id,
+                    channel=req.recall.channel,
+                )
+            )
     walked_refs = {w.ref for walk in walks if walk for w in walk.evidence}
     fetched = search_backend(app).fetch(scope, [ref_key(ref) for ref in walked_refs])
     walked_records = {r.ref: r for r in fetched.values()}
-    run.items = [structure(cl, walk, walked_records, run.relations, set(refs), req.bounds.max_evidence,
-                           len(pool.candidates))
-                 for cl, walk in zip(chosen, walks)]
+    run.items = [
+        structure(cl, walk, walked_records, run.relations, set(refs), req.bounds.max_evidence, len(pool.candidates))
+        for cl, walk in zip(chosen, walks)
+    ]
 
 
 def _quote_items(app: App, run: Run) -> None:
     held = sum(1 for it in run.items if it.held)
-    run.budget, run.budget_policy = resolve_budget(app.settings, run.req.requested_budget, run.req.mode,
-                                                   run.req.effective_count + held)
+    run.budget, run.budget_policy = resolve_budget(
+        app.settings, run.req.requested_budget, run.req.mode, run.req.effective_count + held
+    )
     run.quotes, run.excerpts = _quote_all(app, run.req, run.items, run.pool.query_vector)
 
 
@@ -180,7 +207,12 @@ def _sequence(app: App, run: Run) -> None:
     texts = [it.head.record.text for it in items]
     run.passages = sequence.order(
         [sequence.record_passages(i, texts[i], run.req.recall.query, settings.rrf_k) for i in range(len(items))],
-        texts, [it.held for it in items], kind=run.kind, pro=run.req.mode == "pro", rrf_k=settings.rrf_k)
+        texts,
+        [it.held for it in items],
+        kind=run.kind,
+        pro=run.req.mode == "pro",
+        rrf_k=settings.rrf_k,
+    )
     fits = sequence.passages_within_budget(run.passages, sizes, run.budget)
     refs_of = [it.head.ref for it in items]
     prefixes = [sequence.prefix(k, run.passages, sizes, refs_of, texts) for k in range(1, fits + 1)]
@@ -208,11 +240,19 @@ def _answer(run: Run) -> dict[str, Any]:
         if req.mode is not None:
             response.update(mode=req.mode, cap=CAPS[req.mode])
         return response
-    capped = _capped(build, run.steps, req.mode) or _fewer_claims(build, run.steps[0], run.items, run.excerpts,
-                                                                 req.mode)
+    capped = _capped(build, run.steps, req.mode) or _fewer_claims(
+        build, run.steps[0], run.items, run.excerpts, req.mode
+    )
     if capped is None:
-        raise ToolFailure("cap_below_minimum", detail="the first item's head quote alone is larger than the token cap",
-                          items=[], returned_count=0, mode=req.mode, cap=CAPS[req.mode], **run.pool.notices)
+        raise ToolFailure(
+            "cap_below_minimum",
+            detail="the first item's head quote alone is larger than the token cap",
+            items=[],
+            returned_count=0,
+            mode=req.mode,
+            cap=CAPS[req.mode],
+            **run.pool.notices,
+        )
     return capped
 
 
@@ -221,22 +261,27 @@ def _shape(run: Run, step: Step, full: bool) -> dict[str, Any]:
     req, items, excerpts = run.req, run.items, run.excerpts
     n_items, excerpt_counts = step.items, step.excerpt_counts
     out: dict[str, Any] = {
-        "items": [item_dict(items[i], step.heads[i], excerpts[i], excerpt_counts[i], full=full, mode=req.mode)
-                  for i in range(n_items)],
+        "items": [
+            item_dict(items[i], step.heads[i], excerpts[i], excerpt_counts[i], full=full, mode=req.mode)
+            for i in range(n_items)
+        ],
         "effective_count": req.effective_count,
         "returned_count": n_items,
     }
-    shown = step.heads[:n_items] + [q for i in range(n_items) for _, q in excerpts[i][:excerpt_counts[i]]]
+    shown = step.heads[:n_items] + [q for i in range(n_items) for _, q in excerpts[i][: excerpt_counts[i]]]
     if any(q.lexical_only for q in shown):  # RX-33
         out["quote_selection"] = "lexical_only"
     _envelope(out, run, step, full)
     if full:
-        _audit(out["trace"], req.recall.query, items[:n_items],
-               [(items[i].head.ref, step.heads[i]) for i in range(n_items)]
-               + [(row.ref, q) for i in range(n_items) for row, q in excerpts[i][:excerpt_counts[i]]])
+        _audit(
+            out["trace"],
+            req.recall.query,
+            items[:n_items],
+            [(items[i].head.ref, step.heads[i]) for i in range(n_items)]
+            + [(row.ref, q) for i in range(n_items) for row, q in excerpts[i][: excerpt_counts[i]]],
+        )
         if run.kind != "items":
-            out["trace"]["sequence"] = sequence.trace(run.kind, run.passages, step.taken,
-                                                      [it.head.ref for it in items])
+            out["trace"]["sequence"] = sequence.trace(run.kind, run.passages, step.taken, [it.head.ref for it in items])
     return _in_wire_order(out)
 
 
@@ -248,25 +293,30 @@ def _item_steps(got: Any, quotes: list[Quote]) -> list[Step]:
         for i in range(got.items):
             if counts[i] < got.excerpts[i] and counts[i] == j:
                 counts[i] += 1
-                steps.append(Step(got.items, list(counts), quotes[:got.items], 0))
+                steps.append(Step(got.items, list(counts), quotes[: got.items], 0))
     return steps
 
 
-def _fewer_claims(build: Any, first_step: Step, items: list[Item], excerpts: list[list[tuple[Any, Quote]]],
-                  mode: str) -> dict[str, Any] | None:
+def _fewer_claims(
+    build: Any, first_step: Step, items: list[Item], excerpts: list[list[tuple[Any, Quote]]], mode: str
+) -> dict[str, Any] | None:
     """RX-47: the first item alone is over the cap — keep the most claims that fit, at least the head.
 
     Claims are kept in retention priority (RX-24: the head, then by relevance)
     and shown in claim order; the rest are reported through claims_omitted.
     """
     first, first_excerpts = items[0], excerpts[0]
-    by_priority = [first.head] + sorted((r for r in first.rows if r is not first.head),
-                                        key=lambda r: (r.rank, r.record.kind, r.record.id))
+    by_priority = [first.head] + sorted(
+        (r for r in first.rows if r is not first.head), key=lambda r: (r.rank, r.record.kind, r.record.id)
+    )
 
     def keep(k: int) -> None:
         kept = {id(r) for r in by_priority[:k]}
-        items[0] = replace(first, rows=[r for r in first.rows if id(r) in kept],
-                           claims_omitted=first.claims_omitted + len(first.rows) - k)
+        items[0] = replace(
+            first,
+            rows=[r for r in first.rows if id(r) in kept],
+            claims_omitted=first.claims_omitted + len(first.rows) - k,
+        )
         excerpts[0] = [(row, q) for row, q in first_excerpts if id(row) in kept]
 
     def shaped(k: int) -> dict[str, Any]:
@@ -282,10 +332,29 @@ def _fewer_claims(build: Any, first_step: Step, items: list[Item], excerpts: lis
 
 # The reference's key order. JSON readers do not care, but the modes count the
 # tokens of the JSON text, and the same answer should cost the same (RX-44).
-_WIRE_ORDER = ("items", "requested_count", "effective_count", "returned_count", "count_policy", "requested_budget",
-               "effective_budget", "used_budget", "budget_policy", "bounds", "reconstruction", "quote_selection",
-               "advisory", "update", "suggestion", "gate_fallback", "time_cue", "trace", "reserved_count",
-               "reserved_omitted", "shortfall_reason")
+_WIRE_ORDER = (
+    "items",
+    "requested_count",
+    "effective_count",
+    "returned_count",
+    "count_policy",
+    "requested_budget",
+    "effective_budget",
+    "used_budget",
+    "budget_policy",
+    "bounds",
+    "reconstruction",
+    "quote_selection",
+    "advisory",
+    "update",
+    "suggestion",
+    "gate_fallback",
+    "time_cue",
+    "trace",
+    "reserved_count",
+    "reserved_omitted",
+    "shortfall_reason",
+)
 
 
 def _in_wire_order(out: dict[str, Any]) -> dict[str, Any]:
@@ -325,7 +394,9 @@ def _graph_present(session: Any) -> bool:
     return has_graph_tables(session.connection())
 
 
-def _quote_all(app: App, req: Request, items: list[Item], query_vector: bytes | None) -> tuple[list[Quote], list[list[tuple[Any, Quote]]]]:
+def _quote_all(
+    app: App, req: Request, items: list[Item], query_vector: bytes | None
+) -> tuple[list[Quote], list[list[tuple[Any, Quote]]]]:
     settings = app.settings
     full_chars = settings.reconstruct_quote_chars
     preview = settings.recall_preview_chars
@@ -335,26 +406,67 @@ def _quote_all(app: App, req: Request, items: list[Item], query_vector: bytes | 
         for position, item in enumerate(items):
             record = item.head.record
             if full_chars > 0:
-                cap = full_chars if position < settings.reconstruct_full_quotes else settings.reconstruct_tail_quote_chars
+                cap = (
+                    full_chars if position < settings.reconstruct_full_quotes else settings.reconstruct_tail_quote_chars
+                )
                 quotes.append(head_quote(record.ref, record.text, req.recall.query, cap, settings.rrf_k))
             else:  # RX-34: heads follow the excerpt rules
-                quotes.append(excerpt_quote(session, record.kind, record.id, record.ref, record.text, record.content,
-                                            req.recall.query, preview, settings.rrf_k, query_vector))
-            excerpts.append([(row, excerpt_quote(session, row.record.kind, row.record.id, row.ref, row.record.text,
-                                                 row.record.content, req.recall.query, preview, settings.rrf_k,
-                                                 query_vector))
-                             for row in item.excerpt_rows()])
+                quotes.append(
+                    excerpt_quote(
+                        session,
+                        record.kind,
+                        record.id,
+                        record.ref,
+                        record.text,
+                        record.content,
+                        req.recall.query,
+                        preview,
+                        settings.rrf_k,
+                        query_vector,
+                    )
+                )
+            excerpts.append(
+                [
+                    (
+                        row,
+                        excerpt_quote(
+                            session,
+                            row.record.kind,
+                            row.record.id,
+                            row.ref,
+                            row.record.text,
+                            row.record.content,
+                            req.recall.query,
+                            preview,
+                            settings.rrf_k,
+                            query_vector,
+                        ),
+                    )
+                    for row in item.excerpt_rows()
+                ]
+            )
     return quotes, excerpts
 
 
 def _bounds(run: Run, items: list[Item]) -> Bounds:
     """The request's bounds with which of them cut these items (RX-11, RX-22, RX-25); the request's own stay as parsed."""
     cut = run.req.bounds
-    omitted = [name for name, hit in (("max_evidence", any(it.claims_omitted for it in items)),
-                                      ("max_hops", any(it.walk and it.walk.hops_cut for it in items))) if hit]
-    reached = [name for name, hit in (("top_k", run.top_k_reached),
-                                      ("max_evidence", any(it.walk and it.walk.evidence_reached for it in items)))
-               if hit]
+    omitted = [
+        name
+        for name, hit in (
+            ("max_evidence", any(it.claims_omitted for it in items)),
+            ("max_hops", any(it.walk and it.walk.hops_cut for it in items)),
+        )
+        if hit
+    ]
+    reached = [
+        name
+        for name, hit in (
+            ("top_k", run.top_k_reached),
+            ("max_evidence", any(it.walk and it.walk.evidence_reached for it in items)),
+        )
+        if hit
+    ]
     return replace(cut, omitted=[*cut.omitted, *omitted], reached=[*cut.reached, *reached])
 
 
@@ -393,8 +505,7 @@ def _envelope(out: dict[str, Any], run: Run, step: Step, full: bool) -> None:
         out["requested_budget"] = req.requested_budget
         if shown_policy:
             out["budget_policy"] = budget_policy.as_dict()
-    cut = budget_cut or "reserved_omitted" in out or any(
-        len(excerpts[i]) > excerpt_counts[i] for i in range(returned))
+    cut = budget_cut or "reserved_omitted" in out or any(len(excerpts[i]) > excerpt_counts[i] for i in range(returned))
     if (req.mode is None and cut) or full:  # RX-45: the mode shape has none; RX-43/48: trace has all
         out["effective_budget"], out["used_budget"] = (used if budget is None else budget), used
     if req.mode is None or full:
@@ -404,9 +515,13 @@ def _envelope(out: dict[str, Any], run: Run, step: Step, full: bool) -> None:
     if pool.excluded_without_provenance or full:
         out["reconstruction"] = {"excluded_without_provenance": pool.excluded_without_provenance}
         if full:
-            out["reconstruction"] = {"policy": "v1", "candidate_count": len(pool.candidates),
-                                     "cluster_count": len(clusters), "selected_count": returned,
-                                     "excluded_without_provenance": pool.excluded_without_provenance}
+            out["reconstruction"] = {
+                "policy": "v1",
+                "candidate_count": len(pool.candidates),
+                "cluster_count": len(clusters),
+                "selected_count": returned,
+                "excluded_without_provenance": pool.excluded_without_provenance,
+            }
     out.update(pool.notices)
     if full:
         trace: dict[str, Any] = {

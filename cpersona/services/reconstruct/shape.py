@@ -22,12 +22,17 @@ def claim(row: Row, *, full: bool) -> dict[str, Any]:
     return out
 
 
-def item_dict(item: Item, head: Quote, excerpts: list[tuple[Row, Quote]], admitted: int, *,
-              full: bool, mode: str | None) -> dict[str, Any]:
+def item_dict(
+    item: Item, head: Quote, excerpts: list[tuple[Row, Quote]], admitted: int, *, full: bool, mode: str | None
+) -> dict[str, Any]:
     out: dict[str, Any] = {"content": head.content, "head_ref": item.head.ref}
     claims = [claim(r, full=full) for r in item.rows]
-    if mode is not None and not full and len(claims) == 1 and claims[0] == {"ref": item.head.ref,
-                                                                           "as_of": item.head.record.timestamp}:
+    if (
+        mode is not None
+        and not full
+        and len(claims) == 1
+        and claims[0] == {"ref": item.head.ref, "as_of": item.head.record.timestamp}
+    ):
         out["as_of"] = item.head.record.timestamp  # RX-45: a lone claim identical to the head
     else:
         out["claims"] = claims

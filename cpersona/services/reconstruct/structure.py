@@ -60,11 +60,18 @@ def _msg_key(row: Row) -> tuple[str, str] | None:
     return (row.record.msg_id, row.context[0])
 
 
-def structure(cluster: Cluster, walk: ItemWalk | None, walked_records: dict[str, Record],
-              relations: list[RelationRow], candidate_refs: set[str], max_evidence: int,
-              walk_base_rank: int) -> Item:
-    members = [Row(c.record, c.rank, c.context, c.stamp, c.span, why=cluster.why.get(c.ref, "seed"))
-               for c in cluster.members]
+def structure(
+    cluster: Cluster,
+    walk: ItemWalk | None,
+    walked_records: dict[str, Record],
+    relations: list[RelationRow],
+    candidate_refs: set[str],
+    max_evidence: int,
+    walk_base_rank: int,
+) -> Item:
+    members = [
+        Row(c.record, c.rank, c.context, c.stamp, c.span, why=cluster.why.get(c.ref, "seed")) for c in cluster.members
+    ]
     head = members[0]  # lowest rank; members are already in rank order (then kind, then id)
     key = _msg_key(head)
     if key is not None:  # RX-23: a newer version of the same record is the better head
@@ -78,12 +85,26 @@ def structure(cluster: Cluster, walk: ItemWalk | None, walked_records: dict[str,
         record = walked_records.get(w.ref)
         if record is None:
             continue
-        walked.append(Row(record, walk_base_rank + i, None, parse_instant(record.timestamp) if record.timestamp
-                          else None, why=f"relation:{w.predicate}", hops=w.hops))
+        walked.append(
+            Row(
+                record,
+                walk_base_rank + i,
+                None,
+                parse_instant(record.timestamp) if record.timestamp else None,
+                why=f"relation:{w.predicate}",
+                hops=w.hops,
+            )
+        )
     ordered = [head] + [r for r in members if r is not head] + walked  # RX-24 retention priority
     kept = ordered[:max_evidence]
-    item = Item(head, sorted(kept, key=_claim_order), independence_reason(cluster), cluster.held,
-                claims_omitted=len(ordered) - len(kept), walk=walk)
+    item = Item(
+        head,
+        sorted(kept, key=_claim_order),
+        independence_reason(cluster),
+        cluster.held,
+        claims_omitted=len(ordered) - len(kept),
+        walk=walk,
+    )
     _roles(item, relations, candidate_refs)
     _conflicts(item)
     return item
@@ -96,15 +117,22 @@ def _roles(item: Item, relations: list[RelationRow], candidate_refs: set[str]) -
         roles: list[dict[str, str]] = []
         key = _msg_key(row)
         if key is not None and row.stamp is not None:
-            newer = [r for r in item.rows if r is not row and _msg_key(r) == key and r.stamp is not None
-                     and r.stamp > row.stamp]
+            newer = [
+                r
+                for r in item.rows
+                if r is not row and _msg_key(r) == key and r.stamp is not None and r.stamp > row.stamp
+            ]
             if newer:
                 successor = min(newer, key=lambda r: (r.stamp, r.record.id))
                 roles.append({"ref": successor.ref, "role": "supersedes"})
         if row.record.kind == "mem" and row.stamp is not None and row.hops is None:
             for ep in item.rows:
-                if ep.record.kind == "ep" and ep.span is not None and ep.context == row.context \
-                        and ep.span[0] <= row.stamp <= ep.span[1]:
+                if (
+                    ep.record.kind == "ep"
+                    and ep.span is not None
+                    and ep.context == row.context
+                    and ep.span[0] <= row.stamp <= ep.span[1]
+                ):
                     roles.append({"ref": ep.ref, "role": "supports"})
         if row.hops is None:  # walked rows never get declared roles
             for rel in relations:

@@ -42,8 +42,16 @@ def _mentioned(session: Session, scope: Scope, refs: list[str]) -> dict[str, lis
     return out
 
 
-def walk_items(session: Session, scope: Scope, items: list[Cluster], *, max_hops: int, max_evidence: int,
-               source_id: str, channel: str) -> list[ItemWalk]:
+def walk_items(
+    session: Session,
+    scope: Scope,
+    items: list[Cluster],
+    *,
+    max_hops: int,
+    max_evidence: int,
+    source_id: str,
+    channel: str,
+) -> list[ItemWalk]:
     """RX-20/RX-21: per item (in item order) the records reached through declared relations."""
     candidate_refs = {c.ref for item in items for c in item.members}
     mentioned = _mentioned(session, scope, sorted(candidate_refs))
@@ -101,7 +109,9 @@ def walk_items(session: Session, scope: Scope, items: list[Cluster], *, max_hops
             # RX-22: a relation leaves the last frontier towards an entity this item did not reach.
             result.hops_cut = result.hops_cut or any(
                 (rel.object_id if rel.subject_id == e else rel.subject_id) not in distance
-                for e in frontier for rel in adjacency.get(e, []))
+                for e in frontier
+                for rel in adjacency.get(e, [])
+            )
         if len(graph.distance) >= MAX_REACHED:
             result.hops_cut = True
         best_key: dict[str, tuple[int, int, int, str, str]] = {}

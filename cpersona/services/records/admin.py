@@ -226,8 +226,10 @@ def _holder_of(session: Session, row: Any, content: str, memory_id: int) -> int 
 
 def _copy_kept(memory_id: int, holder: int | None) -> ToolFailure:
     other = f"memory {holder}" if holder is not None else "another memory"
-    return ToolFailure(f"Memory {memory_id} was not edited: {other} in the same agent, project and channel "
-                       "already holds this content, and one copy is kept per bucket")
+    return ToolFailure(
+        f"Memory {memory_id} was not edited: {other} in the same agent, project and channel "
+        "already holds this content, and one copy is kept per bucket"
+    )
 
 
 @answers_refusals
@@ -267,16 +269,16 @@ def update_memory(
             raise _copy_kept(row_id, holder)
         try:
             with session.begin_nested():
-                matched = MemoryRepository(session).replace_text_unlocked(
-                    row_id, owner, cleaned.text, embedding)
+                matched = MemoryRepository(session).replace_text_unlocked(row_id, owner, cleaned.text, embedding)
         except IntegrityError:
             # The unique (agent, project, channel, content) index has the last word.
             raise _copy_kept(row_id, _holder_of(session, row, cleaned.text, row_id)) from None
         if matched != 1:
             raise _unmatched(session, row_id, owner, "edited")
         # The edit's trigger removed the old nodes (LR-1); the rebuild commits with the edit.
-        nodes_queued = long_text and queue_build(app, session, "mem", row_id, agent_id=row.agent_id,
-                                                 project_id=row.project_id)
+        nodes_queued = long_text and queue_build(
+            app, session, "mem", row_id, agent_id=row.agent_id, project_id=row.project_id
+        )
 
     remote_vectors.push(app, row.agent_id, [(f"mem:{row_id}", cleaned.text)])  # re-index the new text
     response: dict[str, Any] = {"ok": True, "updated_id": row_id}
@@ -316,11 +318,15 @@ def answer_delete_episode(app: App, args: EpisodeRowArguments) -> dict[str, Any]
 
 # -- delete_agent_data (§5) -------------------------------------------------------------
 
+
 def _forget_calibration(app: App, agent_id: str) -> None:
     """DAD-2: after commit, the agent's threshold, gate and beta leave memory and the sidecar."""
     if not app.calibration.forget_agent(agent_id, app.settings):
-        log.warning("delete_agent_data %s: the calibration sidecar could not be rewritten; the agent's "
-                    "calibration is gone from this process but may come back from the file at restart", agent_id)
+        log.warning(
+            "delete_agent_data %s: the calibration sidecar could not be rewritten; the agent's "
+            "calibration is gone from this process but may come back from the file at restart",
+            agent_id,
+        )
 
 
 @dataclass(frozen=True)

@@ -245,12 +245,17 @@ class BackfillWorker:
             log.warning(
                 "vector backfill: the embedding backend refused %d row(s) (%s%s); they stay without a "
                 "vector until the server restarts or check_health repairs them",
-                len(report.refused), shown, " …" if len(report.refused) > 20 else "",
+                len(report.refused),
+                shown,
+                " …" if len(report.refused) > 20 else "",
             )
         if report.embedded or report.stopped or report.remaining:
             log.info(
                 "vector backfill (%s): %d memories and %d episodes embedded, %d rows still without a vector%s",
-                reason, report.memories, report.episodes, report.remaining,
+                reason,
+                report.memories,
+                report.episodes,
+                report.remaining,
                 f"; stopped: {report.stopped}" if report.stopped else "",
             )
 

@@ -26,8 +26,9 @@ CHART_AGENTS = 20
 NODE_PREVIEW_CHARS = 160
 
 
-def timeline(app: App, wanted: TimelineFilter, limit: int = 100, offset: int = 0, *,
-             with_facets: bool = True) -> dict[str, Any]:
+def timeline(
+    app: App, wanted: TimelineFilter, limit: int = 100, offset: int = 0, *, with_facets: bool = True
+) -> dict[str, Any]:
     """Rows matching ``wanted`` newest first (at most TIMELINE_MAX_ROWS, after ``offset``) and, for a page's
     filter choices, the values each filter offers. ``truncated`` says more rows follow this page."""
     limit = max(1, min(int(limit), TIMELINE_MAX_ROWS))
@@ -36,8 +37,13 @@ def timeline(app: App, wanted: TimelineFilter, limit: int = 100, offset: int = 0
         repo = BrowseRepository(session)
         rows = repo.timeline(wanted, limit + 1, offset)
         facets = repo.facets(FACET_VALUES) if with_facets else {}
-    return {"rows": [dict(row._mapping) for row in rows[:limit]], "truncated": len(rows) > limit,
-            "limit": limit, "offset": offset, "facets": facets}
+    return {
+        "rows": [dict(row._mapping) for row in rows[:limit]],
+        "truncated": len(rows) > limit,
+        "limit": limit,
+        "offset": offset,
+        "facets": facets,
+    }
 
 
 def facets(app: App) -> dict[str, list[str]]:
@@ -69,9 +75,11 @@ def record(app: App, kind: str, record_id: int) -> dict[str, Any] | None:
         relations = {r.id: r for r in graph.record_relations({kind: [record_id]})}
         anchored = browse.relations_anchored_at(ref)
         entity_ids = set(mentioned) | {
-            end_id for r in [*relations.values(), *anchored]
+            end_id
+            for r in [*relations.values(), *anchored]
             for end_kind, end_id in ((r.subject_kind, r.subject_id), (r.object_kind, r.object_id))
-            if end_kind == ENTITY_KIND}
+            if end_kind == ENTITY_KIND
+        }
         names = graph.names_and_aliases(entity_ids)
     for key in ("source", "metadata"):
         if key in fields:
@@ -85,16 +93,37 @@ def record(app: App, kind: str, record_id: int) -> dict[str, Any] | None:
     every = {r.id: r for r in anchored}
     every.update(relations)
     return {
-        "kind": kind, "ref": ref, "fields": fields,
-        "ranges": [{"index": n.index, "start": n.start, "end": n.end, "tokens": n.token_count, "window": n.window,
-                    "embedded": n.embedding is not None, "embedding_model": n.embedding_model,
-                    "text": text[n.start:n.end][:NODE_PREVIEW_CHARS]} for n in nodes],
-        "entities": [{"id": i, "name": names.get(i, (f"#{i}", []))[0], "aliases": names.get(i, ("", []))[1]}
-                     for i in mentioned],
-        "relations": [{"id": r.id, "subject": end(r.subject_kind, r.subject_id), "predicate": r.predicate,
-                       "object": end(r.object_kind, r.object_id)} for _, r in sorted(every.items())],
-        "recall": ({"count": fields["recall_count"], "last_recalled_at": fields["last_recalled_at"]}
-                   if kind == "mem" else None),
+        "kind": kind,
+        "ref": ref,
+        "fields": fields,
+        "ranges": [
+            {
+                "index": n.index,
+                "start": n.start,
+                "end": n.end,
+                "tokens": n.token_count,
+                "window": n.window,
+                "embedded": n.embedding is not None,
+                "embedding_model": n.embedding_model,
+                "text": text[n.start : n.end][:NODE_PREVIEW_CHARS],
+            }
+            for n in nodes
+        ],
+        "entities": [
+            {"id": i, "name": names.get(i, (f"#{i}", []))[0], "aliases": names.get(i, ("", []))[1]} for i in mentioned
+        ],
+        "relations": [
+            {
+                "id": r.id,
+                "subject": end(r.subject_kind, r.subject_id),
+                "predicate": r.predicate,
+                "object": end(r.object_kind, r.object_id),
+            }
+            for _, r in sorted(every.items())
+        ],
+        "recall": (
+            {"count": fields["recall_count"], "last_recalled_at": fields["last_recalled_at"]} if kind == "mem" else None
+        ),
     }
 
 

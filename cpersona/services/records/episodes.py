@@ -53,16 +53,25 @@ def archive_episode(
     session_key: Any = "",
 ) -> dict[str, Any]:
     """Store a caller-computed summary as a new episode row."""
-    return _archive(app, agent_id=agent_id, summary=summary, history=history, keywords=keywords,
-                    resolved=resolved, project_id=project_id, channel=channel)
+    return _archive(
+        app,
+        agent_id=agent_id,
+        summary=summary,
+        history=history,
+        keywords=keywords,
+        resolved=resolved,
+        project_id=project_id,
+        channel=channel,
+    )
 
 
 def _refuse(message: str) -> ToolFailure:
     return ToolFailure(message, episode_id=None)
 
 
-def _archive(app: App, *, agent_id: Any, summary: Any, history: Any, keywords: Any, resolved: Any,
-             project_id: Any, channel: Any) -> dict[str, Any]:
+def _archive(
+    app: App, *, agent_id: Any, summary: Any, history: Any, keywords: Any, resolved: Any, project_id: Any, channel: Any
+) -> dict[str, Any]:
     if not isinstance(agent_id, str):
         raise _refuse("agent_id is required" if agent_id is None else "agent_id must be a string")
     if summary is None or summary == "":
@@ -122,8 +131,9 @@ def _archive(app: App, *, agent_id: Any, summary: Any, history: Any, keywords: A
             channel=channel,
             created_at=sql_stamp(app.clock()),
         )
-        nodes_queued = long_text and queue_build(app, session, "ep", episode_id, agent_id=agent_id,
-                                                 project_id=project_id)
+        nodes_queued = long_text and queue_build(
+            app, session, "ep", episode_id, agent_id=agent_id, project_id=project_id
+        )
 
     remote_vectors.push(app, agent_id, [(f"ep:{episode_id}", clean_summary.text)])  # after commit (EMB-6)
     response: dict[str, Any] = {"ok": True, "episode_id": episode_id}
@@ -143,7 +153,8 @@ def history_span(history: list[Any]) -> tuple[str | None, str | None]:
     usable stamp at all, both are None. Non-string and empty stamps are ignored.
     """
     stamps = [
-        item["timestamp"] for item in history
+        item["timestamp"]
+        for item in history
         if isinstance(item, dict) and isinstance(item.get("timestamp"), str) and item["timestamp"]
     ]
     if not stamps:
@@ -157,6 +168,7 @@ def history_span(history: list[Any]) -> tuple[str | None, str | None]:
 
 # -- list_episodes ------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class EpisodeListArguments(ListArguments):
     """``list_episodes``' arguments: a listing's, with its own default limit."""
@@ -167,8 +179,7 @@ class EpisodeListArguments(ListArguments):
 @answers_refusals
 def list_episodes(app: App, *, agent_id: Any = None, limit: Any = 50, project_id: Any = None) -> dict[str, Any]:
     """:func:`answer_list_episodes` for a library caller, whose arguments no schema has checked."""
-    return answer_list_episodes(app, checked_listing(EpisodeListArguments, EPISODE_BOUNDS, agent_id, limit,
-                                                     project_id))
+    return answer_list_episodes(app, checked_listing(EpisodeListArguments, EPISODE_BOUNDS, agent_id, limit, project_id))
 
 
 def answer_list_episodes(app: App, args: EpisodeListArguments) -> dict[str, Any]:
@@ -188,5 +199,4 @@ def answer_list_episodes(app: App, args: EpisodeListArguments) -> dict[str, Any]
         }
         for row in rows
     ]
-    return bounded_response("episodes", episodes, capped, EPISODE_BOUNDS,
-                            app.settings.recall_preview_chars)
+    return bounded_response("episodes", episodes, capped, EPISODE_BOUNDS, app.settings.recall_preview_chars)

@@ -58,8 +58,7 @@ def answer_list_memories(app: App, args: ListArguments) -> dict[str, Any]:
     # reference lists them oldest first, which is not "newest first").
     rows, capped = fetch_capped(app, MemoryRepository, listing_scope(args), args.limit, MEMORY_BOUNDS)
     memories = [_memory_row(row) for row in rows]
-    return bounded_response("memories", memories, capped, MEMORY_BOUNDS,
-                            app.settings.recall_preview_chars)
+    return bounded_response("memories", memories, capped, MEMORY_BOUNDS, app.settings.recall_preview_chars)
 
 
 @answers_refusals
@@ -91,8 +90,9 @@ def refused(bounds: ListBounds, message: str) -> ToolFailure:
     return ToolFailure(message, **{bounds.key: [], "count": 0})
 
 
-def checked_listing(kind: type[ListArguments], bounds: ListBounds, agent_id: Any, limit: Any,
-                    project_id: Any) -> ListArguments:
+def checked_listing(
+    kind: type[ListArguments], bounds: ListBounds, agent_id: Any, limit: Any, project_id: Any
+) -> ListArguments:
     """A library caller's listing arguments checked as the tool's schema checks a tool call's."""
     if agent_id is not None and not isinstance(agent_id, str):
         raise refused(bounds, "agent_id must be a string")
@@ -112,8 +112,9 @@ def listing_scope(args: ListArguments) -> Scope:
     return Scope(agent_id=args.agent_id or None, project_id=args.project_id)
 
 
-def fetch_capped(app: App, repository: type[Repository], scope: Scope, limit: int,
-                 bounds: ListBounds) -> tuple[list[Any], bool]:
+def fetch_capped(
+    app: App, repository: type[Repository], scope: Scope, limit: int, bounds: ListBounds
+) -> tuple[list[Any], bool]:
     """Up to ``min(limit, row_cap)`` rows, and whether the cap hid more the caller asked for.
 
     One row past the cap is read only to learn whether it exists, so that

@@ -57,9 +57,7 @@ log = logging.getLogger(__name__)
 # ``source`` has a default that depends on whether the caller sent one.
 OMITTED: Any = Request.OMITTED
 
-MIXED_FORMS = (
-    "send content, id, source, timestamp and metadata either at the top level or inside message, not both"
-)
+MIXED_FORMS = "send content, id, source, timestamp and metadata either at the top level or inside message, not both"
 MISSING_AGENT = (
     "agent_id is required: it can be omitted only on a connection whose ACL grants write access to exactly one agent"
 )
@@ -130,8 +128,17 @@ def store(
         if not isinstance(lock, bool):
             raise _Rejected("lock must be true or false")
         request = _validate(
-            app, content=content, agent_id=agent_id, msg_id=id, source=source, timestamp=timestamp,
-            metadata=metadata, lock=lock, message=message, channel=channel, project_id=project_id,
+            app,
+            content=content,
+            agent_id=agent_id,
+            msg_id=id,
+            source=source,
+            timestamp=timestamp,
+            metadata=metadata,
+            lock=lock,
+            message=message,
+            channel=channel,
+            project_id=project_id,
             associations=associations,
         )
         # Only a stamp the caller sent can be ahead; the server's own never is.
@@ -148,8 +155,13 @@ def store(
         # AS-3, AS-4: declared against the row the store resolved to (new or an
         # echoed duplicate), after it committed; a failure never unstores it.
         answer["associations"] = declare_for_record(
-            app, agent_id=request.agent_id, project_id=request.project_id, channel=request.channel,
-            anchor=f"mem:{answer['id']}", associations=associations)
+            app,
+            agent_id=request.agent_id,
+            project_id=request.project_id,
+            channel=request.channel,
+            anchor=f"mem:{answer['id']}",
+            associations=associations,
+        )
     return answer
 
 
@@ -181,13 +193,18 @@ def _write(app: App, request: _Write, ahead: Any) -> dict[str, Any]:
     if new_id is None:
         # DD-5: lost a race to the unique indexes (another process wrote the
         # same row between our probe and our insert).
-        return _with_lock_flag({"ok": True, "result": "skipped", "reason": "duplicate (unique index)"},
-                               request, locked=False)
+        return _with_lock_flag(
+            {"ok": True, "result": "skipped", "reason": "duplicate (unique index)"}, request, locked=False
+        )
 
     # ST-6: in remote vector mode the row also counts as embedded when the index took it.
     pushed = remote_vectors.push(app, request.agent_id, [(f"mem:{new_id}", request.content)])
-    response: dict[str, Any] = {"ok": True, "result": "stored", "id": new_id,
-                                "embedded": embedding is not None or pushed}
+    response: dict[str, Any] = {
+        "ok": True,
+        "result": "stored",
+        "id": new_id,
+        "embedded": embedding is not None or pushed,
+    }
     if request.truncated:
         response["truncated"] = True
     if nodes_queued:
@@ -201,8 +218,13 @@ def _write(app: App, request: _Write, ahead: Any) -> dict[str, Any]:
 
 
 def _top_level_used(content: Any, msg_id: Any, timestamp: Any, metadata: Any, source_sent: bool) -> bool:
-    return (content not in (None, "") or msg_id not in (None, "") or timestamp not in (None, "")
-            or bool(metadata) or source_sent)
+    return (
+        content not in (None, "")
+        or msg_id not in (None, "")
+        or timestamp not in (None, "")
+        or bool(metadata)
+        or source_sent
+    )
 
 
 def check_boundary(arguments: Mapping[str, Any]) -> None:
@@ -214,17 +236,36 @@ def check_boundary(arguments: Mapping[str, Any]) -> None:
     :func:`store` as a library function.
     """
     message = arguments.get("message")
-    if isinstance(message, dict) and message and _top_level_used(
-            arguments.get("content"), arguments.get("id"), arguments.get("timestamp"), arguments.get("metadata"),
-            "source" in arguments):
+    if (
+        isinstance(message, dict)
+        and message
+        and _top_level_used(
+            arguments.get("content"),
+            arguments.get("id"),
+            arguments.get("timestamp"),
+            arguments.get("metadata"),
+            "source" in arguments,
+        )
+    ):
         raise ToolFailure(MIXED_FORMS)
     if arguments.get("agent_id") is None:
         raise ToolFailure(MISSING_AGENT)
 
 
 def _validate(
-    app: App, *, content: Any, agent_id: Any, msg_id: Any, source: Any, timestamp: Any, metadata: Any,
-    lock: bool, message: Any, channel: Any, project_id: Any, associations: Any,
+    app: App,
+    *,
+    content: Any,
+    agent_id: Any,
+    msg_id: Any,
+    source: Any,
+    timestamp: Any,
+    metadata: Any,
+    lock: bool,
+    message: Any,
+    channel: Any,
+    project_id: Any,
+    associations: Any,
 ) -> _Write:
     settings = app.settings
 
@@ -304,9 +345,17 @@ def _validate(
         raise _Rejected("empty after sanitization")
 
     return _Write(
-        agent_id=agent_id, project_id=project_id, channel=channel, msg_id=msg_id,
-        content=cleaned.text, truncated=cleaned.truncated, source=source, source_json=source_json,
-        metadata_json=metadata_json, timestamp=timestamp, lock=lock,
+        agent_id=agent_id,
+        project_id=project_id,
+        channel=channel,
+        msg_id=msg_id,
+        content=cleaned.text,
+        truncated=cleaned.truncated,
+        source=source,
+        source_json=source_json,
+        metadata_json=metadata_json,
+        timestamp=timestamp,
+        lock=lock,
     )
 
 
@@ -414,8 +463,6 @@ def _insert(conn: Connection, app: App, request: _Write, embedding: bytes | None
 def _queue_nodes(app: App, conn: Connection, request: _Write, new_id: int) -> bool:
     # The task queue writes through the ORM: a session joined to this transaction.
     with Session(bind=conn, autoflush=False, expire_on_commit=False) as session:
-        queued = queue_build(app, session, "mem", new_id, agent_id=request.agent_id,
-                             project_id=request.project_id)
+        queued = queue_build(app, session, "mem", new_id, agent_id=request.agent_id, project_id=request.project_id)
         session.flush()
     return queued
-

@@ -77,8 +77,7 @@ def runs_past_window(app: App, text: str) -> bool:
     return info is not None and info.truncated
 
 
-def queue_build(app: App, session: Session, kind: str, record_id: int, *, agent_id: str,
-                project_id: str = "") -> bool:
+def queue_build(app: App, session: Session, kind: str, record_id: int, *, agent_id: str, project_id: str = "") -> bool:
     """Queue a node build inside the caller's write transaction; False (and logged) if that failed.
 
     A savepoint keeps a failed enqueue from taking the record's own write down
@@ -86,8 +85,14 @@ def queue_build(app: App, session: Session, kind: str, record_id: int, *, agent_
     """
     try:
         with session.begin_nested():
-            enqueue(app, session, TASK_TYPE, agent_id=agent_id, project_id=project_id,
-                    payload={"kind": kind, "id": record_id})
+            enqueue(
+                app,
+                session,
+                TASK_TYPE,
+                agent_id=agent_id,
+                project_id=project_id,
+                payload={"kind": kind, "id": record_id},
+            )
     except Exception:  # noqa: BLE001 — the record is worth keeping without its nodes
         log.warning("could not queue a node build for %s:%s", kind, record_id, exc_info=True)
         return False
@@ -219,8 +224,9 @@ def _fingerprint(embedder: Any) -> str | None:
         return None
 
 
-def current_nodes(session: Session, kind: str, record_id: int, text: str, *,
-                  model_keys: Iterable[str] | None = None) -> list[NodeRow] | None:
+def current_nodes(
+    session: Session, kind: str, record_id: int, text: str, *, model_keys: Iterable[str] | None = None
+) -> list[NodeRow] | None:
     """The record's nodes when they describe ``text`` (its current stored text), else None.
 
     With ``model_keys`` the full OV-2 test applies (every node embedded, by an
@@ -282,7 +288,7 @@ def build_record_nodes(app: App, kind: str, record_id: int) -> str:
 
     vectors: list[bytes | None] = []
     if len(spans) > 1:
-        vectors = app.embedder.embed_many([text[s.start:s.end] for s in spans], batch_size=EMBED_BATCH)
+        vectors = app.embedder.embed_many([text[s.start : s.end] for s in spans], batch_size=EMBED_BATCH)
         if len(vectors) != len(spans) or any(v is None for v in vectors):
             raise TaskFailed(f"embedding the nodes of {kind}:{record_id} failed")
     elif not had_rows:
@@ -294,11 +300,24 @@ def build_record_nodes(app: App, kind: str, record_id: int) -> str:
         if record_text(session, kind, record_id) != text:
             return "changed"
         # One span: old nodes of another model or window go; the record now fits whole.
-        NodeRepository(session).replace(kind, record_id, [] if len(spans) == 1 else [
-            {"node_index": index, "start_char": span.start, "end_char": span.end, "token_count": span.token_count,
-             "window": span.window, "embedding": vector, "embedding_model": model_key}
-            for index, (span, vector) in enumerate(zip(spans, vectors))
-        ])
+        NodeRepository(session).replace(
+            kind,
+            record_id,
+            []
+            if len(spans) == 1
+            else [
+                {
+                    "node_index": index,
+                    "start_char": span.start,
+                    "end_char": span.end,
+                    "token_count": span.token_count,
+                    "window": span.window,
+                    "embedding": vector,
+                    "embedding_model": model_key,
+                }
+                for index, (span, vector) in enumerate(zip(spans, vectors))
+            ],
+        )
     return "fits" if len(spans) == 1 else "built"
 
 

@@ -34,8 +34,17 @@ from cpersona.storage.scope import Scope
 
 
 def near_list(
-    app: App, backend: SearchBackend, *, agent_id: str, text: str, scope: Scope, source_id: str,
-    episodes_apply: bool, depth: int, threshold: float, measure: bool = True,
+    app: App,
+    backend: SearchBackend,
+    *,
+    agent_id: str,
+    text: str,
+    scope: Scope,
+    source_id: str,
+    episodes_apply: bool,
+    depth: int,
+    threshold: float,
+    measure: bool = True,
 ) -> list[Hit] | None:
     """The vector channel's list from the remote index, or None to fall back to the local scan.
 

@@ -30,6 +30,7 @@ from cpersona.storage.repositories.embedding_identity import EmbeddingIdentityRe
 
 log = logging.getLogger(__name__)
 
+
 @dataclass(frozen=True)
 class Reconciled:
     action: str  # "unknown", "recorded", "unchanged", "cleared"
@@ -78,7 +79,11 @@ def reconcile(app: App) -> Reconciled:
             return Reconciled("unchanged", label)
         cleared = identity.clear_vectors()
         identity.replace(label, dimension, now)
-    log.warning("the embedding model changed from %s to %s: %d stored vector(s) cleared; the backfill "
-                "re-embeds those rows with the new model (keyword search finds them meanwhile)",
-                previous, label, cleared)
+    log.warning(
+        "the embedding model changed from %s to %s: %d stored vector(s) cleared; the backfill "
+        "re-embeds those rows with the new model (keyword search finds them meanwhile)",
+        previous,
+        label,
+        cleared,
+    )
     return Reconciled("cleared", label, previous, cleared)

@@ -18,8 +18,7 @@ from cpersona.storage.scope import Scope, sql_fragment
 PAGE_SIZE = 500
 
 _ALIASES_OF = text(
-    "SELECT entity_id, alias FROM entity_aliases WHERE entity_id IN :ids "
-    "ORDER BY entity_id, normalized"
+    "SELECT entity_id, alias FROM entity_aliases WHERE entity_id IN :ids ORDER BY entity_id, normalized"
 ).bindparams(bindparam("ids", expanding=True))
 
 
@@ -111,21 +110,35 @@ class AssociationWrites:
     def entity_named(self, agent_id: str, project_id: str, channel: str, normalized: str) -> int | None:
         return self.conn.execute(
             text(
-                "SELECT id FROM entities WHERE agent_id = :a AND project_id = :p "
-                "AND channel = :c AND normalized = :n"
+                "SELECT id FROM entities WHERE agent_id = :a AND project_id = :p AND channel = :c AND normalized = :n"
             ),
             {"a": agent_id, "p": project_id, "c": channel, "n": normalized},
         ).scalar()
 
-    def insert_entity(self, agent_id: str, project_id: str, channel: str, name: str, normalized: str,
-                      declared_by: str, created_at: str) -> int:
+    def insert_entity(
+        self,
+        agent_id: str,
+        project_id: str,
+        channel: str,
+        name: str,
+        normalized: str,
+        declared_by: str,
+        created_at: str,
+    ) -> int:
         return self.conn.execute(
             text(
                 "INSERT INTO entities (agent_id, project_id, channel, name, normalized, "
                 "declared_by, created_at) VALUES (:a, :p, :c, :name, :n, :by, :at) RETURNING id"
             ),
-            {"a": agent_id, "p": project_id, "c": channel, "name": name, "n": normalized,
-             "by": declared_by, "at": created_at},
+            {
+                "a": agent_id,
+                "p": project_id,
+                "c": channel,
+                "name": name,
+                "n": normalized,
+                "by": declared_by,
+                "at": created_at,
+            },
         ).scalar_one()
 
     def insert_alias(self, entity_id: int, alias: str, normalized: str) -> None:

@@ -13,7 +13,21 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, Row, TextClause, and_, bindparam, delete, func, inspect, literal, or_, select, text, union_all
+from sqlalchemy import (
+    Connection,
+    Row,
+    TextClause,
+    and_,
+    bindparam,
+    delete,
+    func,
+    inspect,
+    literal,
+    or_,
+    select,
+    text,
+    union_all,
+)
 
 from cpersona.storage.models_associations import Entity, EntityAlias, EntityMention, Relation
 from cpersona.storage.repositories.base import Repository, chunks
@@ -37,15 +51,23 @@ class RelationRow:
 
 
 _RELATION_COLUMNS = (
-    Relation.id, Relation.subject_kind, Relation.subject_id, Relation.predicate, Relation.object_kind,
-    Relation.object_id, Relation.anchor_ref, Relation.declared_by, Relation.declared_at,
+    Relation.id,
+    Relation.subject_kind,
+    Relation.subject_id,
+    Relation.predicate,
+    Relation.object_kind,
+    Relation.object_id,
+    Relation.anchor_ref,
+    Relation.declared_by,
+    Relation.declared_at,
 )
 
 # The two lookups every name resolution makes; plain SQL text, built once, because a
 # large declaration runs them a few thousand times.
 _NAMED_IN_SCOPE = text(
     "SELECT id FROM entities WHERE agent_id = :agent AND project_id = :project AND channel = :channel "
-    "AND normalized = :normalized")
+    "AND normalized = :normalized"
+)
 _ALIAS_OWNERS = text("SELECT entity_id FROM entity_aliases WHERE normalized = :normalized")
 
 
@@ -89,26 +111,32 @@ class AssociationRepository(Repository):
         return self._insert_ignore(EntityAlias, {"entity_id": entity_id, "alias": alias, "normalized": normalized})
 
     def add_mention(self, entity_id: int, ref: str, declared_by: str, stamp: str) -> int:
-        return self._insert_ignore(EntityMention, {
-            "entity_id": entity_id, "ref": ref, "declared_by": declared_by, "created_at": stamp})
+        return self._insert_ignore(
+            EntityMention, {"entity_id": entity_id, "ref": ref, "declared_by": declared_by, "created_at": stamp}
+        )
 
     def add_relation(self, key: Mapping[str, Any], declared_by: str, stamp: str) -> int:
         """Insert-or-ignore on the relation's unique key; the id of the row holding it."""
         self._insert_ignore(Relation, {**key, "declared_by": declared_by, "declared_at": stamp})
         return self.session.scalar(
-            select(Relation.id).where(*(getattr(Relation, column) == value for column, value in key.items())))
+            select(Relation.id).where(*(getattr(Relation, column) == value for column, value in key.items()))
+        )
 
     def delete_relation(self, relation_id: int, agent_id: str) -> int:
         return self.session.execute(
-            delete(Relation).where(Relation.id == relation_id, Relation.agent_id == agent_id)).rowcount
+            delete(Relation).where(Relation.id == relation_id, Relation.agent_id == agent_id)
+        ).rowcount
 
     def delete_mention(self, entity_id: int, ref: str, agent_id: str) -> int:
         """One mention, only when its entity belongs to ``agent_id``."""
         owned = select(Entity.id).where(Entity.agent_id == agent_id)
         return self.session.execute(
             delete(EntityMention).where(
-                EntityMention.entity_id == entity_id, EntityMention.ref == ref, EntityMention.entity_id.in_(owned),
-            )).rowcount
+                EntityMention.entity_id == entity_id,
+                EntityMention.ref == ref,
+                EntityMention.entity_id.in_(owned),
+            )
+        ).rowcount
 
     def delete_agent(self, agent_id: str) -> dict[str, int]:
         """Every entity of the agent (aliases and mentions go by trigger) and its relations."""
@@ -120,7 +148,8 @@ class AssociationRepository(Repository):
         """How many entities and relations ``agent_id`` still owns."""
         return {
             name: self.session.execute(
-                select(func.count()).select_from(model).where(model.agent_id == agent_id)).scalar_one()
+                select(func.count()).select_from(model).where(model.agent_id == agent_id)
+            ).scalar_one()
             for name, model in (("entities", Entity), ("relations", Relation))
         }
 
@@ -128,8 +157,9 @@ class AssociationRepository(Repository):
 
     def named_in(self, agent_id: str, project_id: str, channel: str, normalized: str) -> int | None:
         """The entity registered under ``normalized`` in exactly (agent, project, channel)."""
-        return self.session.execute(_NAMED_IN_SCOPE, {
-            "agent": agent_id, "project": project_id, "channel": channel, "normalized": normalized}).scalar()
+        return self.session.execute(
+            _NAMED_IN_SCOPE, {"agent": agent_id, "project": project_id, "channel": channel, "normalized": normalized}
+        ).scalar()
 
     def aliased(self, normalized: str) -> list[Any]:
         """(id, agent_id, project_id, channel) of every entity holding alias ``normalized``.
@@ -139,15 +169,13 @@ class AssociationRepository(Repository):
         the alias index.
         """
         owners = list(self.session.execute(_ALIAS_OWNERS, {"normalized": normalized}).scalars())
-        return self.select_by_ids(owners, Entity.id, Entity.agent_id, Entity.project_id, Entity.channel,
-                                  scoped=False)
+        return self.select_by_ids(owners, Entity.id, Entity.agent_id, Entity.project_id, Entity.channel, scoped=False)
 
     # -- scoped reads
 
     def readable_named(self, normalized: str) -> list[int]:
         """Ids (ascending) of readable entities whose name or alias normalizes to ``normalized``."""
-        ids = set(self.session.scalars(
-            select(Entity.id).where(self.scoped(), Entity.normalized == normalized)))
+        ids = set(self.session.scalars(select(Entity.id).where(self.scoped(), Entity.normalized == normalized)))
         aliased = [row.id for row in self.aliased(normalized)]
         ids.update(row.id for row in self.select_by_ids(aliased))
         return sorted(ids)
@@ -160,9 +188,11 @@ class AssociationRepository(Repository):
             rows = self.session.execute(
                 select(*_RELATION_COLUMNS).where(
                     self.scoped(Relation),
-                    Relation.subject_kind == ENTITY_KIND, Relation.object_kind == ENTITY_KIND,
+                    Relation.subject_kind == ENTITY_KIND,
+                    Relation.object_kind == ENTITY_KIND,
                     or_(Relation.subject_id.in_(chunk), Relation.object_id.in_(chunk)),
-                    Relation.subject_id.in_(readable), Relation.object_id.in_(readable),
+                    Relation.subject_id.in_(readable),
+                    Relation.object_id.in_(readable),
                 )
             ).all()
             found.update((row.id, RelationRow(*row)) for row in rows)
@@ -178,11 +208,14 @@ class AssociationRepository(Repository):
         if not side_clauses:
             return []
         rows = self.session.execute(
-            select(*_RELATION_COLUMNS).where(
+            select(*_RELATION_COLUMNS)
+            .where(
                 self.scoped(Relation),
-                Relation.subject_kind.in_(RECORD_KINDS), Relation.object_kind.in_(RECORD_KINDS),
+                Relation.subject_kind.in_(RECORD_KINDS),
+                Relation.object_kind.in_(RECORD_KINDS),
                 or_(*side_clauses),
-            ).order_by(Relation.id)
+            )
+            .order_by(Relation.id)
         ).all()
         return [RelationRow(*row) for row in rows]
 
@@ -194,7 +227,8 @@ class AssociationRepository(Repository):
             aliases: dict[int, list[str]] = {i: [] for i in names}
             for entity_id, alias in self.session.execute(
                 select(EntityAlias.entity_id, EntityAlias.alias)
-                .where(EntityAlias.entity_id.in_(chunk)).order_by(EntityAlias.entity_id, EntityAlias.normalized)
+                .where(EntityAlias.entity_id.in_(chunk))
+                .order_by(EntityAlias.entity_id, EntityAlias.normalized)
             ):
                 aliases.setdefault(entity_id, []).append(alias)
             out.update((i, (names[i], aliases[i])) for i in names)
@@ -205,9 +239,13 @@ class AssociationRepository(Repository):
         return list(self.session.scalars(select(EntityMention.ref).where(EntityMention.entity_id == entity_id)))
 
     def entities_mentioned_by(self, canonical_ref: str) -> list[int]:
-        return list(self.session.scalars(
-            select(EntityMention.entity_id).where(EntityMention.ref == canonical_ref)
-            .order_by(EntityMention.entity_id)))
+        return list(
+            self.session.scalars(
+                select(EntityMention.entity_id)
+                .where(EntityMention.ref == canonical_ref)
+                .order_by(EntityMention.entity_id)
+            )
+        )
 
     def names_in(self, folded: str, limit: int) -> list[Row[Any]]:
         """(term, entity_id) of readable names and aliases occurring in ``folded``: longest first, ``limit`` rows.
@@ -220,24 +258,37 @@ class AssociationRepository(Repository):
 
         position = func.instr if is_sqlite(self.session) else func.strpos
         names = select(Entity.normalized.label("term"), Entity.id.label("entity_id")).where(
-            readable, position(literal(folded), Entity.normalized) > 0)
-        aliases = (select(EntityAlias.normalized.label("term"), EntityAlias.entity_id.label("entity_id"))
-                   .join(Entity, Entity.id == EntityAlias.entity_id)
-                   .where(readable, position(literal(folded), EntityAlias.normalized) > 0))
+            readable, position(literal(folded), Entity.normalized) > 0
+        )
+        aliases = (
+            select(EntityAlias.normalized.label("term"), EntityAlias.entity_id.label("entity_id"))
+            .join(Entity, Entity.id == EntityAlias.entity_id)
+            .where(readable, position(literal(folded), EntityAlias.normalized) > 0)
+        )
         both = union_all(names, aliases).subquery()
-        return list(self.session.execute(
-            select(both.c.term, both.c.entity_id).where(func.length(both.c.term) > 0)
-            .order_by(func.length(both.c.term).desc(), both.c.term, both.c.entity_id).limit(limit)
-        ).all())
+        return list(
+            self.session.execute(
+                select(both.c.term, both.c.entity_id)
+                .where(func.length(both.c.term) > 0)
+                .order_by(func.length(both.c.term).desc(), both.c.term, both.c.entity_id)
+                .limit(limit)
+            ).all()
+        )
 
     def readable_mentions_of(self, refs: list[str]) -> list[Row[Any]]:
         """(ref, entity_id) of each readable entity mentioning one of ``refs``, by entity id."""
-        return list(self.session.execute(
-            select(EntityMention.ref, EntityMention.entity_id).join(Entity, Entity.id == EntityMention.entity_id)
-            .where(EntityMention.ref.in_(refs), self.scoped()).order_by(EntityMention.entity_id)).all())
+        return list(
+            self.session.execute(
+                select(EntityMention.ref, EntityMention.entity_id)
+                .join(Entity, Entity.id == EntityMention.entity_id)
+                .where(EntityMention.ref.in_(refs), self.scoped())
+                .order_by(EntityMention.entity_id)
+            ).all()
+        )
 
-    def readable_mentions(self, source_id: str, with_episodes: bool, entity_ids: list[int],
-                          limit: int) -> list[tuple[int, str, int, int]]:
+    def readable_mentions(
+        self, source_id: str, with_episodes: bool, entity_ids: list[int], limit: int
+    ) -> list[tuple[int, str, int, int]]:
         """(entity_id, kind, record_id, total) of each entity's first ``limit`` readable mentioning records.
 
         Records are read through their own scope columns plus the recall

@@ -25,7 +25,7 @@ def chunks(ids: Iterable[Any], size: int = ID_CHUNK) -> Iterator[list[Any]]:
     """``ids`` in order, ``size`` at a time (no empty chunk)."""
     ordered = list(ids)
     for start in range(0, len(ordered), size):
-        yield ordered[start:start + size]
+        yield ordered[start : start + size]
 
 
 class Repository:
@@ -47,8 +47,9 @@ class Repository:
         """The scope as a WHERE predicate over ``model`` (the repository's own by default)."""
         return predicates(model if model is not None else self.model, self.scope)
 
-    def select_by_ids(self, ids: Iterable[int], *columns: Any, scoped: bool = True,
-                      where: Sequence[ColumnElement[bool]] = ()) -> list[Row[Any]]:
+    def select_by_ids(
+        self, ids: Iterable[int], *columns: Any, scoped: bool = True, where: Sequence[ColumnElement[bool]] = ()
+    ) -> list[Row[Any]]:
         """Rows (``columns``, default the id) whose id is in ``ids``, chunked, in id order per chunk.
 
         ``scoped`` applies the repository's scope; ``where`` adds the caller's own
@@ -60,22 +61,27 @@ class Repository:
         conditions = [*where, self.scoped()] if scoped else list(where)
         found: list[Row[Any]] = []
         for chunk in chunks(ids):
-            found.extend(self.session.execute(
-                select(*wanted).where(model.id.in_(chunk), *conditions).order_by(model.id)).all())
+            found.extend(
+                self.session.execute(select(*wanted).where(model.id.in_(chunk), *conditions).order_by(model.id)).all()
+            )
         return found
 
     def newest(self, limit: int) -> list[Row[Any]]:
         """The scope's newest rows (``listed_columns``); same-second rows newest id first."""
         model = self.model
-        return list(self.session.execute(
-            select(*self.listed_columns).where(self.scoped())
-            .order_by(model.created_at.desc(), model.id.desc()).limit(limit)).all())
+        return list(
+            self.session.execute(
+                select(*self.listed_columns)
+                .where(self.scoped())
+                .order_by(model.created_at.desc(), model.id.desc())
+                .limit(limit)
+            ).all()
+        )
 
     def owned_by(self, row_id: int, agent_id: str) -> bool:
         """Row ``row_id`` exists and belongs to ``agent_id`` (any project or channel)."""
         model = self.model
-        return self.session.scalar(
-            select(model.id).where(model.id == row_id, model.agent_id == agent_id)) is not None
+        return self.session.scalar(select(model.id).where(model.id == row_id, model.agent_id == agent_id)) is not None
 
     def text_of(self, row_id: int) -> str | None:
         """The row's text, or None when there is no such row."""
@@ -101,7 +107,8 @@ class Repository:
         model = self.model
         return sum(
             self.session.execute(delete(model).where(model.id.in_(chunk), model.agent_id == agent_id)).rowcount
-            for chunk in chunks(ids))
+            for chunk in chunks(ids)
+        )
 
     def stored_vectors(self, ids: list[int]) -> list[Row[Any]]:
         """(id, embedding) of the rows among ``ids`` that carry a vector (recall's candidate set: bounded)."""
@@ -115,14 +122,23 @@ class Repository:
     def unembedded_after(self, after: int, n: int) -> list[Row[Any]]:
         """(id, body) of up to ``n`` rows past id ``after`` that have no vector, by id."""
         table, column = self.model.__tablename__, self.text_column
-        return list(self.session.execute(text(
-            f"SELECT id, {column} AS body FROM {table}"
-            " WHERE embedding IS NULL AND id > :after ORDER BY id LIMIT :n"
-        ), {"after": after, "n": n}).all())
+        return list(
+            self.session.execute(
+                text(
+                    f"SELECT id, {column} AS body FROM {table}"
+                    " WHERE embedding IS NULL AND id > :after ORDER BY id LIMIT :n"
+                ),
+                {"after": after, "n": n},
+            ).all()
+        )
 
     def set_embedding_if_unchanged(self, row_id: int, body: str, blob: bytes) -> int:
         """Store ``blob`` unless the row gained a vector or its text changed since it was read."""
         table, column = self.model.__tablename__, self.text_column
-        return self.session.execute(text(
-            f"UPDATE {table} SET embedding = :blob WHERE id = :id AND embedding IS NULL AND {column} = :body"
-        ), {"id": row_id, "body": body, "blob": blob}).rowcount or 0
+        return (
+            self.session.execute(
+                text(f"UPDATE {table} SET embedding = :blob WHERE id = :id AND embedding IS NULL AND {column} = :body"),
+                {"id": row_id, "body": body, "blob": blob},
+            ).rowcount
+            or 0
+        )

@@ -68,18 +68,39 @@ class BrowseRepository:
         after skipping ``offset``."""
         arms = []
         if "mem" in wanted.kinds:
-            arms.append(select(literal("mem").label("kind"), Memory.id, Memory.agent_id, Memory.project_id,
-                               Memory.channel, Memory.content.label("text"), Memory.created_at,
-                               Memory.locked).where(*_conditions(Memory, wanted)))
+            arms.append(
+                select(
+                    literal("mem").label("kind"),
+                    Memory.id,
+                    Memory.agent_id,
+                    Memory.project_id,
+                    Memory.channel,
+                    Memory.content.label("text"),
+                    Memory.created_at,
+                    Memory.locked,
+                ).where(*_conditions(Memory, wanted))
+            )
         if "ep" in wanted.kinds:
-            arms.append(select(literal("ep").label("kind"), Episode.id, Episode.agent_id, Episode.project_id,
-                               Episode.channel, Episode.summary.label("text"), Episode.created_at,
-                               literal(0).label("locked")).where(*_conditions(Episode, wanted)))
+            arms.append(
+                select(
+                    literal("ep").label("kind"),
+                    Episode.id,
+                    Episode.agent_id,
+                    Episode.project_id,
+                    Episode.channel,
+                    Episode.summary.label("text"),
+                    Episode.created_at,
+                    literal(0).label("locked"),
+                ).where(*_conditions(Episode, wanted))
+            )
         if not arms:
             return []
         both = union_all(*arms).subquery() if len(arms) > 1 else arms[0].subquery()
-        return list(self.session.execute(
-            select(both).order_by(desc(both.c.created_at), desc(both.c.id), both.c.kind).limit(limit).offset(offset)).all())
+        return list(
+            self.session.execute(
+                select(both).order_by(desc(both.c.created_at), desc(both.c.id), both.c.kind).limit(limit).offset(offset)
+            ).all()
+        )
 
     def facets(self, limit: int) -> dict[str, list[str]]:
         """The distinct agents, projects and channels of both tables (``limit`` each, sorted)."""
@@ -93,30 +114,64 @@ class BrowseRepository:
     def entity_names(self, agent_id: str | None, limit: int) -> list[str]:
         """Distinct entity names (of one agent, or all), sorted, ``limit`` of them."""
         where = [Entity.agent_id == agent_id] if agent_id is not None else []
-        return list(self.session.scalars(
-            select(Entity.name).where(*where).distinct().order_by(Entity.name).limit(limit)))
+        return list(
+            self.session.scalars(select(Entity.name).where(*where).distinct().order_by(Entity.name).limit(limit))
+        )
 
     def memory(self, memory_id: int) -> Row[Any] | None:
         """Every column of one memory but its vector (whether it has one instead)."""
-        return self.session.execute(select(
-            Memory.id, Memory.agent_id, Memory.project_id, Memory.channel, Memory.msg_id, Memory.content,
-            Memory.source, Memory.timestamp, Memory.metadata_.label("metadata"), Memory.recall_count,
-            Memory.last_recalled_at, Memory.locked, Memory.created_at,
-            Memory.embedding.is_not(None).label("embedded"),
-        ).where(Memory.id == memory_id)).first()
+        return self.session.execute(
+            select(
+                Memory.id,
+                Memory.agent_id,
+                Memory.project_id,
+                Memory.channel,
+                Memory.msg_id,
+                Memory.content,
+                Memory.source,
+                Memory.timestamp,
+                Memory.metadata_.label("metadata"),
+                Memory.recall_count,
+                Memory.last_recalled_at,
+                Memory.locked,
+                Memory.created_at,
+                Memory.embedding.is_not(None).label("embedded"),
+            ).where(Memory.id == memory_id)
+        ).first()
 
     def episode(self, episode_id: int) -> Row[Any] | None:
-        return self.session.execute(select(
-            Episode.id, Episode.agent_id, Episode.project_id, Episode.channel, Episode.summary, Episode.keywords,
-            Episode.start_time, Episode.end_time, Episode.resolved, Episode.created_at,
-            Episode.embedding.is_not(None).label("embedded"),
-        ).where(Episode.id == episode_id)).first()
+        return self.session.execute(
+            select(
+                Episode.id,
+                Episode.agent_id,
+                Episode.project_id,
+                Episode.channel,
+                Episode.summary,
+                Episode.keywords,
+                Episode.start_time,
+                Episode.end_time,
+                Episode.resolved,
+                Episode.created_at,
+                Episode.embedding.is_not(None).label("embedded"),
+            ).where(Episode.id == episode_id)
+        ).first()
 
     def relations_anchored_at(self, ref: str) -> list[Row[Any]]:
         """(id, subject_kind, subject_id, predicate, object_kind, object_id) of relations declared with ``ref``."""
-        return list(self.session.execute(
-            select(Relation.id, Relation.subject_kind, Relation.subject_id, Relation.predicate, Relation.object_kind,
-                   Relation.object_id).where(Relation.anchor_ref == ref).order_by(Relation.id)).all())
+        return list(
+            self.session.execute(
+                select(
+                    Relation.id,
+                    Relation.subject_kind,
+                    Relation.subject_id,
+                    Relation.predicate,
+                    Relation.object_kind,
+                    Relation.object_id,
+                )
+                .where(Relation.anchor_ref == ref)
+                .order_by(Relation.id)
+            ).all()
+        )
 
     # -- activity: what the charts draw
 
@@ -124,25 +179,41 @@ class BrowseRepository:
         """(day, count) of each day from ``since`` (YYYY-MM-DD) on that has rows, oldest first."""
         model = Memory if kind == "mem" else Episode
         day = _day(model.created_at).label("day")
-        return list(self.session.execute(
-            select(day, func.count().label("n")).where(day >= since).group_by(day).order_by(day)).all())
+        return list(
+            self.session.execute(
+                select(day, func.count().label("n")).where(day >= since).group_by(day).order_by(day)
+            ).all()
+        )
 
     def rows_per_agent(self, kind: str, limit: int) -> list[Row[Any]]:
         """(agent_id, count), most rows first."""
         model = Memory if kind == "mem" else Episode
         n = func.count().label("n")
-        return list(self.session.execute(
-            select(model.agent_id, n).group_by(model.agent_id).order_by(desc(n), model.agent_id).limit(limit)).all())
+        return list(
+            self.session.execute(
+                select(model.agent_id, n).group_by(model.agent_id).order_by(desc(n), model.agent_id).limit(limit)
+            ).all()
+        )
 
     def recall_counts_per_agent(self, limit: int) -> list[Row[Any]]:
         """(agent_id, total recall_count), most recalled first."""
         total = func.coalesce(func.sum(Memory.recall_count), 0).label("n")
-        return list(self.session.execute(
-            select(Memory.agent_id, total).group_by(Memory.agent_id).order_by(desc(total), Memory.agent_id)
-            .limit(limit)).all())
+        return list(
+            self.session.execute(
+                select(Memory.agent_id, total)
+                .group_by(Memory.agent_id)
+                .order_by(desc(total), Memory.agent_id)
+                .limit(limit)
+            ).all()
+        )
 
     def most_recalled(self, limit: int) -> list[Row[Any]]:
         """(id, agent_id, content, recall_count, last_recalled_at) of the most recalled memories."""
-        return list(self.session.execute(
-            select(Memory.id, Memory.agent_id, Memory.content, Memory.recall_count, Memory.last_recalled_at)
-            .where(Memory.recall_count > 0).order_by(desc(Memory.recall_count), Memory.id).limit(limit)).all())
+        return list(
+            self.session.execute(
+                select(Memory.id, Memory.agent_id, Memory.content, Memory.recall_count, Memory.last_recalled_at)
+                .where(Memory.recall_count > 0)
+                .order_by(desc(Memory.recall_count), Memory.id)
+                .limit(limit)
+            ).all()
+        )

@@ -24,20 +24,29 @@ class EmbeddingIdentityRepository:
         return None if row is None else (row.label, row.dimension)
 
     def record(self, label: str, dimension: int | None, at: str) -> None:
-        self.session.execute(text("INSERT INTO embedding_identity (id, label, dimension, recorded_at) "
-                                  "VALUES (1, :label, :dimension, :at)"),
-                             {"label": label, "dimension": dimension, "at": at})
+        self.session.execute(
+            text(
+                "INSERT INTO embedding_identity (id, label, dimension, recorded_at) VALUES (1, :label, :dimension, :at)"
+            ),
+            {"label": label, "dimension": dimension, "at": at},
+        )
 
     def set_dimension(self, dimension: int) -> None:
-        self.session.execute(text("UPDATE embedding_identity SET dimension = :dimension WHERE id = 1"),
-                             {"dimension": dimension})
+        self.session.execute(
+            text("UPDATE embedding_identity SET dimension = :dimension WHERE id = 1"), {"dimension": dimension}
+        )
 
     def replace(self, label: str, dimension: int | None, at: str) -> None:
-        self.session.execute(text("UPDATE embedding_identity SET label = :label, dimension = :dimension, "
-                                  "recorded_at = :at WHERE id = 1"),
-                             {"label": label, "dimension": dimension, "at": at})
+        self.session.execute(
+            text(
+                "UPDATE embedding_identity SET label = :label, dimension = :dimension, recorded_at = :at WHERE id = 1"
+            ),
+            {"label": label, "dimension": dimension, "at": at},
+        )
 
     def clear_vectors(self) -> int:
         """Drop every stored memory and episode vector; how many were dropped."""
-        return sum(self.session.execute(text(f"UPDATE {table} SET embedding = NULL WHERE embedding IS NOT NULL"))
-                   .rowcount or 0 for table in _VECTOR_TABLES)
+        return sum(
+            self.session.execute(text(f"UPDATE {table} SET embedding = NULL WHERE embedding IS NOT NULL")).rowcount or 0
+            for table in _VECTOR_TABLES
+        )

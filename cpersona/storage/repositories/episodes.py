@@ -12,8 +12,14 @@ from cpersona.storage.repositories.base import Repository
 
 # No channel and no resolved flag in a listed episode (spec §3.10).
 LISTED_COLUMNS = (
-    Episode.id, Episode.agent_id, Episode.project_id, Episode.summary, Episode.keywords,
-    Episode.start_time, Episode.end_time, Episode.created_at,
+    Episode.id,
+    Episode.agent_id,
+    Episode.project_id,
+    Episode.summary,
+    Episode.keywords,
+    Episode.start_time,
+    Episode.end_time,
+    Episode.created_at,
 )
 
 
@@ -31,13 +37,15 @@ class EpisodeRepository(Repository):
 
     def content_rows(self, ids: Iterable[int]) -> list[Row[Any]]:
         """(id, summary, start_time, created_at, resolved) of the readable rows among ``ids``."""
-        return self.select_by_ids(ids, Episode.id, Episode.summary, Episode.start_time, Episode.created_at,
-                                  Episode.resolved)
+        return self.select_by_ids(
+            ids, Episode.id, Episode.summary, Episode.start_time, Episode.created_at, Episode.resolved
+        )
 
     def contexts(self, ids: Iterable[int]) -> list[Row[Any]]:
         """(id, project_id, channel, start_time, end_time) of the rows among ``ids``, unscoped."""
-        return self.select_by_ids(ids, Episode.id, Episode.project_id, Episode.channel, Episode.start_time,
-                                  Episode.end_time, scoped=False)
+        return self.select_by_ids(
+            ids, Episode.id, Episode.project_id, Episode.channel, Episode.start_time, Episode.end_time, scoped=False
+        )
 
     @staticmethod
     def _guards(episode_id: int, owner: str | None) -> list[ColumnElement[bool]]:

@@ -17,8 +17,15 @@ from cpersona.storage.repositories.base import Repository
 
 # Listed columns only: the embedding blob is never needed in a listing.
 LISTED_COLUMNS = (
-    Memory.id, Memory.agent_id, Memory.project_id, Memory.content, Memory.source,
-    Memory.timestamp, Memory.created_at, Memory.locked, Memory.channel,
+    Memory.id,
+    Memory.agent_id,
+    Memory.project_id,
+    Memory.content,
+    Memory.source,
+    Memory.timestamp,
+    Memory.created_at,
+    Memory.locked,
+    Memory.channel,
 )
 
 
@@ -50,7 +57,8 @@ class MemoryRepository(Repository):
     def set_locked(self, memory_id: int, owner: str | None, value: int) -> int:
         """Set the lock flag (rows matched: setting the flag it already has still matches)."""
         return self.session.execute(
-            update(Memory).where(*self._guards(memory_id, owner, False)).values(locked=value)).rowcount
+            update(Memory).where(*self._guards(memory_id, owner, False)).values(locked=value)
+        ).rowcount
 
     def replace_text_unlocked(self, memory_id: int, owner: str | None, content: str, embedding: bytes | None) -> int:
         """New text and vector for an unlocked row; rows matched. A unique-index clash raises IntegrityError."""
@@ -62,8 +70,13 @@ class MemoryRepository(Repository):
         """Another memory of the exact (agent, project, channel) bucket holding ``content``, lowest id."""
         return self.session.scalar(
             select(Memory.id)
-            .where(Memory.agent_id == agent_id, Memory.project_id == project_id,
-                   Memory.channel == channel, Memory.content == content, Memory.id != excluding)
+            .where(
+                Memory.agent_id == agent_id,
+                Memory.project_id == project_id,
+                Memory.channel == channel,
+                Memory.content == content,
+                Memory.id != excluding,
+            )
             .order_by(Memory.id)
             .limit(1)
         )
@@ -89,25 +102,36 @@ class MemoryRepository(Repository):
             by_step.setdefault(n, []).append(memory_id)
         step = case({i: n for n, group in by_step.items() for i in group}, value=Memory.id)
         self.session.execute(
-            update(Memory).where(Memory.id.in_(list(counts)))
+            update(Memory)
+            .where(Memory.id.in_(list(counts)))
             .values(recall_count=Memory.recall_count + step, last_recalled_at=stamp)
         )
 
     def embedded_with_text(self, agent_id: str) -> list[Row[Any]]:
         """(id, timestamp) of the agent's rows that carry a vector and nonblank text, by id."""
-        return list(self.session.execute(select(Memory.id, Memory.timestamp).where(
-            Memory.agent_id == agent_id,
-            Memory.embedding.is_not(None),
-            func.length(func.trim(Memory.content)) > 0,
-        ).order_by(Memory.id)).all())
+        return list(
+            self.session.execute(
+                select(Memory.id, Memory.timestamp)
+                .where(
+                    Memory.agent_id == agent_id,
+                    Memory.embedding.is_not(None),
+                    func.length(func.trim(Memory.content)) > 0,
+                )
+                .order_by(Memory.id)
+            ).all()
+        )
 
     # -- vectors (calibration)
 
     def embedded_ids(self) -> list[int]:
         """Ids of the scope's rows that carry a vector, ascending."""
-        return list(self.session.execute(
-            select(Memory.id).where(self.scoped(), Memory.embedding.is_not(None)).order_by(Memory.id)
-        ).scalars().all())
+        return list(
+            self.session.execute(
+                select(Memory.id).where(self.scoped(), Memory.embedding.is_not(None)).order_by(Memory.id)
+            )
+            .scalars()
+            .all()
+        )
 
     def embeddings(self, ids: Iterable[int]) -> list[Row[Any]]:
         """(id, embedding) of the rows among ``ids``, unscoped, chunked."""
@@ -115,11 +139,15 @@ class MemoryRepository(Repository):
 
     def embedded_stamps(self, width: int) -> list[Row[Any]]:
         """(id, timestamp) of the scope's rows whose vector has ``width`` float32 components."""
-        return list(self.session.execute(
-            select(Memory.id, Memory.timestamp).where(
-                self.scoped(), Memory.embedding.is_not(None), func.length(Memory.embedding) == 4 * width,
-            )
-        ).all())
+        return list(
+            self.session.execute(
+                select(Memory.id, Memory.timestamp).where(
+                    self.scoped(),
+                    Memory.embedding.is_not(None),
+                    func.length(Memory.embedding) == 4 * width,
+                )
+            ).all()
+        )
 
     def modal_vector_bytes(self) -> int | None:
         """The most common vector length in bytes over every agent (ties: the longer), or None."""
@@ -133,15 +161,22 @@ class MemoryRepository(Repository):
         return None if row is None else row.n
 
     def has_embedded(self, agent_id: str) -> bool:
-        return self.session.execute(
-            select(Memory.id).where(Memory.agent_id == agent_id, Memory.embedding.is_not(None)).limit(1)
-        ).first() is not None
+        return (
+            self.session.execute(
+                select(Memory.id).where(Memory.agent_id == agent_id, Memory.embedding.is_not(None)).limit(1)
+            ).first()
+            is not None
+        )
 
     def embedded_agents(self) -> list[str]:
         """Every agent with at least one vector, ascending."""
-        return list(self.session.execute(
-            select(Memory.agent_id).where(Memory.embedding.is_not(None)).distinct().order_by(Memory.agent_id)
-        ).scalars().all())
+        return list(
+            self.session.execute(
+                select(Memory.agent_id).where(Memory.embedding.is_not(None)).distinct().order_by(Memory.agent_id)
+            )
+            .scalars()
+            .all()
+        )
 
 
 _UNEMBEDDED = text(

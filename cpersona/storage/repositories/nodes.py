@@ -29,8 +29,15 @@ class NodeRepository(Repository):
     def of_record(self, kind: str, record_id: int) -> list[NodeRow]:
         """A record's node rows in index order (whatever state they are in)."""
         rows = self.session.execute(
-            select(RecordNode.node_index, RecordNode.start_char, RecordNode.end_char, RecordNode.token_count,
-                   RecordNode.window, RecordNode.embedding, RecordNode.embedding_model)
+            select(
+                RecordNode.node_index,
+                RecordNode.start_char,
+                RecordNode.end_char,
+                RecordNode.token_count,
+                RecordNode.window,
+                RecordNode.embedding,
+                RecordNode.embedding_model,
+            )
             .where(RecordNode.parent_kind == kind, RecordNode.parent_id == record_id)
             .order_by(RecordNode.node_index)
         ).all()
@@ -39,7 +46,8 @@ class NodeRepository(Repository):
     def replace(self, kind: str, record_id: int, nodes: Iterable[Mapping[str, Any]]) -> None:
         """Drop the record's nodes and write ``nodes`` (each without its parent columns) in their place."""
         self.session.execute(
-            delete(RecordNode).where(RecordNode.parent_kind == kind, RecordNode.parent_id == record_id))
+            delete(RecordNode).where(RecordNode.parent_kind == kind, RecordNode.parent_id == record_id)
+        )
         rows = [{"parent_kind": kind, "parent_id": record_id, **node} for node in nodes]
         if rows:
             self.session.execute(insert(RecordNode), rows)

@@ -15,24 +15,36 @@ from sqlalchemy import Connection, Row, bindparam, column, select, table, update
 
 from cpersona.storage.models import Episode, Memory, Profile
 
-_MEMORY_BY_MSG_ID = select(Memory.id).where(
-    Memory.agent_id == bindparam("agent_id"),
-    Memory.project_id == bindparam("project_id"),
-    Memory.msg_id == bindparam("msg_id"),
-    Memory.msg_id != "",  # lets SQLite use the partial unique index
-).limit(1)
-_MEMORY_BY_CONTENT = select(Memory.id).where(
-    Memory.agent_id == bindparam("agent_id"),
-    Memory.project_id == bindparam("project_id"),
-    Memory.channel == bindparam("channel"),
-    Memory.content == bindparam("content"),
-).limit(1)
-_EPISODE_BY_SUMMARY = select(Episode.id).where(
-    Episode.agent_id == bindparam("agent_id"),
-    Episode.project_id == bindparam("project_id"),
-    Episode.channel == bindparam("channel"),
-    Episode.summary == bindparam("summary"),
-).limit(1)
+_MEMORY_BY_MSG_ID = (
+    select(Memory.id)
+    .where(
+        Memory.agent_id == bindparam("agent_id"),
+        Memory.project_id == bindparam("project_id"),
+        Memory.msg_id == bindparam("msg_id"),
+        Memory.msg_id != "",  # lets SQLite use the partial unique index
+    )
+    .limit(1)
+)
+_MEMORY_BY_CONTENT = (
+    select(Memory.id)
+    .where(
+        Memory.agent_id == bindparam("agent_id"),
+        Memory.project_id == bindparam("project_id"),
+        Memory.channel == bindparam("channel"),
+        Memory.content == bindparam("content"),
+    )
+    .limit(1)
+)
+_EPISODE_BY_SUMMARY = (
+    select(Episode.id)
+    .where(
+        Episode.agent_id == bindparam("agent_id"),
+        Episode.project_id == bindparam("project_id"),
+        Episode.channel == bindparam("channel"),
+        Episode.summary == bindparam("summary"),
+    )
+    .limit(1)
+)
 
 
 class RestoreRows:
@@ -51,7 +63,8 @@ class RestoreRows:
 
     def memory_by_msg_id(self, agent_id: str, project_id: str, msg_id: str) -> int | None:
         return self.conn.execute(
-            _MEMORY_BY_MSG_ID, {"agent_id": agent_id, "project_id": project_id, "msg_id": msg_id}).scalar()
+            _MEMORY_BY_MSG_ID, {"agent_id": agent_id, "project_id": project_id, "msg_id": msg_id}
+        ).scalar()
 
     def memory_by_content(self, agent_id: str, project_id: str, channel: str, content: str) -> int | None:
         return self.conn.execute(
@@ -81,7 +94,8 @@ class RestoreRows:
 
     def update_profile(self, agent_id: str, user_id: str, values: Mapping[str, Any]) -> None:
         self.conn.execute(
-            update(Profile).where(Profile.agent_id == agent_id, Profile.user_id == user_id).values(dict(values)))
+            update(Profile).where(Profile.agent_id == agent_id, Profile.user_id == user_id).values(dict(values))
+        )
 
     def insert_profile(self, agent_id: str, user_id: str, values: Mapping[str, Any]) -> None:
         self.conn.execute(Profile.__table__.insert().values(agent_id=agent_id, user_id=user_id, **values))

@@ -25,28 +25,49 @@ PAGE_SIZE = 500
 
 # Column → value when the database has no such column.
 MEMORY_COLUMNS: dict[str, Any] = {
-    "id": None, "agent_id": "", "project_id": "", "msg_id": "", "content": "",
-    "source": "{}", "timestamp": "", "metadata": "{}", "embedding": None,
-    "embedding_model": "", "channel": "", "recall_count": 0,
-    "last_recalled_at": None, "locked": 0, "created_at": "",
+    "id": None,
+    "agent_id": "",
+    "project_id": "",
+    "msg_id": "",
+    "content": "",
+    "source": "{}",
+    "timestamp": "",
+    "metadata": "{}",
+    "embedding": None,
+    "embedding_model": "",
+    "channel": "",
+    "recall_count": 0,
+    "last_recalled_at": None,
+    "locked": 0,
+    "created_at": "",
 }
 EPISODE_COLUMNS: dict[str, Any] = {
-    "id": None, "agent_id": "", "project_id": "", "summary": "", "keywords": "",
-    "embedding": None, "embedding_model": "", "start_time": None, "end_time": None,
-    "resolved": 0, "channel": "", "created_at": "",
+    "id": None,
+    "agent_id": "",
+    "project_id": "",
+    "summary": "",
+    "keywords": "",
+    "embedding": None,
+    "embedding_model": "",
+    "start_time": None,
+    "end_time": None,
+    "resolved": 0,
+    "channel": "",
+    "created_at": "",
 }
 PROFILE_COLUMNS: dict[str, Any] = {
-    "id": None, "agent_id": "", "project_id": "", "user_id": "", "content": "",
+    "id": None,
+    "agent_id": "",
+    "project_id": "",
+    "user_id": "",
+    "content": "",
     "updated_at": "",
 }
 
 
 def _selectable(name: str, wanted: dict[str, Any], present: frozenset[str]) -> tuple[Any, list[ColumnElement[Any]]]:
     tbl = table(name, *(column(col) for col in wanted if col in present))
-    cols = [
-        tbl.c[col] if col in present else literal(default).label(col)
-        for col, default in wanted.items()
-    ]
+    cols = [tbl.c[col] if col in present else literal(default).label(col) for col, default in wanted.items()]
     return tbl, cols
 
 
@@ -85,10 +106,7 @@ class SnapshotReader:
         last = 0
         while True:
             page = self.conn.execute(
-                select(*cols)
-                .where(predicates(tbl, self.scope), tbl.c.id > last)
-                .order_by(tbl.c.id)
-                .limit(PAGE_SIZE)
+                select(*cols).where(predicates(tbl, self.scope), tbl.c.id > last).order_by(tbl.c.id).limit(PAGE_SIZE)
             ).all()
             yield from page
             if len(page) < PAGE_SIZE:
@@ -110,9 +128,7 @@ class SnapshotReader:
                         and_(tbl.c.agent_id == after[0], tbl.c.user_id > after[1]),
                     )
                 )
-            page = self.conn.execute(
-                stmt.order_by(tbl.c.agent_id, tbl.c.user_id).limit(PAGE_SIZE)
-            ).all()
+            page = self.conn.execute(stmt.order_by(tbl.c.agent_id, tbl.c.user_id).limit(PAGE_SIZE)).all()
             yield from page
             if len(page) < PAGE_SIZE:
                 return

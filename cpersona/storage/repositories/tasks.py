@@ -23,16 +23,29 @@ class _Wakeable(Protocol):
 class TaskRepository(Repository):
     model = PendingMemoryTask
 
-    def add(self, task_type: str, agent_id: str, project_id: str, payload: str, *, retries: int = 0,
-            created_at: str | None = None) -> int:
-        values: dict[str, Any] = {"task_type": task_type, "agent_id": agent_id, "project_id": project_id,
-                                  "payload": payload}
+    def add(
+        self,
+        task_type: str,
+        agent_id: str,
+        project_id: str,
+        payload: str,
+        *,
+        retries: int = 0,
+        created_at: str | None = None,
+    ) -> int:
+        values: dict[str, Any] = {
+            "task_type": task_type,
+            "agent_id": agent_id,
+            "project_id": project_id,
+            "payload": payload,
+        }
         if retries:
             values["retries"] = retries
         if created_at is not None:
             values["created_at"] = created_at
         return self.session.execute(
-            insert(PendingMemoryTask).values(**values).returning(PendingMemoryTask.id)).scalar_one()
+            insert(PendingMemoryTask).values(**values).returning(PendingMemoryTask.id)
+        ).scalar_one()
 
     def remove(self, task_id: int) -> bool:
         """Delete the task row; False when it was already gone."""
@@ -43,22 +56,25 @@ class TaskRepository(Repository):
 
     def head(self) -> Row[Any] | None:
         """The oldest row (every column), or None."""
-        return self.session.execute(
-            select(PendingMemoryTask.__table__).order_by(PendingMemoryTask.id).limit(1)).first()
+        return self.session.execute(select(PendingMemoryTask.__table__).order_by(PendingMemoryTask.id).limit(1)).first()
 
     def payloads_of(self, task_type: str) -> list[str]:
         """The raw payload of every waiting row of ``task_type``."""
-        return list(self.session.scalars(
-            select(PendingMemoryTask.payload).where(PendingMemoryTask.task_type == task_type)))
+        return list(
+            self.session.scalars(select(PendingMemoryTask.payload).where(PendingMemoryTask.task_type == task_type))
+        )
 
     def set_retries(self, task_id: int, retries: int) -> None:
         self.session.execute(update(PendingMemoryTask).where(PendingMemoryTask.id == task_id).values(retries=retries))
 
     def any_other_than(self, task_types: Collection[str]) -> bool:
         """Whether a row of a type outside ``task_types`` waits."""
-        return self.session.scalar(
-            select(PendingMemoryTask.id).where(PendingMemoryTask.task_type.not_in(list(task_types))).limit(1)
-        ) is not None
+        return (
+            self.session.scalar(
+                select(PendingMemoryTask.id).where(PendingMemoryTask.task_type.not_in(list(task_types))).limit(1)
+            )
+            is not None
+        )
 
 
 _WAKE_KEY = "cpersona.task_queue.wake"
