@@ -209,7 +209,8 @@ PROFILES: dict[str, Profile] = {
             languages="about 100, Japanese included",
             approx_download_mb=470,
             aliases=("e5-small",),
-            notes="the profile to pick for Japanese or mixed-language memories",
+            notes="multilingual (Japanese included), unmeasured here: on JSQuAD the measured advice for Japanese "
+            "is keyword-only (docs/benchmarks.md)",
         ),
     )
 }
