@@ -370,8 +370,9 @@ async def test_all_agent_denials_explain_themselves(app):  # spec ACL-16
     assert non_string["detail"] == "non-string agent_id argument resolved to the all-agents demand"
     export = await through_gate(app, "export_memories", {"agent_id": "alice", "output_path": "/tmp/x"}, "writer")
     assert export["required"] == "read-write" and export["detail"] == (
-        "CPERSONA_EXPORT_DIR is unset, so the path argument is caller-chosen anywhere on the filesystem and the "
-        "call is not confined to one agent; no agent scope narrows this call — it demands every agent by its "
+        "CPERSONA_EXPORT_DIR is unset, so the path argument names any file the caller chooses under the "
+        "database directory's exports/ folder, which no agent owns on record, and the call is not confined to "
+        "one agent; no agent scope narrows this call — it demands every agent by its "
         "nature, and this client holds no all-agents grant, and named grants never add up to one"
     )
     repair = await through_gate(app, "check_health", {"agent_id": "alice", "fix": True}, "writer")

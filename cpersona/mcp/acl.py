@@ -309,9 +309,13 @@ def sweep(level: int, cause: str) -> Demand:
 
 
 _CROSS_AGENT_REPAIRS = ("block_index", "coarse_index", "dedup_msg_id_index", "file_permissions")
+# Over HTTP an unset CPERSONA_EXPORT_DIR confines paths to <database directory>/exports/
+# (portability.paths), but no agent owns a file there on record, so one agent's grant cannot
+# cover overwriting or reading another agent's export.
 _UNCONFINED_PATH = (
-    "CPERSONA_EXPORT_DIR is unset, so the path argument is caller-chosen anywhere on the "
-    "filesystem and the call is not confined to one agent"
+    "CPERSONA_EXPORT_DIR is unset, so the path argument names any file the caller chooses "
+    "under the database directory's exports/ folder, which no agent owns on record, and the "
+    "call is not confined to one agent"
 )
 _PROCESS_PROPERTY = (
     "the running server's version belongs to the process, not to any agent's data, so "
