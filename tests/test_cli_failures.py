@@ -11,6 +11,7 @@ through :func:`as_other_user` so file modes apply even when tests run as root
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -279,3 +280,43 @@ def test_a_closed_output_pipe_ends_quietly(world, argv):
     assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr, done.stderr
     assert done.stderr == ""
     assert done.returncode == 141  # as a program killed by SIGPIPE, which shells treat as a closed reader
+
+
+# The hooks run under Claude Code, which shows stderr and goes on whatever the status: a database
+# that cannot be opened or written is one line and 1 (the failure policy in cpersona/hooks.py).
+# Every event over every bad target.
+_HOOK_INPUT = {"session-start": "SessionStart", "session-end": "SessionEnd"}
+_HOOK_OUTCOME = {
+    "session-start": _fail_but(missing_file=OK, read_only_location=OK),  # a read-only store is read
+    "session-end": _fail_but(missing_file=OK),  # recording the boundary is a write
+}
+
+
+@pytest.mark.parametrize("event", sorted(_HOOK_INPUT))
+@pytest.mark.parametrize("kind", BAD)
+def test_every_hook_answers_a_bad_database_in_one_line(world, event, kind):
+    name = f"hook-{event}-{kind.replace(' ', '-')}"
+    db = world.ro_db if kind == "read-only location" else world.target(kind, name)
+    hook_input = json.dumps({"session_id": "s1", "cwd": str(world.base), "hook_event_name": _HOOK_INPUT[event]})
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CPERSONA_", "EMBEDDING_"))}
+    env.update({"CPERSONA_UPDATE_CHECK": "false", "HOME": str(world.base)})
+    done = subprocess.run(
+        as_other_user([sys.executable, "-m", "cpersona", "hook", event, "--agent", "a", "--db", str(db)]),
+        env=env,
+        input=hook_input,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=world.base,
+    )
+    assert "Traceback" not in done.stderr, done.stderr
+    assert done.returncode == _HOOK_OUTCOME[event][kind], (done.returncode, done.stdout, done.stderr)
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    if done.returncode != OK or (kind, event) == ("missing file", "session-start"):
+        assert len(lines) == 1 and lines[0].startswith("cpersona hook: "), done.stderr
+    if kind == "missing file":
+        # session-start only reads, so it leaves no file behind; session-end records the first
+        # session's boundary, which creates the store as any first write does
+        assert db.exists() == (event == "session-end")
+    if done.returncode != OK:
+        assert done.stdout == ""  # stdout carries the hook's JSON and nothing else
