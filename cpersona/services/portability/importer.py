@@ -386,8 +386,8 @@ def import_memories(
 ) -> dict[str, Any]:
     """:func:`answer_import_memories` for a library caller (``cpersona import``), whose arguments no schema has checked.
 
-    A non-string target keeps each record's agent, anything but ``true`` writes; the path is not checked
-    here: paths.py's rules judge any value (IM-1).
+    A non-string target keeps each record's agent and only ``true`` is a dry run; the path is not
+    checked here: paths.py's rules judge any value (IM-1).
     """
     target = target_agent_id if isinstance(target_agent_id, str) else ""
     args = ImportArguments(input_path=input_path, target_agent_id=target, dry_run=dry_run is True)

@@ -318,7 +318,7 @@ def merge_memories(
 ) -> dict[str, Any]:
     """:func:`answer_merge_memories` for a library caller, whose arguments no schema has checked.
 
-    Anything but ``true`` writes. The rest is left to :func:`validate_merge`, which judges any value (MG-1).
+    Only ``true`` is a dry run; the rest is left to :func:`validate_merge`, which judges any value (MG-1).
     """
     args = MergeArguments(
         source_agent_id=source_agent_id,
