@@ -58,7 +58,8 @@ CALIBRATE_THRESHOLD = ToolSpec(
         required=["agent_id"],
     ),  # fmt: skip
     annotations=_RECALIBRATES,
-    service=ServiceRef("cpersona.services.calibration.service", "calibrate_threshold", keywords=True),
+    service=ServiceRef("cpersona.services.calibration.service", "answer_calibrate_threshold"),
+    request=Ref("cpersona.services.calibration.service", "CalibrationArguments"),
     paused=Skip(Ref("cpersona.services.calibration.service", "paused_calibration_body")),
 )
 
@@ -95,7 +96,8 @@ SET_RECALL_PRECISION = ToolSpec(
         required=["agent_id"],
     ),  # fmt: skip
     annotations=_RECALIBRATES,
-    service=ServiceRef("cpersona.services.calibration.precision", "set_recall_precision", keywords=True),
+    service=ServiceRef("cpersona.services.calibration.precision", "answer_set_recall_precision"),
+    request=Ref("cpersona.services.calibration.precision", "PrecisionUpdateArguments"),
     paused=Skip(Ref("cpersona.services.calibration.precision", "paused_precision_body")),
 )
 

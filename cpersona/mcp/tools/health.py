@@ -93,7 +93,8 @@ CHECK_HEALTH = ToolSpec(
         }
     ),
     annotations=Annotations(read_only=False),
-    service=ServiceRef("cpersona.services.health.check_health", "check_health", keywords=True),
+    service=ServiceRef("cpersona.services.health.check_health", "answer_check_health"),
+    request=Ref("cpersona.services.health.check_health", "HealthArguments"),
     access=HEALTH,
     paused=DowngradeFix(),  # P-11: it reports, it does not repair
 )
@@ -126,7 +127,8 @@ DEEP_CHECK = ToolSpec(
     description=_deep_check_description,
     input_schema=_deep_check_schema,
     annotations=Annotations(read_only=False),
-    service=ServiceRef("cpersona.services.health.deep_check", "deep_check", keywords=True),
+    service=ServiceRef("cpersona.services.health.deep_check", "answer_deep_check"),
+    request=Ref("cpersona.services.health.deep_check", "DeepCheckArguments"),
     access=DEEP_CHECK_ACCESS,
     paused=DowngradeFix(),
 )

@@ -87,7 +87,8 @@ MIGRATE_CHANNEL_AXIS = ToolSpec(
         required=[],
     ),
     annotations=Annotations(read_only=False),
-    service=ServiceRef("cpersona.services.operations.channel_axis", "migrate_channel_axis", keywords=True),
+    service=ServiceRef("cpersona.services.operations.channel_axis", "answer_migrate_channel_axis"),
+    request=Ref("cpersona.services.operations.channel_axis", "ChannelAxisArguments"),
     paused=ForceDryRun(),  # P-11: it still reports what it would do
 )
 
@@ -129,7 +130,8 @@ CHECK_UPDATE = ToolSpec(
         }
     ),
     annotations=Annotations(read_only=False),
-    service=ServiceRef("cpersona.services.operations.update_check", "check_update", keywords=True),
+    service=ServiceRef("cpersona.services.operations.update_check", "answer_check_update"),
+    request=Ref("cpersona.services.operations.update_check", "UpdateCheckArguments"),
     access=UPDATE_CHECK,
     paused=PassThrough(),  # P-12: it installs software, not records
 )

@@ -7,7 +7,7 @@ from typing import Any
 
 from cpersona.mcp.demands import EXPORT, IMPORT, MERGE
 from cpersona.mcp.pause_gate import PassThrough, Skip
-from cpersona.mcp.registry import Annotations, ServiceRef, ToolSpec
+from cpersona.mcp.registry import Annotations, Ref, ServiceRef, ToolSpec
 from cpersona.mcp.tools.common import SESSION_KEY, object_schema
 
 
@@ -71,7 +71,8 @@ EXPORT_MEMORIES = ToolSpec(
         required=["agent_id", "output_path"],
     ),
     annotations=Annotations(read_only=False, destructive=True),
-    service=ServiceRef("cpersona.services.portability", "export_memories", keywords=True),
+    service=ServiceRef("cpersona.services.portability.export", "answer_export_memories"),
+    request=Ref("cpersona.services.portability.export", "ExportArguments"),
     access=EXPORT,
     paused=PassThrough(),  # P-12: it writes a file, not a record
 )
@@ -104,7 +105,8 @@ IMPORT_MEMORIES = ToolSpec(
         required=["input_path"],
     ),
     annotations=Annotations(read_only=False, destructive=True, idempotent=True),
-    service=ServiceRef("cpersona.services.portability", "import_memories", keywords=True),
+    service=ServiceRef("cpersona.services.portability.importer", "answer_import_memories"),
+    request=Ref("cpersona.services.portability.importer", "ImportArguments"),
     access=IMPORT,
     # IM-1 (the file is vetted) comes before the pause (IM-2); a dry run still runs.
     paused=Skip(_paused_import, before=_vet_import, unless_dry_run=True),
@@ -144,7 +146,8 @@ MERGE_MEMORIES = ToolSpec(
         required=["source_agent_id", "target_agent_id"],
     ),
     annotations=Annotations(read_only=False, destructive=True, idempotent=True),
-    service=ServiceRef("cpersona.services.portability", "merge_memories", keywords=True),
+    service=ServiceRef("cpersona.services.portability.merge", "answer_merge_memories"),
+    request=Ref("cpersona.services.portability.merge", "MergeArguments"),
     access=MERGE,
     # MG-1 (the arguments) comes before the pause (MG-2); a dry run still runs.
     paused=Skip(_paused_merge, before=_validate_merge, unless_dry_run=True),

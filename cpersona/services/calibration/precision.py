@@ -19,7 +19,7 @@ from typing import Any
 
 from cpersona.config import GATE_BETA
 from cpersona.services.app import App
-from cpersona.services.calibration.service import apply, effective_beta, measure, parse_arguments
+from cpersona.services.calibration.service import apply, defaults_for, effective_beta, measure
 from cpersona.services.calibration.sidecar import Entry
 from cpersona.services.requests import Request
 from cpersona.services.responses import ToolFailure, answers_refusals, failure
@@ -45,25 +45,42 @@ def _named(agent_id: str) -> str:
     return agent_id
 
 
-def resolve(app: App, precision: Any, beta: Any) -> tuple[str, float, bool]:
-    """(label, β, cleared) from the arguments (spec §3.12 resolution)."""
+@dataclass(frozen=True)
+class PrecisionUpdateArguments(Request):
+    """``set_recall_precision``'s arguments in the types its schema declares; defaults are the schema's."""
+
+    agent_id: str
+    precision: str = ""
+    beta: float = 0
+    session_key: str = ""  # selects the pause bucket; the facade's pause gate reads it
+
+
+def checked_update(agent_id: Any, precision: Any, beta: Any) -> PrecisionUpdateArguments:
+    """A library caller's arguments checked as the tool's schema checks a tool call's (null: the default)."""
+    agent = _agent(agent_id)
     if beta is None:
         beta = 0
     if isinstance(beta, bool) or not isinstance(beta, (int, float)):
         raise ToolFailure(f"beta must be a number, got {beta!r}")
-    if not math.isfinite(beta):
-        raise ToolFailure(f"beta must be a finite number, got {beta}")
-    if beta > 0:  # a raw β wins over any named level
-        return label_of(float(beta)), float(beta), False
     if precision is None:
         precision = ""
     if not isinstance(precision, str):
         raise ToolFailure(f"precision must be a string, got {precision!r}")
-    if precision:
-        named = GATE_BETA.get(precision.lower())
+    return PrecisionUpdateArguments(agent_id=agent, precision=precision, beta=beta)
+
+
+def resolve(app: App, args: PrecisionUpdateArguments) -> tuple[str, float, bool]:
+    """(label, β, cleared) from the arguments (spec §3.12 resolution)."""
+    beta = args.beta
+    if not math.isfinite(beta):
+        raise ToolFailure(f"beta must be a finite number, got {beta}")
+    if beta > 0:  # a raw β wins over any named level
+        return label_of(float(beta)), float(beta), False
+    if args.precision:
+        named = GATE_BETA.get(args.precision.lower())
         if named is None:
-            raise ToolFailure(f"Unknown precision {precision!r}; expected strict / balanced / lenient")
-        return precision.lower(), named, False
+            raise ToolFailure(f"Unknown precision {args.precision!r}; expected strict / balanced / lenient")
+        return args.precision.lower(), named, False
     return "default", app.settings.gate_beta, True
 
 
@@ -71,16 +88,22 @@ def resolve(app: App, precision: Any, beta: Any) -> tuple[str, float, bool]:
 def set_recall_precision(
     app: App, *, agent_id: Any = None, precision: Any = "", beta: Any = 0, session_key: Any = ""
 ) -> dict[str, Any]:
+    """:func:`answer_set_recall_precision` for a library caller, whose arguments no schema has checked."""
+    return answer_set_recall_precision.raises(app, checked_update(agent_id, precision, beta))
+
+
+@answers_refusals
+def answer_set_recall_precision(app: App, args: PrecisionUpdateArguments) -> dict[str, Any]:
     """Set (or clear) the agent's β and recalibrate its gate at it in one step (SP-1..SP-6)."""
-    agent = _agent(agent_id)
-    label, value, cleared = resolve(app, precision, beta)
+    agent = _named(args.agent_id)
+    label, value, cleared = resolve(app, args)
     shape = {"agent_id": agent, "precision": label, "beta": value, "cleared": cleared}
     state = app.calibration
     with state.run_lock:
         previous_beta = effective_beta(app, agent)
         held_gate = state.agent_gate(agent)
         try:
-            m = measure(app, parse_arguments(app, agent), beta=value, rng=state.rng)
+            m = measure(app, defaults_for(app, agent), beta=value, rng=state.rng)
         except ToolFailure as refusal:
             return failure(refusal.message, **shape)
         if m.gate is None and held_gate is not None and previous_beta != value:
@@ -142,8 +165,9 @@ def paused_precision_body(app: App, arguments: Mapping[str, Any]) -> dict[str, A
 
     Arguments are resolved first (spec §9.5), so a bad precision is still refused.
     """
-    agent = _agent(arguments.get("agent_id"))
-    label, beta, cleared = resolve(app, arguments.get("precision", ""), arguments.get("beta", 0))
+    args = PrecisionUpdateArguments.from_arguments(arguments)  # validated by the schema
+    agent = _named(args.agent_id)
+    label, beta, cleared = resolve(app, args)
     return {
         "ok": True,
         "agent_id": agent,

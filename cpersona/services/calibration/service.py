@@ -35,12 +35,13 @@ from cpersona.services.calibration.sidecar import Entry, read_sidecar, scoring_v
 from cpersona.services.calibration.state import CalibrationState, restore_preferences
 from cpersona.services.calibration.fused_gate import GateMeasurement, gate_signal, measure_gate
 from cpersona.services.recall.retrievers import vector_threshold
+from cpersona.services.requests import Request
 from cpersona.services.responses import ToolFailure, answers_refusals
 from cpersona.services.timestamps import parse_iso
 from cpersona.storage.repositories.memories import MemoryRepository
 from cpersona.storage.scope import Scope
 
-__all__ = ["calibrate_threshold", "measure", "start_calibration", "vector_threshold"]
+__all__ = ["answer_calibrate_threshold", "calibrate_threshold", "measure", "start_calibration", "vector_threshold"]
 
 log = logging.getLogger(__name__)
 
@@ -66,44 +67,68 @@ class CalibrationRequest:
         return Scope(agent_id=self.agent_id) if self.agent_id else Scope()
 
 
-def _finite(name: str, value: Any) -> float | None:
-    """None when absent or zero (the schema's "use the default"); a finite float otherwise."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ToolFailure(f"{name} must be a number, got {value!r}")
-    if not math.isfinite(value):
-        raise ToolFailure(f"{name} must be a finite number, got {value}")
-    return None if value == 0 else float(value)
+@dataclass(frozen=True)
+class CalibrationArguments(Request):
+    """``calibrate_threshold``'s arguments in the types its schema declares; omitted (or 0) means the setting."""
+
+    agent_id: str  # '' = the global threshold
+    sample_size: int | None = None
+    z_factor: float | None = None
+    method: str | None = None
+    percentile: float | None = None
+    session_key: str = ""  # selects the pause bucket; the facade's pause gate reads it
 
 
-def parse_arguments(
-    app: App, agent_id: Any, sample_size: Any = None, z_factor: Any = None, method: Any = None, percentile: Any = None
-) -> CalibrationRequest:
-    """Normalise the tool's arguments (spec §3.11 table); ToolFailure on bad input."""
-    settings = app.settings
+def checked_arguments(
+    agent_id: Any, sample_size: Any = None, z_factor: Any = None, method: Any = None, percentile: Any = None
+) -> CalibrationArguments:
+    """A library caller's arguments checked as the tool's schema checks a tool call's; ToolFailure if not."""
     if not isinstance(agent_id, str):
         raise ToolFailure("agent_id is required ('' calibrates the global threshold)")
+    if isinstance(sample_size, float) and sample_size.is_integer():
+        sample_size = int(sample_size)
     if sample_size is not None and (isinstance(sample_size, bool) or not isinstance(sample_size, int)):
-        if not (isinstance(sample_size, float) and sample_size.is_integer()):
-            raise ToolFailure(f"sample_size must be an integer, got {sample_size!r}")
-    size = int(sample_size or 0) or settings.calibrate_sample_size
-    size = max(1, min(size, settings.calibrate_max_sample))
-    z = _finite("z_factor", z_factor)
-    z = settings.calibrate_z_factor if z is None else z
-    z = max(-Z_FACTOR_BOUND, min(Z_FACTOR_BOUND, z))
+        raise ToolFailure(f"sample_size must be an integer, got {sample_size!r}")
+    for name, value in (("z_factor", z_factor), ("percentile", percentile)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise ToolFailure(f"{name} must be a number, got {value!r}")
     if method is not None and not isinstance(method, str):
         raise ToolFailure(f"method must be one of {', '.join(METHODS)}")
-    chosen = method or settings.calibrate_method
+    return CalibrationArguments(agent_id, sample_size, z_factor, method, percentile)
+
+
+def _finite(name: str, value: float | None) -> float | None:
+    """None when absent or zero (the schema's "use the default"); the value otherwise, which must be finite."""
+    if value is None or value == 0:
+        return None
+    if not math.isfinite(value):
+        raise ToolFailure(f"{name} must be a finite number, got {value}")
+    return float(value)
+
+
+def calibration_request(app: App, args: CalibrationArguments) -> CalibrationRequest:
+    """What the arguments ask for (spec §3.11 table): the settings fill what is left out, bounds clamp."""
+    settings = app.settings
+    size = args.sample_size or settings.calibrate_sample_size
+    size = max(1, min(size, settings.calibrate_max_sample))
+    z = _finite("z_factor", args.z_factor)
+    z = settings.calibrate_z_factor if z is None else z
+    z = max(-Z_FACTOR_BOUND, min(Z_FACTOR_BOUND, z))
+    chosen = args.method or settings.calibrate_method
     if chosen not in METHODS:
         raise ToolFailure(f"Unknown method {chosen!r}; expected one of {', '.join(METHODS)}")
-    pct = _finite("percentile", percentile)
+    pct = _finite("percentile", args.percentile)
     pct = settings.calibrate_percentile if pct is None else pct
     if 1 < pct <= 100:
         pct /= 100  # read as a percent (95 → 0.95)
     if not 0 < pct <= 1:
-        raise ToolFailure(f"percentile must be in (0, 1] (or a percent 1-100), got {float(percentile)}")
-    return CalibrationRequest(agent_id, size, z, chosen, pct)
+        raise ToolFailure(f"percentile must be in (0, 1] (or a percent 1-100), got {float(args.percentile)}")
+    return CalibrationRequest(args.agent_id, size, z, chosen, pct)
+
+
+def defaults_for(app: App, agent_id: str) -> CalibrationRequest:
+    """A calibration of ``agent_id`` ('' = global) with every argument left to the settings."""
+    return calibration_request(app, CalibrationArguments(agent_id))
 
 
 # -- the sample ------------------------------------------------------------------------
@@ -329,9 +354,16 @@ def calibrate_threshold(
     percentile: Any = None,
     session_key: Any = "",
 ) -> dict[str, Any]:
+    """:func:`answer_calibrate_threshold` for a library caller, whose arguments no schema has checked."""
+    args = checked_arguments(agent_id, sample_size, z_factor, method, percentile)
+    return answer_calibrate_threshold.raises(app, args)
+
+
+@answers_refusals
+def answer_calibrate_threshold(app: App, args: CalibrationArguments) -> dict[str, Any]:
     """The ``calibrate_threshold`` tool (spec §3.11, CT-1..CT-5)."""
     state = app.calibration
-    req = parse_arguments(app, agent_id, sample_size, z_factor, method, percentile)
+    req = calibration_request(app, args)
     with state.run_lock:
         old = current_threshold(app, req.agent_id)
         m = measure(app, req, beta=None, rng=state.rng)
@@ -420,7 +452,7 @@ def calibrate_everything(app: App, stop: threading.Event) -> str:
     """The global threshold, then (if it worked) every agent with embedded memories."""
     state = app.calibration
     settings = app.settings
-    defaults = parse_arguments(app, "")
+    defaults = defaults_for(app, "")
     try:
         with state.run_lock:
             m = measure(app, defaults, beta=None, rng=state.rng)
@@ -439,7 +471,7 @@ def calibrate_everything(app: App, stop: threading.Event) -> str:
             continue  # '' is the global scope's name, not an agent's
         try:
             with state.run_lock:
-                m = measure(app, parse_arguments(app, agent), beta=None, rng=state.rng)
+                m = measure(app, defaults_for(app, agent), beta=None, rng=state.rng)
                 apply(app, m)
                 state.persist(settings)
             done += 1
@@ -457,14 +489,7 @@ def install(app: App, *, seed: int | None = None) -> CalibrationState:
 
 def paused_calibration_body(app: App, arguments: Mapping[str, Any]) -> dict[str, Any]:
     """``calibrate_threshold``'s success shape under a pause: all a measurement computes left empty (§9.5)."""
-    req = parse_arguments(
-        app,
-        arguments.get("agent_id"),
-        arguments.get("sample_size"),
-        arguments.get("z_factor"),
-        arguments.get("method"),
-        arguments.get("percentile"),
-    )
+    req = calibration_request(app, CalibrationArguments.from_arguments(arguments))  # validated by the schema
     return {
         "ok": True,
         "sidecar_persisted": False,

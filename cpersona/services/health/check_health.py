@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from cpersona.services.records import remote_vectors
@@ -24,6 +25,7 @@ from cpersona.services.health.registry import (
 )
 from cpersona.storage.health_probes import storage_stats
 from cpersona.services.operations.update_check import update_notice
+from cpersona.services.requests import Request
 
 NULL_CHECKS = {"null_embedding": "memories", "null_episode_embedding": "episodes"}
 # Whole-database report-only scan run on a read connection before the locked run (H-5).
@@ -150,11 +152,28 @@ def run_health(
     }
 
 
+@dataclass(frozen=True)
+class HealthArguments(Request):
+    """``check_health``'s arguments in the types its schema declares; defaults are the schema's."""
+
+    agent_id: str = ""  # '' = every agent
+    fix: bool = False
+    checks: Sequence[str] = ()  # none named: the whole registry
+    session_key: str = ""  # selects the pause bucket; the facade's pause gate reads it
+
+
 def check_health(
     app: App, *, agent_id: Any = "", fix: Any = False, checks: Any = None, session_key: Any = ""
 ) -> dict[str, Any]:
-    chosen = select(checks)
+    """:func:`answer_check_health` for a library caller, whose arguments no schema has checked."""
+    # Anything but true reports only: a repair must be asked for.
+    return answer_check_health(app, HealthArguments(agent_id=agent_id or "", fix=fix is True, checks=checks or ()))
+
+
+def answer_check_health(app: App, args: HealthArguments) -> dict[str, Any]:
+    """The registry's checks over one agent (or all), repaired when ``fix`` (spec §2)."""
+    chosen = select(args.checks)
     if isinstance(chosen, dict):
         return chosen
     selected, checks_run = chosen
-    return run_health(app, agent_id=agent_id or "", fix=fix is True, checks=selected, checks_run=checks_run)
+    return run_health(app, agent_id=args.agent_id, fix=args.fix, checks=selected, checks_run=checks_run)

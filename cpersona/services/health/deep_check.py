@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -16,6 +17,7 @@ from cpersona.services.calibration.sidecar import read_sidecar, scoring_version
 from cpersona.storage import dialect
 from cpersona.storage import health_probes as probes
 from cpersona.services.health.registry import dedupe, unknown_names, unknown_refusal
+from cpersona.services.requests import Request
 from cpersona.services.timestamps import instant_seconds
 
 STALE_PROFILE_DAYS = 30
@@ -354,17 +356,34 @@ def _run(ctx: DeepCtx, name: str) -> dict[str, Any]:
         return {"error": str(exc) or type(exc).__name__}
 
 
+@dataclass(frozen=True)
+class DeepCheckArguments(Request):
+    """``deep_check``'s arguments in the types its schema declares; defaults are the schema's."""
+
+    agent_id: str  # '' is the empty-agent bucket, not every agent
+    fix: bool = False
+    checks: Sequence[str] = ()  # none named: every check
+    session_key: str = ""  # selects the pause bucket; the facade's pause gate reads it
+
+
 def deep_check(
     app: App, *, agent_id: Any, fix: Any = False, checks: Any = None, session_key: Any = ""
 ) -> dict[str, Any]:
-    requested = [str(n) for n in (checks or [])]
+    """:func:`answer_deep_check` for a library caller, whose arguments no schema has checked."""
+    # Anything but true reports only (a repair must be asked for); a non-string agent is the '' bucket.
+    agent = agent_id if isinstance(agent_id, str) else ""
+    named = tuple(str(name) for name in checks or ())
+    return answer_deep_check(app, DeepCheckArguments(agent_id=agent, fix=fix is True, checks=named))
+
+
+def answer_deep_check(app: App, args: DeepCheckArguments) -> dict[str, Any]:
+    """The selected checks over one agent's rows; the fixable ones repair when ``fix`` (spec §5)."""
     valid = list(DEEP_CHECKS)
-    unknown = unknown_names(requested, valid)
+    unknown = unknown_names(args.checks, valid)
     if unknown:
         return unknown_refusal(unknown, valid)
-    checks_run = dedupe(requested) or valid
-    fix = fix is True
-    agent = agent_id if isinstance(agent_id, str) else ""
+    checks_run = dedupe(args.checks) or valid
+    fix, agent = args.fix, args.agent_id
     results: dict[str, Any] = {}
     writers = [n for n in checks_run if fix and n in FIXABLE]
     readers = [n for n in checks_run if n not in writers]

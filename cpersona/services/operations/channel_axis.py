@@ -30,6 +30,7 @@ from typing import Any
 from sqlalchemy import Connection
 
 from cpersona.services.app import App
+from cpersona.services.requests import Request
 from cpersona.services.responses import failure
 from cpersona.storage.repositories.channel_move import BridgeDeclarations, bridge_pages, rechannel
 from cpersona.storage.scope import Scope
@@ -97,16 +98,25 @@ def _no_constants(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+@dataclass(frozen=True)
+class ChannelAxisArguments(Request):
+    """``migrate_channel_axis``'s arguments in the types its schema declares; defaults are the schema's."""
+
+    agent_id: str = ""  # '' = every agent
+    dry_run: bool = True
+    globalize_unrecoverable: bool = False
+    session_key: str = ""  # selects the pause bucket; the facade's pause gate reads it
+
+
 def migrate_channel_axis(
     app: App,
     *,
     agent_id: Any = "",
     dry_run: Any = True,
     globalize_unrecoverable: Any = False,
-    session_key: Any = "",  # selects the pause bucket; the facade's pause gate reads it
+    session_key: Any = "",
 ) -> dict[str, Any]:
-    """Survey the ``discord`` rows of one agent ('' = every agent) and, unless dry, move them."""
-    del session_key
+    """:func:`answer_migrate_channel_axis` for a library caller, whose arguments no schema has checked."""
     if agent_id is None:
         agent_id = ""
     if not isinstance(agent_id, str):
@@ -114,11 +124,18 @@ def migrate_channel_axis(
     for name, value in (("dry_run", dry_run), ("globalize_unrecoverable", globalize_unrecoverable)):
         if not isinstance(value, bool):
             return failure(f"{name} must be true or false")
-    scope = Scope(agent_id=agent_id or None)
+    return answer_migrate_channel_axis(
+        app, ChannelAxisArguments(agent_id=agent_id, dry_run=dry_run, globalize_unrecoverable=globalize_unrecoverable)
+    )
+
+
+def answer_migrate_channel_axis(app: App, args: ChannelAxisArguments) -> dict[str, Any]:
+    """Survey the ``discord`` rows of one agent ('' = every agent) and, unless dry, move them."""
+    scope = Scope(agent_id=args.agent_id or None)
 
     survey = _Survey()
     migrated = globalized = 0
-    if dry_run:
+    if args.dry_run:
         with app.db.read() as session:
             for page in _pages(session.connection(), scope):
                 for row in page:
@@ -134,18 +151,18 @@ def migrate_channel_axis(
                 migrated += len(moved)
                 if graph is not None:
                     graph.follow(moved)
-                if globalize_unrecoverable:
+                if args.globalize_unrecoverable:
                     globalized += _globalize(conn, [r.id for r in page if r.session_id is None])
 
     return {
-        "agent_id": agent_id,
-        "dry_run": dry_run,
+        "agent_id": args.agent_id,
+        "dry_run": args.dry_run,
         "recoverable_total": sum(survey.recoverable.values()),
         "recoverable_by_channel": survey.by_channel(),
         "unrecoverable_total": survey.unrecoverable,
         "invalid_metadata_total": survey.invalid_total,
         "invalid_metadata_ids": survey.invalid_ids,
-        "globalize_unrecoverable": globalize_unrecoverable,
+        "globalize_unrecoverable": args.globalize_unrecoverable,
         "migrated": migrated,
         "globalized": globalized,
         "samples": survey.samples,

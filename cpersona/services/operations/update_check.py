@@ -43,6 +43,7 @@ from cpersona import DISTRIBUTION, __version__
 from cpersona.services.app import App
 from cpersona.services.operations.install import Installation, detect_install, run_steps
 from cpersona.services.operations.versions import Version, parse_version
+from cpersona.services.requests import Request
 
 log = logging.getLogger(__name__)
 
@@ -373,10 +374,26 @@ def _message(verdict: Verdict, command: str) -> str:
     )
 
 
+@dataclass(frozen=True)
+class UpdateCheckArguments(Request):
+    """``check_update``'s arguments in the types its schema declares; defaults are the schema's."""
+
+    refresh: bool = False
+    apply: bool = False
+
+
 def check_update(app: App, *, refresh: Any = False, apply: Any = False) -> dict[str, Any]:
+    """:func:`answer_check_update` for a library caller, whose arguments no schema has checked.
+
+    Anything but ``true`` asks for neither: a refresh uses the network and an apply installs software.
+    """
+    return answer_check_update(app, UpdateCheckArguments(refresh=refresh is True, apply=apply is True))
+
+
+def answer_check_update(app: App, args: UpdateCheckArguments) -> dict[str, Any]:
     """Report the verdict; refresh it on request; install the update on request."""
     checker = app.update_checker
-    if refresh is True:
+    if args.refresh:
         checker.refresh()
     verdict, checked_at = checker.current()
     install = checker.installation.describe(verdict.available)
@@ -389,7 +406,7 @@ def check_update(app: App, *, refresh: Any = False, apply: Any = False) -> dict[
         "reason": verdict.reason,
         "checked_at": checked_at,
         "unknown_reason": checker.unknown_reason(),
-        "refreshed": refresh is True,
+        "refreshed": args.refresh,
         "install": install,
         "_meta": {"server_version": __version__},
     }
@@ -397,7 +414,7 @@ def check_update(app: App, *, refresh: Any = False, apply: Any = False) -> dict[
         response["message"] = _message(verdict, install["command"])
         if verdict.available:
             response["release_notes"] = RELEASE_NOTES.format(version=verdict.available)
-    if apply is True:
+    if args.apply:
         response["apply_result"] = checker.apply(verdict)
     return response
 

@@ -1,6 +1,7 @@
 """Moving memories in and out: JSONL export/import, agent merge, 2.6 database copy.
 
-Public entry points (service functions, ``fn(app, **tool_arguments) -> dict``):
+Public entry points for library callers (the CLI, tests): ``fn(app, **arguments) -> dict``,
+each checking what no schema has checked and calling its tool's service, ``answer_<tool>(app, request)``:
 
 - :func:`export_memories` — spec admin-and-safety.md §6
 - :func:`import_memories` — §7 (:func:`vet_import` is its IM-1 vetting alone,

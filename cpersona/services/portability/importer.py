@@ -38,6 +38,7 @@ from cpersona.storage.layout import Layout
 from cpersona.services.portability.paths import vet_input_file
 from cpersona.services.portability.writer import EpisodeRow, MemoryRow, ProfileRow, RecordWriter
 from cpersona.services.refs import canonical_ref
+from cpersona.services.requests import Request
 from cpersona.services.responses import ToolFailure, answers_refusals, failure
 from cpersona.services.sanitize import has_lone_surrogate, nul_refusal, sanitize
 from cpersona.services.timestamps import ahead_of_clock, sql_stamp
@@ -369,20 +370,36 @@ def _zero_counts() -> dict[str, Any]:
     return Tallies().counts()
 
 
+@dataclass(frozen=True)
+class ImportArguments(Request):
+    """``import_memories``' arguments in the types its schema declares; defaults are the schema's."""
+
+    input_path: str
+    target_agent_id: str = ""  # '' keeps each record's own agent
+    dry_run: bool = False
+    session_key: str = ""  # selects the pause bucket; the facade's gate reads it
+
+
 @answers_refusals
 def import_memories(
-    app: App,
-    *,
-    input_path: Any,
-    target_agent_id: Any = "",
-    dry_run: bool = False,
-    session_key: str = "",  # selects the pause bucket; the facade's gate reads it
+    app: App, *, input_path: Any, target_agent_id: Any = "", dry_run: Any = False, session_key: Any = ""
 ) -> dict[str, Any]:
-    del session_key
-    settings = app.settings
+    """:func:`answer_import_memories` for a library caller (``cpersona import``), whose arguments no schema has checked.
+
+    A non-string target keeps each record's agent and only ``true`` is a dry run; the path is not
+    checked here: paths.py's rules judge any value (IM-1).
+    """
     target = target_agent_id if isinstance(target_agent_id, str) else ""
-    dry_run = dry_run is True
-    path = vet_input_file(app, input_path)
+    args = ImportArguments(input_path=input_path, target_agent_id=target, dry_run=dry_run is True)
+    return answer_import_memories.raises(app, args)
+
+
+@answers_refusals
+def answer_import_memories(app: App, args: ImportArguments) -> dict[str, Any]:
+    """Restore an export's records, in write batches, skipping what is already stored (spec §7)."""
+    settings = app.settings
+    target, dry_run = args.target_agent_id, args.dry_run
+    path = vet_input_file(app, args.input_path)
     if target and has_lone_surrogate(target):
         return failure("target_agent_id holds an unpaired surrogate")
     found = jsonl.scan(path, settings.max_import_bytes)

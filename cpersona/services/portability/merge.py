@@ -32,6 +32,7 @@ from cpersona.services.portability.graph import CarryResult, GraphCarrier, Graph
 from cpersona.storage.layout import Layout
 from cpersona.storage.repositories.snapshot import SnapshotReader
 from cpersona.services.portability.writer import EpisodeRow, MemoryRow, ProfileRow, RecordWriter
+from cpersona.services.requests import Request
 from cpersona.services.responses import ToolFailure, answers_refusals, failure
 from cpersona.storage import dialect
 from cpersona.storage import errors as storage_errors
@@ -292,6 +293,18 @@ class _Merge:
         }
 
 
+@dataclass(frozen=True)
+class MergeArguments(Request):
+    """``merge_memories``' arguments in the types its schema declares; defaults are the schema's."""
+
+    source_agent_id: str
+    target_agent_id: str
+    strategy: str = "skip"
+    mode: str = "copy"
+    dry_run: bool = False
+    session_key: str = ""  # selects the pause bucket; the facade's gate reads it
+
+
 @answers_refusals
 def merge_memories(
     app: App,
@@ -300,37 +313,52 @@ def merge_memories(
     target_agent_id: Any,
     strategy: Any = "skip",
     mode: Any = "copy",
-    dry_run: bool = False,
-    session_key: str = "",  # selects the pause bucket; the facade's gate reads it
+    dry_run: Any = False,
+    session_key: Any = "",
 ) -> dict[str, Any]:
-    del session_key
-    validate_merge(source_agent_id, target_agent_id, strategy, mode)
-    dry_run = dry_run is True
+    """:func:`answer_merge_memories` for a library caller, whose arguments no schema has checked.
+
+    Only ``true`` is a dry run; the rest is left to :func:`validate_merge`, which judges any value (MG-1).
+    """
+    args = MergeArguments(
+        source_agent_id=source_agent_id,
+        target_agent_id=target_agent_id,
+        strategy=strategy,
+        mode=mode,
+        dry_run=dry_run is True,
+    )
+    return answer_merge_memories.raises(app, args)
+
+
+@answers_refusals
+def answer_merge_memories(app: App, args: MergeArguments) -> dict[str, Any]:
+    """Copy (or move) the source agent's records to the target, in write batches (spec §8)."""
+    validate_merge(args.source_agent_id, args.target_agent_id, args.strategy, args.mode)
     merge: _Merge | None = None
     run: Run[MergeTallies] | None = None
     try:
-        with restore_run(app, dry_run=dry_run) as run:
-            merge = _Merge(app, run, source_agent_id, target_agent_id, move=mode == "move")
+        with restore_run(app, dry_run=args.dry_run) as run:
+            merge = _Merge(app, run, args.source_agent_id, args.target_agent_id, move=args.mode == "move")
             extra = merge.run()
     except (SQLAlchemyError, DatabaseBusy) as exc:
         if isinstance(exc, SQLAlchemyError):
-            storage_errors.log_details(log, f"merge {source_agent_id!r} -> {target_agent_id!r}", exc)
+            storage_errors.log_details(log, f"merge {args.source_agent_id!r} -> {args.target_agent_id!r}", exc)
         reason = exc.reason if isinstance(exc, DatabaseBusy) else dialect.error_message(exc)
         if merge is not None and run is not None and run.wrote and run.committed is not None:
-            _follow_up(app, merge, emptied=False, moved=mode == "move")
+            _follow_up(app, merge, emptied=False, moved=args.mode == "move")
             return failure(
                 stopped_message(reason, "merge"),
-                dry_run=dry_run,
-                source_agent_id=source_agent_id,
-                target_agent_id=target_agent_id,
+                dry_run=args.dry_run,
+                source_agent_id=args.source_agent_id,
+                target_agent_id=args.target_agent_id,
                 **run.committed.counts(),
             )
         seen = merge.tallies if merge else MergeTallies()
         return failure(
             f"merge aborted and rolled back: {reason}",
-            dry_run=dry_run,
-            source_agent_id=source_agent_id,
-            target_agent_id=target_agent_id,
+            dry_run=args.dry_run,
+            source_agent_id=args.source_agent_id,
+            target_agent_id=args.target_agent_id,
             merged_memories=0,
             skipped_memories=seen.skipped_memories,
             merged_episodes=0,
@@ -338,16 +366,16 @@ def merge_memories(
             profile_copied=False,
             skipped_profile=seen.skipped_profile,
         )
-    if not dry_run:
-        emptied = mode == "move" and not any(extra.get("left_at_source", {}).values())
-        _follow_up(app, merge, emptied=emptied, moved=mode == "move")
+    if not args.dry_run:
+        emptied = args.mode == "move" and not any(extra.get("left_at_source", {}).values())
+        _follow_up(app, merge, emptied=emptied, moved=args.mode == "move")
     return {
         "ok": True,
-        "dry_run": dry_run,
-        "source_agent_id": source_agent_id,
-        "target_agent_id": target_agent_id,
-        "strategy": strategy,
-        "mode": mode,
+        "dry_run": args.dry_run,
+        "source_agent_id": args.source_agent_id,
+        "target_agent_id": args.target_agent_id,
+        "strategy": args.strategy,
+        "mode": args.mode,
         **merge.tallies.counts(),
         **extra,
     }
