@@ -38,7 +38,7 @@ from cpersona.services.app import App
 from cpersona.services.refs import Ref, canonical_ref
 from cpersona.services.requests import Request
 from cpersona.services.responses import failure
-from cpersona.services.sanitize import check_key_field, find_lone_surrogate, has_nul, nul_refusal
+from cpersona.services.sanitize import bucket_field, check_key_field, find_lone_surrogate, has_nul, nul_refusal
 from cpersona.storage.models_associations import DECLARED_BY_AGENT
 from cpersona.storage.repositories.associations import ENTITY_KIND, AssociationRepository, RelationRow
 from cpersona.storage.repositories.episodes import EpisodeRepository
@@ -445,7 +445,7 @@ def declare_associations(
     """:func:`answer_declare_associations` for a library caller, whose arguments no schema has checked."""
     if not isinstance(agent_id, str):
         return declare_refusal("agent_id is required" if agent_id is None else "agent_id must be a string")
-    # ISO-1: a missing or non-string project or channel is the global bucket; an anchor that is no string, none.
+    # An anchor that is no string is no anchor.
     return answer_declare_associations(
         app,
         DeclareArguments(
@@ -453,8 +453,8 @@ def declare_associations(
             associations=associations,
             anchor_ref=anchor_ref if isinstance(anchor_ref, str) else "",
             retract=retract,
-            channel=channel if isinstance(channel, str) else "",
-            project_id=project_id if isinstance(project_id, str) else "",
+            channel=bucket_field(channel),
+            project_id=bucket_field(project_id),
         ),
     )
 

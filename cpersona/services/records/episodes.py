@@ -26,7 +26,7 @@ from cpersona.services.records.memories import embed_text
 from cpersona.services.records.nodes import QUEUED, queue_build, runs_past_window
 from cpersona.services.requests import Request
 from cpersona.services.responses import ToolFailure, answers_refusals
-from cpersona.services.sanitize import check_key_field, find_lone_surrogate, nul_refusal, sanitize
+from cpersona.services.sanitize import bucket_field, check_key_field, find_lone_surrogate, nul_refusal, sanitize
 from cpersona.services.timestamps import FuturePolicy, parse_iso, sql_stamp
 from cpersona.storage.repositories.episodes import EpisodeRepository
 
@@ -86,7 +86,6 @@ def archive_episode(
     else:
         raise _refuse("resolved must be true or false")
     # AE-2: keywords are optional colour; a wrong type is dropped, not fatal.
-    # ISO-1: a missing or non-string project/channel is the global bucket.
     return answer_archive_episode.raises(
         app,
         EpisodeArchiveArguments(
@@ -95,8 +94,8 @@ def archive_episode(
             history=history,
             keywords=keywords if isinstance(keywords, str) else "",
             resolved=resolved_flag,
-            project_id=project_id if isinstance(project_id, str) else "",
-            channel=channel if isinstance(channel, str) else "",
+            project_id=bucket_field(project_id),
+            channel=bucket_field(channel),
         ),
     )
 

@@ -36,6 +36,7 @@ from cpersona.services.records.nodes import QUEUED, queue_build, runs_past_windo
 from cpersona.services.requests import Request
 from cpersona.services.responses import ToolFailure, failure
 from cpersona.services.sanitize import (
+    bucket_field,
     check_json_size,
     check_key_field,
     check_timestamp_field,
@@ -166,9 +167,8 @@ def store(
         metadata=metadata,
         lock=lock,
         message=message,
-        # ISO-1: a missing or non-string project/channel is the global bucket.
-        channel=channel if isinstance(channel, str) else "",
-        project_id=project_id if isinstance(project_id, str) else "",
+        channel=bucket_field(channel),
+        project_id=bucket_field(project_id),
         associations=associations,
     )
     return answer_store(app, arguments)
