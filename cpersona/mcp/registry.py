@@ -77,14 +77,7 @@ class Ref:
 
 @dataclass(frozen=True)
 class ServiceRef(Ref):
-    """The service of a tool: ``fn(app, request) -> dict``.
-
-    ``keywords``: the service is still written as ``fn(app, **arguments)``; it
-    receives the fields the caller sent (:meth:`Request.given`), so its own
-    defaults apply exactly as when it is called as a library function.
-    """
-
-    keywords: bool = False
+    """The service of a tool: ``fn(app, request) -> dict``, the request parsed once by dispatch."""
 
     def function(self) -> Callable[..., dict[str, Any]]:
         """The service as dispatch runs it: raising its refusals (see ``responses.answers_refusals``)."""
@@ -92,8 +85,7 @@ class ServiceRef(Ref):
         return getattr(fn, "raises", fn)
 
     def __call__(self, app: App, request: Request) -> dict[str, Any]:
-        fn = self.function()
-        return fn(app, **request.given()) if self.keywords else fn(app, request)
+        return self.function()(app, request)
 
 
 ServiceFn = Callable[["App", Any], dict[str, Any]]

@@ -119,6 +119,11 @@ def nul_refusal(**named: Any) -> str | None:
     return None
 
 
+def bucket_field(value: Any) -> str:
+    """A library caller's project or channel: missing or not a string is the global bucket '' (ISO-1)."""
+    return value if isinstance(value, str) else ""
+
+
 def check_key_field(name: str, value: str) -> str | None:
     """A key field (msg_id, channel, project_id) is refused, never cut, past 256."""
     if len(value) > KEY_FIELD_MAX:

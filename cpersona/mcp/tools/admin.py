@@ -32,15 +32,14 @@ def _one_row_tool(
     verb: str,
     annotations: Annotations,
     acted_on: str,
+    request: str,
     more: dict[str, object] | None = None,
-    request: str | None = None,
 ) -> ToolSpec:
     """A tool acting on one row found by id, owner-checked when agent_id is given.
 
     Arguments, in order: agent_id, the row's id, ``more`` (all required), session_key.
     Its answer names the row it acted on in ``acted_on``, which is null while paused.
-    ``request``: its request dataclass in the service module, whose ``answer_<name>`` takes it; without
-    one the service is still written with keyword arguments.
+    ``request``: its request dataclass in the service module, whose ``answer_<name>`` takes it.
     """
     id_field, ref_kind = _ROW_IDS[row]
     row_id = {"type": "integer", "description": f"Id of the {row} to {verb} (the number in {ref_kind}:<id>)."}
@@ -53,10 +52,8 @@ def _one_row_tool(
             required=[id_field, *(more or {})],
         ),
         annotations=annotations,
-        service=(
-            ServiceRef(_SERVICES, name, keywords=True) if request is None else ServiceRef(_SERVICES, f"answer_{name}")
-        ),
-        request=None if request is None else Ref(_SERVICES, request),
+        service=ServiceRef(_SERVICES, f"answer_{name}"),
+        request=Ref(_SERVICES, request),
         paused=Skip(const({"ok": True, acted_on: None})),
     )
 
@@ -130,6 +127,7 @@ UPDATE_MEMORY = _one_row_tool(
     annotations=_EDIT,
     acted_on="updated_id",
     more={"content": {"type": "string", "description": "The memory's new text; it replaces the old one entirely."}},
+    request="MemoryUpdateArguments",
 )
 
 LOCK_MEMORY = _one_row_tool(

@@ -17,7 +17,7 @@ import dataclasses
 
 from cpersona.mcp.demands import WRITE_AGENT
 from cpersona.mcp.pause_gate import Skip, const
-from cpersona.mcp.registry import READ_ONLY, READ_PROJECT, WRITE_PROJECT, Annotations, ServiceRef, ToolSpec
+from cpersona.mcp.registry import READ_ONLY, READ_PROJECT, WRITE_PROJECT, Annotations, Ref, ServiceRef, ToolSpec
 from cpersona.mcp.tools.common import AGENT_ID, SESSION_KEY, object_schema, prop
 
 _AUTO = (
@@ -158,7 +158,8 @@ DECLARE_ASSOCIATIONS = ToolSpec(
     ),
     # destructive: `retract` removes declarations.
     annotations=Annotations(read_only=False, destructive=True, idempotent=True),
-    service=ServiceRef("cpersona.services.graph.associations", "declare_associations", keywords=True),
+    service=ServiceRef("cpersona.services.graph.associations", "answer_declare_associations"),
+    request=Ref("cpersona.services.graph.associations", "DeclareArguments"),
     project=WRITE_PROJECT,
     access=dataclasses.replace(WRITE_AGENT, says_rejected=True),  # ACL-15: a denial says rejected
     paused=Skip(
@@ -205,7 +206,8 @@ TRAVERSE = ToolSpec(
         required=["agent_id", "entity"],
     ),
     annotations=READ_ONLY,
-    service=ServiceRef("cpersona.services.graph.traverse", "traverse", keywords=True),
+    service=ServiceRef("cpersona.services.graph.traverse", "answer_traverse"),
+    request=Ref("cpersona.services.graph.traverse", "TraverseArguments"),
     project=READ_PROJECT,
 )
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cpersona.mcp.registry import READ_ONLY, ServiceRef, ToolSpec
+from cpersona.mcp.registry import READ_ONLY, Ref, ServiceRef, ToolSpec
 from cpersona.mcp.tools.common import object_schema
 
 DESCRIPTION = (
@@ -83,7 +83,8 @@ GET_CONTENTS = ToolSpec(
         required=["agent_id", "refs"],
     ),
     annotations=READ_ONLY,
-    service=ServiceRef("cpersona.services.records.contents", "get_contents", keywords=True),
+    service=ServiceRef("cpersona.services.records.contents", "answer_get_contents"),
+    request=Ref("cpersona.services.records.contents", "ContentsArguments"),
 )
 
 TOOLS = [GET_CONTENTS]

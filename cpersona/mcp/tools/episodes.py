@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from cpersona.mcp.pause_gate import NO_PERSIST, Skip, const
-from cpersona.mcp.registry import WRITE_PROJECT, Annotations, ServiceRef, ToolSpec
+from cpersona.mcp.registry import WRITE_PROJECT, Annotations, Ref, ServiceRef, ToolSpec
 from cpersona.mcp.tools.common import (
     AGENT_ID,
     CHANNEL_FOR_WRITE,
@@ -50,7 +50,8 @@ ARCHIVE_EPISODE = ToolSpec(
         required=["agent_id", "summary"],
     ),
     annotations=Annotations(read_only=False, destructive=False, idempotent=False),
-    service=ServiceRef("cpersona.services.records.episodes", "archive_episode", keywords=True),
+    service=ServiceRef("cpersona.services.records.episodes", "answer_archive_episode"),
+    request=Ref("cpersona.services.records.episodes", "EpisodeArchiveArguments"),
     project=WRITE_PROJECT,
     paused=Skip(const({"ok": True, "queued": False, "task_id": None, "episode_id": None, "id": NO_PERSIST})),
     refusal=episode_refusal,

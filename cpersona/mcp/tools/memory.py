@@ -144,7 +144,8 @@ STORE = ToolSpec(
         }
     ),
     annotations=Annotations(read_only=False, destructive=False, idempotent=True),
-    service=ServiceRef("cpersona.services.records.memories", "store", keywords=True),
+    service=ServiceRef("cpersona.services.records.memories", "answer_store"),
+    request=Ref("cpersona.services.records.memories", "StoreArguments"),
     precheck=Ref(
         "cpersona.services.records.memories", "check_boundary"
     ),  # ST-2 steps 1-2, ahead of the project registry and the pause

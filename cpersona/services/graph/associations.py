@@ -36,8 +36,9 @@ from sqlalchemy.orm import Session
 from cpersona.services import refs as record_refs
 from cpersona.services.app import App
 from cpersona.services.refs import Ref, canonical_ref
+from cpersona.services.requests import Request
 from cpersona.services.responses import failure
-from cpersona.services.sanitize import check_key_field, find_lone_surrogate, has_nul, nul_refusal
+from cpersona.services.sanitize import bucket_field, check_key_field, find_lone_surrogate, has_nul, nul_refusal
 from cpersona.storage.models_associations import DECLARED_BY_AGENT
 from cpersona.storage.repositories.associations import ENTITY_KIND, AssociationRepository, RelationRow
 from cpersona.storage.repositories.episodes import EpisodeRepository
@@ -188,9 +189,9 @@ class _Declaration:
 
     # -- the anchor (A-12)
 
-    def anchor(self, anchor_ref: Any) -> str:
+    def anchor(self, anchor_ref: str) -> str:
         """The canonical anchor, or '' (a bad one is dropped once and the call goes on)."""
-        given = anchor_ref.strip() if isinstance(anchor_ref, str) else ""
+        given = anchor_ref.strip()
         if not given:
             return ""
         ref = parse_ref(given)
@@ -381,7 +382,7 @@ def declare(
     *,
     agent_id: str,
     associations: Any,
-    anchor_ref: Any = "",
+    anchor_ref: str = "",
     retract: Any = None,
     project_id: str = "",
     channel: str = "",
@@ -412,6 +413,24 @@ def declare_refusal(message: str) -> dict[str, Any]:
     return failure(message, result="rejected", entities=[], mentions=0, relations=[], dropped=[])
 
 
+@dataclass(frozen=True)
+class DeclareArguments(Request):
+    """``declare_associations``' arguments in the types its schema declares; defaults are the schema's.
+
+    ``associations`` and ``retract`` are objects for a tool call; whatever a
+    library caller hands in goes to :func:`declare`, which reports a malformed
+    one, as any malformed item, in ``dropped`` (A-24).
+    """
+
+    agent_id: str
+    associations: Any = None
+    anchor_ref: str = ""
+    retract: Any = None
+    channel: str = ""
+    project_id: str = ""
+    session_key: str = ""
+
+
 def declare_associations(
     app: App,
     *,
@@ -423,15 +442,30 @@ def declare_associations(
     project_id: Any = "",
     session_key: Any = "",
 ) -> dict[str, Any]:
-    """Record entities, aliases, mentions and relations verbatim; retract by id (spec §3)."""
+    """:func:`answer_declare_associations` for a library caller, whose arguments no schema has checked."""
     if not isinstance(agent_id, str):
         return declare_refusal("agent_id is required" if agent_id is None else "agent_id must be a string")
+    # An anchor that is no string is no anchor.
+    return answer_declare_associations(
+        app,
+        DeclareArguments(
+            agent_id=agent_id,
+            associations=associations,
+            anchor_ref=anchor_ref if isinstance(anchor_ref, str) else "",
+            retract=retract,
+            channel=bucket_field(channel),
+            project_id=bucket_field(project_id),
+        ),
+    )
+
+
+def answer_declare_associations(app: App, args: DeclareArguments) -> dict[str, Any]:
+    """Record entities, aliases, mentions and relations verbatim; retract by id (spec §3)."""
+    agent_id, associations, anchor_ref, retract = args.agent_id, args.associations, args.anchor_ref, args.retract
+    # The operating context's '@auto' and registry check (OC-7 … OC-11) were applied by the facade.
+    project_id, channel = args.project_id, args.channel
     if problem := nul_refusal(agent_id=agent_id):
         return declare_refusal(problem)
-    # The operating context's '@auto' and registry check (OC-7 … OC-11) were applied by
-    # the facade. ISO-1: a missing or non-string project is the global bucket.
-    project_id = project_id if isinstance(project_id, str) else ""
-    channel = channel if isinstance(channel, str) else ""
     for name, value in (("channel", channel), ("project_id", project_id)):
         if problem := check_key_field(name, value):
             return declare_refusal(problem)
@@ -582,6 +616,7 @@ __all__ = [
     "Report",
     "canonical_ref",
     "declare",
+    "answer_declare_associations",
     "declare_associations",
     "declare_for_record",
     "declare_refusal",

@@ -35,6 +35,7 @@ from cpersona.services.graph.associations import (
     readable_entities,
     relations_between_entities,
 )
+from cpersona.services.requests import Request
 from cpersona.services.responses import failure
 from cpersona.storage.repositories.associations import AssociationRepository
 from cpersona.storage.scope import Scope
@@ -52,10 +53,8 @@ MAX_RELATIONS_PER_HOP = 10_000
 NO_SUCH_ENTITY = "no_such_entity"
 
 
-def _clamp(value: Any, low: int, high: int, default: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        return default
-    return max(low, min(high, value))
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _recency_order(relation: RelationRow) -> tuple[Any, ...]:
@@ -164,6 +163,19 @@ def _mentions(
     return out
 
 
+@dataclass(frozen=True)
+class TraverseArguments(Request):
+    """``traverse``'s arguments in the types its schema declares; defaults are the schema's."""
+
+    agent_id: str
+    entity: str
+    max_hops: int = DEFAULT_HOPS
+    limit: int = DEFAULT_LIMIT
+    channel: str = ""
+    project_id: str | None = None  # omitted: every project
+    source_id: str = ""
+
+
 def traverse(
     app: App,
     *,
@@ -175,19 +187,34 @@ def traverse(
     project_id: Any = None,
     source_id: Any = "",
 ) -> dict[str, Any]:
-    """The neighbourhood graph of ``entity`` (spec §5.2)."""
+    """:func:`answer_traverse` for a library caller, whose arguments no schema has checked."""
     if not isinstance(agent_id, str):
         return failure("agent_id is required" if agent_id is None else "agent_id must be a string")
     if not isinstance(entity, str):
         return failure("entity is required" if entity is None else "entity must be a string")
-    hops = _clamp(max_hops, 0, MAX_HOPS, DEFAULT_HOPS)
-    cap = _clamp(limit, 1, MAX_LIMIT, DEFAULT_LIMIT)
-    channel = channel if isinstance(channel, str) else ""
-    source_id = source_id if isinstance(source_id, str) else ""
-    # '@auto' and the registry warning (OC-7 … OC-11) were applied by the facade.
-    scope = Scope(
-        agent_id=agent_id, project_id=project_id if isinstance(project_id, str) else None, channel=channel or None
+    # A bound of the wrong type is the default, and a filter of the wrong type no filter.
+    return answer_traverse(
+        app,
+        TraverseArguments(
+            agent_id=agent_id,
+            entity=entity,
+            max_hops=max_hops if _is_int(max_hops) else DEFAULT_HOPS,
+            limit=limit if _is_int(limit) else DEFAULT_LIMIT,
+            channel=channel if isinstance(channel, str) else "",
+            project_id=project_id if isinstance(project_id, str) else None,
+            source_id=source_id if isinstance(source_id, str) else "",
+        ),
     )
+
+
+def answer_traverse(app: App, args: TraverseArguments) -> dict[str, Any]:
+    """The neighbourhood graph of ``entity`` (spec §5.2)."""
+    entity, channel, source_id = args.entity, args.channel, args.source_id
+    # The schema bounds both for a tool call (TV-2); a library caller's are brought into range.
+    hops = max(0, min(MAX_HOPS, args.max_hops))
+    cap = max(1, min(MAX_LIMIT, args.limit))
+    # '@auto' and the registry warning (OC-7 … OC-11) were applied by the facade.
+    scope = Scope(agent_id=args.agent_id, project_id=args.project_id, channel=channel or None)
     answer: dict[str, Any] = {"entity": entity, "max_hops": hops, "limit": cap}
 
     with app.db.read() as session:

@@ -232,17 +232,41 @@ def _copy_kept(memory_id: int, holder: int | None) -> ToolFailure:
     )
 
 
+@dataclass(frozen=True)
+class MemoryUpdateArguments(Request):
+    """``update_memory``'s arguments in the types its schema declares; defaults are the schema's."""
+
+    memory_id: int
+    content: str
+    agent_id: str = ""
+    session_key: str = ""
+
+
+def _refuse_empty(content: str) -> None:
+    if not content.strip():
+        raise ToolFailure("Content cannot be empty")  # UM-1: before the row is looked up
+
+
 @answers_refusals
 def update_memory(
     app: App, *, memory_id: Any, content: Any, agent_id: Any = "", session_key: Any = ""
 ) -> dict[str, Any]:
-    """Replace one memory's text: sanitized, capped, never onto a locked row or a copy (UM-1..UM-6)."""
-    if content is None or (isinstance(content, str) and not content.strip()):
-        raise ToolFailure("Content cannot be empty")  # UM-1: before the row is looked up
+    """:func:`answer_update_memory` for a library caller, whose arguments no schema has checked."""
+    if content is None:
+        content = ""
     if not isinstance(content, str):
         raise ToolFailure(f"content must be a string, not {type(content).__name__}")
-    row_id, agent_id = _checked_row("memory_id", memory_id, agent_id)
-    owner = _owner_scope("update_memory", "memory", row_id, agent_id)
+    _refuse_empty(content)  # ahead of the row id's check, as for a tool call
+    row_id, owner = _checked_row("memory_id", memory_id, agent_id)
+    return answer_update_memory.raises(app, MemoryUpdateArguments(memory_id=row_id, content=content, agent_id=owner))
+
+
+@answers_refusals
+def answer_update_memory(app: App, args: MemoryUpdateArguments) -> dict[str, Any]:
+    """Replace one memory's text: sanitized, capped, never onto a locked row or a copy (UM-1..UM-6)."""
+    row_id, content = args.memory_id, args.content
+    _refuse_empty(content)
+    owner = _owner_scope("update_memory", "memory", row_id, args.agent_id)
     if find_lone_surrogate(content):
         raise ToolFailure("content contains a lone UTF-16 surrogate, which is not valid text; nothing was edited")
     if problem := nul_refusal(content=content):

@@ -27,6 +27,7 @@ from typing import Any
 from cpersona.services import refs as record_refs
 from cpersona.services.app import App
 from cpersona.services.records.nodes import current_nodes
+from cpersona.services.requests import Request
 from cpersona.services.responses import ToolFailure, answers_refusals
 from cpersona.services.sanitize import parse_stored_json
 from cpersona.storage.scope import Scope
@@ -229,22 +230,36 @@ def serve(wanted: Wanted, record: Record, app: App) -> dict[str, Any] | str:
 # -- the tool ----------------------------------------------------------------------
 
 
-def _check_arguments(agent_id: Any, refs: Any) -> tuple[str, Sequence[Any]]:
-    if agent_id is None or agent_id == "":
-        raise ToolFailure("agent_id is required")
-    if not isinstance(agent_id, str):
-        raise ToolFailure("agent_id must be a string")
-    if not isinstance(refs, list) or not refs:
-        raise ToolFailure("refs must be a non-empty list of 'mem:<id>' / 'ep:<id>' refs or range objects")
-    if len(refs) > MAX_REFS:
-        raise ToolFailure(f"too many refs ({len(refs)}; max {MAX_REFS}); split them over several calls")
-    return agent_id, refs
+@dataclass(frozen=True)
+class ContentsArguments(Request):
+    """``get_contents``' arguments in the types its schema declares (each entry a ref or a range object)."""
+
+    agent_id: str
+    refs: Sequence[str | Mapping[str, Any]]
 
 
 @answers_refusals
 def get_contents(app: App, *, agent_id: Any = None, refs: Any = None) -> dict[str, Any]:
+    """:func:`answer_get_contents` for a library caller, whose arguments no schema has checked."""
+    if agent_id is None:
+        agent_id = ""  # refused below as missing
+    if not isinstance(agent_id, str):
+        raise ToolFailure("agent_id must be a string")
+    if not isinstance(refs, list):
+        refs = []  # refused below: the refusal names the list it wants
+    return answer_get_contents.raises(app, ContentsArguments(agent_id=agent_id, refs=refs))
+
+
+@answers_refusals
+def answer_get_contents(app: App, args: ContentsArguments) -> dict[str, Any]:
     """The ``get_contents`` tool: ``{items, missing, count}`` plus the optional keys of GC-5."""
-    agent_id, refs = _check_arguments(agent_id, refs)
+    agent_id, refs = args.agent_id, args.refs
+    if agent_id == "":
+        raise ToolFailure("agent_id is required")
+    if not refs:
+        raise ToolFailure("refs must be a non-empty list of 'mem:<id>' / 'ep:<id>' refs or range objects")
+    if len(refs) > MAX_REFS:  # the schema's maxItems for a tool call; a library caller meets it here
+        raise ToolFailure(f"too many refs ({len(refs)}; max {MAX_REFS}); split them over several calls")
     wanted = [read_entry(raw) for raw in refs]
     rows = load_rows(app, agent_id, {w.key for w in wanted if w.key is not None})
     # A preview cap of 0 is the operator's choice never to hold text back, so the

@@ -8,6 +8,7 @@ and latest timestamps, stored as the caller sent them (AE-3).
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,8 +24,9 @@ from cpersona.services.records.listing import (
 )
 from cpersona.services.records.memories import embed_text
 from cpersona.services.records.nodes import QUEUED, queue_build, runs_past_window
+from cpersona.services.requests import Request
 from cpersona.services.responses import ToolFailure, answers_refusals
-from cpersona.services.sanitize import check_key_field, find_lone_surrogate, nul_refusal, sanitize
+from cpersona.services.sanitize import bucket_field, check_key_field, find_lone_surrogate, nul_refusal, sanitize
 from cpersona.services.timestamps import FuturePolicy, parse_iso, sql_stamp
 from cpersona.storage.repositories.episodes import EpisodeRepository
 
@@ -37,6 +39,20 @@ NO_SUMMARY = (
     "pre-compute summary (and keywords) before calling archive_episode"
 )
 EMPTY_SUMMARY = "summary is required to archive an episode"
+
+
+@dataclass(frozen=True)
+class EpisodeArchiveArguments(Request):
+    """``archive_episode``'s arguments in the types its schema declares; defaults are the schema's."""
+
+    agent_id: str
+    summary: str
+    history: Sequence[Mapping[str, Any]] = ()
+    keywords: str = ""
+    resolved: bool = False
+    project_id: str = ""
+    channel: str = ""
+    session_key: str = ""
 
 
 @answers_refusals
@@ -52,34 +68,13 @@ def archive_episode(
     channel: Any = "",
     session_key: Any = "",
 ) -> dict[str, Any]:
-    """Store a caller-computed summary as a new episode row."""
-    return _archive(
-        app,
-        agent_id=agent_id,
-        summary=summary,
-        history=history,
-        keywords=keywords,
-        resolved=resolved,
-        project_id=project_id,
-        channel=channel,
-    )
-
-
-def _refuse(message: str) -> ToolFailure:
-    return ToolFailure(message, episode_id=None)
-
-
-def _archive(
-    app: App, *, agent_id: Any, summary: Any, history: Any, keywords: Any, resolved: Any, project_id: Any, channel: Any
-) -> dict[str, Any]:
+    """:func:`answer_archive_episode` for a library caller, whose arguments no schema has checked."""
     if not isinstance(agent_id, str):
         raise _refuse("agent_id is required" if agent_id is None else "agent_id must be a string")
-    if summary is None or summary == "":
-        raise _refuse(NO_SUMMARY)  # AE-1
+    if summary is None:
+        summary = ""  # refused below as missing (AE-1), as a tool call sending '' is
     if not isinstance(summary, str):
         raise _refuse(f"summary must be a string, not {type(summary).__name__}")
-    if not isinstance(keywords, str):
-        keywords = ""  # AE-2: keywords are optional colour; a wrong type is dropped, not fatal
     if history is None:
         history = []
     if not isinstance(history, list):
@@ -90,11 +85,34 @@ def _archive(
         resolved_flag = bool(resolved)
     else:
         raise _refuse("resolved must be true or false")
+    # AE-2: keywords are optional colour; a wrong type is dropped, not fatal.
+    return answer_archive_episode.raises(
+        app,
+        EpisodeArchiveArguments(
+            agent_id=agent_id,
+            summary=summary,
+            history=history,
+            keywords=keywords if isinstance(keywords, str) else "",
+            resolved=resolved_flag,
+            project_id=bucket_field(project_id),
+            channel=bucket_field(channel),
+        ),
+    )
 
+
+def _refuse(message: str) -> ToolFailure:
+    return ToolFailure(message, episode_id=None)
+
+
+@answers_refusals
+def answer_archive_episode(app: App, args: EpisodeArchiveArguments) -> dict[str, Any]:
+    """Store a caller-computed summary as a new episode row."""
+    agent_id, summary, keywords, history = args.agent_id, args.summary, args.keywords, args.history
     # The operating context's Hard layer ('@auto', the project registry; OC-7..OC-11) was
-    # applied by the facade. ISO-1: a missing or non-string project/channel is the global bucket.
-    project_id = project_id if isinstance(project_id, str) else ""
-    channel = channel if isinstance(channel, str) else ""
+    # applied by the facade.
+    project_id, channel = args.project_id, args.channel
+    if summary == "":
+        raise _refuse(NO_SUMMARY)  # AE-1
     for name, value in (("channel", channel), ("project_id", project_id)):
         if problem := check_key_field(name, value):  # AE-7
             raise _refuse(problem)
@@ -127,7 +145,7 @@ def _archive(
             embedding=embedding,
             start_time=start_time,
             end_time=end_time,
-            resolved=1 if resolved_flag else 0,
+            resolved=1 if args.resolved else 0,
             channel=channel,
             created_at=sql_stamp(app.clock()),
         )

@@ -36,6 +36,7 @@ from cpersona.services.records.nodes import QUEUED, queue_build, runs_past_windo
 from cpersona.services.requests import Request
 from cpersona.services.responses import ToolFailure, failure
 from cpersona.services.sanitize import (
+    bucket_field,
     check_json_size,
     check_key_field,
     check_timestamp_field,
@@ -106,6 +107,28 @@ class _Probe:
 _PROCEED = _Probe("proceed")
 
 
+@dataclass(frozen=True)
+class StoreArguments(Request):
+    """``store``'s arguments in the types its schema declares; defaults are the schema's.
+
+    ``content`` and ``agent_id`` are None when not sent (refused, ST-2); ``source``
+    stays OMITTED, since its default is the agent itself (ST-8).
+    """
+
+    content: str | None = None
+    agent_id: str | None = None  # a tool call without one was refused by check_boundary or filled by the ACL
+    id: str = ""  # the caller's own id for the memory (msg_id)
+    source: Any = OMITTED  # an object, or what normalize_source reads
+    timestamp: str = ""
+    metadata: Mapping[str, Any] | None = None
+    lock: bool = False
+    message: Mapping[str, Any] | None = None
+    channel: str = ""
+    project_id: str = ""
+    session_key: str = ""
+    associations: Any = None  # the declaration reports a malformed one in dropped, never refusing the store (AS-2)
+
+
 def store(
     app: App,
     *,
@@ -122,35 +145,66 @@ def store(
     session_key: Any = "",
     associations: Any = None,
 ) -> dict[str, Any]:
-    """Store one memory; answers ``stored``, ``skipped`` or ``rejected`` (spec §3.1)."""
-    lock_requested = lock is True
+    """:func:`answer_store` for a library caller, whose arguments no schema has checked."""
     try:
         if not isinstance(lock, bool):
             raise _Rejected("lock must be true or false")
-        request = _validate(
-            app,
-            content=content,
-            agent_id=agent_id,
-            msg_id=id,
-            source=source,
-            timestamp=timestamp,
-            metadata=metadata,
-            lock=lock,
-            message=message,
-            channel=channel,
-            project_id=project_id,
-            associations=associations,
-        )
+        if message is not None and not isinstance(message, dict):
+            raise _Rejected("message must be an object")
+        if agent_id is not None and not isinstance(agent_id, str):
+            raise _Rejected("agent_id must be a string")
+        _check_types(content, id, timestamp, metadata)
+        if message:
+            _check_types(message.get("content"), message.get("id"), message.get("timestamp"), message.get("metadata"))
+    except _Rejected as refusal:
+        return _rejected(refusal, lock_requested=lock is True)
+    arguments = StoreArguments(
+        content=content,
+        agent_id=agent_id,
+        id=id or "",
+        source=source,
+        timestamp=timestamp or "",
+        metadata=metadata,
+        lock=lock,
+        message=message,
+        channel=bucket_field(channel),
+        project_id=bucket_field(project_id),
+        associations=associations,
+    )
+    return answer_store(app, arguments)
+
+
+def _check_types(content: Any, msg_id: Any, timestamp: Any, metadata: Any) -> None:
+    """A library caller's fields, in either form, in the types the tool's schema gives a tool call's."""
+    if content is not None and not isinstance(content, str):
+        raise _Rejected(f"content must be a string, not {type(content).__name__}")
+    if msg_id is not None and not isinstance(msg_id, str):
+        raise _Rejected("id must be a string")
+    if timestamp is not None and not isinstance(timestamp, str):
+        raise _Rejected("timestamp must be a string")
+    if metadata is not None and not isinstance(metadata, dict):
+        raise _Rejected("metadata must be an object")
+
+
+def _rejected(refusal: _Rejected, *, lock_requested: bool) -> dict[str, Any]:
+    extra = {"locked": False} if lock_requested else {}
+    return failure(refusal.reason, key="reason", result="rejected", **extra, **refusal.extra)
+
+
+def answer_store(app: App, args: StoreArguments) -> dict[str, Any]:
+    """Store one memory; answers ``stored``, ``skipped`` or ``rejected`` (spec §3.1)."""
+    try:
+        request = _validate(app, args)
         # Only a stamp the caller sent can be ahead; the server's own never is.
         policy = FuturePolicy.from_settings(app.settings)
         ahead = policy.judge([request.timestamp] if request.timestamp else [], app.clock())
         if ahead is not None and policy.rejects:
             raise _Rejected(ahead.refusal())  # before dedup: a duplicate does not excuse it (FT-2)
     except _Rejected as refusal:
-        extra = {"locked": False} if lock_requested else {}
-        return failure(refusal.reason, key="reason", result="rejected", **extra, **refusal.extra)
+        return _rejected(refusal, lock_requested=args.lock)
 
     answer = _write(app, request, ahead)
+    associations = args.associations
     if associations is not None and associations != {} and isinstance(answer.get("id"), int):
         # AS-3, AS-4: declared against the row the store resolved to (new or an
         # echoed duplicate), after it committed; a failure never unstores it.
@@ -252,59 +306,35 @@ def check_boundary(arguments: Mapping[str, Any]) -> None:
         raise ToolFailure(MISSING_AGENT)
 
 
-def _validate(
-    app: App,
-    *,
-    content: Any,
-    agent_id: Any,
-    msg_id: Any,
-    source: Any,
-    timestamp: Any,
-    metadata: Any,
-    lock: bool,
-    message: Any,
-    channel: Any,
-    project_id: Any,
-    associations: Any,
-) -> _Write:
+def _validate(app: App, args: StoreArguments) -> _Write:
     settings = app.settings
+    content, agent_id, msg_id, source = args.content, args.agent_id, args.id, args.source
+    timestamp, metadata, message = args.timestamp, args.metadata, args.message
 
     # 1. one form or the other (ST-1)
-    if message is not None and not isinstance(message, dict):
-        raise _Rejected("message must be an object")
     if message:
         if _top_level_used(content, msg_id, timestamp, metadata, source is not OMITTED):
             raise _Rejected(MIXED_FORMS)
         content = message.get("content")
-        msg_id = message.get("id", "")
-        timestamp = message.get("timestamp", "")
+        msg_id = message.get("id") or ""
+        timestamp = message.get("timestamp") or ""
         metadata = message.get("metadata")
         source = message.get("source")  # the older form's default producer is "unknown" ({})
 
     # 2. whose memory
     if agent_id is None:
         raise _Rejected(MISSING_AGENT)
-    if not isinstance(agent_id, str):
-        raise _Rejected("agent_id must be a string")
 
     # 3. (the operating context's Hard layer: applied by the facade, see check_boundary)
-    # ISO-1: a missing or non-string project/channel is the global bucket.
-    project_id = project_id if isinstance(project_id, str) else ""
-    channel = channel if isinstance(channel, str) else ""
+    project_id, channel = args.project_id, args.channel
 
     # 4. (pause: answered by the facade before this function runs)
 
     # 5. something to store
     if content is None or content == "":
         raise _Rejected("empty content")
-    if not isinstance(content, str):
-        raise _Rejected(f"content must be a string, not {type(content).__name__}")
 
     # 6. key fields are refused, never cut (§5.2.2)
-    if msg_id is None:
-        msg_id = ""
-    if not isinstance(msg_id, str):
-        raise _Rejected("id must be a string")
     for name, value in (("id", msg_id), ("channel", channel), ("project_id", project_id)):
         if problem := check_key_field(name, value):
             raise _Rejected(problem)
@@ -312,10 +342,6 @@ def _validate(
         raise _Rejected(problem)
 
     # 7. timestamp bound
-    if timestamp is None:
-        timestamp = ""
-    if not isinstance(timestamp, str):
-        raise _Rejected("timestamp must be a string")
     if problem := check_timestamp_field(timestamp):
         raise _Rejected(problem)
 
@@ -331,8 +357,6 @@ def _validate(
     source = normalize_source(source)
     if metadata is None:
         metadata = {}
-    if not isinstance(metadata, dict):
-        raise _Rejected("metadata must be an object")
     source_json = _serialize("source", source)
     metadata_json = _serialize("metadata", metadata)
     for name, text in (("source", source_json), ("metadata", metadata_json)):
@@ -355,7 +379,7 @@ def _validate(
         source_json=source_json,
         metadata_json=metadata_json,
         timestamp=timestamp,
-        lock=lock,
+        lock=args.lock,
     )
 
 
