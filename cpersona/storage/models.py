@@ -10,6 +10,8 @@ Importing this module imports ``sqlalchemy.orm``: the stdio start's path
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy.orm import DeclarativeBase
 
 from cpersona.storage import tables
@@ -28,6 +30,12 @@ from cpersona.storage.tables import (  # noqa: F401 - named here by migrations a
 
 class Base(DeclarativeBase):
     metadata = tables.metadata
+
+    def __init_subclass__(cls, **kw: Any) -> None:
+        super().__init_subclass__(**kw)
+        # A class declared over an existing table gets no ``__tablename__``; the
+        # storage layer names a class's table by it (raw SQL) as it always has.
+        cls.__tablename__ = cls.__table__.name
 
 
 class SchemaVersion(Base):
@@ -61,8 +69,3 @@ class PendingMemoryTask(Base):
 
 # The association tables and record nodes (revisions 0003/0004).
 from cpersona.storage import models_associations  # noqa: E402,F401
-
-# Classes declared over an existing table get no ``__tablename__``; the storage
-# layer names a class's table by it (raw SQL, Columns) as it always has.
-for _mapper in Base.registry.mappers:
-    _mapper.class_.__tablename__ = _mapper.local_table.name
