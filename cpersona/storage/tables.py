@@ -229,6 +229,19 @@ entity_mentions = Table(
     Index("idx_entity_mentions_ref", "ref"),
 )
 
+# The relations' unique key (storage.md §6.2).
+RELATION_KEY = (
+    "agent_id",
+    "project_id",
+    "channel",
+    "subject_kind",
+    "subject_id",
+    "predicate",
+    "object_kind",
+    "object_id",
+    "anchor_ref",
+)
+
 # Subject –predicate→ object; each end an entity id or a record id (``*_kind``).
 relations = Table(
     "relations",
@@ -245,17 +258,7 @@ relations = Table(
     _text("anchor_ref", server_default=EMPTY),
     _text("declared_by"),
     _text("declared_at"),
-    UniqueConstraint(
-        "agent_id",
-        "project_id",
-        "channel",
-        "subject_kind",
-        "subject_id",
-        "predicate",
-        "object_kind",
-        "object_id",
-        "anchor_ref",
-    ),
+    UniqueConstraint(*RELATION_KEY),
     Index("idx_relations_subject", "subject_kind", "subject_id"),
     Index("idx_relations_object", "object_kind", "object_id"),
     Index("idx_relations_anchor", "anchor_ref"),
