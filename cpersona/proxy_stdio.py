@@ -365,7 +365,15 @@ class Proxy:
     # -- what the server sends outside any answer -------------------------------------
 
     def _listen_soon(self) -> None:
-        """A session is (newly) initialized: open its GET stream, starting the one listener if none runs."""
+        """A session is (newly) initialized: open its GET stream, starting the one listener if none runs.
+
+        Only for a server that keeps sessions (it gave an ``Mcp-Session-Id``): one
+        without them, as cpersona's own stateless server, has nobody to address a
+        message to outside an answer; its SDK would hold such a GET open and never
+        write to it, a server task per proxy for nothing.
+        """
+        if self._session_id is None:
+            return
         with self._listener_lock:
             if self._listener is None:
                 self._listener = threading.Thread(target=self._listen, name="cpersona-proxy-listen", daemon=True)
@@ -398,6 +406,8 @@ class Proxy:
 
     def _listen_once(self) -> str:
         """One GET stream, relayed until it ends: "ended" (it was open), "refused" or "failed" (never opened)."""
+        if self._session_id is None:
+            return "refused"
         headers = self._headers()
         del headers["Content-Type"]
         headers["Accept"] = "text/event-stream"
