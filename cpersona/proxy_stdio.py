@@ -11,6 +11,8 @@ database code: many sessions share one warm server, one database writer and one
 embedding model.
 
     line from the client          → POST; answers and notifications relayed back
+    server-initiated messages     → read from the session's GET stream (one, reopened when it
+                                    ends or fails) and relayed like answers
     ``initialize``                → answered by the real server (same instructions, tools)
     more than MAX_INFLIGHT unanswered messages
                                   → stdin is not read until one is answered (T-10)
@@ -89,6 +91,10 @@ READ_TIMEOUT_SECONDS = 300.0
 CONNECT_TIMEOUT_SECONDS = 5.0
 # How long, after stdin closes, requests still in flight may take to be answered.
 CLOSE_WAIT_SECONDS = 30.0
+# Waits before the GET stream is opened again: doubled after each failure up to the cap,
+# back to the first after a stream that opened; a new session retries at once.
+LISTEN_RETRY_SECONDS = 0.5
+LISTEN_RETRY_MAX_SECONDS = 10.0
 # JSON-RPC error code of the proxy's own answers (implementation-defined server error range).
 PROXY_ERROR = -32000
 PARSE_ERROR = -32700
@@ -191,7 +197,7 @@ class Broken(Exception):
 
 
 class Expired(Exception):
-    """The server no longer knows the session (404 on a request that carried its id)."""
+    """The server no longer knows the session (404 on a request that carried its id, the argument)."""
 
 
 class Proxy:
@@ -219,6 +225,9 @@ class Proxy:
         self._needs_init = False
         self._init_lock = threading.Lock()
         self._ids = itertools.count(1)
+        self._listener: threading.Thread | None = None
+        self._listener_lock = threading.Lock()
+        self._listen_wake = threading.Event()  # a new session: (re)open the GET stream now
 
     # -- stdio ---------------------------------------------------------------------
 
@@ -259,6 +268,7 @@ class Proxy:
                         stopped = _error(request_id, "cpersona proxy: stopped before the server answered")
                         self._emit(json.dumps(stopped).encode("utf-8"))
                 self._closed = True
+            self._listen_wake.set()
 
     def _emit(self, line: bytes) -> None:
         """One line to the client; the caller holds the stdout lock."""
@@ -311,14 +321,15 @@ class Proxy:
                 if attempt == 2 or not self._revive():
                     raise
                 continue
-            except Expired:
+            except Expired as exc:
                 if attempt == 2 or self._init_params is None:
                     raise Broken("the server ended the session") from None
-                self._reinitialize()
+                self._reinitialize(stale=exc.args[0])
                 continue
             if is_initialize and isinstance(message, dict):
                 self._init_params = message.get("params")
                 self._needs_init = False
+                self._listen_soon()
             if request_id is not None and request_id not in answered:
                 raise Broken("the server closed the answer stream before answering")
             return
@@ -334,10 +345,11 @@ class Proxy:
             self._reinitialize()
         return True
 
-    def _reinitialize(self) -> None:
+    def _reinitialize(self, stale: str | None = None) -> None:
+        """Initialize a new session with the client's own parameters; ``stale``: the session the server forgot."""
         with self._init_lock:
-            if not self._needs_init and self._session_id is not None:
-                return
+            if not self._needs_init and self._session_id is not None and self._session_id != stale:
+                return  # another thread has already initialized a live session
             self._session_id = None
             init_id = f"cpersona-proxy-initialize-{next(self._ids)}"
             body = json.dumps(
@@ -348,6 +360,69 @@ class Proxy:
                 raise Broken("the server did not answer initialize")
             self._post(b'{"jsonrpc":"2.0","method":"notifications/initialized"}', relay=False)
             self._needs_init = False
+            self._listen_soon()
+
+    # -- what the server sends outside any answer -------------------------------------
+
+    def _listen_soon(self) -> None:
+        """A session is (newly) initialized: open its GET stream, starting the one listener if none runs.
+
+        Only for a server that keeps sessions (it gave an ``Mcp-Session-Id``): one
+        without them, as cpersona's own stateless server, has nobody to address a
+        message to outside an answer; its SDK would hold such a GET open and never
+        write to it, a server task per proxy for nothing.
+        """
+        if self._session_id is None:
+            return
+        with self._listener_lock:
+            if self._listener is None:
+                self._listener = threading.Thread(target=self._listen, name="cpersona-proxy-listen", daemon=True)
+                self._listener.start()
+        self._listen_wake.set()
+
+    def _listen(self) -> None:
+        """Relay the session's GET stream to the client for as long as the proxy runs; reopen it when it ends.
+
+        Streamable HTTP carries what a server sends on its own (list_changed,
+        resource updates, its requests to the client) on a GET stream the
+        client opens. One stream at a time; a server that does not offer one
+        (405, or no such session) is asked again only once a new session is
+        initialized.
+        """
+        delay = LISTEN_RETRY_SECONDS
+        while not self._closed:
+            self._listen_wake.clear()
+            outcome = self._listen_once()
+            if self._closed:
+                return
+            if outcome == "refused":
+                self._listen_wake.wait()
+                continue
+            if outcome == "ended":
+                delay = LISTEN_RETRY_SECONDS
+            self._listen_wake.wait(delay)
+            if outcome == "failed":
+                delay = min(delay * 2, LISTEN_RETRY_MAX_SECONDS)
+
+    def _listen_once(self) -> str:
+        """One GET stream, relayed until it ends: "ended" (it was open), "refused" or "failed" (never opened)."""
+        if self._session_id is None:
+            return "refused"
+        headers = self._headers()
+        del headers["Content-Type"]
+        headers["Accept"] = "text/event-stream"
+        opened = False
+        try:
+            with self._http.stream("GET", self.url, headers=headers) as response:
+                kind = response.headers.get("content-type", "").split(";")[0].strip().lower()
+                if response.status_code != 200 or kind != "text/event-stream":
+                    return "refused"
+                opened = True
+                for data in _sse_data(response):
+                    self._received(data, set(), relay=True, capture=False)
+        except httpx.HTTPError:
+            return "ended" if opened else "failed"
+        return "ended"
 
     # -- HTTP ------------------------------------------------------------------------
 
@@ -368,7 +443,7 @@ class Proxy:
         try:
             with self._http.stream("POST", self.url, content=body, headers=self._headers()) as response:
                 if response.status_code == 404 and sent_session:
-                    raise Expired()
+                    raise Expired(sent_session)
                 if capture and response.headers.get("mcp-session-id"):
                     self._session_id = response.headers["mcp-session-id"]
                 if response.status_code == 202:

@@ -407,3 +407,89 @@ def test_stdin_is_not_read_past_max_inflight_unanswered_messages(tmp_path: Path)
         release.set()
         session.close()
         server.shutdown()
+
+
+class NotifyingServer:
+    """tests/notifying_http_server.py (the SDK's stateful streamable-HTTP server), started and stopped here."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}/mcp"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> NotifyingServer:
+        self.proc = subprocess.Popen(
+            [sys.executable, str(HERE / "notifying_http_server.py"), str(self.port)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 120
+        while True:
+            assert self.proc.poll() is None, "the notifying server exited during start-up"
+            assert time.monotonic() < deadline, "the notifying server did not listen within 120 s"
+            with socket.socket() as sock:
+                if sock.connect_ex(("127.0.0.1", self.port)) == 0:
+                    return self
+            time.sleep(0.2)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.mark.anyio
+async def test_what_the_server_sends_on_its_own_reaches_the_client_and_again_after_a_restart() -> None:
+    # Issue 16: the proxy "relays answers and notifications back". A notification
+    # inside an SSE answer rides the POST; one the server sends to the session
+    # (here notifications/tools/list_changed) rides the session's GET stream, which
+    # the proxy must hold open, and open again for the new session after a restart.
+    import anyio
+    from mcp.shared.exceptions import MCPError
+
+    server = NotifyingServer(_port()).start()
+    logged: list[str] = []
+    changed = anyio.Event()
+
+    async def on_log(params) -> None:
+        logged.append(params.data)
+
+    async def on_message(message) -> None:
+        nonlocal changed
+        if getattr(getattr(message, "root", message), "method", None) == "notifications/tools/list_changed":
+            changed.set()
+
+    async def announced_on_the_get_stream(client: Client) -> bool:
+        # The SDK server drops a session notification while no GET stream is open,
+        # so the first announce may precede the proxy's stream: ask again (bounded).
+        for _ in range(120):
+            try:
+                result = await client.call_tool("announce", {})
+            except MCPError:  # the proxy's error answer while the server is away
+                await anyio.sleep(0.5)
+                continue
+            if result.is_error is False:
+                with anyio.move_on_after(0.5):
+                    await changed.wait()
+                if changed.is_set():
+                    return True
+            else:
+                await anyio.sleep(0.5)
+        return False
+
+    params = StdioServerParameters(command=sys.executable, args=["-m", "cpersona", "proxy"], env=_proxy_env(server.url))
+    try:
+        # "legacy": the initialize handshake, sessions and their GET stream (what today's hosts speak).
+        async with Client(params, mode="legacy", logging_callback=on_log, message_handler=on_message) as client:
+            assert await announced_on_the_get_stream(client)
+            assert "in the answer's stream" in logged
+            server.kill()
+            server.start()  # a new process on the same port: the old session is gone
+            changed = anyio.Event()
+            # The first call after the restart meets the forgotten session (404): the proxy
+            # initializes a new one and sends the call again, without an error answer.
+            assert (await client.call_tool("announce", {})).is_error is False
+            assert await announced_on_the_get_stream(client)
+    finally:
+        server.kill()

@@ -34,8 +34,15 @@ HERE = Path(__file__).resolve().parent
 # the sqlite_vec package that imports it (no vector is compared with embeddings
 # off; the extension itself is found and loaded without the package), and the
 # standard library's sqlite3 (a second SQLite: the engine's driver is sqlean),
-# and SQLAlchemy's PostgreSQL dialect (see cpersona.storage.models._partial).
+# and SQLAlchemy's PostgreSQL dialect (see cpersona.storage.tables._partial),
+# and SQLAlchemy's ORM with the mapped classes (the start and the first recall
+# run Core statements on Core sessions: cpersona.storage.tables, .sessions).
 NOT_ON_A_STDIO_START = (
+    "sqlalchemy.orm",
+    "sqlalchemy.orm.session",
+    "sqlalchemy.orm.decl_api",
+    "cpersona.storage.models",
+    "cpersona.storage.models_associations",
     "alembic",
     "mako",
     "cpersona.mcp.http",

@@ -46,7 +46,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import quote
 
 import anyio.to_thread
@@ -54,10 +54,13 @@ from anyio import CapacityLimiter
 from anyio.lowlevel import RunVar
 from sqlalchemy import Connection, Engine, RootTransaction, create_engine, event
 from sqlalchemy.exc import OperationalError
-from sqlalchemy.orm import Session
 from sqlalchemy.pool import QueuePool
 
 from cpersona.storage.errors import DatabaseBusy, ReadOnlyDatabase  # noqa: F401 — DatabaseBusy is raised here, named there
+from cpersona.storage.sessions import CoreSession
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
 
 log = logging.getLogger(__name__)
 
@@ -238,11 +241,11 @@ class Database:
         bind: Engine | Connection = self.engine
         if not self.is_sqlite:
             bind = self.engine.execution_options(isolation_level="REPEATABLE READ")
-        with Session(bind, autoflush=False, expire_on_commit=False) as session:
-            try:
-                yield session
-            finally:
-                session.rollback()
+        session = CoreSession(bind)
+        try:
+            yield session  # type: ignore[misc] - Session's interface, the ORM only on demand
+        finally:
+            session.close()
 
     @contextmanager
     def snapshot(self) -> Iterator[None]:
@@ -357,9 +360,12 @@ class Database:
         seconds (default lock_wait_seconds; 0: only if it is free right now).
         """
         with self._transaction(wait) as conn:
-            with Session(bind=conn, autoflush=False, expire_on_commit=False) as session:
-                yield session
+            session = CoreSession(conn)
+            try:
+                yield session  # type: ignore[misc] - Session's interface, the ORM only on demand
                 session.flush()
+            finally:
+                session.close()
 
     @contextmanager
     def write_connection(self) -> Iterator[Connection]:

@@ -19,6 +19,7 @@ from cpersona.storage import dialect
 from cpersona.storage.engine import sqlite_module
 from cpersona.storage.repositories.base import chunks
 from cpersona.storage.scope import Scope, sql_fragment
+from cpersona.storage.tables import RELATION_KEY
 
 AXIS_VALUES = 20  # values shown per axis, most rows first
 GLOBAL = "(global)"
@@ -93,19 +94,6 @@ def _run(conn: Connection, sql: str, **params: Any) -> int:
 
 # -- content (checks 1-4): rewrites, folds, deletions --------------------------------------------
 
-# The relations' unique key (storage.md §6.2).
-_RELATION_KEY = (
-    "agent_id",
-    "project_id",
-    "channel",
-    "subject_kind",
-    "subject_id",
-    "predicate",
-    "object_kind",
-    "object_id",
-    "anchor_ref",
-)
-
 
 def repoint_declarations(conn: Connection, old_id: int, new_id: int) -> None:
     """Move declarations naming mem:old onto mem:new (before old is deleted)."""
@@ -128,7 +116,7 @@ def repoint_declarations(conn: Connection, old_id: int, new_id: int) -> None:
 
 
 def _repoint_relations(conn: Connection, column: str, where: str, **params: Any) -> None:
-    same = " AND ".join(f"t.{c} = relations.{c}" for c in _RELATION_KEY if c != column)
+    same = " AND ".join(f"t.{c} = relations.{c}" for c in RELATION_KEY if c != column)
     _run(
         conn,
         f"UPDATE relations SET {column} = :new WHERE {where} "

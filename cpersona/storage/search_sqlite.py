@@ -23,10 +23,9 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.orm import Session
 
 from cpersona.storage import coarse_sqlite
 from cpersona.storage.scope import Scope, sql_fragment
@@ -50,6 +49,9 @@ from cpersona.storage.search_sql import (  # noqa: F401  (like_pattern is part o
 )
 from cpersona.storage.sql_text import text
 from cpersona.storage.vectors_sqlite import scan_statement
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
 
 log = logging.getLogger(__name__)
 

@@ -35,15 +35,17 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection
-from sqlalchemy.orm import Session
 
 from cpersona.services.app import App
 from cpersona.services.operations.pause import pause_state
 from cpersona.services.requests import Request
 from cpersona.storage.repositories.tasks import TaskRepository, wake_after_commit
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
 
 log = logging.getLogger(__name__)
 

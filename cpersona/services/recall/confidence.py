@@ -24,9 +24,8 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sqlalchemy.orm import Session
 
 from cpersona.embedding.vectors import FLOAT32, VectorError, from_blob
 from cpersona.services.recall.gate import Candidate
@@ -36,6 +35,9 @@ from cpersona.storage.repositories.episodes import EpisodeRepository
 from cpersona.storage.repositories.memories import MemoryRepository
 from cpersona.storage.scope import Scope
 from cpersona.storage.search import Record, RowKey, SearchBackend
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
 
 HOUR = 3600.0
 

@@ -28,9 +28,7 @@ import logging
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
-
-from sqlalchemy.orm import Session
+from typing import TYPE_CHECKING, Any
 
 from cpersona.embedding.tokens import TokenInfo
 from cpersona.services.app import App
@@ -38,6 +36,9 @@ from cpersona.services.operations.tasks import TaskFailed, Task, enqueue, regist
 from cpersona.storage.repositories.episodes import EpisodeRepository
 from cpersona.storage.repositories.memories import MemoryRepository
 from cpersona.storage.repositories.nodes import NodeRepository, NodeRow
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
 
 log = logging.getLogger(__name__)
 

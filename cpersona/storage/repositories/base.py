@@ -8,12 +8,14 @@ by primary key. Chunking lives here and nowhere else.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from sqlalchemy import ColumnElement, Connection, Row, bindparam, delete, select, text
-from sqlalchemy.orm import Session
 
 from cpersona.storage.scope import Scope, predicates
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
 
 # Ids bound per statement. SQLite's limit is 999 on old builds (32 766 since
 # 3.32) and asyncpg/psycopg cap at 32 767; 500 leaves room for the scope's own

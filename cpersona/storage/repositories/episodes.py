@@ -7,7 +7,8 @@ from typing import Any
 
 from sqlalchemy import ColumnElement, Row, delete, select
 
-from cpersona.storage.models import Episode
+# The table's columns, named as the mapped class names them: no ORM on this path.
+from cpersona.storage.tables import EpisodeColumns as Episode
 from cpersona.storage.repositories.base import Repository
 
 # No channel and no resolved flag in a listed episode (spec §3.10).
@@ -30,7 +31,9 @@ class EpisodeRepository(Repository):
 
     def insert(self, **values: Any) -> int:
         """A new episode's id (flushed inside the caller's transaction)."""
-        row = Episode(**values)
+        from cpersona.storage.models import Episode as EpisodeRow  # the ORM, for the one write that adds an object
+
+        row = EpisodeRow(**values)
         self.session.add(row)
         self.session.flush()
         return row.id

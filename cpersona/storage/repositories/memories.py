@@ -7,13 +7,16 @@ storage/memory_writes.py; this repository holds the rest.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import ColumnElement, Row, case, delete, func, select, text, update
-from sqlalchemy.orm import Session
 
-from cpersona.storage.models import Memory
+# The table's columns, named as the mapped class names them: no ORM on this path.
+from cpersona.storage.tables import MemoryColumns as Memory
 from cpersona.storage.repositories.base import Repository
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
 
 # Listed columns only: the embedding blob is never needed in a listing.
 LISTED_COLUMNS = (

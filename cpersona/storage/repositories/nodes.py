@@ -8,7 +8,8 @@ from typing import Any
 
 from sqlalchemy import delete, insert, select
 
-from cpersona.storage.models_associations import RecordNode
+# The table's columns, named as the mapped class names them: no ORM on this path.
+from cpersona.storage.tables import RecordNodeColumns as RecordNode
 from cpersona.storage.repositories.base import Repository
 
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 
-from cpersona.storage.models import Profile
+# The table's columns, named as the mapped class names them: no ORM on this path.
+from cpersona.storage.tables import ProfileColumns as Profile
 from cpersona.storage.repositories.base import Repository
 
 
@@ -36,9 +37,11 @@ class ProfileRepository(Repository):
         """Make ``text`` the agent's profile: update the row, or create it (racing writers included)."""
         if self._overwrite(agent_id, text, stamp):
             return
+        from cpersona.storage.models import Profile as ProfileRow  # the ORM, for the one write that adds an object
+
         try:
             with self.session.begin_nested():
-                self.session.add(Profile(agent_id=agent_id, user_id="", content=text, updated_at=stamp))
+                self.session.add(ProfileRow(agent_id=agent_id, user_id="", content=text, updated_at=stamp))
                 self.session.flush()
         except IntegrityError:
             # Another process created the row since our update looked: replace it.

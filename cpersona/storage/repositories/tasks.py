@@ -7,13 +7,16 @@ derived work that must not hold up older one-off work, moves to the back.
 from __future__ import annotations
 
 from collections.abc import Collection
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sqlalchemy import Connection, Row, delete, event, func, insert, select, update
-from sqlalchemy.orm import Session
 
-from cpersona.storage.models import PendingMemoryTask
+# The table's columns, named as the mapped class names them: no ORM on this path.
+from cpersona.storage.tables import PendingMemoryTaskColumns as PendingMemoryTask
 from cpersona.storage.repositories.base import Repository
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
 
 
 class _Wakeable(Protocol):
@@ -86,7 +89,7 @@ def wake_after_commit(session: Session | Connection, queue: _Wakeable) -> None:
     SQLAlchemy's "commit" event fires before the database commits; a worker
     woken then could look too early, find nothing and go back to sleep.
     """
-    conn = session.connection() if isinstance(session, Session) else session
+    conn = session if isinstance(session, Connection) else session.connection()
     conn.info[_WAKE_KEY] = queue  # the pooled connection's own dict
     if not event.contains(conn.engine, "checkin", _on_checkin):
         event.listen(conn.engine, "checkin", _on_checkin)
