@@ -16,6 +16,7 @@ from cpersona.storage import search_sqlite
 from cpersona.storage.models import Memory
 from cpersona.storage.scope import Scope
 from cpersona.storage.search_sqlite import SqliteSearch
+from cpersona.storage.search_words import SqliteWordSearch
 
 pytestmark = pytest.mark.sqlite_only  # FTS5 and its vocabulary tables
 
@@ -83,3 +84,34 @@ def test_a_table_no_larger_than_the_budget_is_not_counted(db, monkeypatch):
     monkeypatch.setattr(search_sqlite, "SCORED_ROWS_BUDGET", COMMON + RARE + 1)  # exactly the rows stored
     search = search_sqlite._fts_search("memories_fts", "memories", "m", "m.id", "1=1")
     assert SqliteSearch(db)._term_counts(search, ["zeppelin", "weather"]) == {}
+
+
+# -- the word channel (storage/search_words.py) counts each word exactly and follows the same rule
+
+
+def word_found(db, query: str) -> list[str]:
+    return [hit.record.text for hit in SqliteWordSearch(db).word_memories(Scope(agent_id="a"), query, 10)]
+
+
+def test_over_the_budget_the_common_word_is_not_ranked(db, monkeypatch):
+    corpus(db)
+    monkeypatch.setattr(search_sqlite, "SCORED_ROWS_BUDGET", 50)
+    texts = word_found(db, "zeppelins weather")  # a stemmed form: the index's stem, counted by MATCH
+    assert texts and all("zeppelin" in t for t in texts)
+    assert len(texts) == RARE + 1
+
+
+def test_under_the_budget_every_word_is_ranked_as_before(db):
+    corpus(db)
+    texts = word_found(db, "zeppelins weather")
+    assert len(texts) == 10 and any("zeppelin" not in t for t in texts)
+
+
+def test_word_counts_are_the_real_match_counts(db, monkeypatch):
+    corpus(db)
+    monkeypatch.setattr(search_sqlite, "SCORED_ROWS_BUDGET", 50)
+    search = search_sqlite._fts_search("memories_words", "memories", "m", "m.id", "1=1")
+    counts = SqliteWordSearch(db)._word_counts(search, ["zeppelins", "weather", "reports"])
+    assert counts == {"zeppelins": RARE + 1, "weather": COMMON + 1, "reports": COMMON}
+    monkeypatch.setattr(search_sqlite, "SCORED_ROWS_BUDGET", COMMON + RARE + 1)  # no larger than the budget
+    assert SqliteWordSearch(db)._word_counts(search, ["zeppelins", "weather"]) == {}
