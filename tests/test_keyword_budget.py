@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import insert, text
 
 from cpersona.storage import search_sqlite
-from cpersona.storage.models import Memory
+from cpersona.storage.models import Episode, Memory
 from cpersona.storage.scope import Scope
 from cpersona.storage.search_sqlite import SqliteSearch
 from cpersona.storage.search_words import SqliteWordSearch
@@ -89,21 +89,38 @@ def test_a_table_no_larger_than_the_budget_is_not_counted(db, monkeypatch):
 # -- the word channel (storage/search_words.py) counts each word exactly and follows the same rule
 
 
-def word_found(db, query: str) -> list[str]:
-    return [hit.record.text for hit in SqliteWordSearch(db).word_memories(Scope(agent_id="a"), query, 10)]
+def episode_corpus(db) -> None:
+    rows = [f"the weather report number {i}" for i in range(COMMON)]
+    rows += [f"a zeppelin sighting {i}" for i in range(RARE)]
+    rows += ["zeppelin weather together"]
+    with db.write() as session:
+        session.execute(insert(Episode), [{"agent_id": "a", "summary": c, "keywords": ""} for c in rows])
 
 
-def test_over_the_budget_the_common_word_is_not_ranked(db, monkeypatch):
-    corpus(db)
+WORD_ARMS = {
+    "memories": (corpus, lambda search, scope, query: search.word_memories(scope, query, 10)),
+    "episodes": (episode_corpus, lambda search, scope, query: search.word_episodes(scope, query, 10)),
+}
+
+
+def word_found(db, arm: str, query: str) -> list[str]:
+    fill, search = WORD_ARMS[arm]
+    return [hit.record.text for hit in search(SqliteWordSearch(db), Scope(agent_id="a"), query)]
+
+
+@pytest.mark.parametrize("arm", sorted(WORD_ARMS))
+def test_over_the_budget_the_common_word_is_not_ranked(db, monkeypatch, arm):
+    WORD_ARMS[arm][0](db)
     monkeypatch.setattr(search_sqlite, "SCORED_ROWS_BUDGET", 50)
-    texts = word_found(db, "zeppelins weather")  # a stemmed form: the index's stem, counted by MATCH
+    texts = word_found(db, arm, "zeppelins weather")  # a stemmed form: the index's stem, counted by MATCH
     assert texts and all("zeppelin" in t for t in texts)
     assert len(texts) == RARE + 1
 
 
-def test_under_the_budget_every_word_is_ranked_as_before(db):
-    corpus(db)
-    texts = word_found(db, "zeppelins weather")
+@pytest.mark.parametrize("arm", sorted(WORD_ARMS))
+def test_under_the_budget_every_word_is_ranked_as_before(db, arm):
+    WORD_ARMS[arm][0](db)
+    texts = word_found(db, arm, "zeppelins weather")
     assert len(texts) == 10 and any("zeppelin" not in t for t in texts)
 
 
