@@ -2,6 +2,7 @@
 
     python bench/scale.py [--sizes 10000,100000,1000000] [--recalls 200] [--stores 100]
                           [--reaches 0,1000000000] [--pg-url postgresql+psycopg://...]
+    python bench/scale.py --existing FILE [--recalls ...]   # time a database filled beforehand
 
 For each size a fresh database is filled **in-process** (not over MCP): the
 rows go through the project's own engine and migrations in batched Core
@@ -103,6 +104,16 @@ def bulk_fill(db, corpus: Corpus, size: int) -> float:
     return size / (time.perf_counter() - started)
 
 
+def existing_rows(path: Path) -> int:
+    import sqlean
+
+    conn = sqlean.connect(str(path))
+    try:
+        return int(conn.execute("SELECT count(*) FROM memories").fetchone()[0])
+    finally:
+        conn.close()
+
+
 def sqlite_bytes(path: Path) -> int:
     import sqlean
 
@@ -193,13 +204,20 @@ async def one_size(kind: str, size: int, corpus: Corpus, embed_url: str, args) -
             conn.execute(text(f'CREATE DATABASE "{name}"'))
         pg_url = make_url(args.pg_url).set(database=name).render_as_string(hide_password=False)
         env["CPERSONA_DATABASE_URL"] = pg_url
-    db = open_database(kind, pg_url or env["CPERSONA_DB_PATH"])
-    try:
-        upgrade(db)
-        rate = bulk_fill(db, corpus, size)
-    finally:
-        db.close()
-    print(f"  [{kind}/{size}] in-process fill {rate:.0f} rows/s", file=sys.stderr, flush=True)
+    if args.existing:
+        # A database filled beforehand (e.g. by an interrupted fill): timed as it stands.
+        env["CPERSONA_DB_PATH"] = args.existing
+        workdir.rmdir()
+        workdir = Path(args.existing).parent
+        size, rate = existing_rows(Path(args.existing)), None
+    else:
+        db = open_database(kind, pg_url or env["CPERSONA_DB_PATH"])
+        try:
+            upgrade(db)
+            rate = bulk_fill(db, corpus, size)
+        finally:
+            db.close()
+        print(f"  [{kind}/{size}] in-process fill {rate:.0f} rows/s", file=sys.stderr, flush=True)
     timed = {}
     for number, reach in enumerate(args.reaches):
         # Each server stores its own --stores rows past the fill (new ids, so none is a duplicate).
@@ -213,14 +231,14 @@ async def one_size(kind: str, size: int, corpus: Corpus, embed_url: str, args) -
         admin.dispose()
         with create_engine(args.pg_url, isolation_level="AUTOCOMMIT").connect() as conn:
             conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    if not args.keep:
+    if not args.keep and not args.existing:
         for path in workdir.glob("*"):
             path.unlink()
         workdir.rmdir()
     result = {
         "backend": kind,
         "size": size,
-        "fill_rows_per_s": round(rate),
+        "fill_rows_per_s": None if rate is None else round(rate),
         "servers": timed,
         "bytes_per_row": round(total / rows),
         "bytes_per_row_without_vector": round(total / rows - VECTOR_BYTES),
@@ -261,9 +279,15 @@ def main() -> None:
     parser.add_argument("--pg-url", default="", help="also run on PostgreSQL (a cluster URL with CREATE DATABASE)")
     parser.add_argument("--workdir", default=None, help="where the SQLite files go (default: the temp dir)")
     parser.add_argument("--keep", action="store_true", help="keep the database files")
+    parser.add_argument(
+        "--existing",
+        default="",
+        help="time this SQLite file as it stands instead of filling one (--sizes is ignored; "
+        "its rows are counted; the timed stores are added to it)",
+    )
     parser.add_argument("--seed", type=int, default=7)
     args = parser.parse_args()
-    args.sizes = [int(s) for s in args.sizes.split(",")]
+    args.sizes = [0] if args.existing else [int(s) for s in args.sizes.split(",")]
     args.reaches = [int(r) for r in args.reaches.split(",")]
     asyncio.run(main_async(args))
 

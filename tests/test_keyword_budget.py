@@ -13,9 +13,10 @@ import pytest
 from sqlalchemy import insert, text
 
 from cpersona.storage import search_sqlite
-from cpersona.storage.models import Memory
+from cpersona.storage.models import Episode, Memory
 from cpersona.storage.scope import Scope
 from cpersona.storage.search_sqlite import SqliteSearch
+from cpersona.storage.search_words import SqliteWordSearch
 
 pytestmark = pytest.mark.sqlite_only  # FTS5 and its vocabulary tables
 
@@ -83,3 +84,51 @@ def test_a_table_no_larger_than_the_budget_is_not_counted(db, monkeypatch):
     monkeypatch.setattr(search_sqlite, "SCORED_ROWS_BUDGET", COMMON + RARE + 1)  # exactly the rows stored
     search = search_sqlite._fts_search("memories_fts", "memories", "m", "m.id", "1=1")
     assert SqliteSearch(db)._term_counts(search, ["zeppelin", "weather"]) == {}
+
+
+# -- the word channel (storage/search_words.py) counts each word exactly and follows the same rule
+
+
+def episode_corpus(db) -> None:
+    rows = [f"the weather report number {i}" for i in range(COMMON)]
+    rows += [f"a zeppelin sighting {i}" for i in range(RARE)]
+    rows += ["zeppelin weather together"]
+    with db.write() as session:
+        session.execute(insert(Episode), [{"agent_id": "a", "summary": c, "keywords": ""} for c in rows])
+
+
+WORD_ARMS = {
+    "memories": (corpus, lambda search, scope, query: search.word_memories(scope, query, 10)),
+    "episodes": (episode_corpus, lambda search, scope, query: search.word_episodes(scope, query, 10)),
+}
+
+
+def word_found(db, arm: str, query: str) -> list[str]:
+    fill, search = WORD_ARMS[arm]
+    return [hit.record.text for hit in search(SqliteWordSearch(db), Scope(agent_id="a"), query)]
+
+
+@pytest.mark.parametrize("arm", sorted(WORD_ARMS))
+def test_over_the_budget_the_common_word_is_not_ranked(db, monkeypatch, arm):
+    WORD_ARMS[arm][0](db)
+    monkeypatch.setattr(search_sqlite, "SCORED_ROWS_BUDGET", 50)
+    texts = word_found(db, arm, "zeppelins weather")  # a stemmed form: the index's stem, counted by MATCH
+    assert texts and all("zeppelin" in t for t in texts)
+    assert len(texts) == RARE + 1
+
+
+@pytest.mark.parametrize("arm", sorted(WORD_ARMS))
+def test_under_the_budget_every_word_is_ranked_as_before(db, arm):
+    WORD_ARMS[arm][0](db)
+    texts = word_found(db, arm, "zeppelins weather")
+    assert len(texts) == 10 and any("zeppelin" not in t for t in texts)
+
+
+def test_word_counts_are_the_real_match_counts(db, monkeypatch):
+    corpus(db)
+    monkeypatch.setattr(search_sqlite, "SCORED_ROWS_BUDGET", 50)
+    search = search_sqlite._fts_search("memories_words", "memories", "m", "m.id", "1=1")
+    counts = SqliteWordSearch(db)._word_counts(search, ["zeppelins", "weather", "reports"])
+    assert counts == {"zeppelins": RARE + 1, "weather": COMMON + 1, "reports": COMMON}
+    monkeypatch.setattr(search_sqlite, "SCORED_ROWS_BUDGET", COMMON + RARE + 1)  # no larger than the budget
+    assert SqliteWordSearch(db)._word_counts(search, ["zeppelins", "weather"]) == {}

@@ -265,10 +265,7 @@ class SqliteSearch(SqlSearch):
         largest id bounds that in one index step): no statement can score more.
         """
         fts = search.fts
-        if not fts or len(terms) <= 1:
-            return {}
-        largest = self._run(f"{fts} size", text(f"SELECT max(id) AS n FROM {search.table}"), {})
-        if not largest or (largest[0].n or 0) <= SCORED_ROWS_BUDGET:
+        if not self._may_overrun(search, terms):
             return {}
         grams = {term: trigrams(term) for term in terms}
         wanted = sorted(set().union(*grams.values()))
@@ -290,6 +287,15 @@ class SqliteSearch(SqlSearch):
                 log.warning("%s term counts unavailable, every term is ranked: %s", fts, exc.orig)
                 return {}
         return {term: min((int(found.get(g, 0)) for g in gs), default=0) for term, gs in grams.items()}
+
+    def _may_overrun(self, search: _FtsSearch, terms: list[str]) -> bool:
+        """Whether ranking ``terms`` over ``search``'s table could score more than the budget:
+        more than one term, and a table with more rows than the budget (its largest id bounds
+        that in one index step). Otherwise nothing is counted: no statement can overrun."""
+        if not search.fts or len(terms) <= 1:
+            return False
+        largest = self._run(f"{search.fts} size", text(f"SELECT max(id) AS n FROM {search.table}"), {})
+        return bool(largest) and (largest[0].n or 0) > SCORED_ROWS_BUDGET
 
     def _best_in_scope(
         self, what: str, search: _FtsSearch, params: dict[str, Any], match: str, depth: int

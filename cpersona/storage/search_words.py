@@ -20,8 +20,9 @@ import re
 
 from cpersona.storage.scope import Scope, sql_fragment
 from cpersona.storage.search import FUNCTION_WORDS, MAX_QUERY_CHARS, MAX_TERMS, Hit, clean_query
+from cpersona.storage.sql_text import text
 from cpersona.storage.search_sql import EPISODE_COLUMNS, MEMORY_COLUMNS, episode_record, memory_record
-from cpersona.storage.search_sqlite import SqliteSearch, _fts_search, fts5_match
+from cpersona.storage.search_sqlite import SqliteSearch, _fts_search, _FtsSearch, fts5_match
 from cpersona.storage.search_sqlite import source_filter as sqlite_source_filter
 
 # A word as unicode61 splits text: a run of letters and digits (underscore and
@@ -65,6 +66,7 @@ class SqliteWordSearch(SqliteSearch):
         where, params = sql_fragment(scope, "m")
         by_source, source_params = sqlite_source_filter(source_id)
         search = _fts_search("memories_words", "memories", "m", MEMORY_COLUMNS, f"{where} AND {by_source}")
+        terms = self._within_budget(terms, self._word_counts(search, terms))
         rows = self._best_in_scope("memories words", search, {**params, **source_params}, fts5_match(terms), depth)
         return [Hit(memory_record(r), -float(rank)) for r, rank in rows or []]  # -bm25: higher is better
 
@@ -74,8 +76,28 @@ class SqliteWordSearch(SqliteSearch):
             return []
         where, params = sql_fragment(scope, "e")
         search = _fts_search("episodes_words", "episodes", "e", EPISODE_COLUMNS, where)
+        terms = self._within_budget(terms, self._word_counts(search, terms))
         rows = self._best_in_scope("episodes words", search, params, fts5_match(terms), depth)
         return [Hit(episode_record(r), -float(rank)) for r, rank in rows or []]
+
+    def _word_counts(self, search: _FtsSearch, terms: list[str]) -> dict[str, int]:
+        """Each word's exact match count in the word index, for the keyword budget (``_within_budget``).
+
+        The index holds porter stems, which this side cannot spell, so each word
+        is counted by a MATCH of its own: a walk of its row list with no score,
+        about a twentieth of what ranking the same rows with bm25 costs (100k
+        rows, bench/recall_profile.py). {} (every word ranked) when the table is
+        no larger than the budget or a count fails.
+        """
+        if not self._may_overrun(search, terms):
+            return {}
+        counts = ", ".join(
+            f"(SELECT count(*) FROM {search.fts} WHERE {search.fts} MATCH :w{i})" for i in range(len(terms))
+        )
+        rows = self._run(
+            f"{search.fts} counts", text(f"SELECT {counts}"), {f"w{i}": fts5_match([t]) for i, t in enumerate(terms)}
+        )
+        return dict(zip(terms, (int(n) for n in rows[0]))) if rows else {}
 
 
 # -- PostgreSQL: tsvector expression indexes --------------------------------------------------
