@@ -239,3 +239,50 @@ def test_a_vector_list_that_agrees_with_the_keyword_top_still_brings_in_its_rows
     assert vector_only in best_first, best_first
     # its place comes from the vector list's vote (rank 0, K = 60), not from a row set aside at 0
     assert answer[best_first.index(vector_only)]["match_reason"]["rrf"] == pytest.approx(1 / 61)
+
+
+def test_a_keyword_row_the_vector_list_ranks_just_past_the_depth_keeps_its_seat(db, embed_server):
+    """Issue 14, fourth pass: under rrf the near list is read half as deep again as the
+    answer (``retrievers.near_depth``). Limit 2 (depth 2): the keyword list's second row is
+    the vector list's third. Read 2 deep, that row drew one vote, a vector-only row at
+    rank 0 drew as much and took its seat, and the embedder cost an answer keyword-only
+    gave. Read 3 deep, the row is on both lists and keeps its seat."""
+    query = "garage door code"
+    first, second = GARAGE_ROWS[0], GARAGE_ROWS[1]  # the keyword list's first two rows
+    vector_only = "Quarterly figures arrive in the second week"  # shares no word with the query
+
+    def reads(text: str) -> list[float]:
+        if text in (query, vector_only):
+            return _toward(1, 0.0, embed_server.dimension)  # cosine 1
+        if text == first:
+            return _toward(1, 0.33, embed_server.dimension)  # cosine 0.95: the vector list's second
+        if text == second:
+            return _toward(1, 0.48, embed_server.dimension)  # cosine 0.90: its third
+        return _toward(1 + (GARAGE_ROWS + MEMORIES).index(text), 1.5, embed_server.dimension)  # cosine 0.55
+
+    embed_server.vector = reads
+    app = make_app(db, EMBEDDING_MODE="http", EMBEDDING_URL=embed_server.url, DEGRADED_ADVISORY="false")
+    app.embedder = build_embedder(app.settings)
+    try:
+        for text in GARAGE_ROWS + MEMORIES:
+            assert store(app, agent_id="a", content=text, timestamp="2026-06-02T00:00:00+00:00")["embedded"] is True
+        embedded = [m["content"] for m in recall(app, agent_id="a", query=query, limit=2)["messages"]]
+    finally:
+        app.embedder.close()
+    # the keyword list's own order (deep: this small pool's bar admits only first places)
+    keyword_only = recall(make_app(db), agent_id="a", query=query, limit=2, deep=True)["messages"]
+    assert [m["content"] for m in keyword_only] == [second, first]  # worst first, best last (RC-1)
+    assert embedded == [second, first], embedded
+
+
+def test_agreement_with_the_keyword_top_is_judged_within_the_answer_depth():
+    """``vector_votes(within=depth)``: a vector list read deeper than the answer does not agree
+    with a clear keyword first place through a row past the depth (the rule was chosen on
+    lists as deep as the answer)."""
+    from cpersona.services.recall.fusion import RankedList, vector_votes
+
+    keyword = RankedList.of("memories", [(("mem", 1), 1.0), (("mem", 2), 0.5), (("mem", 3), 0.4)])
+    vector = RankedList.of("vector", [(("mem", 7), 0.9), (("mem", 8), 0.8), (("mem", 1), 0.7)])
+    lists = [vector, keyword]
+    assert [lst.weight for lst in vector_votes(lists, within=3)] == [1.0, 1.0]  # mem 1 at rank 2 agrees
+    assert [lst.weight for lst in vector_votes(lists, within=2)] == [0.0, 1.0]  # past the depth: it sits out
