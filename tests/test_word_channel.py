@@ -205,12 +205,12 @@ def test_under_rrf_with_a_query_vector_each_keyword_list_keeps_both_indexes_firs
     from cpersona.services.recall.retrievers import Query, Retrieval
     from cpersona.services.recall.words import add_lexical_lists
 
-    # trigram finds "deploy" inside words the word index stems differently, and vice versa
-    add_memories(db, "redeployed the gateway", "autodeploy flag set", "deploys happen daily", "we deploy often")
+    # trigram finds "deploy" only inside longer words; only the word index finds "Q1"
+    add_memories(db, "redeployed the gateway", "autodeploy flag set", "Q1 review notes", "Q1 planning")
     backend = open_search(db, fts_enabled=True)
-    query = Query(agent_id="a", text="deploy", scope=A)
-    trigram = {h.record.key for h in backend.keyword_memories(A, "deploy", 2).hits}
-    words = {h.record.key for h in backend.word_memories(A, "deploy", 2)}
+    query = Query(agent_id="a", text="Q1 deploy", scope=A)
+    trigram = {h.record.key for h in backend.keyword_memories(A, query.text, 2).hits}
+    words = {h.record.key for h in backend.word_memories(A, query.text, 2)}
     assert len(trigram | words) > 2  # the two indexes' first rows differ here
 
     def memories(keep_union: bool) -> list:
