@@ -196,27 +196,3 @@ def test_triggers_keep_the_word_index_equal_to_the_rows(db) -> None:
     assert word_ids(db, "episodes_words", "gamma") == []
     for table in ("memories_words", "episodes_words"):
         w(db, f"INSERT INTO {table} ({table}, rank) VALUES ('integrity-check', 1)")
-
-
-def test_under_rrf_with_a_query_vector_each_keyword_list_keeps_both_indexes_first_rows(db) -> None:
-    """Issue 14, fourth pass (``keep_union``): the merged list keeps every row either index
-    ranked in its first ``depth``, so a row the vector list also holds draws its lexical vote;
-    without it the list is cut to its best ``depth``, as before."""
-    from cpersona.services.recall.retrievers import Query, Retrieval
-    from cpersona.services.recall.words import add_lexical_lists
-
-    # trigram finds "deploy" only inside longer words; only the word index finds "Q1"
-    add_memories(db, "redeployed the gateway", "autodeploy flag set", "Q1 review notes", "Q1 planning")
-    backend = open_search(db, fts_enabled=True)
-    query = Query(agent_id="a", text="Q1 deploy", scope=A)
-    trigram = {h.record.key for h in backend.keyword_memories(A, query.text, 2).hits}
-    words = {h.record.key for h in backend.word_memories(A, query.text, 2)}
-    assert len(trigram | words) > 2  # the two indexes' first rows differ here
-
-    def memories(keep_union: bool) -> list:
-        found = Retrieval()
-        add_lexical_lists(backend, query, 2, lambda _: False, found, weight=2.0, keep_union=keep_union)
-        return [e.key for lst in found.lists if lst.channel == "memories" for e in lst.entries]
-
-    assert set(memories(True)) == trigram | words
-    assert len(memories(False)) == 2 and set(memories(False)) < trigram | words

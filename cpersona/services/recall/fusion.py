@@ -94,7 +94,7 @@ def on_one_scale(lists: Sequence[RankedList], memories: int, episodes: int) -> S
     return [replace(lst, scale=ratio) if lst.channel == smaller else lst for lst in lists]
 
 
-def vector_votes(lists: Sequence[RankedList], within: int | None = None) -> Sequence[RankedList]:
+def vector_votes(lists: Sequence[RankedList]) -> Sequence[RankedList]:
     """The lists with the vector channel's votes kept or, for this query, set aside (weight 0).
 
     The vector lists vote unless the keyword lists are confident and the
@@ -113,9 +113,6 @@ def vector_votes(lists: Sequence[RankedList], within: int | None = None) -> Sequ
     JSQuAD (docs/benchmarks.md, "Issue 14, third pass"). Rows set aside
     still come after the keyword rows in the vector list's order; the gate
     judges them by the ranks the retrievers gave (``keyword_floor.annotate``).
-    ``within``: only the vector rows ranked above it show agreement (the
-    answer's depth: the rule was chosen on lists that deep; a vector list
-    read deeper, see ``vector_depth``, must not agree more often for it).
     """
     lexical = [lst for lst in lists if lst.channel not in VECTOR_CHANNELS and lst.entries]
     vector = [lst for lst in lists if lst.channel in VECTOR_CHANNELS and lst.entries]
@@ -124,7 +121,7 @@ def vector_votes(lists: Sequence[RankedList], within: int | None = None) -> Sequ
     if not any(_clear_first(lst) for lst in lexical):
         return lists
     top = {entry.key for lst in lexical for entry in lst.entries[:AGREE_ROWS]}
-    if any(entry.key in top for lst in vector for entry in lst.entries if within is None or entry.rank < within):
+    if any(entry.key in top for lst in vector for entry in lst.entries):
         return lists
     return [replace(lst, weight=0.0) if lst.channel in VECTOR_CHANNELS else lst for lst in lists]
 

@@ -123,7 +123,6 @@ def retrieve(app: App, backend: SearchBackend, query: Query, depth: int, exclude
     elif (vector := embed_query(app, query.text, measure=query.measure)) is not None:
         found.query_embedded, found.query_vector = True, vector
         vector_lists(app, backend, query, depth, vector, excluded, found)
-    deeper = found.query_vector is not None and app.settings.recall_mode == "rrf"
     add_lexical_lists(
         backend,
         query,
@@ -132,7 +131,6 @@ def retrieve(app: App, backend: SearchBackend, query: Query, depth: int, exclude
         found,
         weight=app.settings.recall_word_weight,
         cjk=cjk_query.applies(query.text),
-        keep_union=deeper,
     )
     found.counts = backend.table_counts(query.scope, cap=POOL_SATURATION)  # fusion's rank scale, the gate's pool
     return found
@@ -215,7 +213,7 @@ def vector_lists(
     fusing = settings.recall_mode != "cascade"
     threshold = arm_threshold(app, query.agent_id)
     window = settings.max_memories
-    near = nearest(backend, query, vector, near_depth(settings.recall_mode, depth), threshold, (0, window))
+    near = nearest(backend, query, vector, depth, threshold, (0, window))
     found.add("vector", near, excluded, weight=settings.recall_vector_weight)
     reach = settings.vector_reach
     if fusing and reach > window and settings.prior_far_weight > 0:
@@ -226,27 +224,6 @@ def vector_lists(
         found.add(
             "far", [hit for hit in far if hit.record.key not in in_near], excluded, weight=settings.prior_far_weight
         )
-
-
-def near_depth(mode: str, depth: int) -> int:
-    """How deep the near list is read: under rrf half as deep again as the other lists (issue 14).
-
-    Under rrf a row on two lists outranks a row on one, so what lifts a row
-    is agreement. At one depth for all, a row the vector list ranks 11th and
-    the keyword index ranks 11th drew no vote at all, while a vector-only
-    row at rank 9 took a seat. So under rrf with a query vector the near list
-    is read 1.5 × depth and each merged keyword list keeps every row either
-    of its indexes ranked in its first ``depth`` (``words.add_lexical_lists``,
-    ``keep_union``); the keyword indexes read no deeper. Rows that only one
-    of the deeper tails holds score below every row of the first ``depth``
-    and rarely take a seat; rows both hold rise. Chosen by
-    leave-one-conversation-out on LoCoMo dev over near depths 1, 1.2, 1.5 and
-    2 × depth with and without the union (docs/benchmarks.md, "Issue 14,
-    fourth pass"): 1.5 × with the union in every fold. ``vector_votes`` still
-    judges agreement on the near list's first ``depth`` rows. rsf normalises
-    each list over its own rows, so it keeps one depth.
-    """
-    return depth + depth // 2 if mode == "rrf" else depth
 
 
 def nearest(

@@ -222,9 +222,7 @@ def fuse(app: App, req: RecallRequest, found: Retrieval, profile: str | None) ->
         return [placed.get(key) or _candidate(found, key) for key in order]
     lists = found.lists if found.counts is None else on_one_scale(found.lists, *found.counts)
     if mode == "rrf":
-        # a vector list at odds with a clear keyword first place sits out (issue 14), judged on the
-        # near list's first depth rows (it is read deeper: retrievers.near_depth)
-        lists = vector_votes(lists, within=depth_for(app, req))
+        lists = vector_votes(lists)  # a vector list at odds with a clear keyword first place sits out (issue 14)
     fused = rrf(lists, app.settings.rrf_k) if mode == "rrf" else rsf(lists)
     rows = []
     for row in fused:

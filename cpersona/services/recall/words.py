@@ -33,8 +33,8 @@ if TYPE_CHECKING:
 MERGE_K = 2
 
 
-def with_words(trigram: Sequence[Hit], words: Sequence[Hit], depth: int | None, *, weight: float) -> list[Hit]:
-    """``trigram`` and ``words`` as one ranked list of at most ``depth`` hits (None: every row of either)."""
+def with_words(trigram: Sequence[Hit], words: Sequence[Hit], depth: int, *, weight: float) -> list[Hit]:
+    """``trigram`` and ``words`` as one ranked list of at most ``depth`` hits."""
     if weight <= 0 or not words:
         return list(trigram)
     score: dict[RowKey, float] = {}
@@ -45,7 +45,7 @@ def with_words(trigram: Sequence[Hit], words: Sequence[Hit], depth: int | None, 
             hits.setdefault(key, hit)
             score[key] = score.get(key, 0.0) + share / (MERGE_K + rank + 1)
     order = sorted(score, key=lambda key: -score[key])  # stable: trigram order first on a tie
-    return [Hit(hits[key].record, score[key]) for key in (order if depth is None else order[:depth])]
+    return [Hit(hits[key].record, score[key]) for key in order[:depth]]
 
 
 def add_lexical_lists(
@@ -58,25 +58,21 @@ def add_lexical_lists(
     weight: float,
     phrases: Sequence[str] = (),
     cjk: bool = False,
-    keep_union: bool = False,
 ) -> None:
     """The two lexical lists, in fusion order: episodes (when they apply), then memories.
 
     ``phrases`` (reconstruct's declared names, RX-8) go to the trigram arms
     only: a name is searched as written, spaces included. ``cjk`` (recall of a
     kana/kanji query) reads the memories' trigram side as content runs and
-    bigrams instead (cjk_query). ``keep_union``: each merged list keeps
-    every row either index ranked in its first ``depth``, not only its best
-    ``depth`` (rrf with a query vector, ``retrievers.near_depth``).
+    bigrams instead (cjk_query).
     """
-    cut = None if keep_union else depth
     if query.episodes_apply:
         episodes = backend.keyword_episodes(query.scope, query.text, depth, phrases=phrases)
         words = backend.word_episodes(query.scope, query.text, depth) if weight > 0 else []
-        found.add("episodes", with_words(episodes, words, cut, weight=weight), excluded)
+        found.add("episodes", with_words(episodes, words, depth, weight=weight), excluded)
     if cjk:
         hits = cjk_query.keyword_memories(backend, query.scope, query.text, depth, source_id=query.source_id)
     else:
         hits = backend.keyword_memories(query.scope, query.text, depth, source_id=query.source_id, phrases=phrases).hits
     words = backend.word_memories(query.scope, query.text, depth, source_id=query.source_id) if weight > 0 else []
-    found.add("memories", with_words(hits, words, cut, weight=weight), excluded)
+    found.add("memories", with_words(hits, words, depth, weight=weight), excluded)
