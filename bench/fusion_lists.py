@@ -32,7 +32,14 @@ sys.path.insert(0, str(REPO_DIR))
 from cpersona.config import load_settings  # noqa: E402
 from cpersona.embedding.client import build_embedder  # noqa: E402
 from cpersona.services.app import App  # noqa: E402
-from cpersona.services.recall.retrievers import exclusion, retrieve, search_backend  # noqa: E402
+from cpersona.services.recall.retrievers import (  # noqa: E402
+    arm_threshold,
+    embed_query,
+    exclusion,
+    nearest,
+    retrieve,
+    search_backend,
+)
 from cpersona.services.recall.service import depth_for, parse_request, run_recall  # noqa: E402
 from cpersona.services.records.episodes import archive_episode  # noqa: E402
 from cpersona.services.records.memories import store  # noqa: E402
@@ -42,6 +49,26 @@ from cpersona.storage.migrate import upgrade  # noqa: E402
 LIMIT = 10
 
 
+def raw_lists(app: App, backend, req, depth: int) -> dict[str, list]:
+    """Each retriever's own ranked list, unmerged: rows as [key, label, raw]."""
+    query = req.retriever_query()
+    out: dict[str, list] = {}
+    with app.db.snapshot():
+        vector = embed_query(app, query.text, measure=False) if app.embedder is not None else None
+        if vector is not None:
+            window = (0, app.settings.max_memories)
+            out["vector"] = nearest(backend, query, vector, depth, arm_threshold(app, query.agent_id), window)
+        out["ep_trigram"] = backend.keyword_episodes(query.scope, query.text, depth)
+        out["ep_word"] = backend.word_episodes(query.scope, query.text, depth)
+        out["mem_trigram"] = backend.keyword_memories(query.scope, query.text, depth).hits
+        out["mem_word"] = backend.word_memories(query.scope, query.text, depth)
+    return {
+        name: [[f"{h.record.key[0]}:{h.record.key[1]}", h.record.msg_id if h.record.kind == "mem" else "ep", h.raw]
+               for h in hits]
+        for name, hits in out.items()
+    }  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--embedding", choices=("none", "local"), default="local")
@@ -49,6 +76,12 @@ def main() -> None:
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA_DIR)
     parser.add_argument("--setting", action="append", default=[], metavar="CPERSONA_X=VALUE")
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument(
+        "--raw-depth",
+        type=int,
+        default=0,
+        help="also dump each retriever's own list (trigram and word per table, vector near) this deep",
+    )
     args = parser.parse_args()
 
     workdir = Path(tempfile.mkdtemp(prefix="cpersona-fusion-lists-"))
@@ -101,6 +134,8 @@ def main() -> None:
                         for lst in found.lists
                     ],
                     "cosines": {f"{k[0]}:{k[1]}": v for k, v in found.cosines.items()},
+                    "counts": list(found.counts or ()),
+                    **({"raw": raw_lists(app, backend, req, args.raw_depth)} if args.raw_depth else {}),
                     "answer": [m.get("id") or "ep" for m in reversed(answer.messages)],
                 }
             )
