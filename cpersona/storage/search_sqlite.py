@@ -368,34 +368,38 @@ class SqliteSearch(SqlSearch):
         where, params = sql_fragment(scope, "e")
         sql = text(f"SELECT max(julianday(e.created_at)) FROM episodes e WHERE {where}")
         with self.db.read() as session:
-            jd = session.execute(sql, params).scalar_one()
+            jd = self._rows(session, sql, params)[0][0]
         return None if jd is None else _julian_to_datetime(float(jd))
 
     # -- execution ----------------------------------------------------------------
 
-    def _run(self, what: str, sql: Any, params: dict[str, Any]) -> list[Any] | None:
-        """Rows of one search statement, or None when it failed or overran.
+    def _rows(self, session: Any, sql: Any, params: dict[str, Any]) -> list[Any]:
+        """Every row of one statement, read off the driver's cursor on the session's connection.
 
-        The statement goes to the driver's cursor on the session's connection
-        (inside its transaction, so a snapshot() still holds): these statements
-        are plain text with ``:name`` parameters, which the sqlite3 API binds
-        itself, and no column needs a SQLAlchemy type. SQLAlchemy's execution
-        path (compiled-cache look-up, parameter processing, result metadata,
-        Row objects) cost ~0.1 ms a statement, about a tenth of a recall's CPU
-        at 10k rows. Rows are named tuples: ``row.id`` reads as before.
+        Inside the session's transaction, so a snapshot() still holds. These
+        statements are plain text with ``:name`` parameters, which the sqlite3
+        API binds itself, and no column needs a SQLAlchemy type; SQLAlchemy's
+        execution path (compiled-cache look-up, parameter processing, result
+        metadata, Row objects) cost ~0.1 ms a statement, about a tenth of a
+        recall's CPU at 10k rows. Rows are named tuples (``row.id`` reads as
+        before); a driver error is raised as SQLAlchemy's, as session.execute would.
         """
+        dbapi = session.connection().connection.driver_connection
+        try:
+            cursor = dbapi.execute(sql.text, params)
+            shape = _row_shape(tuple(column[0] for column in cursor.description or ()))
+            return [shape._make(row) for row in cursor]
+        except self.db.engine.dialect.dbapi.Error as exc:
+            raise DBAPIError.instance(sql.text, None, exc, self.db.engine.dialect.dbapi.Error) from exc
+
+    def _run(self, what: str, sql: Any, params: dict[str, Any]) -> list[Any] | None:
+        """Rows of one search statement, or None when it failed or overran."""
         with self.db.read() as session:
             try:
-                dbapi = session.connection().connection.driver_connection
-                with _deadline(dbapi, STATEMENT_DEADLINE_SECONDS):
-                    cursor = dbapi.execute(sql.text, params)
-                    shape = _row_shape(tuple(column[0] for column in cursor.description or ()))
-                    return [shape._make(row) for row in cursor]
+                with _deadline(session.connection().connection.driver_connection, STATEMENT_DEADLINE_SECONDS):
+                    return self._rows(session, sql, params)
             except DBAPIError as exc:
                 log.warning("%s search failed, treated as no match: %s", what, exc.orig)
-                return None
-            except self.db.engine.dialect.dbapi.Error as exc:
-                log.warning("%s search failed, treated as no match: %s", what, exc)
                 return None
 
 
