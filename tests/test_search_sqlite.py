@@ -206,6 +206,21 @@ def test_a_statement_past_its_deadline_is_abandoned(db, search, monkeypatch):
     assert refs(search.keyword_memories(Scope("a"), "alpha", 10).hits) == ["mem:1"]
 
 
+def test_reads_off_the_cursor_fail_as_sqlalchemy_errors_with_rows_by_name(db, search):
+    # The recall's reads go to the driver's cursor (no SQLAlchemy execution
+    # path); the dispatch layer still sees SQLAlchemy's error classes, and rows
+    # still read by column name.
+    from sqlalchemy.exc import OperationalError
+
+    add_memories(db, {"content": "alpha"})
+    assert search.table_counts(Scope("a"), cap=499) == (1, 0)
+    assert [r.content for r in search._run("test", text("SELECT m.content FROM memories m"), {})] == ["alpha"]
+    with db.write_connection() as conn:
+        conn.exec_driver_sql("DROP TABLE profiles")
+    with pytest.raises(OperationalError, match="no such table"):
+        search.profile("a")
+
+
 # -- isolation inside each retriever ---------------------------------------------------
 
 

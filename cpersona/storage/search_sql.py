@@ -84,6 +84,10 @@ class SqlSearch(ABC):
         self.db = db
         self.fts_enabled = fts_enabled
 
+    def _rows(self, session: Any, sql: Any, params: dict[str, Any]) -> list[Any]:
+        """Every row of one statement on ``session``; a backend may read them another way (SQLite: the driver's cursor)."""
+        return list(session.execute(sql, params))
+
     @abstractmethod
     def _run(self, what: str, sql: Any, params: dict[str, Any]) -> list[Any] | None:
         """Rows of one search statement under the backend's deadline, or None when it failed."""
@@ -191,7 +195,7 @@ class SqlSearch(ABC):
             )
             params = {**params, "cap": max(cap, 0)}
         with self.db.read() as session:
-            memories, episodes = session.execute(sql, params).one()
+            memories, episodes = self._rows(session, sql, params)[0]
         return int(memories), int(episodes)
 
     def fetch(self, scope: Scope, keys: Iterable[RowKey], *, source_id: str = "") -> dict[RowKey, Record]:
@@ -279,4 +283,5 @@ class SqlSearch(ABC):
     def profile(self, agent_id: str) -> str | None:
         sql = text("SELECT content FROM profiles WHERE agent_id = :agent ORDER BY user_id != '', id LIMIT 1")
         with self.db.read() as session:
-            return session.execute(sql, {"agent": agent_id}).scalar_one_or_none()
+            rows = self._rows(session, sql, {"agent": agent_id})
+        return rows[0][0] if rows else None
