@@ -137,6 +137,68 @@ def test_pgvector_matches_sqlite_and_numpy(backends, kind, case, width):
         assert len(got) > (40 if width == 8 else 10)  # a real ranking was compared, not two empty lists
 
 
+@pytest.fixture
+def hnsw_everywhere(backends, monkeypatch):
+    """The HNSW path for every window of the small fixture (at the default bound it serves only large ones)."""
+    from cpersona.storage import vectors_postgres
+
+    _, _, pg = backends
+    if not pgvector_serves(pg):
+        skip_without_pgvector()
+    with pg.write_connection() as conn:
+        for table in vectors_postgres.VECTOR_TABLES:  # the fixture's widths (8, 12) come from its newest rows
+            vectors_postgres.ensure_hnsw_indexes(conn, table)
+    vectors_postgres._hnsw_widths.pop(pg, None)
+    monkeypatch.setattr(vectors_postgres, "HNSW_MIN_ROWS", 1)
+    return pg
+
+
+@pytest.mark.parametrize("kind", ["mem", "ep"])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[1]}-{c[2]}")
+@pytest.mark.parametrize("width", [8, 12])
+def test_the_hnsw_index_gives_the_exact_answer_with_isolation_and_window(hnsw_everywhere, backends, kind, case, width):
+    """Scope, source, width and window edges applied inside the index scan; re-ranked as the exact scan ranks."""
+    from cpersona.storage import vectors_postgres
+    from cpersona.storage.scope import sql_fragment
+    from cpersona.storage.vectors_sqlite import scan_parameters
+
+    lite, _, pg = backends
+    scope, window, threshold, depth = case
+    query = np.random.default_rng(width).standard_normal(width).astype("<f4").tobytes()
+    expected = lite.vector_candidates(kind, scope, query, depth, threshold=threshold, window=window)
+    _assert_same(
+        expected, PostgresSearch(pg).vector_candidates(kind, scope, query, depth, threshold=threshold, window=window)
+    )
+    alias = "m" if kind == "mem" else "e"
+    where, params = sql_fragment(scope, alias)
+    params.update(scan_parameters(query, window=window, threshold=threshold, depth=depth))
+    table = "memories" if kind == "mem" else "episodes"
+    with pg.read() as session:
+        through_index = vectors_postgres.hnsw_scan(
+            session, kind, where, params, query, vectors_postgres.hnsw_widths(pg, table)
+        )
+    # A zero vector (8-d only) takes a window position but has no vector to index: such a
+    # window looks short to the index scan, which then leaves it to the exact scan.
+    if width == 12 and scope.agent_id != "nobody":
+        assert through_index is not None, "the index did not answer: the exact scan was compared with itself"
+    if through_index is not None:
+        assert [i for _, i in through_index] == [h.record.id for h in expected]
+
+
+def test_a_starved_index_scan_falls_back_to_the_exact_scan(hnsw_everywhere, backends, monkeypatch):
+    """An index scan that may visit too few rows to fill the window answers None, and the exact scan answers."""
+    from cpersona.storage import vectors_postgres
+
+    lite, _, pg = backends
+    monkeypatch.setattr(vectors_postgres, "HNSW_MAX_SCAN_TUPLES", 1)
+    query = np.random.default_rng(8).standard_normal(8).astype("<f4").tobytes()
+    scope, window, threshold, depth = CASES[0]
+    expected = lite.vector_candidates("mem", scope, query, depth, threshold=threshold, window=window)
+    got = PostgresSearch(pg).vector_candidates("mem", scope, query, depth, threshold=threshold, window=window)
+    assert len(expected) > 40
+    _assert_same(expected, got)
+
+
 def test_a_database_without_pgvector_columns_uses_numpy(backends):
     _, _, pg = backends
     if pgvector_serves(pg):

@@ -157,13 +157,13 @@ def include_object_for(dialect: str):
         return None
 
     from cpersona.storage.search_words_postgres import WORD_VECTOR_COLUMN
-    from cpersona.storage.vectors_postgres import VECTOR_COLUMN
+    from cpersona.storage.vectors_postgres import VECTOR_COLUMN, is_vector_index
 
     def include_object(obj, name, type_, reflected, compare_to):
-        # Derived columns outside the history (vectors_postgres, search_words_postgres).
+        # Derived columns and their indexes, outside the history (vectors_postgres, search_words_postgres).
         if type_ == "column" and name in (VECTOR_COLUMN, WORD_VECTOR_COLUMN):
             return False
-        return not (type_ == "index" and name in PG_UNMODELLED_INDEXES)
+        return not (type_ == "index" and (name in PG_UNMODELLED_INDEXES or is_vector_index(name)))
 
     return include_object
 

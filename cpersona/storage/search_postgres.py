@@ -44,7 +44,7 @@ from cpersona.storage.search_sql import (
     memory_record,
 )
 from cpersona.storage.search_sqlite import STATEMENT_DEADLINE_SECONDS
-from cpersona.storage.vectors_postgres import numpy_scan, pgvector_scan, pgvector_serves
+from cpersona.storage.vectors_postgres import hnsw_scan, hnsw_widths, numpy_scan, pgvector_scan, pgvector_serves
 
 log = logging.getLogger(__name__)
 
@@ -290,6 +290,10 @@ class PostgresSearch(SqlSearch):
         try:
             with self.db.read() as session:
                 with_deadline(session)
+                if self._pgvector:
+                    widths = hnsw_widths(self.db, "memories" if kind == "mem" else "episodes")
+                    if (best := hnsw_scan(session, kind, where, params, query, widths)) is not None:
+                        return best
                 return scan(session, kind, where, params, query)
         except DBAPIError as exc:
             log.warning("%s vector search failed, treated as no match: %s", kind, exc.orig)
