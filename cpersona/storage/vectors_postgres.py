@@ -27,9 +27,10 @@ still takes its place in the window and ranks nowhere, as on SQLite.
 
 At scale the window goes through an HNSW index instead (:func:`hnsw_scan`):
 one partial expression index per vector width (pgvector indexes only
-fixed-width columns), ``vector_cosine_ops``, created by
-:func:`ensure_vector_columns` for the common widths and for each width the
-newest rows use. An approximate index picks neighbours before any WHERE, so
+fixed-width columns), ``vector_cosine_ops``, created at start for the common
+widths and for each width the newest rows use, when the server is set to read
+a far list (CPERSONA_VECTOR_REACH above CPERSONA_MAX_MEMORIES): an HNSW index
+costs every write of a vector, and only the far list of a large store uses it. An approximate index picks neighbours before any WHERE, so
 the scope and the window would silently return too few rows; pgvector 0.8's
 iterative scan (``hnsw.iterative_scan``) keeps walking the graph until enough
 rows pass the filter, the window's edges are turned into a (created_at, id)
@@ -64,7 +65,11 @@ _TABLES: dict[str, tuple[str, str]] = {"mem": ("memories", "m"), "ep": ("episode
 
 
 class PgVectorType(UserDefinedType):
-    """pgvector's ``vector``, named so that reflecting a table that has the column stays quiet."""
+    """pgvector's ``vector``, named so that reflecting a table that has the column stays quiet.
+
+    Bound values are pgvector's text form (:func:`vector_value`), which the
+    server reads into the column's type.
+    """
 
     cache_ok = True
 
@@ -98,9 +103,20 @@ LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$
         FROM generate_series(0, length(blob) - 4, 4) AS i) f
 $$"""
 
+# A writer of ours sends the vector with the blob (:func:`vector_value`), which
+# saves the SQL decode (~0.6 ms a 384-d row, most of a bulk insert's cost).
+# Any other write derives it here, so the column cannot fall out of step with
+# a writer that does not know it: an insert without it, an update that
+# changes the blob and leaves the vector as it was. A vector is taken as sent
+# only when its width is the blob's.
 SYNC_FUNCTION_DDL = f"""CREATE OR REPLACE FUNCTION cpersona_sync_vector() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
+  IF NEW.{VECTOR_COLUMN} IS NOT NULL AND NEW.embedding IS NOT NULL
+     AND vector_dims(NEW.{VECTOR_COLUMN}) * 4 = length(NEW.embedding)
+     AND (TG_OP = 'INSERT' OR NEW.{VECTOR_COLUMN} IS DISTINCT FROM OLD.{VECTOR_COLUMN}) THEN
+    RETURN NEW;
+  END IF;
   NEW.{VECTOR_COLUMN} := cpersona_vector(NEW.embedding);
   RETURN NEW;
 END $$"""
@@ -158,8 +174,11 @@ def has_column(conn: Connection, table: str, column: str = VECTOR_COLUMN) -> boo
     return conn.execute(sql, {"table": table, "column": column}).first() is not None
 
 
-def ensure_vector_columns(conn: Connection) -> bool:
+def ensure_vector_columns(conn: Connection, *, hnsw: bool = False) -> bool:
     """Install (or repair) the derived vector columns; True when pgvector serves the scan.
+
+    ``hnsw``: also :func:`ensure_hnsw_indexes` (kept once built: drop them by
+    name to stop paying for them on writes).
 
     ``conn`` holds the writer lock inside a transaction. Without the extension
     nothing is created, and triggers left by a database whose extension was
@@ -209,7 +228,8 @@ def ensure_vector_columns(conn: Connection) -> bool:
             conn.exec_driver_sql(
                 f"UPDATE {table} SET {VECTOR_COLUMN} = cpersona_vector(embedding) WHERE embedding IS NOT NULL"
             )
-        ensure_hnsw_indexes(conn, table)
+        if hnsw:
+            ensure_hnsw_indexes(conn, table)
     return True
 
 
@@ -307,6 +327,34 @@ def pgvector_scan_statement(kind: Kind, where: str) -> Any:
         ") w WHERE w.cosine >= :threshold AND w.cosine <> 'NaN'::float8"
         " ORDER BY w.cosine DESC, w.created_at DESC, w.id ASC LIMIT :depth"
     )
+
+
+def vector_value(blob: bytes | None) -> str | None:
+    """The derived column's value for ``blob`` as pgvector text, or None where the trigger derives NULL.
+
+    None too for a blob whose cosine is undefined (zero, non-finite, not whole
+    floats): the trigger then decodes it and stores NULL, as for any writer.
+    """
+    if not blob or len(blob) % 4:
+        return None
+    values = np.frombuffer(blob, dtype=FLOAT32)
+    if not np.isfinite(values).all() or not values.any():
+        return None
+    return vector_text(blob)
+
+
+_sends_vectors: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+
+
+def sends_vectors(conn: Connection) -> bool:
+    """Whether writes on ``conn`` carry the derived column (PostgreSQL with pgvector's columns), once per engine."""
+    if conn.dialect.name != "postgresql":
+        return False
+    known = _sends_vectors.get(conn.engine)
+    if known is None:
+        known = all(has_column(conn, table) for table in VECTOR_TABLES)
+        _sends_vectors[conn.engine] = known
+    return known
 
 
 def vector_text(query: bytes) -> str:
