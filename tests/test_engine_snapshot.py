@@ -30,19 +30,17 @@ def _add_profile(db: Database, agent: str) -> None:
         session.execute(text("INSERT INTO profiles (agent_id, user_id, content) VALUES (:a, '', 'p')"), {"a": agent})
 
 
-def test_reads_inside_share_one_session_on_sqlite_only(db: Database) -> None:
+def test_reads_inside_share_one_session(db: Database) -> None:
     with db.snapshot():
         with db.read() as first, db.read() as second:
             shared = first is second
-    assert shared is db.is_sqlite  # PostgreSQL keeps a session per read (an error aborts a PG transaction)
+    assert shared
     with db.read() as first:
         with db.read() as second:
             assert first is not second  # outside a snapshot nothing is shared
 
 
 def test_one_snapshot_for_the_whole_block(db: Database) -> None:
-    if not db.is_sqlite:
-        pytest.skip("PostgreSQL reads keep their own snapshots")
     _add_profile(db, "a")
     with db.snapshot():
         before = _count(db)
@@ -72,7 +70,7 @@ def test_nested_snapshot_is_the_outer_one_and_the_block_ends_cleanly(db: Databas
         with db.read() as outer:
             with db.snapshot():
                 with db.read() as inner:
-                    assert (inner is outer) is db.is_sqlite
+                    assert inner is outer
     with db.read() as later:
         assert later is not outer
 
@@ -84,6 +82,33 @@ def test_a_failed_statement_leaves_later_reads_working(db: Database) -> None:
             with db.read() as session:
                 session.execute(text("SELECT no_such_column FROM profiles"))
         assert _count(db) == 1
+        assert _count(db) == 1  # and the one after it (PostgreSQL: a new transaction, not an aborted one)
+
+
+def test_the_statement_deadline_holds_for_every_read_of_a_shared_transaction(db: Database) -> None:
+    """PostgreSQL: set once per transaction, and again after a failure ended one."""
+    if db.is_sqlite:
+        pytest.skip("SQLite's deadline is a progress handler, not a transaction setting")
+    from cpersona.storage.search_postgres import SEQSCAN_BACK, with_deadline
+
+    def setting(session, name: str) -> str:
+        return session.execute(text(f"SELECT current_setting('{name}')")).scalar_one()
+
+    with db.snapshot():
+        with db.read() as session:
+            with_deadline(session)
+            assert setting(session, "statement_timeout") == "2s"
+        with db.read() as session:
+            with_deadline(session, indexed=True)
+            assert setting(session, "enable_seqscan") == "off"
+            session.execute(SEQSCAN_BACK)
+        with pytest.raises(DBAPIError):
+            with db.read() as session:
+                session.execute(text("SELECT no_such_column FROM profiles"))
+        with db.read() as session:
+            assert setting(session, "statement_timeout") == "0"  # a new transaction: nothing carried over
+            with_deadline(session)
+            assert (setting(session, "statement_timeout"), setting(session, "enable_seqscan")) == ("2s", "on")
 
 
 def test_an_error_in_the_block_propagates_and_releases_the_session(db: Database) -> None:

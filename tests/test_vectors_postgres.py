@@ -137,6 +137,68 @@ def test_pgvector_matches_sqlite_and_numpy(backends, kind, case, width):
         assert len(got) > (40 if width == 8 else 10)  # a real ranking was compared, not two empty lists
 
 
+@pytest.fixture
+def hnsw_everywhere(backends, monkeypatch):
+    """The HNSW path for every window of the small fixture (at the default bound it serves only large ones)."""
+    from cpersona.storage import vectors_postgres
+
+    _, _, pg = backends
+    if not pgvector_serves(pg):
+        skip_without_pgvector()
+    with pg.write_connection() as conn:
+        for table in vectors_postgres.VECTOR_TABLES:  # the fixture's widths (8, 12) come from its newest rows
+            vectors_postgres.ensure_hnsw_indexes(conn, table)
+    vectors_postgres._hnsw_widths.pop(pg, None)
+    monkeypatch.setattr(vectors_postgres, "HNSW_MIN_ROWS", 1)
+    return pg
+
+
+@pytest.mark.parametrize("kind", ["mem", "ep"])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[1]}-{c[2]}")
+@pytest.mark.parametrize("width", [8, 12])
+def test_the_hnsw_index_gives_the_exact_answer_with_isolation_and_window(hnsw_everywhere, backends, kind, case, width):
+    """Scope, source, width and window edges applied inside the index scan; re-ranked as the exact scan ranks."""
+    from cpersona.storage import vectors_postgres
+    from cpersona.storage.scope import sql_fragment
+    from cpersona.storage.vectors_sqlite import scan_parameters
+
+    lite, _, pg = backends
+    scope, window, threshold, depth = case
+    query = np.random.default_rng(width).standard_normal(width).astype("<f4").tobytes()
+    expected = lite.vector_candidates(kind, scope, query, depth, threshold=threshold, window=window)
+    _assert_same(
+        expected, PostgresSearch(pg).vector_candidates(kind, scope, query, depth, threshold=threshold, window=window)
+    )
+    alias = "m" if kind == "mem" else "e"
+    where, params = sql_fragment(scope, alias)
+    params.update(scan_parameters(query, window=window, threshold=threshold, depth=depth))
+    table = "memories" if kind == "mem" else "episodes"
+    with pg.read() as session:
+        through_index = vectors_postgres.hnsw_scan(
+            session, kind, where, params, query, vectors_postgres.hnsw_widths(pg, table)
+        )
+    # A zero vector (8-d only) takes a window position but has no vector to index: such a
+    # window looks short to the index scan, which then leaves it to the exact scan.
+    if width == 12 and scope.agent_id != "nobody":
+        assert through_index is not None, "the index did not answer: the exact scan was compared with itself"
+    if through_index is not None:
+        assert [i for _, i in through_index] == [h.record.id for h in expected]
+
+
+def test_a_starved_index_scan_falls_back_to_the_exact_scan(hnsw_everywhere, backends, monkeypatch):
+    """An index scan that may visit too few rows to fill the window answers None, and the exact scan answers."""
+    from cpersona.storage import vectors_postgres
+
+    lite, _, pg = backends
+    monkeypatch.setattr(vectors_postgres, "HNSW_MAX_SCAN_TUPLES", 1)
+    query = np.random.default_rng(8).standard_normal(8).astype("<f4").tobytes()
+    scope, window, threshold, depth = CASES[0]
+    expected = lite.vector_candidates("mem", scope, query, depth, threshold=threshold, window=window)
+    got = PostgresSearch(pg).vector_candidates("mem", scope, query, depth, threshold=threshold, window=window)
+    assert len(expected) > 40
+    _assert_same(expected, got)
+
+
 def test_a_database_without_pgvector_columns_uses_numpy(backends):
     _, _, pg = backends
     if pgvector_serves(pg):
@@ -253,3 +315,70 @@ def test_the_vector_stays_in_the_row_and_the_blob_moves_out(pgvector_db):
             )
         ).one()
     assert tuple(placed) == (3, 3)  # every vector in its row, every blob out of line
+
+
+# -- writers send the vector with the blob -------------------------------------------
+
+
+def _decodes_in(conn) -> int:
+    """How often this transaction ran the trigger's SQL decode (track_functions needs a superuser)."""
+    row = conn.execute(text("SELECT calls FROM pg_stat_xact_user_functions WHERE funcname = 'cpersona_vector'")).first()
+    return 0 if row is None else int(row.calls)
+
+
+@pytest.mark.parametrize("writer", ["store", "restore"])
+def test_our_writers_send_the_vector_and_the_trigger_decodes_nothing(pgvector_db, writer):
+    from cpersona.storage.memory_writes import insert_memory
+    from cpersona.storage.repositories.restore import RestoreRows
+
+    values = np.array([1.5, -0.0, 3.4028235e38, 1e-45, -2.5e-40, 0.1, -7.25, 123456.789], dtype="<f4")
+    row = {"agent_id": "a", "content": "m", "timestamp": "", "embedding": values.tobytes()}
+    with pgvector_db.write_connection() as conn:
+        conn.exec_driver_sql("SET LOCAL track_functions = 'all'")
+        if writer == "store":
+            new_id = insert_memory(conn, row)
+        else:
+            new_id = RestoreRows(conn, list(row), ["agent_id", "summary", "embedding"]).insert_memory(row)
+            RestoreRows(conn, list(row), ["agent_id", "summary", "embedding"]).insert_episode(
+                {"agent_id": "a", "summary": "e", "embedding": values.tobytes()}
+            )
+        assert _decodes_in(conn) == 0
+        conn.execute(
+            text("INSERT INTO memories (agent_id, content, timestamp, embedding) VALUES ('a', 'raw', '', :e)"),
+            {"e": values.tobytes()},
+        )
+        assert _decodes_in(conn) == 1  # a writer that does not send it still gets it derived
+    assert np.array_equal(_stored_vector(pgvector_db, new_id), values)  # what was sent is the blob, bit for bit
+
+
+def test_a_sent_vector_is_kept_only_while_it_belongs_to_the_blob(pgvector_db):
+    blob = np.array([1.0, 2.0, 3.0], dtype="<f4").tobytes()
+    with pgvector_db.write_connection() as conn:
+        sent = "INSERT INTO memories (id, agent_id, content, timestamp, embedding, embedding_vec) VALUES (:id, 'a', :t, '', :e, CAST(:v AS vector))"  # noqa: E501
+        conn.execute(text(sent), {"id": 1, "t": "same width", "e": blob, "v": "[4,5,6]"})
+        conn.execute(text(sent), {"id": 2, "t": "other width", "e": blob, "v": "[4,5]"})
+    assert _stored_vector(pgvector_db, 1).tolist() == [4, 5, 6]  # taken as sent: that is what saves the decode
+    assert _stored_vector(pgvector_db, 2).tolist() == [1, 2, 3]  # not the blob's width: derived
+    with pgvector_db.write_connection() as conn:  # the blob changes, the vector is left as it was: derived again
+        conn.execute(text("UPDATE memories SET embedding = :e WHERE id = 1"), {"e": blob[::-1]})
+    assert np.array_equal(_stored_vector(pgvector_db, 1), np.frombuffer(blob[::-1], dtype="<f4"))
+
+
+@pytest.mark.parametrize("reach, built", [("0", False), ("10000", False), ("1000000000", True)])
+def test_the_hnsw_indexes_are_built_where_a_far_list_is_asked_for(pgvector_db, tmp_path, reach, built):
+    from cpersona.config import load_settings
+    from cpersona.storage.migrate import open_database_and_upgrade
+    from cpersona.storage.vectors_postgres import HNSW_WIDTHS, hnsw_index_name, hnsw_widths
+
+    url = pgvector_db.engine.url.render_as_string(hide_password=False)
+    settings = load_settings(
+        {"CPERSONA_DB_PATH": str(tmp_path / "side.db"), "CPERSONA_DATABASE_URL": url, "CPERSONA_VECTOR_REACH": reach}
+    )
+    db = open_database_and_upgrade(settings)  # CPERSONA_MAX_MEMORIES: 10,000
+    try:
+        assert hnsw_widths(db, "memories") == (frozenset(HNSW_WIDTHS) if built else frozenset())
+        with db.read() as session:
+            names = set(session.execute(text("SELECT indexname FROM pg_indexes")).scalars())
+        assert (hnsw_index_name("episodes", 384) in names) is built
+    finally:
+        db.close()

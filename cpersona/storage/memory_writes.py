@@ -60,6 +60,18 @@ def _probe_statement(scope_sql: str, by_msg_id: bool, in_channel: bool) -> TextC
     return text(f"{by_id} UNION ALL {by_content} ORDER BY same_id DESC, id")
 
 
+@lru_cache(maxsize=1)
+def _insert_with_vector() -> Any:
+    """The memory insert on PostgreSQL with pgvector's column (vectors_postgres), built once."""
+    from sqlalchemy import column, table
+
+    from cpersona.storage.vectors_postgres import VECTOR_COLUMN, PgVectorType
+
+    columns = [column(c.name, c.type) for c in Memory.__table__.columns]
+    memories = table("memories", *columns, column(VECTOR_COLUMN, PgVectorType()))
+    return memories.insert().returning(memories.c.id)
+
+
 def insert_memory(conn: Connection, values: dict[str, Any]) -> int | None:
     """Insert one memory row and return its id, or None when a unique index refused it (DD-5).
 
@@ -70,9 +82,16 @@ def insert_memory(conn: Connection, values: dict[str, Any]) -> int | None:
     savepoint's release there made FTS5 flush its pending terms once more per row.
     """
     guard = nullcontext() if is_sqlite(conn) else conn.begin_nested()
+    statement = _INSERT_MEMORY
+    if not is_sqlite(conn):
+        from cpersona.storage.vectors_postgres import VECTOR_COLUMN, sends_vectors, vector_value
+
+        if sends_vectors(conn):  # the vector with the row: no decode in the trigger
+            statement = _insert_with_vector()
+            values = {**values, VECTOR_COLUMN: vector_value(values.get("embedding"))}
     try:
         with guard:
-            result = conn.execute(_INSERT_MEMORY, values)
+            result = conn.execute(statement, values)
     except IntegrityError:
         return None
-    return result.inserted_primary_key[0]
+    return result.inserted_primary_key[0] if statement is _INSERT_MEMORY else result.scalar_one()

@@ -157,13 +157,13 @@ def include_object_for(dialect: str):
         return None
 
     from cpersona.storage.search_words_postgres import WORD_VECTOR_COLUMN
-    from cpersona.storage.vectors_postgres import VECTOR_COLUMN
+    from cpersona.storage.vectors_postgres import VECTOR_COLUMN, is_vector_index
 
     def include_object(obj, name, type_, reflected, compare_to):
-        # Derived columns outside the history (vectors_postgres, search_words_postgres).
+        # Derived columns and their indexes, outside the history (vectors_postgres, search_words_postgres).
         if type_ == "column" and name in (VECTOR_COLUMN, WORD_VECTOR_COLUMN):
             return False
-        return not (type_ == "index" and name in PG_UNMODELLED_INDEXES)
+        return not (type_ == "index" and (name in PG_UNMODELLED_INDEXES or is_vector_index(name)))
 
     return include_object
 
@@ -317,8 +317,12 @@ def open_and_upgrade(path: Path | str, *, fts_enabled: bool = True) -> Database:
     return db
 
 
-def upgrade(db: Database, *, fts_enabled: bool = True) -> None:
-    """Bring ``db`` to our head revision in one transaction (see module docstring)."""
+def upgrade(db: Database, *, fts_enabled: bool = True, vector_index: bool = False) -> None:
+    """Bring ``db`` to our head revision in one transaction (see module docstring).
+
+    ``vector_index``: PostgreSQL with pgvector also gets the HNSW indexes the
+    vector channel's far list uses (vectors_postgres.ensure_hnsw_indexes).
+    """
     if db.read_only is not None:
         _check_read_only_at_head(db)
         return
@@ -327,7 +331,7 @@ def upgrade(db: Database, *, fts_enabled: bool = True) -> None:
             if db.is_sqlite:
                 _upgrade_in_transaction(conn, db.path, fts_enabled=fts_enabled)
             else:
-                _upgrade_postgres(conn, db.label)
+                _upgrade_postgres(conn, db.label, vector_index=vector_index)
     except MigrationError:
         raise
     except DBAPIError as exc:
@@ -358,7 +362,9 @@ def open_database_and_upgrade(settings) -> Database:
     else:
         db = open_database(settings)
         try:
-            upgrade(db, fts_enabled=settings.fts_enabled)
+            # The HNSW indexes cost every vector write (docs/benchmarks.md): built only
+            # where the far list they serve is asked for (CPERSONA_VECTOR_REACH).
+            upgrade(db, fts_enabled=settings.fts_enabled, vector_index=settings.vector_reach > settings.max_memories)
         except BaseException:
             db.close()
             raise
@@ -366,7 +372,7 @@ def open_database_and_upgrade(settings) -> Database:
     return db
 
 
-def _upgrade_postgres(conn: Connection, label: str) -> None:
+def _upgrade_postgres(conn: Connection, label: str, *, vector_index: bool = False) -> None:
     """PostgreSQL databases are only ever ours: no adoption ladder, no FTS repair.
 
     The writer lock the connection holds also serialises several processes
@@ -386,7 +392,7 @@ def _upgrade_postgres(conn: Connection, label: str) -> None:
     from cpersona.storage.search_words_postgres import ensure_word_columns
     from cpersona.storage.vectors_postgres import ensure_vector_columns
 
-    ensure_vector_columns(conn)
+    ensure_vector_columns(conn, hnsw=vector_index)
     ensure_word_columns(conn)
 
 

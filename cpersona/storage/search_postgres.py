@@ -44,7 +44,7 @@ from cpersona.storage.search_sql import (
     memory_record,
 )
 from cpersona.storage.search_sqlite import STATEMENT_DEADLINE_SECONDS
-from cpersona.storage.vectors_postgres import numpy_scan, pgvector_scan, pgvector_serves
+from cpersona.storage.vectors_postgres import hnsw_scan, hnsw_widths, numpy_scan, pgvector_scan, pgvector_serves
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +136,27 @@ INDEXED_SETTINGS = text(
     f"SELECT set_config('statement_timeout', '{int(STATEMENT_DEADLINE_SECONDS * 1000)}', true),"
     " set_config('enable_seqscan', 'off', true)"
 )
+SEQSCAN_BACK = text("SELECT set_config('enable_seqscan', 'on', true)")
+
+_DEADLINE_KEY = "cpersona_deadline_for"
+
+
+def with_deadline(session: Any, *, indexed: bool = False) -> None:
+    """Put the statement deadline (and, ``indexed``, :data:`INDEXED_SETTINGS`) on ``session``'s transaction.
+
+    Inside :meth:`Database.snapshot` a recall's reads share one transaction,
+    so the deadline is set once per transaction, not once per statement (a
+    round trip each); the caller of an ``indexed`` statement restores
+    sequential scans after it (:data:`SEQSCAN_BACK`) for the reads that follow.
+    """
+    if indexed:
+        session.execute(INDEXED_SETTINGS)
+    else:
+        transaction = session.connection() and session.get_transaction()
+        if session.info.get(_DEADLINE_KEY) is transaction:
+            return
+        session.execute(DEADLINE_SETTING)
+    session.info[_DEADLINE_KEY] = session.get_transaction()
 
 
 class PostgresSearch(SqlSearch):
@@ -268,7 +289,11 @@ class PostgresSearch(SqlSearch):
         scan = pgvector_scan if self._pgvector else numpy_scan
         try:
             with self.db.read() as session:
-                session.execute(DEADLINE_SETTING)
+                with_deadline(session)
+                if self._pgvector:
+                    widths = hnsw_widths(self.db, "memories" if kind == "mem" else "episodes")
+                    if (best := hnsw_scan(session, kind, where, params, query, widths)) is not None:
+                        return best
                 return scan(session, kind, where, params, query)
         except DBAPIError as exc:
             log.warning("%s vector search failed, treated as no match: %s", kind, exc.orig)
@@ -295,8 +320,11 @@ class PostgresSearch(SqlSearch):
         """
         with self.db.read() as session:
             try:
-                session.execute(INDEXED_SETTINGS if indexed else DEADLINE_SETTING)
-                return list(session.execute(sql, params))
+                with_deadline(session, indexed=indexed)
+                rows = list(session.execute(sql, params))
+                if indexed:
+                    session.execute(SEQSCAN_BACK)
+                return rows
             except DBAPIError as exc:
                 log.warning("%s search failed, treated as no match: %s", what, exc.orig)
                 return None

@@ -25,9 +25,18 @@ dropped; the best ``depth`` come back ordered by (cosine desc, scan position).
 The width filter reads the blob, not the vector, so a row whose vector is NULL
 still takes its place in the window and ranks nowhere, as on SQLite.
 
-Why not an HNSW / IVFFlat index: approximate indexes pick neighbours before any
-WHERE, so the scope and the newest-N window would silently return too few rows
-(the same reason SQLite does not use vec0). The scan is exact.
+At scale the window goes through an HNSW index instead (:func:`hnsw_scan`):
+one partial expression index per vector width (pgvector indexes only
+fixed-width columns), ``vector_cosine_ops``, created at start for the common
+widths and for each width the newest rows use, when the server is set to read
+a far list (CPERSONA_VECTOR_REACH above CPERSONA_MAX_MEMORIES): an HNSW index
+costs every write of a vector, and only the far list of a large store uses it. An approximate index picks neighbours before any WHERE, so
+the scope and the window would silently return too few rows; pgvector 0.8's
+iterative scan (``hnsw.iterative_scan``) keeps walking the graph until enough
+rows pass the filter, the window's edges are turned into a (created_at, id)
+range first, and a scan that still comes back short, or a window of fewer than
+:data:`HNSW_MIN_ROWS` rows, is answered by the exact scan. The index's
+candidates are re-ranked by their exact cosine, in the exact scan's order.
 """
 
 from __future__ import annotations
@@ -56,7 +65,11 @@ _TABLES: dict[str, tuple[str, str]] = {"mem": ("memories", "m"), "ep": ("episode
 
 
 class PgVectorType(UserDefinedType):
-    """pgvector's ``vector``, named so that reflecting a table that has the column stays quiet."""
+    """pgvector's ``vector``, named so that reflecting a table that has the column stays quiet.
+
+    Bound values are pgvector's text form (:func:`vector_value`), which the
+    server reads into the column's type.
+    """
 
     cache_ok = True
 
@@ -90,12 +103,63 @@ LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$
         FROM generate_series(0, length(blob) - 4, 4) AS i) f
 $$"""
 
+# A writer of ours sends the vector with the blob (:func:`vector_value`), which
+# saves the SQL decode (~0.6 ms a 384-d row, most of a bulk insert's cost).
+# Any other write derives it here, so the column cannot fall out of step with
+# a writer that does not know it: an insert without it, an update that
+# changes the blob and leaves the vector as it was. A vector is taken as sent
+# only when its width is the blob's.
 SYNC_FUNCTION_DDL = f"""CREATE OR REPLACE FUNCTION cpersona_sync_vector() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
+  IF NEW.{VECTOR_COLUMN} IS NOT NULL AND NEW.embedding IS NOT NULL
+     AND vector_dims(NEW.{VECTOR_COLUMN}) * 4 = length(NEW.embedding)
+     AND (TG_OP = 'INSERT' OR NEW.{VECTOR_COLUMN} IS DISTINCT FROM OLD.{VECTOR_COLUMN}) THEN
+    RETURN NEW;
+  END IF;
   NEW.{VECTOR_COLUMN} := cpersona_vector(NEW.embedding);
   RETURN NEW;
 END $$"""
+
+
+# Widths given an HNSW index whether or not rows of them exist yet (a partial
+# index over no rows costs a write nothing): the usual embedding models'.
+HNSW_WIDTHS = (384, 512, 768, 1024, 1536)
+HNSW_MAX_DIMENSIONS = 2000  # pgvector's limit for an HNSW index on vector
+# Windows with fewer rows than this are scanned exactly. The default near
+# window (CPERSONA_MAX_MEMORIES, 10,000) stays below it: at 10k rows the exact
+# scan costs about what the index does with enough candidates for the same
+# answer (stub vectors, docs/benchmarks.md), so the index serves the far list
+# of a large store, where an exact scan reads every vector of the scope.
+HNSW_MIN_ROWS = 20_000
+# Candidates asked of the index per exact re-rank (hnsw.ef_search is this):
+# the coarse index's rule on SQLite (coarse_sqlite.candidates), within
+# pgvector's ceiling for ef_search.
+HNSW_MAX_CANDIDATES = 1000
+# Index tuples one filtered scan may visit before giving up (then: the exact scan).
+HNSW_MAX_SCAN_TUPLES = 40000
+
+
+def hnsw_index_name(table: str, width: int) -> str:
+    return f"{table}_{VECTOR_COLUMN}_hnsw_{width}"
+
+
+def window_index_name(table: str, width: int) -> str:
+    return f"{table}_vector_window_{width}"
+
+
+def is_vector_index(name: str) -> bool:
+    """Whether ``name`` is one of :func:`ensure_hnsw_indexes`' indexes (derived, like the column)."""
+    return any(
+        name.startswith(made(table, 0)[:-1]) and name[len(made(table, 0)) - 1 :].isdigit()
+        for table in VECTOR_TABLES
+        for made in (hnsw_index_name, window_index_name)
+    )
+
+
+def _width_literal(alias: str, where: str, width: int) -> str:
+    """The window predicate with the width as a literal, so the partial indexes of that width apply."""
+    return f"{where} AND octet_length({alias}.embedding) = {4 * int(width)}"
 
 
 def _trigger_name(table: str) -> str:
@@ -110,8 +174,11 @@ def has_column(conn: Connection, table: str, column: str = VECTOR_COLUMN) -> boo
     return conn.execute(sql, {"table": table, "column": column}).first() is not None
 
 
-def ensure_vector_columns(conn: Connection) -> bool:
+def ensure_vector_columns(conn: Connection, *, hnsw: bool = False) -> bool:
     """Install (or repair) the derived vector columns; True when pgvector serves the scan.
+
+    ``hnsw``: also :func:`ensure_hnsw_indexes` (kept once built: drop them by
+    name to stop paying for them on writes).
 
     ``conn`` holds the writer lock inside a transaction. Without the extension
     nothing is created, and triggers left by a database whose extension was
@@ -161,7 +228,45 @@ def ensure_vector_columns(conn: Connection) -> bool:
             conn.exec_driver_sql(
                 f"UPDATE {table} SET {VECTOR_COLUMN} = cpersona_vector(embedding) WHERE embedding IS NOT NULL"
             )
+        if hnsw:
+            ensure_hnsw_indexes(conn, table)
     return True
+
+
+def ensure_hnsw_indexes(conn: Connection, table: str) -> None:
+    """One HNSW index per width in :data:`HNSW_WIDTHS` and per width of the table's newest rows.
+
+    Building one over rows already there takes time (about a minute per
+    100k 384-d rows on a small machine); that happens once, at the first
+    start after pgvector appears or a new model's width does.
+    """
+    newest = conn.exec_driver_sql(
+        f"SELECT DISTINCT vector_dims(v) FROM (SELECT {VECTOR_COLUMN} AS v FROM {table}"
+        f" WHERE {VECTOR_COLUMN} IS NOT NULL ORDER BY id DESC LIMIT 1000) AS newest"
+    ).scalars()
+    widths = sorted({*HNSW_WIDTHS, *(int(w) for w in newest if w and int(w) <= HNSW_MAX_DIMENSIONS)})
+    present = set(
+        conn.execute(
+            text("SELECT indexname FROM pg_indexes WHERE schemaname = current_schema() AND tablename = :table"),
+            {"table": table},
+        ).scalars()
+    )
+    for width in widths:
+        if window_index_name(table, width) not in present:
+            # The window's edges (hnsw_scan) are scan positions among the rows of one width:
+            # walked in this index, without reading the wide rows (an index-only scan).
+            conn.exec_driver_sql(
+                f"CREATE INDEX IF NOT EXISTS {window_index_name(table, width)} ON {table}"
+                f" (agent_id, created_at DESC, id) INCLUDE (project_id, channel)"
+                f" WHERE octet_length(embedding) = {4 * width}"
+            )
+        if hnsw_index_name(table, width) not in present:
+            conn.exec_driver_sql("SET LOCAL maintenance_work_mem = '256MB'")  # a build that fits in memory
+            conn.exec_driver_sql(
+                f"CREATE INDEX IF NOT EXISTS {hnsw_index_name(table, width)} ON {table}"
+                f" USING hnsw (({VECTOR_COLUMN}::vector({width})) vector_cosine_ops)"
+                f" WHERE vector_dims({VECTOR_COLUMN}) = {width}"
+            )
 
 
 _served_by_pgvector: weakref.WeakKeyDictionary[Database, bool] = weakref.WeakKeyDictionary()
@@ -176,6 +281,29 @@ def pgvector_serves(db: Database) -> bool:
             known = all(has_column(conn, table) for table in VECTOR_TABLES)
         _served_by_pgvector[db] = known
     return known
+
+
+_hnsw_widths: weakref.WeakKeyDictionary[Database, dict[str, frozenset[int]]] = weakref.WeakKeyDictionary()
+
+
+def hnsw_widths(db: Database, table: str) -> frozenset[int]:
+    """Widths with an HNSW index on ``table`` (looked up once per Database)."""
+    known = _hnsw_widths.get(db)
+    if known is None:
+        prefix = hnsw_index_name("", 0)[:-1]  # "_embedding_vec_hnsw_"
+        with db.read() as session:
+            names = session.execute(
+                text("SELECT tablename, indexname FROM pg_indexes WHERE schemaname = current_schema()")
+            ).all()
+        known = {}
+        for name in VECTOR_TABLES:
+            head = name + prefix
+            widths = {
+                int(i[len(head) :]) for t, i in names if t == name and i.startswith(head) and i[len(head) :].isdigit()
+            }
+            known[name] = frozenset(widths)
+        _hnsw_widths[db] = known
+    return known.get(table, frozenset())
 
 
 def _window_where(alias: str, where: str) -> str:
@@ -201,9 +329,43 @@ def pgvector_scan_statement(kind: Kind, where: str) -> Any:
     )
 
 
+def vector_value(blob: bytes | None) -> str | None:
+    """The derived column's value for ``blob`` as pgvector text, or None where the trigger derives NULL.
+
+    None too for a blob whose cosine is undefined (zero, non-finite, not whole
+    floats): the trigger then decodes it and stores NULL, as for any writer.
+    """
+    if not blob or len(blob) % 4:
+        return None
+    values = np.frombuffer(blob, dtype=FLOAT32)
+    if not np.isfinite(values).all() or not values.any():
+        return None
+    return vector_text(blob)
+
+
+_sends_vectors: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+
+
+def sends_vectors(conn: Connection) -> bool:
+    """Whether writes on ``conn`` carry the derived column (PostgreSQL with pgvector's columns), once per engine."""
+    if conn.dialect.name != "postgresql":
+        return False
+    known = _sends_vectors.get(conn.engine)
+    if known is None:
+        known = all(has_column(conn, table) for table in VECTOR_TABLES)
+        _sends_vectors[conn.engine] = known
+    return known
+
+
 def vector_text(query: bytes) -> str:
-    """The float32 blob as pgvector's text form; repr round-trips every float32 exactly."""
-    return "[" + ",".join(repr(float(v)) for v in np.frombuffer(query, dtype=FLOAT32)) + "]"
+    """The float32 blob as pgvector's text form, exactly: 9 significant digits round-trip every float32.
+
+    One format over a list of Python floats: formatting each numpy scalar
+    apart cost ~1.6 ms per 384-d vector on a loaded machine, more than the
+    trigger's decode it replaces on a write.
+    """
+    values = np.frombuffer(query, dtype=FLOAT32).tolist()
+    return "[" + ",".join(["%.9g"] * len(values)) % tuple(values) + "]"
 
 
 def pgvector_scan(
@@ -238,3 +400,118 @@ def numpy_scan(session: Any, kind: Kind, where: str, params: dict[str, Any], que
         position += len(chunk)
     scored.sort(key=lambda s: (-s[0], s[1]))
     return [(cosine, row_id) for cosine, _, row_id in scored[: params["depth"]]]
+
+
+def hnsw_candidates(depth: int) -> int:
+    from cpersona.storage.coarse_sqlite import candidates  # one rule for both engines' coarse candidates
+
+    return min(HNSW_MAX_CANDIDATES, candidates(depth))
+
+
+def _edge_statement(kind: Kind, where: str, width: int) -> Any:
+    """The window's row at scan position ``:position``: (created_at, id), or no row."""
+    table, alias = _TABLES[kind]
+    return text(
+        f"SELECT {alias}.created_at AS created_at, {alias}.id AS id FROM {table} {alias}"
+        f" WHERE {_width_literal(alias, where, width)}"
+        f" ORDER BY {alias}.created_at DESC, {alias}.id ASC LIMIT 1 OFFSET :position"
+    )
+
+
+def _window_rows_statement(kind: Kind, where: str, width: int) -> Any:
+    """Rows in the window, counted up to :data:`HNSW_MIN_ROWS` (all the caller's tests need)."""
+    table, alias = _TABLES[kind]
+    return text(
+        f"SELECT count(*) FROM (SELECT 1 FROM {table} {alias} WHERE {_width_literal(alias, where, width)}"
+        f" ORDER BY {alias}.created_at DESC, {alias}.id ASC LIMIT least(:span, {HNSW_MIN_ROWS}) OFFSET :start) AS w"
+    )
+
+
+def hnsw_statement(kind: Kind, where: str, width: int, *, newer_edge: bool, older_edge: bool) -> Any:
+    """The window's ``:k`` nearest rows through the width's HNSW index, re-ranked by exact cosine.
+
+    The window is the (created_at, id) range strictly after the row at the
+    position before it (``:new_at``, ``:new_id``) and up to the row at its
+    last position (``:old_at``, ``:old_id``), in scan order (created_at desc,
+    id asc); without an edge the range is open on that side. Rows: ``id``,
+    ``cosine`` (threshold and depth applied) and ``found`` (candidates the
+    index gave, for the caller's short-scan test).
+    """
+    table, alias = _TABLES[kind]
+    bounds = ""
+    if newer_edge:  # strictly older than the row just before the window
+        bounds += f" AND ({alias}.created_at < :new_at OR ({alias}.created_at = :new_at AND {alias}.id > :new_id))"
+    if older_edge:  # not older than the window's last row
+        bounds += f" AND ({alias}.created_at > :old_at OR ({alias}.created_at = :old_at AND {alias}.id <= :old_id))"
+    distance = f"{alias}.{VECTOR_COLUMN}::vector({width}) <=> CAST(:qv AS vector({width}))"
+    return text(
+        "WITH cand AS MATERIALIZED ("
+        f" SELECT {alias}.id AS id, {alias}.created_at AS created_at, 1.0 - ({distance}) AS cosine"
+        f" FROM {table} {alias} WHERE {_width_literal(alias, where, width)}"
+        f" AND vector_dims({alias}.{VECTOR_COLUMN}) = {width}{bounds}"
+        f" ORDER BY {distance} LIMIT :k)"
+        # One row even when no candidate passes the threshold, so ``found`` always comes back.
+        " SELECT b.id, b.cosine, f.found FROM (SELECT count(*) AS found FROM cand) f"
+        " LEFT JOIN LATERAL (SELECT c.id, c.cosine FROM cand c"
+        " WHERE c.cosine >= :threshold AND c.cosine <> 'NaN'::float8"
+        " ORDER BY c.cosine DESC, c.created_at DESC, c.id ASC LIMIT :depth) b ON true"
+    )
+
+
+def hnsw_scan(
+    session: Any, kind: Kind, where: str, params: dict[str, Any], query: bytes, widths: frozenset[int]
+) -> list[tuple[float, int]] | None:
+    """(cosine, id) of the window's best rows through an HNSW index; None when the exact scan must answer.
+
+    None for a width without an index, a window of fewer than
+    :data:`HNSW_MIN_ROWS` rows, and a filtered index scan that came back with
+    fewer candidates than it asked for while the window holds more.
+    """
+    width = len(query) // 4
+    if width not in widths or int(params["span"]) < HNSW_MIN_ROWS:
+        return None
+    k = hnsw_candidates(int(params["depth"]))
+    # Sorts off until the index has answered: the planner cannot estimate how
+    # many rows hold a vector of this width (an expression it has no statistics
+    # for) and, guessing few, would rank them all by a sort instead of asking
+    # the index; the window's edges come from the btree of the same width in
+    # order, no sort either. Transaction settings: restored after, for the reads
+    # that share the transaction (Database.snapshot).
+    session.execute(HNSW_SETTINGS, {"ef": str(k), "tuples": str(HNSW_MAX_SCAN_TUPLES)})
+    try:
+        return _hnsw_ranked(session, kind, where, params, query, width, k)
+    finally:
+        session.execute(SORT_BACK)
+
+
+HNSW_SETTINGS = text(
+    "SELECT set_config('hnsw.iterative_scan', 'relaxed_order', true), set_config('hnsw.ef_search', :ef, true),"
+    " set_config('hnsw.max_scan_tuples', :tuples, true), set_config('enable_sort', 'off', true)"
+)
+SORT_BACK = text("SELECT set_config('enable_sort', 'on', true)")
+
+
+def _hnsw_ranked(
+    session: Any, kind: Kind, where: str, params: dict[str, Any], query: bytes, width: int, k: int
+) -> list[tuple[float, int]] | None:
+    start, span = int(params["start"]), int(params["span"])
+    edge = _edge_statement(kind, where, width)
+    edges: dict[str, Any] = {}
+    if start > 0:
+        newer = session.execute(edge, {**params, "position": start - 1}).first()
+        if newer is None:  # the scope has no row at the window's start: an empty window
+            return []
+        edges.update(new_at=newer.created_at, new_id=newer.id)
+    older = session.execute(edge, {**params, "position": start + span - 1}).first()
+    if older is None:  # the window runs past the scope's oldest row: how many rows it has decides
+        rows_in_window = int(session.execute(_window_rows_statement(kind, where, width), params).scalar_one())
+        if rows_in_window < HNSW_MIN_ROWS:
+            return None
+    else:
+        rows_in_window = span
+        edges.update(old_at=older.created_at, old_id=older.id)
+    statement = hnsw_statement(kind, where, width, newer_edge="new_at" in edges, older_edge="old_at" in edges)
+    rows = session.execute(statement, {**params, **edges, "qv": vector_text(query), "k": k}).all()
+    if int(rows[0].found) < min(k, rows_in_window):
+        return None  # the filter starved the index scan (or rows lack a vector): the exact scan answers
+    return [(float(r.cosine), r.id) for r in rows if r.id is not None]

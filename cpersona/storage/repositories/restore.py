@@ -55,9 +55,17 @@ class RestoreRows:
     """
 
     def __init__(self, conn: Connection, memory_columns: Iterable[str], episode_columns: Iterable[str]) -> None:
+        from cpersona.storage.vectors_postgres import VECTOR_COLUMN, PgVectorType, sends_vectors
+
         self.conn = conn
-        memories = table("memories", column("id"), *(column(c) for c in memory_columns))
-        episodes = table("episodes", column("id"), *(column(c) for c in episode_columns))
+        # PostgreSQL with pgvector's column: each row carries its vector, no decode in the trigger.
+        self._vectors = sends_vectors(conn)
+
+        def extra() -> list[Any]:
+            return [column(VECTOR_COLUMN, PgVectorType())] if self._vectors else []
+
+        memories = table("memories", column("id"), *(column(c) for c in memory_columns), *extra())
+        episodes = table("episodes", column("id"), *(column(c) for c in episode_columns), *extra())
         self._insert_memory = memories.insert().returning(memories.c.id)
         self._insert_episode = episodes.insert().returning(episodes.c.id)
 
@@ -78,11 +86,18 @@ class RestoreRows:
             {"agent_id": agent_id, "project_id": project_id, "channel": channel, "summary": summary},
         ).scalar()
 
+    def _with_vector(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        if not self._vectors:
+            return dict(values)
+        from cpersona.storage.vectors_postgres import VECTOR_COLUMN, vector_value
+
+        return {**values, VECTOR_COLUMN: vector_value(values.get("embedding"))}
+
     def insert_memory(self, values: Mapping[str, Any]) -> int:
-        return self.conn.execute(self._insert_memory, dict(values)).scalar_one()
+        return self.conn.execute(self._insert_memory, self._with_vector(values)).scalar_one()
 
     def insert_episode(self, values: Mapping[str, Any]) -> int:
-        return self.conn.execute(self._insert_episode, dict(values)).scalar_one()
+        return self.conn.execute(self._insert_episode, self._with_vector(values)).scalar_one()
 
     def profile(self, agent_id: str, user_id: str) -> Row[Any] | None:
         """(project_id, content, updated_at) of the profile under (agent, user_id)."""
