@@ -38,6 +38,7 @@ class CoreSession:
         self._conn: Connection | None = bind if isinstance(bind, Connection) else None
         self._owns = self._conn is None  # a connection this object checked out is rolled back and returned here
         self._orm: Session | None = None
+        self.info: dict[Any, Any] = {}  # what a caller keeps per session, as Session.info
 
     def connection(self, **_kw: Any) -> Connection:
         if self._conn is None:
@@ -69,6 +70,24 @@ class CoreSession:
         if name.startswith("_"):
             raise AttributeError(name)
         return getattr(self.orm, name)
+
+    def get_transaction(self) -> Any:
+        """The connection's transaction, begun if it has not yet (as a Session's is); a new object after a rollback."""
+        conn = self.connection()
+        if not conn.in_transaction():
+            conn.begin()
+        return conn.get_transaction()
+
+    def in_transaction(self) -> bool:
+        return self._conn is not None and self._conn.in_transaction()
+
+    def rollback(self) -> None:
+        """End the connection's transaction (a failed PostgreSQL statement aborts it); the next statement begins anew."""
+        if self._orm is not None:
+            self._orm.close()  # its objects belonged to the transaction being ended
+            self._orm = None
+        if self._conn is not None:
+            self._conn.rollback()
 
     def flush(self) -> None:
         if self._orm is not None:
