@@ -11,8 +11,9 @@ Here a query holding kana or kanji is read two ways:
 - **content runs**: maximal runs of kanji, of katakana, or of Latin letters and
   digits; hiragana (particles, okurigana), punctuation, spaces and script
   changes end a run (``Pythonの設定`` → ``python``, ``設定``). The interrogative
-  ``何``/``誰`` is trimmed from a run's ends, as English function words are
-  left out of ranking (``何割`` → ``割``).
+  ``何``/``誰`` ends a run too, as English function words are left out of
+  ranking (``何割`` → ``割``, ``憲法何条`` → ``憲法``, ``条``): the stored text
+  holds the answer where the question holds ``何``, so the whole run is never in it.
 - **bigrams**: every adjacent pair of the query's characters, spaces removed,
   except pairs inside a Latin word (that word is a run already). They keep
   what the runs drop: verb and adjective endings, numbers next to counters.
@@ -20,9 +21,10 @@ Here a query holding kana or kanji is read two ways:
 Candidates are the trigram arm's best rows, plus for each run the rows that
 hold it: an FTS phrase search for runs of three or more characters, a
 bounded newest-first substring probe for shorter ones. Each candidate is
-scored BM25-style over the units it holds (a run counts twice a bigram), with
-document frequencies counted over the scope's newest rows, so a row sharing
-more and rarer runs wins. JSQuAD dev (docs/benchmarks.md): R@1 0.865 → 0.92.
+scored BM25-style over the units it holds (a run counts as :data:`RUN_WEIGHT`
+bigrams), with document frequencies counted over the scope's newest rows, so
+a row sharing more and rarer runs wins. JSQuAD dev (docs/benchmarks.md): R@1
+0.865 → 0.92.
 
 Deterministic: no model, ties keep candidate order. Bounded: at most
 :data:`MAX_PROBED_RUNS` probes, :data:`MAX_BIGRAMS` + :data:`MAX_RUNS` units,
@@ -47,8 +49,13 @@ MAX_PROBED_RUNS = 8
 MAX_RUNS = 12
 MAX_BIGRAMS = 48
 STATS_SAMPLE = 2000  # newest rows in scope the document frequencies are counted over
-RUN_WEIGHT = 2.0  # a shared content run counts this many bigrams
-K1, B = 1.2, 0.75  # BM25's usual saturation and length normalisation
+# A shared content run counts this many bigrams, and a unit's repeats in one row
+# saturate sooner than BM25's usual k1 = 1.2: a paragraph that names its subject
+# (a title, a name) over and over outranked the one holding the question's rarer
+# run once. Chosen on JSQuAD's tuning half only (docs/benchmarks.md, "fourth pass"):
+# k1 0.5-0.9 with runs at 4 is one plateau there.
+RUN_WEIGHT = 4.0
+K1, B = 0.7, 0.75
 INTERROGATIVES = "何誰"
 PHRASE_MIN = 3  # the trigram index finds a run this long as a phrase
 
@@ -73,6 +80,7 @@ def applies(query: str) -> bool:
 
 
 _ASCII_UPPER = re.compile("[A-Z]+")
+_INTERROGATIVE = re.compile(f"[{INTERROGATIVES}]")
 
 
 def fold(text: str) -> str:
@@ -90,11 +98,12 @@ def content_runs(query: str) -> list[str]:
     current, kind = "", " "
 
     def close() -> None:
-        run = current.strip(INTERROGATIVES) if kind in "kc" else current
-        if kind == "l" and (len(run) < 2 or run in FUNCTION_WORDS):
-            return  # a lone letter or an English function word ranks nothing
-        if run and kind in "kcl":
-            runs.setdefault(run, None)
+        if kind in "kc":
+            for part in _INTERROGATIVE.split(current):
+                if part:
+                    runs.setdefault(part, None)
+        elif kind == "l" and len(current) >= 2 and current not in FUNCTION_WORDS:
+            runs.setdefault(current, None)  # a lone letter or an English function word ranks nothing
 
     for ch in _query_text(query):
         script = _script(ch)
