@@ -104,3 +104,30 @@ def test_scope_and_source_filter_hold_inside_the_probes(db, app):
     assert [content for _, content in texts] == ["猫の名前はクロ"]
     shown = recall(app, agent_id="jp", query="猫 名前", source_id="u2")["messages"]
     assert [m["content"] for m in shown] == ["猫の名前はシロ"]
+
+
+def test_an_interrogative_inside_a_run_ends_it():
+    # The stored row holds the answer where the question holds 何, so 憲法何条 is in no row;
+    # 憲法 and the counter after 何 are.
+    assert cjk_query.content_runs("労働基本権は憲法何条か") == ["労働基本権", "憲法", "条"]
+    assert cjk_query.content_runs("推薦人は何人必要") == ["推薦人", "人必要"]
+    assert cjk_query.content_runs("誰が何を") == []
+
+
+def _recall_texts(db, app, rows: list[str], query: str) -> list[str]:
+    store_all(db)  # a pool large enough that the gate lets more than the first row through (GATE-2)
+    with db.write() as session:
+        session.execute(
+            insert(Memory), [{"agent_id": "jp", "content": c, "timestamp": STAMP, "source": "{}"} for c in rows]
+        )
+    return [m["content"] for m in reversed(recall(app, agent_id="jp", query=query, limit=10)["messages"])]
+
+
+def test_latin_words_of_a_japanese_query_do_not_lead_its_ranking(db, app):
+    # The word channel ranks a row by its Latin words alone; merged into a kana/kanji
+    # query's list it led, and the row repeating "ISO 9001" beat the one holding the
+    # query's rarer Japanese runs (附則, 書式). The Japanese reading scores Latin runs itself.
+    wanted = "ISO 9001の附則では、書式を定めている。"
+    shown = _recall_texts(db, app, ["ISO 9001 ISO 9001", "ISO 9001とISO 14001の比較", wanted], "ISO 9001の附則の書式")
+    assert shown[0] == wanted
+
