@@ -12,12 +12,16 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import insert
 
+from cpersona.embedding.client import build_embedder
 from cpersona.services.recall import cjk_query
+from cpersona.services.records.backfill import backfill_pass
 from cpersona.services.recall.service import recall
 from cpersona.storage.models import Memory
 from cpersona.storage.scope import Scope
 from cpersona.storage.search import open_search
+from conftest import make_app
 from fixtures.japanese_memories import MEMORIES, QUERIES
+from test_embeddings_never_cost import WEAK
 
 pytestmark = pytest.mark.both_backends
 
@@ -131,3 +135,22 @@ def test_latin_words_of_a_japanese_query_do_not_lead_its_ranking(db, app):
     shown = _recall_texts(db, app, ["ISO 9001 ISO 9001", "ISO 9001とISO 14001の比較", wanted], "ISO 9001の附則の書式")
     assert shown[0] == wanted
 
+
+@pytest.mark.parametrize("weak", ["plain", "collapsed", "scrambled"])
+def test_an_embedder_that_cannot_read_japanese_never_costs_the_first_place(db, embed_server, weak):
+    # The test server's embedder splits on spaces (a Japanese sentence is one "word"), and
+    # the collapsed and scrambled variants carry no meaning at all: none of them reads the
+    # text. On a kana/kanji query its vector lists vote only when their first row is the
+    # keyword list's, so every query's first row is keyword-only recall's first row.
+    embed_server.mutate = WEAK.get(weak)
+    app = make_app(db, EMBEDDING_MODE="http", EMBEDDING_URL=embed_server.url, DEGRADED_ADVISORY="false")
+    app.embedder = build_embedder(app.settings)
+    try:
+        by_ref = store_all(db)
+        assert backfill_pass(app).memories == len(MEMORIES)  # rows inserted directly: embed them
+        embedded = {query: ranked_keys(app, by_ref, query) for query, _ in QUERIES}
+    finally:
+        app.embedder.close()
+    keyword_only = make_app(db)
+    for query, _ in QUERIES:
+        assert embedded[query][:1] == ranked_keys(keyword_only, by_ref, query)[:1], query
