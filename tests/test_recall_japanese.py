@@ -154,3 +154,25 @@ def test_an_embedder_that_cannot_read_japanese_never_costs_the_first_place(db, e
     keyword_only = make_app(db)
     for query, _ in QUERIES:
         assert embedded[query][:1] == ranked_keys(keyword_only, by_ref, query)[:1], query
+
+
+def test_the_vector_lists_of_a_japanese_query_vote_only_when_their_first_row_is_a_keyword_first_row():
+    from cpersona.services.recall.fusion import RankedList
+
+    def lst(channel, *ids):
+        return RankedList.of(channel, [(("mem", i), 1.0 / (r + 1)) for r, i in enumerate(ids)])
+
+    keyword, episodes = lst("memories", 1, 2, 3), lst("episodes")
+    cases = {  # vector lists -> whether they keep their votes
+        (lst("vector", 1, 9),): True,  # first rows agree
+        (lst("vector", 9, 1),): False,  # the keyword first row only second on the vector list
+        (lst("vector", 2, 1),): False,  # the vector first row only second on the keyword list
+        (lst("vector", 9), lst("far", 1)): True,  # the far list's first row agrees
+        (lst("vector"),): True,  # nothing to set aside
+    }
+    for vectors, votes in cases.items():
+        out = cjk_query.vector_votes([*vectors, episodes, keyword])
+        assert [x.weight for x in out[: len(vectors)]] == [1.0 if votes else 0.0] * len(vectors), vectors
+        assert out[-2:] == [episodes, keyword]  # the keyword lists are never touched
+    alone = [lst("vector", 9), lst("memories")]
+    assert cjk_query.vector_votes(alone) is alone  # no keyword row: the vector channel is the only evidence
