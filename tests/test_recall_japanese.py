@@ -12,12 +12,16 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import insert
 
+from cpersona.embedding.client import build_embedder
 from cpersona.services.recall import cjk_query
+from cpersona.services.records.backfill import backfill_pass
 from cpersona.services.recall.service import recall
 from cpersona.storage.models import Memory
 from cpersona.storage.scope import Scope
 from cpersona.storage.search import open_search
+from conftest import make_app
 from fixtures.japanese_memories import MEMORIES, QUERIES
+from test_embeddings_never_cost import WEAK
 
 pytestmark = pytest.mark.both_backends
 
@@ -104,3 +108,71 @@ def test_scope_and_source_filter_hold_inside_the_probes(db, app):
     assert [content for _, content in texts] == ["猫の名前はクロ"]
     shown = recall(app, agent_id="jp", query="猫 名前", source_id="u2")["messages"]
     assert [m["content"] for m in shown] == ["猫の名前はシロ"]
+
+
+def test_an_interrogative_inside_a_run_ends_it():
+    # The stored row holds the answer where the question holds 何, so 憲法何条 is in no row;
+    # 憲法 and the counter after 何 are.
+    assert cjk_query.content_runs("労働基本権は憲法何条か") == ["労働基本権", "憲法", "条"]
+    assert cjk_query.content_runs("推薦人は何人必要") == ["推薦人", "人必要"]
+    assert cjk_query.content_runs("誰が何を") == []
+
+
+def _recall_texts(db, app, rows: list[str], query: str) -> list[str]:
+    store_all(db)  # a pool large enough that the gate lets more than the first row through (GATE-2)
+    with db.write() as session:
+        session.execute(
+            insert(Memory), [{"agent_id": "jp", "content": c, "timestamp": STAMP, "source": "{}"} for c in rows]
+        )
+    return [m["content"] for m in reversed(recall(app, agent_id="jp", query=query, limit=10)["messages"])]
+
+
+def test_latin_words_of_a_japanese_query_do_not_lead_its_ranking(db, app):
+    # The word channel ranks a row by its Latin words alone; merged into a kana/kanji
+    # query's list it led, and the row repeating "ISO 9001" beat the one holding the
+    # query's rarer Japanese runs (附則, 書式). The Japanese reading scores Latin runs itself.
+    wanted = "ISO 9001の附則では、書式を定めている。"
+    shown = _recall_texts(db, app, ["ISO 9001 ISO 9001", "ISO 9001とISO 14001の比較", wanted], "ISO 9001の附則の書式")
+    assert shown[0] == wanted
+
+
+@pytest.mark.parametrize("weak", ["plain", "collapsed", "scrambled"])
+def test_an_embedder_that_cannot_read_japanese_never_costs_the_first_place(db, embed_server, weak):
+    # The test server's embedder splits on spaces (a Japanese sentence is one "word"), and
+    # the collapsed and scrambled variants carry no meaning at all: none of them reads the
+    # text. On a kana/kanji query its vector lists vote only when their first row is the
+    # keyword list's, so every query's first row is keyword-only recall's first row.
+    embed_server.mutate = WEAK.get(weak)
+    app = make_app(db, EMBEDDING_MODE="http", EMBEDDING_URL=embed_server.url, DEGRADED_ADVISORY="false")
+    app.embedder = build_embedder(app.settings)
+    try:
+        by_ref = store_all(db)
+        assert backfill_pass(app).memories == len(MEMORIES)  # rows inserted directly: embed them
+        embedded = {query: ranked_keys(app, by_ref, query) for query, _ in QUERIES}
+    finally:
+        app.embedder.close()
+    keyword_only = make_app(db)
+    for query, _ in QUERIES:
+        assert embedded[query][:1] == ranked_keys(keyword_only, by_ref, query)[:1], query
+
+
+def test_the_vector_lists_of_a_japanese_query_vote_only_when_their_first_row_is_a_keyword_first_row():
+    from cpersona.services.recall.fusion import RankedList
+
+    def lst(channel, *ids):
+        return RankedList.of(channel, [(("mem", i), 1.0 / (r + 1)) for r, i in enumerate(ids)])
+
+    keyword, episodes = lst("memories", 1, 2, 3), lst("episodes")
+    cases = {  # vector lists -> whether they keep their votes
+        (lst("vector", 1, 9),): True,  # first rows agree
+        (lst("vector", 9, 1),): False,  # the keyword first row only second on the vector list
+        (lst("vector", 2, 1),): False,  # the vector first row only second on the keyword list
+        (lst("vector", 9), lst("far", 1)): True,  # the far list's first row agrees
+        (lst("vector"),): True,  # nothing to set aside
+    }
+    for vectors, votes in cases.items():
+        out = cjk_query.vector_votes([*vectors, episodes, keyword])
+        assert [x.weight for x in out[: len(vectors)]] == [1.0 if votes else 0.0] * len(vectors), vectors
+        assert out[-2:] == [episodes, keyword]  # the keyword lists are never touched
+    alone = [lst("vector", 9), lst("memories")]
+    assert cjk_query.vector_votes(alone) is alone  # no keyword row: the vector channel is the only evidence

@@ -11,8 +11,9 @@ Here a query holding kana or kanji is read two ways:
 - **content runs**: maximal runs of kanji, of katakana, or of Latin letters and
   digits; hiragana (particles, okurigana), punctuation, spaces and script
   changes end a run (``Pythonの設定`` → ``python``, ``設定``). The interrogative
-  ``何``/``誰`` is trimmed from a run's ends, as English function words are
-  left out of ranking (``何割`` → ``割``).
+  ``何``/``誰`` ends a run too, as English function words are left out of
+  ranking (``何割`` → ``割``, ``憲法何条`` → ``憲法``, ``条``): the stored text
+  holds the answer where the question holds ``何``, so the whole run is never in it.
 - **bigrams**: every adjacent pair of the query's characters, spaces removed,
   except pairs inside a Latin word (that word is a run already). They keep
   what the runs drop: verb and adjective endings, numbers next to counters.
@@ -20,9 +21,10 @@ Here a query holding kana or kanji is read two ways:
 Candidates are the trigram arm's best rows, plus for each run the rows that
 hold it: an FTS phrase search for runs of three or more characters, a
 bounded newest-first substring probe for shorter ones. Each candidate is
-scored BM25-style over the units it holds (a run counts twice a bigram), with
-document frequencies counted over the scope's newest rows, so a row sharing
-more and rarer runs wins. JSQuAD dev (docs/benchmarks.md): R@1 0.865 → 0.92.
+scored BM25-style over the units it holds (a run counts as :data:`RUN_WEIGHT`
+bigrams), with document frequencies counted over the scope's newest rows, so
+a row sharing more and rarer runs wins. JSQuAD dev (docs/benchmarks.md): R@1
+0.865 → 0.92.
 
 Deterministic: no model, ties keep candidate order. Bounded: at most
 :data:`MAX_PROBED_RUNS` probes, :data:`MAX_BIGRAMS` + :data:`MAX_RUNS` units,
@@ -36,8 +38,9 @@ import re
 from itertools import repeat
 from operator import contains
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from cpersona.services.recall.fusion import VECTOR_CHANNELS, RankedList
 from cpersona.storage.scope import Scope
 from cpersona.storage.search import FUNCTION_WORDS, MAX_QUERY_CHARS, Hit, Record, RowKey, SearchBackend, clean_query
 
@@ -47,8 +50,13 @@ MAX_PROBED_RUNS = 8
 MAX_RUNS = 12
 MAX_BIGRAMS = 48
 STATS_SAMPLE = 2000  # newest rows in scope the document frequencies are counted over
-RUN_WEIGHT = 2.0  # a shared content run counts this many bigrams
-K1, B = 1.2, 0.75  # BM25's usual saturation and length normalisation
+# A shared content run counts this many bigrams, and a unit's repeats in one row
+# saturate sooner than BM25's usual k1 = 1.2: a paragraph that names its subject
+# (a title, a name) over and over outranked the one holding the question's rarer
+# run once. Chosen on JSQuAD's tuning half only (docs/benchmarks.md, "fourth pass"):
+# k1 0.5-0.9 with runs at 4 is one plateau there.
+RUN_WEIGHT = 4.0
+K1, B = 0.7, 0.75
 INTERROGATIVES = "何誰"
 PHRASE_MIN = 3  # the trigram index finds a run this long as a phrase
 
@@ -73,6 +81,7 @@ def applies(query: str) -> bool:
 
 
 _ASCII_UPPER = re.compile("[A-Z]+")
+_INTERROGATIVE = re.compile(f"[{INTERROGATIVES}]")
 
 
 def fold(text: str) -> str:
@@ -90,11 +99,12 @@ def content_runs(query: str) -> list[str]:
     current, kind = "", " "
 
     def close() -> None:
-        run = current.strip(INTERROGATIVES) if kind in "kc" else current
-        if kind == "l" and (len(run) < 2 or run in FUNCTION_WORDS):
-            return  # a lone letter or an English function word ranks nothing
-        if run and kind in "kcl":
-            runs.setdefault(run, None)
+        if kind in "kc":
+            for part in _INTERROGATIVE.split(current):
+                if part:
+                    runs.setdefault(part, None)
+        elif kind == "l" and len(current) >= 2 and current not in FUNCTION_WORDS:
+            runs.setdefault(current, None)  # a lone letter or an English function word ranks nothing
 
     for ch in _query_text(query):
         script = _script(ch)
@@ -229,3 +239,33 @@ def keyword_memories(backend: SearchBackend, scope: Scope, query: str, depth: in
     scored = [row for row in scored if row[0] > 0.0]
     scored.sort(key=lambda row: (-row[0], row[1]))
     return [Hit(record, score) for score, _, record in scored[:depth]]
+
+
+# -- the vector channel on a kana/kanji query ---------------------------------------------
+
+AGREE_TOP = 1  # the keyword rows, and the vector rows, whose agreement lets the vector lists vote
+
+
+def vector_votes(lists: Sequence[RankedList]) -> Sequence[RankedList]:
+    """The lists with the vector channel set aside (weight 0) unless it agrees with the keyword top.
+
+    For a kana/kanji query the vector lists vote only when one of their first
+    :data:`AGREE_TOP` rows is one of a keyword list's first :data:`AGREE_TOP`
+    rows (or no keyword list has a row). This reading is precise at its top
+    (JSQuAD R@1 0.92) and most embedders a user plugs in read English only:
+    all-MiniLM-L6-v2's first row is the paragraph asked about 19% of the time,
+    and with its votes R@1 fell to 0.84 even behind ``fusion.vector_votes``. An
+    embedder is not asked which languages it reads (an HTTP one cannot say):
+    its own list, query by query, shows whether it found what the text
+    search found. When it did, the shared first row stays first and the
+    vector votes order the rest; when it did not, the answer is keyword-only
+    recall's. English queries never take this rule.
+    """
+    lexical = [lst for lst in lists if lst.channel not in VECTOR_CHANNELS and lst.entries]
+    vector = [lst for lst in lists if lst.channel in VECTOR_CHANNELS and lst.entries]
+    if not lexical or not vector:
+        return lists
+    top = {entry.key for lst in lexical for entry in lst.entries[:AGREE_TOP]}
+    if any(entry.key in top for lst in vector for entry in lst.entries[:AGREE_TOP]):
+        return lists
+    return [replace(lst, weight=0.0) if lst.channel in VECTOR_CHANNELS else lst for lst in lists]

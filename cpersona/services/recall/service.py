@@ -37,6 +37,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from cpersona.services.recall.advisory import advisory
+from cpersona.services.recall import cjk_query
 from cpersona.services.recall.counters import bump_recall_counters
 from cpersona.services.app import App
 from cpersona.services.recall.confidence import (
@@ -223,6 +224,8 @@ def fuse(app: App, req: RecallRequest, found: Retrieval, profile: str | None) ->
     lists = found.lists if found.counts is None else on_one_scale(found.lists, *found.counts)
     if mode == "rrf":
         lists = vector_votes(lists)  # a vector list at odds with a clear keyword first place sits out (issue 14)
+    if cjk_query.applies(req.query):
+        lists = cjk_query.vector_votes(lists)  # on Japanese, only a vector list agreeing at the keyword top votes
     fused = rrf(lists, app.settings.rrf_k) if mode == "rrf" else rsf(lists)
     rows = []
     for row in fused:

@@ -64,7 +64,7 @@ def add_lexical_lists(
     ``phrases`` (reconstruct's declared names, RX-8) go to the trigram arms
     only: a name is searched as written, spaces included. ``cjk`` (recall of a
     kana/kanji query) reads the memories' trigram side as content runs and
-    bigrams instead (cjk_query).
+    bigrams instead (cjk_query), with no word list merged into it.
     """
     if query.episodes_apply:
         episodes = backend.keyword_episodes(query.scope, query.text, depth, phrases=phrases)
@@ -74,5 +74,8 @@ def add_lexical_lists(
         hits = cjk_query.keyword_memories(backend, query.scope, query.text, depth, source_id=query.source_id)
     else:
         hits = backend.keyword_memories(query.scope, query.text, depth, source_id=query.source_id, phrases=phrases).hits
-    words = backend.word_memories(query.scope, query.text, depth, source_id=query.source_id) if weight > 0 else []
+    # A kana/kanji query's reading scores its Latin words itself, beside its runs and
+    # bigrams; led by the word ranking it lost the row sharing the rarer Japanese runs.
+    words_apply = weight > 0 and not cjk
+    words = backend.word_memories(query.scope, query.text, depth, source_id=query.source_id) if words_apply else []
     found.add("memories", with_words(hits, words, depth, weight=weight), excluded)
