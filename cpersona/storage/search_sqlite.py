@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 from datetime import datetime, timedelta, timezone
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy.exc import DBAPIError
 
@@ -51,9 +51,6 @@ from cpersona.storage.search_sql import (  # noqa: F401  (like_pattern is part o
 )
 from cpersona.storage.sql_text import text
 from cpersona.storage.vectors_sqlite import scan_statement
-
-if TYPE_CHECKING:
-    from sqlalchemy.orm import Session
 
 log = logging.getLogger(__name__)
 
