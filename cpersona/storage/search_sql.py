@@ -166,12 +166,15 @@ class SqlSearch(ABC):
         where_n, _ = sql_fragment(scope, "n")
         by_source_m, source_params = type(self).source_filter(source_id, "m")
         by_source_n, _ = type(self).source_filter(source_id, "n")
+        # Keep the planner on the primary key range (by_id_hint): beside the scope
+        # predicate it would rather walk the scope's index, every row in scope.
+        hint = self.by_id_hint
         parts = []
         for i, row_id in enumerate(ids):
             params[f"q{i}"] = int(row_id)
             parts.append(
-                f"SELECT :q{i} AS after_id, {MEMORY_COLUMNS} FROM memories m WHERE m.id = "
-                f"(SELECT min(n.id) FROM memories n WHERE n.id > :q{i} AND n.id <= :q{i} + :reach "
+                f"SELECT :q{i} AS after_id, {MEMORY_COLUMNS} FROM memories m {hint} WHERE m.id = "
+                f"(SELECT min(n.id) FROM memories n {hint} WHERE n.id > :q{i} AND n.id <= :q{i} + :reach "
                 f"AND {where_n} AND {by_source_n}) AND {where_m} AND {by_source_m}"
             )
         rows = self._run("next memories", text(" UNION ALL ".join(parts)), {**params, **source_params, "reach": reach})
