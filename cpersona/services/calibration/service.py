@@ -397,7 +397,8 @@ class StartupCalibration:
 
     def _run(self) -> None:
         try:
-            startup(self.app, self._stop)
+            with self.app.db.background():  # off the serving connections and their caches
+                startup(self.app, self._stop)
         except Exception:  # noqa: BLE001 - a failed calibration must never take the server down
             log.exception("start-up calibration failed; recall uses the configured thresholds")
 
