@@ -163,6 +163,20 @@ def memory_kb(pid: int | None) -> tuple[int | None, int | None]:
     return kb("VmRSS"), kb("VmHWM")
 
 
+def open_connections(pid: int | None, db_file: Path) -> int | None:
+    """SQLite connections the server holds on the file: its open descriptors of the main file."""
+    if pid is None:
+        return None
+    target = str(db_file.resolve())
+    count = 0
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            count += os.readlink(fd) == target
+        except OSError:
+            continue
+    return count
+
+
 async def time_server(
     env: dict[str, str], workdir: Path, corpus: Corpus, size: int, first: int, args
 ) -> dict[str, Any]:
@@ -172,6 +186,9 @@ async def time_server(
     from latency import RunningServer
 
     full = {**get_default_environment(), **env, "CPERSONA_UPDATE_CHECK": "false", "PYTHONUNBUFFERED": "1"}
+    if args.server_src:
+        # Another source tree of cpersona (e.g. `git archive` of a base commit): before/after with one venv.
+        full["PYTHONPATH"] = args.server_src
     params = StdioServerParameters(
         command=str(BENCH.parent / ".venv" / "bin" / "python"), args=["-m", "cpersona"], env=full, cwd=str(workdir)
     )
@@ -196,6 +213,7 @@ async def time_server(
                 store_ms.append(elapsed)
             store_cpu = per_call(cpu_before, cpu_ms(pid), args.stores)
             rss, peak = memory_kb(pid)
+            connections = open_connections(pid, Path(env["CPERSONA_DB_PATH"]))
     return {
         "recall_p50_ms": round(statistics.median(recall_ms), 1),
         "recall_p95_ms": round(percentile(recall_ms, 0.95), 1),
@@ -204,6 +222,7 @@ async def time_server(
         "store_cpu_ms": None if store_cpu is None else round(store_cpu, 2),
         "rss_mb": None if rss is None else round(rss / 1024, 1),
         "peak_rss_mb": None if peak is None else round(peak / 1024, 1),
+        "db_connections": connections,
         "failures": failures,
     }
 
@@ -310,6 +329,11 @@ def main() -> None:
         "its rows are counted; the timed stores are added to it)",
     )
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument(
+        "--server-src",
+        default="",
+        help="run the timed servers on this cpersona source tree (PYTHONPATH), e.g. a base commit's",
+    )
     parser.add_argument(
         "--fill-only",
         default="",
