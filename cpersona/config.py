@@ -31,8 +31,9 @@ from pathlib import Path
 from types import NoneType, UnionType
 from typing import Any, Literal, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic import Field, SecretStr, ValidationError, model_validator
 from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from cpersona import DISTRIBUTION
 
@@ -222,24 +223,27 @@ def _choices_text(name: str) -> str:
 _ENVIRON: ContextVar[Mapping[str, str] | None] = ContextVar("cpersona_environ", default=None)
 
 
-def _environment_values(fields: Mapping[str, FieldInfo]) -> dict[str, Any]:
-    """The CPERSONA_* variables that supply a field, parsed by the project's own rules.
+class _EnvironmentSource(PydanticBaseSettingsSource):
+    """Reads CPERSONA_* variables with the project's own parsing rules.
 
-    pydantic-settings' env source accepts spellings the spec does not (``t``,
-    ``y``), cannot treat an empty prefixed name as unset before trying its
-    alias, and reports errors as multi-line ValidationErrors; the model itself
-    is a plain pydantic model, so the library is not loaded at all (1.1 MiB and
-    ~15 ms of every start, issue 16).
+    pydantic-settings' built-in env source accepts spellings the spec does not
+    (``t``, ``y``), cannot treat an empty prefixed name as unset before trying
+    its alias, and reports errors as multi-line ValidationErrors.
     """
-    environ = _ENVIRON.get()
-    if environ is None:
-        environ = os.environ
-    values: dict[str, Any] = {}
-    for name, info in fields.items():
-        found = _lookup(environ, name, field_rule(info))
-        if found is not None:
-            values[name] = _parse(found[0], found[1], info)
-    return values
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False  # unused: __call__ does the whole job
+
+    def __call__(self) -> dict[str, Any]:
+        environ = _ENVIRON.get()
+        if environ is None:
+            environ = os.environ
+        values: dict[str, Any] = {}
+        for name, info in self.settings_cls.model_fields.items():
+            found = _lookup(environ, name, field_rule(info))
+            if found is not None:
+                values[name] = _parse(found[0], found[1], info)
+        return values
 
 
 # Section shorthands keep the field table readable.
@@ -248,15 +252,10 @@ CORE, EMB, REC, RX, CAL, CAPS, NET, OPS = SECTIONS
 OAUTH_SCOPE_CHARS = re.compile(r"[!#-\[\]-~]+")  # printable ASCII without " and \
 
 
-class Settings(BaseModel):
-    """Every setting of the server, typed and validated. Build with load_settings().
+class Settings(BaseSettings):
+    """Every setting of the server, typed and validated. Build with load_settings()."""
 
-    Keyword arguments win over the environment; no dotenv, no secrets dir. The
-    configuration is what pydantic-settings' BaseSettings gave this model when
-    it was one: defaults are validated too, unknown keywords are ignored.
-    """
-
-    model_config = ConfigDict(extra="ignore", validate_default=True, arbitrary_types_allowed=True)
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", env_file=None)
 
     # --- §8.1 core and storage ---
     db_path: Path = _f(Path("data/cpersona.db"), CORE, "SQLite database file. A relative path is taken from the server's working directory; give an absolute path so every session finds the same memories. Calibration sidecar, update-check cache and alias ledger sit beside it.")
@@ -418,9 +417,21 @@ class Settings(BaseModel):
 
     def __init__(self, **values: Any) -> None:
         try:
-            super().__init__(**{**_environment_values(type(self).model_fields), **values})
+            super().__init__(**values)
         except ValidationError as exc:
             raise ConfigError(_one_line(exc)) from None
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Keyword arguments win over the environment; no dotenv, no secrets dir.
+        return init_settings, _EnvironmentSource(settings_cls)
 
     @model_validator(mode="after")
     def _check(self) -> Settings:

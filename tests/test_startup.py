@@ -39,12 +39,9 @@ HERE = Path(__file__).resolve().parent
 # run Core statements on Core sessions: cpersona.storage.tables, .sessions),
 # and jsonschema with what it brings (a sound call is accepted by
 # cpersona.mcp.schema_check; jsonschema words complaints only), and the
-# maintenance commands' modules (`cpersona` alone builds only serve's parser),
-# and pydantic-settings with dotenv (the settings are a plain pydantic model
-# filled from CPERSONA_* by cpersona.config itself).
+# maintenance commands' modules (`cpersona` alone builds only serve's parser).
+# pydantic-settings stays on the path: it is the stack's configuration library.
 NOT_ON_A_STDIO_START = (
-    "pydantic_settings",
-    "dotenv",
     "tomllib",  # the operating-context sidecar's parser: no sidecar file here
     "jsonschema",
     "jsonschema.validators",
