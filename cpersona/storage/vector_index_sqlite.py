@@ -1,0 +1,383 @@
+"""The coarse vector index held in the process: sign bits and scope codes in numpy arrays.
+
+The far list's SQL walk of ``memories_coarse`` costs ~0.4-0.5 µs a row (about
+55 ms of CPU per recall at 100k rows, ~500 ms at 1M: docs/benchmarks.md,
+"Scale"); the same Hamming ranking over a matrix in memory costs ~4 ms at 100k.
+So each process keeps a copy of the coarse table (per kind, for one bit width):
+the sign bits, the row ids, integer codes of the isolation columns (agent,
+project, channel, source id) and each row's place in scan order. The scan
+applies the isolation predicates and the window on those arrays before the
+Hamming ranking (spec ISO-2: another scope's rows never take a candidate
+place), and it only *proposes*: the candidates are re-read from SQL and
+tested again there exactly as before (isolation, width, the window's edge row,
+exact float cosine: ``coarse_sqlite.rerank_statement``), so a copy out of step
+costs at most a candidate place, never a row of another scope.
+
+Staying in step with other processes: every change to a coarse row is logged
+by stored triggers in ``coarse_changes`` (revision 0008), with an AUTOINCREMENT
+sequence. Before each scan the copy reads the log's head from
+``sqlite_sequence`` (one primary-key read); when it moved, it reads the entries
+past its watermark, drops those ids and re-reads those keys from the coarse
+table. A head that went backwards (another file), a log pruned past the
+watermark, or more changes than are worth applying one by one: the table is
+loaded again. ``PRAGMA data_version`` would not do: every commit moves it,
+recall's own counter updates included.
+
+Scan order: rows are held in *reverse* scan order (``created_at`` asc, id
+desc), so ``created`` is ascending and new rows can be placed by binary
+search. Rows added since the last load sit at the end with fractional ranks
+between the loaded ones; when they grow many, the arrays are re-sorted in
+memory (no SQL). numpy is imported by this module only, which is imported
+only when a far list runs (never on the embeddings-off start path).
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from cpersona.storage import coarse_sqlite
+from cpersona.storage.scope import Scope
+
+_TABLES = {"mem": "memories_coarse", "ep": "episodes_coarse"}
+# Applying changes one by one beyond this many is dearer than loading again.
+RELOAD_CHANGES = 20_000
+# Rows added since the load are re-sorted into place once they are this many.
+MERGE_ADDED = 4_096
+
+
+class _Codes:
+    """Strings of one column as small integer codes, append-only (readers never see a code move)."""
+
+    def __init__(self) -> None:
+        self.of: dict[Any, int] = {}
+        self.names: list[Any] = []
+
+    def code(self, value: Any) -> int:
+        found = self.of.get(value)
+        if found is None:
+            found = self.of[value] = len(self.names)
+            self.names.append(value)
+        return found
+
+    def get(self, value: Any) -> int:
+        return self.of.get(value, -1)
+
+
+_COLUMNS = ("agent", "project", "channel", "source")
+
+
+@dataclass
+class _Arrays:
+    """One immutable-length view for scanners: rows [0, n); rows [0, loaded) are sorted."""
+
+    n: int
+    loaded: int
+    bits: np.ndarray
+    ids: np.ndarray
+    rank: np.ndarray
+    created: np.ndarray
+    alive: np.ndarray
+    codes: dict[str, np.ndarray]
+    # Added rows by their place among the loaded ones: {rows loaded before them: [(created, -id, row)]}.
+    slots: dict[int, list[tuple[bytes, int, int]]] = field(default_factory=dict)
+
+
+@dataclass
+class _KindIndex:
+    kind: str
+    nbits: int
+    seq: int
+    arrays: _Arrays
+    codes: dict[str, _Codes] = field(default_factory=lambda: {c: _Codes() for c in _COLUMNS})
+
+
+def _source_key(row: Any, kind: str) -> Any:
+    return row[5] if kind == "mem" else None
+
+
+def _select(kind: str) -> str:
+    source = "source_key" if kind == "mem" else "NULL"
+    return f"SELECT agent_id, created_at, id, project_id, channel, {source}, bits FROM {_TABLES[kind]} c"
+
+
+class ProcessIndex:
+    """The in-memory copies for one database (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._kinds: dict[str, _KindIndex] = {}
+        self.loads = 0  # full loads so far (tests read it)
+
+    # -- keeping in step ------------------------------------------------------------------------
+
+    def _head(self, conn: Any) -> int | None:
+        """The change log's newest sequence number (0 while empty), None without a change log."""
+        log = coarse_sqlite.CHANGE_LOG
+        if not conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (log,)).fetchone():
+            return None
+        row = conn.execute("SELECT seq FROM sqlite_sequence WHERE name = ?", (log,)).fetchone()
+        return int(row[0]) if row else 0
+
+    def _load(self, conn: Any, kind: str, nbits: int, head: int) -> _KindIndex:
+        rows = conn.execute(
+            f"{_select(kind)} WHERE length(c.bits) = ? ORDER BY c.created_at ASC, c.id DESC", (nbits,)
+        ).fetchall()
+        index = _KindIndex(kind, nbits, head, _empty(nbits, 0))
+        index.arrays = _build(index, rows, kind)
+        self.loads += 1
+        return index
+
+    def _refresh(self, conn: Any, kind: str, nbits: int) -> _KindIndex | None:
+        head = self._head(conn)
+        if head is None:
+            return None
+        index = self._kinds.get(kind)
+        if index is None or index.nbits != nbits or head < index.seq:
+            index = self._kinds[kind] = self._load(conn, kind, nbits, head)
+            return index
+        if head == index.seq:
+            return index
+        log = coarse_sqlite.CHANGE_LOG
+        oldest = conn.execute(f"SELECT min(seq) FROM {log}").fetchone()[0]
+        pending = head - index.seq
+        if oldest is None or oldest > index.seq + 1 or pending > max(RELOAD_CHANGES, index.arrays.n // 4):
+            index = self._kinds[kind] = self._load(conn, kind, nbits, head)
+            return index
+        entries = conn.execute(
+            f"SELECT agent_id, created_at, id FROM {log} WHERE seq > ? AND seq <= ? AND kind = ?",
+            (index.seq, head, kind),
+        ).fetchall()
+        if entries:
+            keys = list(dict.fromkeys(entries))
+            lookup = f"{_select(kind)} WHERE c.agent_id = ? AND c.created_at = ? AND c.id = ? AND length(c.bits) = ?"
+            fresh = [r for key in keys for r in conn.execute(lookup, (*key, nbits)).fetchall()]
+            _apply(index, {int(k[2]) for k in keys}, fresh, kind)
+        index.seq = head
+        return index
+
+    def warm(self, db: Any, kind: str, nbits: int) -> None:
+        """Load (or bring in step) one copy ahead of the first far list (start-up, background)."""
+        with db.read() as session:
+            conn = session.connection().connection.driver_connection
+            with self._lock:
+                self._refresh(conn, kind, nbits)
+
+    # -- the scan -------------------------------------------------------------------------------
+
+    def propose(
+        self,
+        conn: Any,
+        kind: str,
+        scope: Scope,
+        source_id: str,
+        qbits: bytes,
+        window: tuple[int, int],
+        k: int,
+    ) -> tuple[list[int], tuple[str, int] | None, tuple[str, int] | None] | None:
+        """Up to ``k`` ids of the window's rows in scope nearest ``qbits`` by Hamming distance, with
+        the window's first row and first row past it as (created_at, id) keys (None: no edge).
+
+        None when this database has no change log (the caller walks the table in SQL instead).
+        """
+        with self._lock:
+            index = self._refresh(conn, kind, len(qbits))
+        if index is None:
+            return None
+        a = index.arrays
+        n = a.n
+        mask = a.alive[:n].copy()
+        if not _scope_mask(mask, a, index.codes, scope, source_id if kind == "mem" else "", n):
+            return [], None, None
+        idx = np.flatnonzero(mask)
+        ranks = a.rank[idx]
+        total = len(idx)
+        start, stop = max(0, window[0]), max(0, window[1])
+        if start >= total or stop <= start:
+            return [], None, None
+        # Scan position p (newest first) is the (total - 1 - p)-th smallest rank.
+        first = _nth(ranks, total - 1 - start)
+        keep = ranks <= first
+        lo = _key(a, idx, ranks, first)
+        hi = None
+        if stop < total:
+            past = _nth(ranks, total - 1 - stop)
+            keep &= ranks > past
+            hi = _key(a, idx, ranks, past)
+        idx = idx[keep]
+        if len(idx) > k:
+            distance = _hamming(a.bits, idx, np.frombuffer(qbits, dtype=np.uint8))
+            idx = idx[np.argpartition(distance, k - 1)[:k]]
+        return [int(i) for i in a.ids[idx]], lo, hi
+
+
+def _nth(values: np.ndarray, i: int) -> float:
+    return float(np.partition(values, i)[i])
+
+
+def _key(a: _Arrays, idx: np.ndarray, ranks: np.ndarray, rank: float) -> tuple[str, int]:
+    row = int(idx[np.flatnonzero(ranks == rank)[0]])
+    return a.created[row].decode("utf-8"), int(a.ids[row])
+
+
+def _hamming(bits: np.ndarray, idx: np.ndarray, query: np.ndarray) -> np.ndarray:
+    rows = bits[idx]
+    if rows.shape[1] % 8 == 0:  # 64 bits at a time: ~5x fewer popcounts than byte by byte
+        rows, query = rows.view(np.uint64), query.view(np.uint64)
+    counts = np.bitwise_count(rows ^ query)
+    out = counts[:, 0].astype(np.int32)
+    for j in range(1, counts.shape[1]):
+        out += counts[:, j]
+    return out
+
+
+def _scope_mask(mask: np.ndarray, a: _Arrays, codes: dict[str, _Codes], scope: Scope, source_id: str, n: int) -> bool:
+    """AND the isolation predicates of storage/scope.py (and spec ISO-3's source id) into ``mask``;
+    False when nothing can match (a value no row holds)."""
+    if scope.agent_id is not None:
+        agent = codes["agent"].get(scope.agent_id)
+        if agent < 0:
+            return False
+        mask &= a.codes["agent"][:n] == agent
+    for column, values in (("project", scope.project_values), ("channel", scope.channel_values)):
+        if values is None:
+            continue
+        wanted = [c for c in (codes[column].get(v) for v in values) if c >= 0]
+        if not wanted:
+            return False
+        column_codes = a.codes[column][:n]
+        hit = column_codes == wanted[0]
+        for c in wanted[1:]:
+            hit |= column_codes == c
+        mask &= hit
+    if source_id:
+        names = codes["source"].names
+        if source_id[-1].isalnum():
+            wanted = [codes["source"].get(source_id)]
+        else:  # a prefix (search_sqlite.source_filter)
+            wanted = [i for i, name in enumerate(names) if isinstance(name, str) and name.startswith(source_id)]
+        wanted = [c for c in wanted if c >= 0]
+        if not wanted:
+            return False
+        mask &= np.isin(a.codes["source"][:n], np.asarray(wanted, dtype=np.int32))
+    return True
+
+
+# -- building and changing the arrays --------------------------------------------------------------
+
+
+def _empty(nbits: int, capacity: int, width: int = 32) -> _Arrays:
+    capacity = max(capacity, 1024)
+    return _Arrays(
+        0,
+        0,
+        np.zeros((capacity, nbits), dtype=np.uint8),
+        np.zeros(capacity, dtype=np.int64),
+        np.zeros(capacity, dtype=np.float64),
+        np.zeros(capacity, dtype=f"S{width}"),
+        np.zeros(capacity, dtype=bool),
+        {c: np.zeros(capacity, dtype=np.int32) for c in _COLUMNS},
+    )
+
+
+def _build(index: _KindIndex, rows: list[Any], kind: str) -> _Arrays:
+    """Arrays of ``rows`` (already in reverse scan order)."""
+    created = [r[1].encode("utf-8") for r in rows]
+    width = max((len(c) for c in created), default=32) or 32
+    a = _empty(index.nbits, len(rows) + MERGE_ADDED, max(32, width))
+    n = len(rows)
+    if n:
+        a.bits[:n] = np.frombuffer(b"".join(r[6] for r in rows), dtype=np.uint8).reshape(n, index.nbits)
+        a.ids[:n] = [r[2] for r in rows]
+        a.created[:n] = created
+        for j, column in enumerate(("agent", "project", "channel")):
+            code = index.codes[column].code
+            a.codes[column][:n] = [code(r[(0, 3, 4)[j]]) for r in rows]
+        source = index.codes["source"].code
+        a.codes["source"][:n] = [source(_source_key(r, kind)) for r in rows]
+    a.rank[:n] = np.arange(n, dtype=np.float64)
+    a.alive[:n] = True
+    a.n = a.loaded = n
+    return a
+
+
+def _apply(index: _KindIndex, changed: set[int], fresh: list[Any], kind: str) -> None:
+    """Drop every row of ``changed`` ids, add ``fresh`` coarse rows after them, in place."""
+    a = index.arrays
+    if changed:
+        a.alive[: a.n] &= ~np.isin(a.ids[: a.n], np.fromiter(changed, dtype=np.int64))
+    if not fresh:
+        return
+    width = max(len(r[1].encode("utf-8")) for r in fresh)
+    if a.n + len(fresh) > len(a.ids) or width > a.created.dtype.itemsize or a.n + len(fresh) - a.loaded > MERGE_ADDED:
+        a = index.arrays = _merged(index, len(fresh), width)
+    n = a.n
+    need = n + len(fresh)
+    for j, r in enumerate(fresh):
+        i = n + j
+        a.bits[i] = np.frombuffer(r[6], dtype=np.uint8)
+        a.ids[i] = r[2]
+        a.created[i] = r[1].encode("utf-8")
+        for column, value in zip(_COLUMNS, (r[0], r[3], r[4], _source_key(r, kind))):
+            a.codes[column][i] = index.codes[column].code(value)
+    _place(a, n, need)
+    a.alive[n:need] = True
+    a.n = need  # published last: a scanner that read the old n never sees a half-written row
+
+
+def _place(a: _Arrays, n: int, need: int) -> None:
+    """Fractional ranks for the rows [n, need) just added, between the loaded ones, in scan order."""
+    created_loaded = a.created[: a.loaded]
+    touched = set()
+    for i in range(n, need):
+        created, row_id = a.created[i], int(a.ids[i])
+        left = int(np.searchsorted(created_loaded, created, "left"))
+        right = int(np.searchsorted(created_loaded, created, "right"))
+        # Within one created_at the loaded rows run id descending: those of a larger id come first.
+        before = left + int(np.count_nonzero(a.ids[left:right] > row_id))
+        a.slots.setdefault(before, []).append((created, -row_id, i))
+        touched.add(before)
+    for before in touched:
+        members = sorted(a.slots[before])
+        a.slots[before] = members
+        for j, (_, _, i) in enumerate(members):
+            a.rank[i] = before - 1 + (j + 1) / (len(members) + 1)
+
+
+def _merged(index: _KindIndex, room: int, width: int) -> _Arrays:
+    """Every live row, in scan order again, in new arrays with ``room`` rows to spare (no SQL).
+
+    The added rows' fractional ranks already order them among the loaded ones,
+    so one argsort of the ranks is the whole merge.
+    """
+    a = index.arrays
+    live = np.flatnonzero(a.alive[: a.n])
+    live = live[np.argsort(a.rank[live], kind="stable")]
+    m = len(live)
+    b = _empty(index.nbits, m + room + MERGE_ADDED, max(width, a.created.dtype.itemsize))
+    b.bits[:m] = a.bits[live]
+    b.ids[:m] = a.ids[live]
+    b.created[:m] = a.created[live]
+    for column in _COLUMNS:
+        b.codes[column][:m] = a.codes[column][live]
+    b.rank[:m] = np.arange(m, dtype=np.float64)
+    b.alive[:m] = True
+    b.n = b.loaded = m
+    return b
+
+
+_INDEXES: weakref.WeakKeyDictionary[Any, ProcessIndex] = weakref.WeakKeyDictionary()
+_INDEXES_LOCK = threading.Lock()
+
+
+def for_database(db: Any) -> ProcessIndex:
+    """The one process-held index of ``db`` (created empty; loaded at its first scan)."""
+    with _INDEXES_LOCK:
+        found = _INDEXES.get(db)
+        if found is None:
+            found = _INDEXES[db] = ProcessIndex()
+        return found
