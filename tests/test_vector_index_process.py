@@ -26,6 +26,7 @@ from cpersona.storage.migrate import upgrade
 from cpersona.storage.scope import Scope
 from cpersona.storage.search_sqlite import SqliteSearch
 from cpersona.storage.vectors_sqlite import scan_parameters
+from test_coarse_index import plain_writer
 from test_vector_channel import DIM, add_memories, stamp, unit
 
 pytestmark = pytest.mark.sqlite_only  # the coarse index and its change log are SQLite's
@@ -146,7 +147,10 @@ def test_isolation_applies_inside_the_scan_of_the_copy(two):  # spec ISO-2, ISO-
     near = [list(query + rng.normal(0, 0.05, DIM)) for _ in range(crowd)]
     add_memories(
         writer,
-        *({"agent_id": "b", "content": f"b {i}", "embedding": v, "created_at": stamp(i)} for i, v in enumerate(near)),
+        *(
+            {"agent_id": "b", "content": f"b {i}", "source": '{"id": "u1"}', "embedding": v, "created_at": stamp(i)}
+            for i, v in enumerate(near)
+        ),
     )
     add_memories(
         writer,
@@ -189,21 +193,29 @@ def test_candidates_of_a_copy_out_of_step_are_tested_again_in_sql(two, db_path):
     moved = add_memories(writer, {"content": "moves", "embedding": unit(1.0), "created_at": stamp(1)})[0]
     q = unit(1.0)
     assert far(reader, Scope(agent_id="a"), q)[0] == moved
-    # A writer without our triggers (the sqlite3 module, no sqlite-vec): neither the coarse table
-    # nor the change log hears of it, so the copy still says agent a.
-    import sqlite3
-
-    plain = sqlite3.connect(db_path)
+    # A writer without our triggers (no sqlite-vec, our driver: two SQLite libraries in one
+    # process corrupt a WAL file): neither the coarse table nor the change log hears of it,
+    # so the copy still says agent a.
+    plain = plain_writer(writer)
     plain.execute("UPDATE memories SET agent_id = 'b' WHERE id = ?", (moved,))
-    plain.commit()
-    plain.close()
     with reader.read() as session:
         conn = session.connection().connection.driver_connection
         ids, _, _ = vector_index_sqlite.for_database(reader).propose(
             conn, "mem", Scope(agent_id="a"), "", coarse_sqlite.query_bits(to_blob(q)), FAR, 400
         )
     assert moved in ids  # the copy still proposes it...
-    assert moved not in far(reader, Scope(agent_id="a"), q)  # ...the SQL re-test drops it
+    # ...the SQL re-test drops it (and so does the hydration through the scope after it)
+    blob = to_blob(q)
+    params = scan_parameters(blob, window=FAR, threshold=-1.0, depth=5)
+    rows = SqliteSearch(reader)._process_index_scan("mem", Scope(agent_id="a"), "", "m.agent_id = 'a'", params, blob)
+    assert rows and moved not in [i for _, i in rows]
+    assert moved not in far(reader, Scope(agent_id="a"), q)
+    # The same writer makes the best remaining row the newest: inside the near window now, so
+    # the far list must not hold it though the copy still places it in the far window.
+    best = far(reader, Scope(agent_id="a"), q)[0]
+    plain.execute("UPDATE memories SET created_at = ? WHERE id = ?", (stamp(10**6), best))
+    plain.close()
+    assert best not in far(reader, Scope(agent_id="a"), q)
 
 
 def test_rows_added_after_the_load_keep_the_window_exact(two):  # spec VEC-2, VEC-5, VEC-7
@@ -230,8 +242,9 @@ def test_rows_added_after_the_load_keep_the_window_exact(two):  # spec VEC-2, VE
     execute(writer, "DELETE FROM memories WHERE id % 9 = 0")
     for seed in range(4):
         q = to_blob(list(np.random.default_rng(200 + seed).normal(size=DIM)))
-        for window in ((1, 10**9), (10, 60), (0, 30), (150, 400), (170, 171)):
-            params = scan_parameters(q, window=window, threshold=-1.0, depth=10)
+        for window in ((1, 10**9), (10, 60), (0, 30), (37, 81), (150, 400), (170, 171), (5, 6), (23, 24)):
+            # depth 400: every row of the window comes back, so a misplaced edge shows
+            params = scan_parameters(q, window=window, threshold=-1.0, depth=400)
             exact = backend._vector_scan("mem", "m.agent_id = 'a'", dict(params), q)
             copy = backend._process_index_scan("mem", Scope(agent_id="a"), "", "m.agent_id = 'a'", dict(params), q)
             assert copy == exact, window
