@@ -273,3 +273,25 @@ def test_the_change_log_keeps_its_size_bounded(db, monkeypatch):
     assert kept[0] == 5  # one entry a coarse insert
     trigger = coarse_sqlite.CHANGE_LOG_TRIGGERS_DDL[0]
     assert f"- {coarse_sqlite.CHANGE_LOG_KEEP}" in trigger  # the prune rides on every logged change
+
+
+def test_start_up_loads_the_copy_in_the_background_when_the_far_list_reads_it(db, tmp_path):
+    from cpersona.background import BackgroundWork
+    from embed_server import EmbedServer
+    from test_vector_channel import embedding_app
+
+    add_memories(db, *filler(5))
+    server = EmbedServer(dimension=DIM).start()
+    try:
+        app = embedding_app(db, server, DEGRADED_ADVISORY="false", MAX_MEMORIES="10", VECTOR_REACH="1000000")
+        try:
+            work = BackgroundWork(app)
+            work.start()
+            work.stop()  # waits for the reconcile pass and the load after it
+            assert loads(db) == 1
+            far(db, Scope(agent_id="a"), unit(1.0))
+            assert loads(db) == 1  # the first far list found it loaded
+        finally:
+            app.embedder.close()
+    finally:
+        server.stop()

@@ -381,3 +381,14 @@ def for_database(db: Any) -> ProcessIndex:
         if found is None:
             found = _INDEXES[db] = ProcessIndex()
         return found
+
+
+def warm_database(db: Any) -> None:
+    """Load the copies of ``db`` for the bit width of each kind's newest coarse row (start-up)."""
+    index = for_database(db)
+    for kind, table in _TABLES.items():
+        with db.read() as session:
+            conn = session.connection().connection.driver_connection
+            row = conn.execute(f"SELECT length(bits) FROM {table} LIMIT 1").fetchone()
+        if row and row[0]:
+            index.warm(db, kind, int(row[0]))
