@@ -295,3 +295,25 @@ def test_start_up_loads_the_copy_in_the_background_when_the_far_list_reads_it(db
             app.embedder.close()
     finally:
         server.stop()
+
+
+def test_the_copy_proposes_the_candidates_the_sql_walk_would(two, monkeypatch):  # spec VEC-5, VEC-7
+    # Far more rows than candidate places, and few sign patterns: many rows tie on Hamming
+    # distance at the cut, which both take in scan order (newest first).
+    writer, reader = two
+    rng = np.random.default_rng(9)
+    patterns = np.sign(rng.normal(size=(6, DIM)))
+    rows = []
+    for i in range(1200):
+        v = patterns[i % 6] * rng.uniform(0.1, 1.0, DIM)
+        rows.append({"content": f"t{i}", "embedding": list(v), "created_at": stamp(i % 300)})
+    add_memories(writer, *rows)
+    backend = SqliteSearch(reader)
+    for seed in range(6):
+        q = to_blob(list(np.random.default_rng(300 + seed).normal(size=DIM)))
+        params = scan_parameters(q, window=(10, 10**9), threshold=-1.0, depth=20)
+        copy = backend._process_index_scan("mem", Scope(agent_id="a"), "", "m.agent_id = 'a'", dict(params), q)
+        with monkeypatch.context() as patch:
+            patch.setattr(backend, "_process_index_scan", lambda *args: None)
+            walked = backend._coarse_scan("mem", Scope(agent_id="a"), "", "m.agent_id = 'a'", dict(params), q)
+        assert copy == walked

@@ -211,8 +211,19 @@ class ProcessIndex:
         idx = idx[keep]
         if len(idx) > k:
             distance = _hamming(a.bits, idx, np.frombuffer(qbits, dtype=np.uint8))
-            idx = idx[np.argpartition(distance, k - 1)[:k]]
+            idx = idx[_nearest(distance, a.rank[idx], k)]
         return [int(i) for i in a.ids[idx]], lo, hi
+
+
+def _nearest(distance: np.ndarray, ranks: np.ndarray, k: int) -> np.ndarray:
+    """Positions of the ``k`` smallest distances, ties at the cut taken in scan order (newest
+    first: highest rank), as coarse_sqlite.far_statement orders them, so the copy proposes the
+    candidates the SQL walk would."""
+    kth = np.partition(distance, k - 1)[k - 1]
+    below = np.flatnonzero(distance < kth)
+    ties = np.flatnonzero(distance == kth)
+    ties = ties[np.argsort(-ranks[ties], kind="stable")[: k - len(below)]]
+    return np.concatenate([below, ties])
 
 
 def _nth(values: np.ndarray, i: int) -> float:
