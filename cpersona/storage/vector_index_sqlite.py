@@ -48,6 +48,7 @@ _TABLES = {"mem": "memories_coarse", "ep": "episodes_coarse"}
 RELOAD_CHANGES = 20_000
 # Rows added since the load are re-sorted into place once they are this many.
 MERGE_ADDED = 4_096
+_LOAD_CHUNK = 65_536
 
 
 class _Codes:
@@ -124,11 +125,24 @@ class ProcessIndex:
         return int(row[0]) if row else 0
 
     def _load(self, conn: Any, kind: str, nbits: int, head: int) -> _KindIndex:
-        rows = conn.execute(
-            f"{_select(kind)} WHERE length(c.bits) = ? ORDER BY c.created_at ASC, c.id DESC", (nbits,)
-        ).fetchall()
+        # Counted first and read in chunks: a million rows as one list of tuples would
+        # briefly hold several times the arrays' own size.
+        table = _TABLES[kind]
+        count, width = conn.execute(
+            f"SELECT count(*), max(length(CAST(created_at AS BLOB))) FROM {table} WHERE length(bits) = ?", (nbits,)
+        ).fetchone()
         index = _KindIndex(kind, nbits, head, _empty(nbits, 0))
-        index.arrays = _build(index, rows, kind)
+        a = index.arrays = _empty(nbits, int(count) + MERGE_ADDED, max(32, int(width or 0)))
+        cursor = conn.execute(
+            f"{_select(kind)} WHERE length(c.bits) = ? ORDER BY c.created_at ASC, c.id DESC", (nbits,)
+        )
+        while rows := cursor.fetchmany(_LOAD_CHUNK):
+            if a.n + len(rows) > len(a.ids):  # rows committed between the count and the read
+                a = index.arrays = _merged(index, len(rows), a.created.dtype.itemsize)
+            _fill(index, a, a.n, rows, kind)
+            a.rank[a.n : a.n + len(rows)] = np.arange(a.n, a.n + len(rows), dtype=np.float64)
+            a.alive[a.n : a.n + len(rows)] = True
+            a.n = a.loaded = a.n + len(rows)
         self.loads += 1
         return index
 
@@ -316,25 +330,18 @@ def _empty(nbits: int, capacity: int, width: int = 32) -> _Arrays:
     )
 
 
-def _build(index: _KindIndex, rows: list[Any], kind: str) -> _Arrays:
-    """Arrays of ``rows`` (already in reverse scan order)."""
-    created = [r[1].encode("utf-8") for r in rows]
-    width = max((len(c) for c in created), default=32) or 32
-    a = _empty(index.nbits, len(rows) + MERGE_ADDED, max(32, width))
+def _fill(index: _KindIndex, a: _Arrays, at: int, rows: list[Any], kind: str) -> None:
+    """Write coarse ``rows`` into rows [at, at + len(rows)) of ``a`` (not ranks, not alive)."""
     n = len(rows)
-    if n:
-        a.bits[:n] = np.frombuffer(b"".join(r[6] for r in rows), dtype=np.uint8).reshape(n, index.nbits)
-        a.ids[:n] = [r[2] for r in rows]
-        a.created[:n] = created
-        for j, column in enumerate(("agent", "project", "channel")):
-            code = index.codes[column].code
-            a.codes[column][:n] = [code(r[(0, 3, 4)[j]]) for r in rows]
-        source = index.codes["source"].code
-        a.codes["source"][:n] = [source(_source_key(r, kind)) for r in rows]
-    a.rank[:n] = np.arange(n, dtype=np.float64)
-    a.alive[:n] = True
-    a.n = a.loaded = n
-    return a
+    end = at + n
+    a.bits[at:end] = np.frombuffer(b"".join(r[6] for r in rows), dtype=np.uint8).reshape(n, index.nbits)
+    a.ids[at:end] = [r[2] for r in rows]
+    a.created[at:end] = [r[1].encode("utf-8") for r in rows]
+    for j, column in enumerate(("agent", "project", "channel")):
+        code = index.codes[column].code
+        a.codes[column][at:end] = [code(r[(0, 3, 4)[j]]) for r in rows]
+    source = index.codes["source"].code
+    a.codes["source"][at:end] = [source(_source_key(r, kind)) for r in rows]
 
 
 def _apply(index: _KindIndex, changed: set[int], fresh: list[Any], kind: str) -> None:
@@ -349,13 +356,7 @@ def _apply(index: _KindIndex, changed: set[int], fresh: list[Any], kind: str) ->
         a = index.arrays = _merged(index, len(fresh), width)
     n = a.n
     need = n + len(fresh)
-    for j, r in enumerate(fresh):
-        i = n + j
-        a.bits[i] = np.frombuffer(r[6], dtype=np.uint8)
-        a.ids[i] = r[2]
-        a.created[i] = r[1].encode("utf-8")
-        for column, value in zip(_COLUMNS, (r[0], r[3], r[4], _source_key(r, kind))):
-            a.codes[column][i] = index.codes[column].code(value)
+    _fill(index, a, n, fresh, kind)
     _place(a, n, need)
     a.alive[n:need] = True
     a.n = need  # published last: a scanner that read the old n never sees a half-written row
