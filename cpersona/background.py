@@ -94,6 +94,15 @@ class BackgroundWork:
                 reconcile_database(self.app.db)
         except Exception:  # noqa: BLE001 - a cache left behind costs candidates, never the server
             log.exception("coarse vector index reconcile failed")
+        # Then this process's copy of it (storage/vector_index_sqlite.py), so the first far list
+        # does not pay the load (~1 s of CPU a million rows).
+        from cpersona.storage.vector_index_sqlite import warm_database
+
+        try:
+            with self.app.db.background():  # a walk of the whole coarse table: the small-cache connection
+                warm_database(self.app.db)
+        except Exception:  # noqa: BLE001 - the first far list loads it instead
+            log.exception("in-process vector index load failed")
 
     def stop(self) -> None:
         """Stop what was started (waiting as each part allows); later starts do nothing."""

@@ -36,12 +36,13 @@ def _virtual_tables(connection: Connection) -> set[str]:
 
 def _include_name_filter(connection: Connection):
     """Hide what the ORM does not describe: FTS5/vec0 tables, their shadow tables,
-    the coarse vector index (derived like them, raw DDL of revision 0007),
+    the coarse vector index and its change log (derived like them, raw DDL of
+    revisions 0007 and 0008),
     SQLite's own bookkeeping, and Alembic's version table (spec IMPL-4)."""
     from cpersona.storage import coarse_sqlite
 
     virtual = _virtual_tables(connection) | (
-        set(coarse_sqlite.TABLE_NAMES) if connection.dialect.name == "sqlite" else set()
+        {*coarse_sqlite.TABLE_NAMES, coarse_sqlite.CHANGE_LOG} if connection.dialect.name == "sqlite" else set()
     )
 
     def include_name(name, type_, parent_names):

@@ -82,7 +82,12 @@ WORD_TRIGGERS = {f"{t}_words_{e}" for t in ("memories", "episodes") for e in ("a
 # revision 0007: the coarse vector index (derived, raw DDL). Its triggers are TEMP, per connection
 # (storage/coarse_sqlite.py), so the file's schema has none.
 COARSE_TABLES = {"memories_coarse", "episodes_coarse"}
+# revision 0008: the coarse index's change log, and the stored triggers on the coarse tables that
+# write it (they call no extension function; storage/vector_index_sqlite.py reads the log).
+COARSE_LOG_TABLES = {"coarse_changes"}
+COARSE_TABLES |= COARSE_LOG_TABLES
 LATER_TABLES |= COARSE_TABLES
+LATER_TRIGGERS |= {f"{t}_coarse_log_{e}" for t in ("memories", "episodes") for e in ("ai", "ad", "au")}
 HEAD_INDEXES = V13_INDEXES | UNVERSIONED_INDEXES | LATER_INDEXES
 V13_TRIGGERS = {
     "memories_fts_ai",

@@ -72,6 +72,7 @@ NOT_ON_A_STDIO_START = (
     "cpersona.storage.vectors_postgres",
     "httpx",
     "numpy",
+    "cpersona.storage.vector_index_sqlite",  # the far list's in-process copy: numpy, vectors on only
     "sqlite_vec",
     "sqlite3",
     "sqlalchemy.dialects.postgresql",

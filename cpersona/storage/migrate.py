@@ -54,12 +54,13 @@ log = logging.getLogger(__name__)
 V13_REVISION = "0001_v13"
 WORD_REVISION = "0006_word_index"
 COARSE_REVISION = "0007_coarse_index"
+COARSE_LOG_REVISION = "0008_coarse_change_log"
 # The newest revision this build ships. A database already stamped with it is
 # opened without loading Alembic at all (the common start: Alembic's import and
 # its script directory cost more than everything else the start does). Checked
 # against the migration scripts by tests/test_startup.py: a new revision must
 # move it, or that test fails.
-HEAD_REVISION = COARSE_REVISION
+HEAD_REVISION = COARSE_LOG_REVISION
 # The module holding the v13 DDL, imported directly for the same reason.
 V13_MODULE = "cpersona.migrations.versions.0001_v13_base"
 WORD_MODULE = "cpersona.migrations.versions.0006_word_index"

@@ -17,6 +17,7 @@ treated like a failed search, so no query can hold a worker thread for long.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections import namedtuple
@@ -357,6 +358,9 @@ class SqliteSearch(SqlSearch):
             by_source, source_params = source_filter(source_id, "c", extracted=True)
             coarse_where = f"{coarse_where} AND {by_source}"
             coarse_params.update(source_params)
+        proposed = self._process_index_scan(kind, scope, source_id, where, params, query)
+        if proposed is not None:
+            return proposed
         statement = coarse_sqlite.far_statement(kind, coarse_where, where)
         extra = {
             "qbits": coarse_sqlite.query_bits(query),
@@ -364,6 +368,38 @@ class SqliteSearch(SqlSearch):
             "k": coarse_sqlite.candidates(int(params["depth"])),
         }
         rows = self._run(f"{kind} coarse vector", statement, {**params, **coarse_params, **extra})
+        return [(float(r.cosine), r.id) for r in rows or []]
+
+    def _process_index_scan(
+        self, kind: Kind, scope: Scope, source_id: str, where: str, params: dict[str, Any], query: bytes
+    ) -> list[tuple[float, int]] | None:
+        """The far list through this process's copy of the coarse index (storage/vector_index_sqlite.py):
+        candidates from the arrays, then read and re-tested in SQL. None when the file has no
+        change log to keep a copy in step (the SQL walk serves then)."""
+        from cpersona.storage import vector_index_sqlite  # numpy: only once a far list runs
+
+        window = (int(params["start"]), int(params["start"]) + int(params["span"]))
+        k = coarse_sqlite.candidates(int(params["depth"]))
+        index = vector_index_sqlite.for_database(self.db)
+        with self.db.read() as session:
+            try:
+                conn = session.connection().connection.driver_connection
+                found = index.propose(conn, kind, scope, source_id, coarse_sqlite.query_bits(query), window, k)
+            except self.db.engine.dialect.dbapi.Error as exc:
+                log.warning("%s in-process vector index unavailable, walked in SQL: %s", kind, exc)
+                return None
+        if found is None:
+            return None
+        ids, lower, upper = found
+        if not ids:
+            return []
+        statement = coarse_sqlite.rerank_statement(kind, where, lower=lower is not None, upper=upper is not None)
+        extra: dict[str, Any] = {"ids": json.dumps(ids)}
+        if lower is not None:
+            extra.update(lo_at=lower[0], lo_id=lower[1])
+        if upper is not None:
+            extra.update(hi_at=upper[0], hi_id=upper[1])
+        rows = self._run(f"{kind} vector re-rank", statement, {**params, **extra})
         return [(float(r.cosine), r.id) for r in rows or []]
 
     # -- listings and scope facts -----------------------------------------------

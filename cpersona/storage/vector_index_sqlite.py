@@ -1,0 +1,427 @@
+"""The coarse vector index held in the process: sign bits and scope codes in numpy arrays.
+
+The far list's SQL walk of ``memories_coarse`` costs ~0.4-0.5 µs a row (about
+55 ms of CPU per recall at 100k rows, ~500 ms at 1M: docs/benchmarks.md,
+"Scale"); the same Hamming ranking over a matrix in memory costs ~4 ms at 100k.
+So each process keeps a copy of the coarse table (per kind, for one bit width):
+the sign bits, the row ids, integer codes of the isolation columns (agent,
+project, channel, source id) and each row's place in scan order. The scan
+applies the isolation predicates and the window on those arrays before the
+Hamming ranking (spec ISO-2: another scope's rows never take a candidate
+place), and it only *proposes*: the candidates are re-read from SQL and
+tested again there exactly as before (isolation, width, the window's edge row,
+exact float cosine: ``coarse_sqlite.rerank_statement``), so a copy out of step
+costs at most a candidate place, never a row of another scope.
+
+Staying in step with other processes: every change to a coarse row is logged
+by stored triggers in ``coarse_changes`` (revision 0008), with an AUTOINCREMENT
+sequence. Before each scan the copy reads the log's head from
+``sqlite_sequence`` (one primary-key read); when it moved, it reads the entries
+past its watermark, drops those ids and re-reads those keys from the coarse
+table. A head that went backwards (another file), a log pruned past the
+watermark, or more changes than are worth applying one by one: the table is
+loaded again. ``PRAGMA data_version`` would not do: every commit moves it,
+recall's own counter updates included.
+
+Scan order: rows are held in *reverse* scan order (``created_at`` asc, id
+desc), so ``created`` is ascending and new rows can be placed by binary
+search. Rows added since the last load sit at the end with fractional ranks
+between the loaded ones; when they grow many, the arrays are re-sorted in
+memory (no SQL). numpy is imported by this module only, which is imported
+only when a far list runs (never on the embeddings-off start path).
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from cpersona.storage import coarse_sqlite
+from cpersona.storage.scope import Scope
+
+_TABLES = {"mem": "memories_coarse", "ep": "episodes_coarse"}
+# Applying changes one by one beyond this many is dearer than loading again.
+RELOAD_CHANGES = 20_000
+# Rows added since the load are re-sorted into place once they are this many.
+MERGE_ADDED = 4_096
+_LOAD_CHUNK = 65_536
+
+
+class _Codes:
+    """Strings of one column as small integer codes, append-only (readers never see a code move)."""
+
+    def __init__(self) -> None:
+        self.of: dict[Any, int] = {}
+        self.names: list[Any] = []
+
+    def code(self, value: Any) -> int:
+        found = self.of.get(value)
+        if found is None:
+            found = self.of[value] = len(self.names)
+            self.names.append(value)
+        return found
+
+    def get(self, value: Any) -> int:
+        return self.of.get(value, -1)
+
+
+_COLUMNS = ("agent", "project", "channel", "source")
+
+
+@dataclass
+class _Arrays:
+    """One immutable-length view for scanners: rows [0, n); rows [0, loaded) are sorted."""
+
+    n: int
+    loaded: int
+    bits: np.ndarray
+    ids: np.ndarray
+    rank: np.ndarray
+    created: np.ndarray
+    alive: np.ndarray
+    codes: dict[str, np.ndarray]
+    # Added rows by their place among the loaded ones: {rows loaded before them: [(created, -id, row)]}.
+    slots: dict[int, list[tuple[bytes, int, int]]] = field(default_factory=dict)
+
+
+@dataclass
+class _KindIndex:
+    kind: str
+    nbits: int
+    seq: int
+    arrays: _Arrays
+    codes: dict[str, _Codes] = field(default_factory=lambda: {c: _Codes() for c in _COLUMNS})
+
+
+def _source_key(row: Any, kind: str) -> Any:
+    return row[5] if kind == "mem" else None
+
+
+def _select(kind: str) -> str:
+    source = "source_key" if kind == "mem" else "NULL"
+    return f"SELECT agent_id, created_at, id, project_id, channel, {source}, bits FROM {_TABLES[kind]} c"
+
+
+class ProcessIndex:
+    """The in-memory copies for one database (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._kinds: dict[str, _KindIndex] = {}
+        self.loads = 0  # full loads so far (tests read it)
+
+    # -- keeping in step ------------------------------------------------------------------------
+
+    def _head(self, conn: Any) -> int | None:
+        """The change log's newest sequence number (0 while empty), None without a change log."""
+        log = coarse_sqlite.CHANGE_LOG
+        if not conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (log,)).fetchone():
+            return None
+        row = conn.execute("SELECT seq FROM sqlite_sequence WHERE name = ?", (log,)).fetchone()
+        return int(row[0]) if row else 0
+
+    def _load(self, conn: Any, kind: str, nbits: int, head: int) -> _KindIndex:
+        # Counted first and read in chunks: a million rows as one list of tuples would
+        # briefly hold several times the arrays' own size.
+        table = _TABLES[kind]
+        count, width = conn.execute(
+            f"SELECT count(*), max(length(CAST(created_at AS BLOB))) FROM {table} WHERE length(bits) = ?", (nbits,)
+        ).fetchone()
+        index = _KindIndex(kind, nbits, head, _empty(nbits, 0))
+        a = index.arrays = _empty(nbits, int(count) + MERGE_ADDED, max(32, int(width or 0)))
+        cursor = conn.execute(
+            f"{_select(kind)} WHERE length(c.bits) = ? ORDER BY c.created_at ASC, c.id DESC", (nbits,)
+        )
+        while rows := cursor.fetchmany(_LOAD_CHUNK):
+            if a.n + len(rows) > len(a.ids):  # rows committed between the count and the read
+                a = index.arrays = _merged(index, len(rows), a.created.dtype.itemsize)
+            _fill(index, a, a.n, rows, kind)
+            a.rank[a.n : a.n + len(rows)] = np.arange(a.n, a.n + len(rows), dtype=np.float64)
+            a.alive[a.n : a.n + len(rows)] = True
+            a.n = a.loaded = a.n + len(rows)
+        self.loads += 1
+        return index
+
+    def _refresh(self, conn: Any, kind: str, nbits: int) -> _KindIndex | None:
+        head = self._head(conn)
+        if head is None:
+            return None
+        index = self._kinds.get(kind)
+        if index is None or index.nbits != nbits or head < index.seq:
+            index = self._kinds[kind] = self._load(conn, kind, nbits, head)
+            return index
+        if head == index.seq:
+            return index
+        log = coarse_sqlite.CHANGE_LOG
+        oldest = conn.execute(f"SELECT min(seq) FROM {log}").fetchone()[0]
+        pending = head - index.seq
+        if oldest is None or oldest > index.seq + 1 or pending > max(RELOAD_CHANGES, index.arrays.n // 4):
+            index = self._kinds[kind] = self._load(conn, kind, nbits, head)
+            return index
+        entries = conn.execute(
+            f"SELECT agent_id, created_at, id FROM {log} WHERE seq > ? AND seq <= ? AND kind = ?",
+            (index.seq, head, kind),
+        ).fetchall()
+        if entries:
+            keys = list(dict.fromkeys(entries))
+            lookup = f"{_select(kind)} WHERE c.agent_id = ? AND c.created_at = ? AND c.id = ? AND length(c.bits) = ?"
+            fresh = [r for key in keys for r in conn.execute(lookup, (*key, nbits)).fetchall()]
+            _apply(index, {int(k[2]) for k in keys}, fresh, kind)
+        index.seq = head
+        return index
+
+    def warm(self, db: Any, kind: str, nbits: int) -> None:
+        """Load (or bring in step) one copy ahead of the first far list (start-up, background)."""
+        with db.read() as session:
+            conn = session.connection().connection.driver_connection
+            with self._lock:
+                self._refresh(conn, kind, nbits)
+
+    # -- the scan -------------------------------------------------------------------------------
+
+    def propose(
+        self,
+        conn: Any,
+        kind: str,
+        scope: Scope,
+        source_id: str,
+        qbits: bytes,
+        window: tuple[int, int],
+        k: int,
+    ) -> tuple[list[int], tuple[str, int] | None, tuple[str, int] | None] | None:
+        """Up to ``k`` ids of the window's rows in scope nearest ``qbits`` by Hamming distance, with
+        the window's first row and first row past it as (created_at, id) keys (None: no edge).
+
+        None when this database has no change log (the caller walks the table in SQL instead).
+        """
+        with self._lock:
+            index = self._refresh(conn, kind, len(qbits))
+        if index is None:
+            return None
+        a = index.arrays
+        n = a.n
+        mask = a.alive[:n].copy()
+        if not _scope_mask(mask, a, index.codes, scope, source_id if kind == "mem" else "", n):
+            return [], None, None
+        idx = np.flatnonzero(mask)
+        ranks = a.rank[idx]
+        total = len(idx)
+        start, stop = max(0, window[0]), max(0, window[1])
+        if start >= total or stop <= start:
+            return [], None, None
+        # Scan position p (newest first) is the (total - 1 - p)-th smallest rank.
+        first = _nth(ranks, total - 1 - start)
+        keep = ranks <= first
+        lo = _key(a, idx, ranks, first)
+        hi = None
+        if stop < total:
+            past = _nth(ranks, total - 1 - stop)
+            keep &= ranks > past
+            hi = _key(a, idx, ranks, past)
+        idx = idx[keep]
+        if len(idx) > k:
+            distance = _hamming(a.bits, idx, np.frombuffer(qbits, dtype=np.uint8))
+            idx = idx[_nearest(distance, a.rank[idx], k)]
+        return [int(i) for i in a.ids[idx]], lo, hi
+
+
+def _nearest(distance: np.ndarray, ranks: np.ndarray, k: int) -> np.ndarray:
+    """Positions of the ``k`` smallest distances, ties at the cut taken in scan order (newest
+    first: highest rank), as coarse_sqlite.far_statement orders them, so the copy proposes the
+    candidates the SQL walk would."""
+    kth = np.partition(distance, k - 1)[k - 1]
+    below = np.flatnonzero(distance < kth)
+    ties = np.flatnonzero(distance == kth)
+    ties = ties[np.argsort(-ranks[ties], kind="stable")[: k - len(below)]]
+    return np.concatenate([below, ties])
+
+
+def _nth(values: np.ndarray, i: int) -> float:
+    return float(np.partition(values, i)[i])
+
+
+def _key(a: _Arrays, idx: np.ndarray, ranks: np.ndarray, rank: float) -> tuple[str, int]:
+    row = int(idx[np.flatnonzero(ranks == rank)[0]])
+    return a.created[row].decode("utf-8"), int(a.ids[row])
+
+
+_BLOCK = 32_768  # rows per step: the block's temporaries stay in the CPU cache
+
+
+def _hamming(bits: np.ndarray, idx: np.ndarray, query: np.ndarray) -> np.ndarray:
+    """Hamming distance of each ``bits[idx]`` row to ``query``, a block of rows at a time."""
+    words = bits.shape[1] // 8 if bits.shape[1] % 8 == 0 else 0
+    if words:  # 64 bits at a time: 8x fewer popcounts than byte by byte
+        table, query = bits.view(np.uint64), query.view(np.uint64)
+    else:
+        table = bits
+    out = np.empty(len(idx), dtype=np.int32)
+    width = table.shape[1]
+    rows = np.empty((min(_BLOCK, len(idx)), width), dtype=table.dtype)
+    counts = np.empty(rows.shape, dtype=np.uint8)
+    for lo in range(0, len(idx), _BLOCK):
+        part = idx[lo : lo + _BLOCK]
+        m = len(part)
+        np.take(table, part, axis=0, out=rows[:m])
+        np.bitwise_xor(rows[:m], query, out=rows[:m])
+        np.bitwise_count(rows[:m], out=counts[:m])
+        # Column by column: numpy's reduction over a short row costs ~7x more than these adds.
+        total = out[lo : lo + m]
+        np.add(counts[:m, 0], counts[:m, 1] if width > 1 else 0, out=total, dtype=np.int32)
+        for j in range(2, width):
+            np.add(total, counts[:m, j], out=total)
+    return out
+
+
+def _scope_mask(mask: np.ndarray, a: _Arrays, codes: dict[str, _Codes], scope: Scope, source_id: str, n: int) -> bool:
+    """AND the isolation predicates of storage/scope.py (and spec ISO-3's source id) into ``mask``;
+    False when nothing can match (a value no row holds)."""
+    if scope.agent_id is not None:
+        agent = codes["agent"].get(scope.agent_id)
+        if agent < 0:
+            return False
+        mask &= a.codes["agent"][:n] == agent
+    for column, values in (("project", scope.project_values), ("channel", scope.channel_values)):
+        if values is None:
+            continue
+        wanted = [c for c in (codes[column].get(v) for v in values) if c >= 0]
+        if not wanted:
+            return False
+        column_codes = a.codes[column][:n]
+        hit = column_codes == wanted[0]
+        for c in wanted[1:]:
+            hit |= column_codes == c
+        mask &= hit
+    if source_id:
+        names = codes["source"].names
+        if source_id[-1].isalnum():
+            wanted = [codes["source"].get(source_id)]
+        else:  # a prefix (search_sqlite.source_filter)
+            wanted = [i for i, name in enumerate(names) if isinstance(name, str) and name.startswith(source_id)]
+        wanted = [c for c in wanted if c >= 0]
+        if not wanted:
+            return False
+        source_codes = a.codes["source"][:n]
+        hit = source_codes == wanted[0]
+        if len(wanted) > 1:
+            hit |= np.isin(source_codes, np.asarray(wanted[1:], dtype=np.int32))
+        mask &= hit
+    return True
+
+
+# -- building and changing the arrays --------------------------------------------------------------
+
+
+def _empty(nbits: int, capacity: int, width: int = 32) -> _Arrays:
+    capacity = max(capacity, 1024)
+    return _Arrays(
+        0,
+        0,
+        np.zeros((capacity, nbits), dtype=np.uint8),
+        np.zeros(capacity, dtype=np.int64),
+        np.zeros(capacity, dtype=np.float64),
+        np.zeros(capacity, dtype=f"S{width}"),
+        np.zeros(capacity, dtype=bool),
+        {c: np.zeros(capacity, dtype=np.int32) for c in _COLUMNS},
+    )
+
+
+def _fill(index: _KindIndex, a: _Arrays, at: int, rows: list[Any], kind: str) -> None:
+    """Write coarse ``rows`` into rows [at, at + len(rows)) of ``a`` (not ranks, not alive)."""
+    n = len(rows)
+    end = at + n
+    a.bits[at:end] = np.frombuffer(b"".join(r[6] for r in rows), dtype=np.uint8).reshape(n, index.nbits)
+    a.ids[at:end] = [r[2] for r in rows]
+    a.created[at:end] = [r[1].encode("utf-8") for r in rows]
+    for j, column in enumerate(("agent", "project", "channel")):
+        code = index.codes[column].code
+        a.codes[column][at:end] = [code(r[(0, 3, 4)[j]]) for r in rows]
+    source = index.codes["source"].code
+    a.codes["source"][at:end] = [source(_source_key(r, kind)) for r in rows]
+
+
+def _apply(index: _KindIndex, changed: set[int], fresh: list[Any], kind: str) -> None:
+    """Drop every row of ``changed`` ids, add ``fresh`` coarse rows after them, in place."""
+    a = index.arrays
+    if changed:
+        a.alive[: a.n] &= ~np.isin(a.ids[: a.n], np.fromiter(changed, dtype=np.int64))
+    if not fresh:
+        return
+    width = max(len(r[1].encode("utf-8")) for r in fresh)
+    if a.n + len(fresh) > len(a.ids) or width > a.created.dtype.itemsize or a.n + len(fresh) - a.loaded > MERGE_ADDED:
+        a = index.arrays = _merged(index, len(fresh), width)
+    n = a.n
+    need = n + len(fresh)
+    _fill(index, a, n, fresh, kind)
+    _place(a, n, need)
+    a.alive[n:need] = True
+    a.n = need  # published last: a scanner that read the old n never sees a half-written row
+
+
+def _place(a: _Arrays, n: int, need: int) -> None:
+    """Fractional ranks for the rows [n, need) just added, between the loaded ones, in scan order."""
+    created_loaded = a.created[: a.loaded]
+    touched = set()
+    for i in range(n, need):
+        created, row_id = a.created[i], int(a.ids[i])
+        left = int(np.searchsorted(created_loaded, created, "left"))
+        right = int(np.searchsorted(created_loaded, created, "right"))
+        # Within one created_at the loaded rows run id descending: those of a larger id come first.
+        before = left + int(np.count_nonzero(a.ids[left:right] > row_id))
+        a.slots.setdefault(before, []).append((created, -row_id, i))
+        touched.add(before)
+    for before in touched:
+        members = sorted(a.slots[before])
+        a.slots[before] = members
+        for j, (_, _, i) in enumerate(members):
+            a.rank[i] = before - 1 + (j + 1) / (len(members) + 1)
+
+
+def _merged(index: _KindIndex, room: int, width: int) -> _Arrays:
+    """Every live row, in scan order again, in new arrays with ``room`` rows to spare (no SQL).
+
+    The added rows' fractional ranks already order them among the loaded ones,
+    so one argsort of the ranks is the whole merge.
+    """
+    a = index.arrays
+    live = np.flatnonzero(a.alive[: a.n])
+    live = live[np.argsort(a.rank[live], kind="stable")]
+    m = len(live)
+    b = _empty(index.nbits, m + room + MERGE_ADDED, max(width, a.created.dtype.itemsize))
+    b.bits[:m] = a.bits[live]
+    b.ids[:m] = a.ids[live]
+    b.created[:m] = a.created[live]
+    for column in _COLUMNS:
+        b.codes[column][:m] = a.codes[column][live]
+    b.rank[:m] = np.arange(m, dtype=np.float64)
+    b.alive[:m] = True
+    b.n = b.loaded = m
+    return b
+
+
+_INDEXES: weakref.WeakKeyDictionary[Any, ProcessIndex] = weakref.WeakKeyDictionary()
+_INDEXES_LOCK = threading.Lock()
+
+
+def for_database(db: Any) -> ProcessIndex:
+    """The one process-held index of ``db`` (created empty; loaded at its first scan)."""
+    with _INDEXES_LOCK:
+        found = _INDEXES.get(db)
+        if found is None:
+            found = _INDEXES[db] = ProcessIndex()
+        return found
+
+
+def warm_database(db: Any) -> None:
+    """Load the copies of ``db`` for the bit width of each kind's newest coarse row (start-up)."""
+    index = for_database(db)
+    for kind, table in _TABLES.items():
+        with db.read() as session:
+            conn = session.connection().connection.driver_connection
+            row = conn.execute(f"SELECT length(bits) FROM {table} LIMIT 1").fetchone()
+        if row and row[0]:
+            index.warm(db, kind, int(row[0]))
