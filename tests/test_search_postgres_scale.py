@@ -8,8 +8,9 @@ A real PostgreSQL database per module (skips without CPERSONA_TEST_PG_URL).
 - The vector window's width filter has statistics (vectors_postgres.
   ensure_width_statistics), so a window smaller than the agent's rows is read
   newest first through ``idx_memories_agent`` instead of ranking every row.
-- With pgvector's column in the row, the blob is stored EXTERNAL so the text
-  the keyword arms recheck stays in the row.
+- With pgvector's column in the row, the blob is stored EXTERNAL and the
+  table's toast target leaves room for the vector, so the text and tsvector
+  the keyword arms read stay in the row.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from cpersona.storage.scope import Scope
 from cpersona.storage.search_postgres import plan_estimates
 from cpersona.storage.search_words import SqliteWordSearch
 from cpersona.storage.search_words_postgres import PostgresWordSearch
-from cpersona.storage.vectors_postgres import pgvector_serves, width_statistics_name
+from cpersona.storage.vectors_postgres import pgvector_serves, toast_target, width_statistics_name
 from pg_support import fresh_pg_url, skip_without_pgvector
 
 COMMON, RARE = 1500, 4
@@ -150,10 +151,13 @@ def test_with_pgvector_the_blob_leaves_the_row_before_the_text(engines):
             text("SELECT attstorage FROM pg_attribute WHERE attrelid = 'memories'::regclass AND attname = 'embedding'")
         ).scalar_one()
     assert storage == "e"
+    with pg.read() as session:
+        options = session.execute(text("SELECT reloptions FROM pg_class WHERE oid = 'memories'::regclass")).scalar_one()
+    assert f"toast_tuple_target={toast_target(384)}" in options
     # A sparse (compressible) 384-d blob beside a text: the row passes 2 kB and one column must go.
     blob = np.zeros(384, dtype="<f4")
     blob[::40] = 0.3
-    content = "a sentence of ordinary length about the weather report, long enough to be moved out " * 2
+    content = "a sentence of ordinary length about the weather report, long enough to be moved out " * 3
     with pg.write_connection() as conn:
         row_id = conn.execute(
             text(
@@ -164,9 +168,11 @@ def test_with_pgvector_the_blob_leaves_the_row_before_the_text(engines):
         if int(conn.exec_driver_sql("SHOW server_version_num").scalar_one()) >= 170000:
             moved = conn.execute(
                 text(
-                    "SELECT pg_column_toast_chunk_id(content), pg_column_toast_chunk_id(embedding) FROM memories WHERE id = :i"
+                    "SELECT pg_column_toast_chunk_id(content), pg_column_toast_chunk_id(word_vector),"
+                    " pg_column_toast_chunk_id(embedding) FROM memories WHERE id = :i"
                 ),
                 {"i": row_id},
             ).one()
-            assert moved[0] is None and moved[1] is not None  # the text in the row, the blob out of it
+            # The text and its tsvector in the row (the keyword arms read them), the blob out of it.
+            assert moved[0] is None and moved[1] is None and moved[2] is not None
         conn.execute(text("DELETE FROM memories WHERE id = :i"), {"i": row_id})

@@ -236,6 +236,7 @@ def ensure_vector_columns(conn: Connection, *, hnsw: bool = False) -> bool:
         ).scalar_one()
         if blob != "e":
             conn.exec_driver_sql(f"ALTER TABLE {table} ALTER COLUMN embedding SET STORAGE EXTERNAL")
+        _ensure_toast_target(conn, table)
         conn.exec_driver_sql(
             f"CREATE OR REPLACE TRIGGER {_trigger_name(table)} BEFORE INSERT OR UPDATE OF embedding"
             f" ON {table} FOR EACH ROW EXECUTE FUNCTION cpersona_sync_vector()"
@@ -247,6 +248,43 @@ def ensure_vector_columns(conn: Connection, *, hnsw: bool = False) -> bool:
         if hnsw:
             ensure_hnsw_indexes(conn, table)
     return True
+
+
+# Bytes of a row besides its vector and blob (ids, stamps, a sentence of text
+# and its tsvector): what the toast target leaves room for.
+ROW_ROOM = 512
+TOAST_TARGET_MAX = 8160  # PostgreSQL's ceiling for toast_tuple_target
+
+
+def toast_target(width: int) -> int:
+    """The ``toast_tuple_target`` that moves a row's blob out of line and keeps the rest in.
+
+    PostgreSQL shrinks a row above ~2 kB to its target by moving its largest
+    compressible columns out of line, the blob first (EXTERNAL), then the
+    tsvector and the text. With the default target (~2 kB) a 384-d row
+    without its blob (1.5 kB of vector plus the rest) is still over it, so
+    half the rows' tsvectors and some texts went out too (100k bench rows:
+    51,161 tsvectors), and the keyword arms read them through the TOAST index.
+    Halfway between the row with and without the blob: 6 bytes a dimension.
+    """
+    return min(TOAST_TARGET_MAX, 6 * width + ROW_ROOM)
+
+
+def _ensure_toast_target(conn: Connection, table: str) -> None:
+    """Set ``table``'s toast target for the width of its newest vectors (384 when it has none)."""
+    widths = conn.exec_driver_sql(
+        f"SELECT vector_dims(v) FROM (SELECT {VECTOR_COLUMN} AS v FROM {table}"
+        f" WHERE {VECTOR_COLUMN} IS NOT NULL ORDER BY id DESC LIMIT 100) AS newest"
+    ).scalars()
+    counted: dict[int, int] = {}
+    for width in widths:
+        counted[int(width)] = counted.get(int(width), 0) + 1
+    target = toast_target(max(counted, key=lambda w: counted[w]) if counted else 384)
+    options = conn.execute(
+        text("SELECT reloptions FROM pg_class WHERE oid = CAST(:table AS regclass)"), {"table": table}
+    ).scalar_one()
+    if f"toast_tuple_target={target}" not in (options or []):
+        conn.exec_driver_sql(f"ALTER TABLE {table} SET (toast_tuple_target = {target})")
 
 
 def width_statistics_name(table: str) -> str:
