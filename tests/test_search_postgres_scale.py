@@ -94,13 +94,33 @@ def test_under_the_budget_postgres_ranks_every_term(engines):
     assert _texts(hits)[0] == "zeppelin weather together"  # both terms: ranked first
 
 
-def test_the_estimates_are_read_from_one_explain(engines):
+def test_the_estimates_are_read_from_one_explain(engines, monkeypatch):
     pg, _ = engines
+    monkeypatch.setattr(search_sqlite, "SCORED_ROWS_BUDGET", 200)
     search = PostgresWordSearch(pg)
     counts = search._term_counts("memories", ("m.content",), ["weather", "zeppelin"])
     assert set(counts) == {"weather", "zeppelin"}
     assert counts["weather"] > 10 * counts["zeppelin"]  # the statistics tell common from rare
     assert plan_estimates([{"Plan": {"Plans": []}}], 2) is None  # unreadable: no budget, every term kept
+
+
+def test_a_table_no_larger_than_the_budget_ranks_every_term_as_sqlite_does(engines, monkeypatch):
+    # "weather" and "report" each match ~1,500 rows: together over a budget of 2,000, but the
+    # table holds fewer rows than that, so no statement can score more (SQLite's _may_overrun).
+    pg, _ = engines
+    monkeypatch.setattr(search_sqlite, "SCORED_ROWS_BUDGET", 2000)
+    sent: list[dict] = []
+
+    def before(conn, cursor, statement, parameters, context, executemany):
+        if statement.startswith("WITH f AS"):
+            sent.append(dict(parameters))
+
+    event.listen(pg.engine, "before_cursor_execute", before)
+    try:
+        PostgresWordSearch(pg).keyword_memories(Scope("a"), "weather report", 10)
+    finally:
+        event.remove(pg.engine, "before_cursor_execute", before)
+    assert sent and {"%weather%", "%report%"} <= set(sent[0].values())
 
 
 def _plans(db, run, marker: str) -> list[str]:

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import json
 import logging
+import time
+import weakref
 from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import Any
@@ -44,6 +46,7 @@ from cpersona.storage.search_sql import (
     like_pattern,
     memory_record,
 )
+from cpersona.storage import search_sqlite
 from cpersona.storage.search_sqlite import STATEMENT_DEADLINE_SECONDS, within_budget
 from cpersona.storage.vectors_postgres import hnsw_scan, hnsw_widths, numpy_scan, pgvector_scan, pgvector_serves
 
@@ -84,6 +87,13 @@ def _terms_clause(column_sets: tuple[str, ...], terms: list[str]) -> tuple[str, 
         lowered = (f"f.l{j} LIKE lower(:t{i})" for j in range(len(column_sets)))
         counted.append("(" + " OR ".join(lowered) + ")")
     return " OR ".join(any_term), " + ".join(f"({p})::int" for p in counted), params
+
+
+# How long a table found at most half the keyword budget is taken as still under it
+# (the budget only bounds cost: a table that outgrows it meanwhile is ranked whole a
+# little longer, as a small one always is).
+SMALL_TABLE_SECONDS = 60.0
+_small_tables: weakref.WeakKeyDictionary[Database, dict[tuple[str, int], float]] = weakref.WeakKeyDictionary()
 
 
 def estimates_statement(table: str, alias: str, predicates: Sequence[str]) -> Any:
@@ -346,10 +356,26 @@ class PostgresSearch(SqlSearch):
     def estimated_counts(
         self, what: str, table: str, alias: str, predicates: list[str], params: dict[str, Any], terms: list[str]
     ) -> dict[str, int]:
-        """{term: the planner's row estimate of its predicate}, or {} when the EXPLAIN failed."""
-        rows = self._run(what, estimates_statement(table, alias, predicates), params)
-        estimates = plan_estimates(rows[0][0], len(terms)) if rows else None
-        return dict(zip(terms, estimates)) if estimates else {}
+        """{term: the planner's row estimate of its predicate}; {} (every term kept) when the
+        table is no larger than the budget, as SQLite decides, or when the EXPLAIN failed.
+
+        The first sub-select estimates the table itself. A table found well under the
+        budget is not asked again for :data:`SMALL_TABLE_SECONDS` (the EXPLAIN is a
+        round trip, and a recall runs up to four of them).
+        """
+        budget = search_sqlite.SCORED_ROWS_BUDGET
+        known = _small_tables.setdefault(self.db, {})
+        if known.get((table, budget), 0.0) > time.monotonic():
+            return {}
+        rows = self._run(what, estimates_statement(table, alias, ["true", *predicates]), params)
+        estimates = plan_estimates(rows[0][0], len(terms) + 1) if rows else None
+        if not estimates:
+            return {}
+        if estimates[0] <= budget:
+            if estimates[0] <= budget // 2:
+                known[(table, budget)] = time.monotonic() + SMALL_TABLE_SECONDS
+            return {}
+        return dict(zip(terms, estimates[1:]))
 
     # -- vector arm (spec §5.6): pgvector, or numpy over the same window ---------------
 
