@@ -1,6 +1,6 @@
 """Where a recall's time goes, in-process, on an existing database (e.g. one bench/scale.py --keep left).
 
-    python bench/recall_profile.py DB [--queries 200] [--reach 1000000000] [--passes 1] [--cprofile OUT]
+    python bench/recall_profile.py DB|postgresql+psycopg://... [--queries 200] [--reach 1000000000] [--passes 1] [--cprofile OUT]
 
 Opens ``DB`` with our engine (read and written as the server would: recall
 bumps counters), the stub 384-d embedder of bench/minilm_server.py served over
@@ -54,7 +54,9 @@ def wrap(cls, spent: dict[str, float], cpu: dict[str, float]) -> None:
     active: list[str] = []
 
     for name, label in STAGES.items():
-        original = getattr(cls, name)
+        original = getattr(cls, name, None)
+        if original is None:  # a stage this backend does not have (PostgreSQL: no trigram term counts)
+            continue
 
         def timed(*args, __original=original, __label=label, **kwargs):
             started, began = time.perf_counter(), time.thread_time()
@@ -73,6 +75,25 @@ def wrap(cls, spent: dict[str, float], cpu: dict[str, float]) -> None:
         setattr(cls, name, timed)
 
 
+def watch_statements(engine, totals) -> None:
+    """Wall time per statement shape (its first words, parameters and literals collapsed), via cursor events."""
+    import re
+
+    from sqlalchemy import event
+
+    @event.listens_for(engine, "before_cursor_execute")
+    def _before(conn, cursor, statement, parameters, context, executemany):
+        conn.info.setdefault("cpersona_profile_started", []).append(time.perf_counter())
+
+    @event.listens_for(engine, "after_cursor_execute")
+    def _after(conn, cursor, statement, parameters, context, executemany):
+        elapsed = time.perf_counter() - conn.info["cpersona_profile_started"].pop()
+        shape = re.sub(r"\s+", " ", re.sub(r"%\(\w+\)s|'[^']*'|\b\d+\b", "?", statement)).strip()
+        shape = shape[:90]
+        totals[shape][0] += 1
+        totals[shape][1] += elapsed
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("db")
@@ -80,6 +101,9 @@ def main() -> None:
     parser.add_argument("--reach", type=int, default=1_000_000_000)
     parser.add_argument("--passes", type=int, default=1)
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument(
+        "--statements", action="store_true", help="also report wall time per SQL statement shape (cursor events)"
+    )
     parser.add_argument("--cprofile", default="", help="write a cProfile of the timed passes here")
     args = parser.parse_args()
 
@@ -90,11 +114,13 @@ def main() -> None:
     from cpersona.storage.migrate import open_database_and_upgrade
     from cpersona.storage.search_words import SqliteWordSearch
 
+    on_postgres = args.db.startswith("postgresql")
+
     corpus = Corpus(args.seed)
     with start_embedder("stub") as url:
         env = {
             **os.environ,
-            "CPERSONA_DB_PATH": args.db,
+            **({"CPERSONA_DATABASE_URL": args.db} if on_postgres else {"CPERSONA_DB_PATH": args.db}),
             "CPERSONA_EMBEDDING_MODE": "http",
             "CPERSONA_EMBEDDING_URL": url,
             "CPERSONA_VECTOR_REACH": str(args.reach),
@@ -106,7 +132,15 @@ def main() -> None:
         app = App(db=db, settings=settings, embedder=embedder)
         spent: dict[str, float] = defaultdict(float)
         cpu_spent: dict[str, float] = defaultdict(float)
-        wrap(SqliteWordSearch, spent, cpu_spent)
+        if on_postgres:
+            from cpersona.storage.search_words_postgres import PostgresWordSearch
+
+            wrap(PostgresWordSearch, spent, cpu_spent)
+        else:
+            wrap(SqliteWordSearch, spent, cpu_spent)
+        statements: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+        if args.statements:
+            watch_statements(db.engine, statements)
         with db.read() as session:
             from sqlalchemy import text
 
@@ -117,6 +151,7 @@ def main() -> None:
         for number in range(args.passes):
             spent.clear()
             cpu_spent.clear()
+            statements.clear()
             walls, cpus = [], []
             if profile:
                 profile.enable()
@@ -148,6 +183,10 @@ def main() -> None:
             print(
                 f"  {label:38s} {rest / n:7.2f} ms {rest / total:7.1%} {rest_cpu / n:6.2f} ms {rest_cpu / total_cpu:7.1%}"
             )
+            if args.statements:
+                print(f"  {'statement (first words)':90s} {'per recall':>10s} {'mean ms':>8s} {'ms/recall':>9s}")
+                for shape, (count, seconds) in sorted(statements.items(), key=lambda kv: -kv[1][1]):
+                    print(f"  {shape:90s} {count / n:10.2f} {seconds * 1000 / count:8.2f} {seconds * 1000 / n:9.2f}")
         if profile:
             profile.dump_stats(args.cprofile)
         db.close()

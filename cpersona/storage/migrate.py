@@ -391,10 +391,11 @@ def _upgrade_postgres(conn: Connection, label: str, *, vector_index: bool = Fals
 
         command.upgrade(alembic_config(conn), "head")
     from cpersona.storage.search_words_postgres import ensure_word_columns
-    from cpersona.storage.vectors_postgres import ensure_vector_columns
+    from cpersona.storage.vectors_postgres import ensure_vector_columns, ensure_width_statistics
 
     ensure_vector_columns(conn, hnsw=vector_index)
     ensure_word_columns(conn)
+    ensure_width_statistics(conn)
 
 
 def _upgrade_in_transaction(conn: Connection, path: Path | None, *, fts_enabled: bool) -> None:

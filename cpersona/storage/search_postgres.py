@@ -24,7 +24,10 @@ and runs under a statement_timeout, so no query can hold a worker for long.
 
 from __future__ import annotations
 
+import json
 import logging
+import time
+import weakref
 from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import Any
@@ -43,7 +46,8 @@ from cpersona.storage.search_sql import (
     like_pattern,
     memory_record,
 )
-from cpersona.storage.search_sqlite import STATEMENT_DEADLINE_SECONDS
+from cpersona.storage import search_sqlite
+from cpersona.storage.search_sqlite import STATEMENT_DEADLINE_SECONDS, within_budget
 from cpersona.storage.vectors_postgres import hnsw_scan, hnsw_widths, numpy_scan, pgvector_scan, pgvector_serves
 
 log = logging.getLogger(__name__)
@@ -85,6 +89,38 @@ def _terms_clause(column_sets: tuple[str, ...], terms: list[str]) -> tuple[str, 
     return " OR ".join(any_term), " + ".join(f"({p})::int" for p in counted), params
 
 
+# How long a table found at most half the keyword budget is taken as still under it
+# (the budget only bounds cost: a table that outgrows it meanwhile is ranked whole a
+# little longer, as a small one always is).
+SMALL_TABLE_SECONDS = 60.0
+_small_tables: weakref.WeakKeyDictionary[Database, dict[tuple[str, int], float]] = weakref.WeakKeyDictionary()
+
+
+def estimates_statement(table: str, alias: str, predicates: Sequence[str]) -> Any:
+    """EXPLAIN of one sub-select per predicate: the planner's row estimate of each, in one round trip.
+
+    ``LIMIT 1`` keeps each sub-plan a plain scan (a count would be split
+    across parallel workers, whose nodes carry per-worker estimates); a
+    Limit node leaves its child's estimate whole.
+    """
+    subs = ", ".join(f"(SELECT {alias}.id FROM {table} {alias} WHERE {p} LIMIT 1)" for p in predicates)
+    return text(f"EXPLAIN (FORMAT JSON) SELECT {subs}")
+
+
+def plan_estimates(plan: Any, count: int) -> list[int] | None:
+    """The row estimates of :func:`estimates_statement`'s ``count`` sub-plans, in order; None when unreadable."""
+    if isinstance(plan, str):
+        plan = json.loads(plan)
+    found: dict[int, int] = {}
+    for sub in plan[0]["Plan"].get("Plans", []):
+        name = str(sub.get("Subplan Name", ""))
+        if name.startswith("InitPlan ") and sub.get("Plans"):
+            found[int(name.split()[1])] = int(sub["Plans"][0]["Plan Rows"])
+    if len(found) != count:
+        return None
+    return [found[k] for k in sorted(found)]
+
+
 def tiered_statement(
     table: str,
     alias: str,
@@ -111,17 +147,24 @@ def tiered_statement(
     for every matching row. (A row one term short could tie only with a
     similarity of exactly 1 against exactly 0.) On 10k rows: the same top 10
     for 80 bench queries out of 80, ~40 % less time in PostgreSQL.
+
+    The text ``word_similarity`` reads is carried in ``f`` (``s``) and the
+    row's columns are read for the ``:depth`` best only (``best``): joined
+    to the table before the cut, the tier's rows (estimated in thousands)
+    were hash-joined against the whole table read through its primary key,
+    sequential scans being off (EXPLAIN ANALYZE at 100k rows: 249 ms of a
+    941 ms statement).
     """
     lows = ", ".join(f"lower({column}) AS l{j}" for j, column in enumerate(lowered))
     return text(
-        f"WITH f AS MATERIALIZED (SELECT {alias}.id, {lows} FROM "
+        f"WITH f AS MATERIALIZED (SELECT {alias}.id, {similarity_of} AS s, {lows} FROM "
         f"(SELECT * FROM {table} {alias} WHERE {any_term} OFFSET 0) {alias} WHERE {where}), "
-        f"c AS (SELECT f.id, ({matched}) AS matched FROM f), "
-        "cut AS (SELECT matched FROM c ORDER BY matched DESC LIMIT 1 OFFSET :depth - 1) "
-        f"SELECT {columns}, c.matched + word_similarity(:q, {similarity_of}) AS score "
-        f"FROM c JOIN {table} {alias} ON {alias}.id = c.id "
-        "WHERE c.matched >= COALESCE((SELECT matched FROM cut), 0) "
-        f"ORDER BY score DESC, {alias}.id LIMIT :depth"
+        f"c AS (SELECT f.id, f.s, ({matched}) AS matched FROM f), "
+        "cut AS (SELECT matched FROM c ORDER BY matched DESC LIMIT 1 OFFSET :depth - 1), "
+        "best AS MATERIALIZED (SELECT c.id, c.matched + word_similarity(:q, c.s) AS score FROM c "
+        "WHERE c.matched >= COALESCE((SELECT matched FROM cut), 0) ORDER BY score DESC, c.id LIMIT :depth) "
+        f"SELECT {columns}, best.score FROM best JOIN {table} {alias} ON {alias}.id = best.id "
+        f"ORDER BY best.score DESC, {alias}.id"
     )
 
 
@@ -210,6 +253,7 @@ class PostgresSearch(SqlSearch):
                 terms,
                 extra,
                 depth,
+                "memories",
             )
             if rows:
                 return KeywordResult([Hit(memory_record(r), score) for r, score in rows], "fts")
@@ -242,6 +286,7 @@ class PostgresSearch(SqlSearch):
             terms,
             extra,
             depth,
+            "episodes",
         )
         return [Hit(episode_record(r), score) for r, score in (rows or [])]
 
@@ -254,6 +299,7 @@ class PostgresSearch(SqlSearch):
         terms: list[str],
         phrases: Sequence[str],
         depth: int,
+        table: str,
     ) -> list[tuple[Any, float]] | None:
         """Rows matching the terms, ranked on the query's content words first.
 
@@ -263,15 +309,24 @@ class PostgresSearch(SqlSearch):
         the list after them, scored below the last content-word row. Besides
         ranking like SQLite, this keeps the common case cheap: the rows scored
         are those holding a content word, not nearly the whole scope.
+
+        The keyword budget is SQLite's too (``search_sqlite.within_budget``):
+        when the terms together would have more than ``SCORED_ROWS_BUDGET``
+        rows scored, the most common are left out, rarest kept first, here by
+        the planner's estimates (:meth:`_term_counts`). Each candidate costs
+        PostgreSQL a heap fetch and an ILIKE recheck (tens of µs a row at 100k),
+        so a question whose common term matches a fifth of the table paid
+        for every such row.
         """
-        content = [*ranking_terms(terms), *phrases]
-        every = [*terms, *phrases]
+        counts = self._term_counts(table, columns, terms)
+        content = [*within_budget(ranking_terms(terms), counts), *phrases]
+        every = [*within_budget(terms, counts), *phrases]
         any_term, matched, term_params = _terms_clause(columns, content)
         rows = self._run(what, statement(any_term, matched), {**params, **term_params}, indexed=True)
         if rows is None:
             return None
         ranked = [(r, float(r.score)) for r in rows]
-        if len(ranked) >= depth or len(content) == len(every):
+        if len(ranked) >= depth or set(content) == set(every):
             return ranked
         any_term, matched, term_params = _terms_clause(columns, every)
         rest = self._run(what, statement(any_term, matched), {**params, **term_params}, indexed=True)
@@ -280,6 +335,47 @@ class PostgresSearch(SqlSearch):
         fill = [r for r in (rest or []) if r.id not in seen][: depth - len(ranked)]
         ranked.extend((r, floor - 1.0 - i) for i, r in enumerate(fill))
         return ranked
+
+    def _term_counts(self, table: str, columns: tuple[str, ...], terms: list[str]) -> dict[str, int]:
+        """The planner's estimate of the rows each term's ILIKE matches over the whole table, for the budget.
+
+        SQLite reads its index's own counts; a GIN index gives none without
+        fetching every matching row, which is the cost the budget avoids. The
+        estimates come from the column's statistics (a sample of rows, so a
+        rare term reads as about one row in a hundred): what the budget needs
+        is to tell a term held by a fifth of the table from one held by a few
+        rows. {} (every term kept) for a single term or when no estimate came back.
+        """
+        if len(terms) <= 1:
+            return {}
+        alias = columns[0].split(".")[0]
+        predicates = ["(" + " OR ".join(f"{c} ILIKE :t{i}" for c in columns) + ")" for i in range(len(terms))]
+        params = {f"t{i}": like_pattern(term) for i, term in enumerate(terms)}
+        return self.estimated_counts(f"{table} term estimates", table, alias, predicates, params, terms)
+
+    def estimated_counts(
+        self, what: str, table: str, alias: str, predicates: list[str], params: dict[str, Any], terms: list[str]
+    ) -> dict[str, int]:
+        """{term: the planner's row estimate of its predicate}; {} (every term kept) when the
+        table is no larger than the budget, as SQLite decides, or when the EXPLAIN failed.
+
+        The first sub-select estimates the table itself. A table found well under the
+        budget is not asked again for :data:`SMALL_TABLE_SECONDS` (the EXPLAIN is a
+        round trip, and a recall runs up to four of them).
+        """
+        budget = search_sqlite.SCORED_ROWS_BUDGET
+        known = _small_tables.setdefault(self.db, {})
+        if known.get((table, budget), 0.0) > time.monotonic():
+            return {}
+        rows = self._run(what, estimates_statement(table, alias, ["true", *predicates]), params)
+        estimates = plan_estimates(rows[0][0], len(terms) + 1) if rows else None
+        if not estimates:
+            return {}
+        if estimates[0] <= budget:
+            if estimates[0] <= budget // 2:
+                known[(table, budget)] = time.monotonic() + SMALL_TABLE_SECONDS
+            return {}
+        return dict(zip(terms, estimates[1:]))
 
     # -- vector arm (spec §5.6): pgvector, or numpy over the same window ---------------
 

@@ -445,6 +445,10 @@ class SqliteSearch(SqlSearch):
                 return None
 
 
+# The PostgreSQL arms keep the same budget (search_postgres.estimated_rows gives their counts).
+within_budget = SqliteSearch._within_budget
+
+
 @lru_cache(maxsize=256)
 def _row_shape(columns: tuple[str, ...]) -> Any:
     """A named-tuple type for one statement's columns (built once per distinct column list)."""

@@ -28,6 +28,7 @@ from cpersona.storage.scope import Scope, sql_fragment
 from cpersona.storage.search import Hit
 from cpersona.storage.search_postgres import PostgresSearch
 from cpersona.storage.search_postgres import source_filter as pg_source_filter
+from cpersona.storage.search_sqlite import within_budget
 from cpersona.storage.search_sql import EPISODE_COLUMNS, MEMORY_COLUMNS, episode_record, memory_record
 from cpersona.storage.search_words import TEXT_SEARCH_CONFIG, pg_tsquery, pg_word_vector, word_terms
 from cpersona.storage.sql_text import text
@@ -102,6 +103,14 @@ class PostgresWordSearch(PostgresSearch):
         depth: int,
     ) -> list[Any]:
         vector = pg_word_vector(kind, alias)  # the indexed expression finds the rows
+        if len(terms) > 1:  # SQLite's keyword budget, on the planner's estimates (PostgresSearch._ranked)
+            predicates = [
+                f"{vector} @@ to_tsquery('{TEXT_SEARCH_CONFIG}'::regconfig, :w{i})" for i in range(len(terms))
+            ]
+            counts = self.estimated_counts(
+                f"{table} word estimates", table, alias, predicates, {f"w{i}": t for i, t in enumerate(terms)}, terms
+            )
+            terms = within_budget(terms, counts)
         stored = f"{alias}.{WORD_VECTOR_COLUMN}" if _has_word_columns(self.db) else vector
         sql = text(
             f"SELECT {columns}, ts_rank({stored}, q.query, 1) AS score "

@@ -220,6 +220,23 @@ def ensure_vector_columns(conn: Connection, *, hnsw: bool = False) -> bool:
         ).scalar_one()
         if storage != "m":  # ALTER takes a table lock: only when it changes something
             conn.exec_driver_sql(f"ALTER TABLE {table} ALTER COLUMN {VECTOR_COLUMN} SET STORAGE MAIN")
+        # With the vector in the row, a row passes ~2 kB and PostgreSQL's toaster
+        # shrinks it by compressing the EXTENDED columns, then moving the largest
+        # out of line. A blob that compresses (sparse vectors do) then stays in
+        # the row while the text and its tsvector go out of line, and every
+        # keyword candidate's ILIKE recheck fetched its text from TOAST (~3
+        # buffers a row; at 100k rows 4k candidates cost 200 ms). EXTERNAL: the
+        # blob is never compressed (float vectors seldom shrink; a write skips
+        # the attempt) and is the first column moved out, so the text stays.
+        blob = conn.execute(
+            text(
+                "SELECT attstorage FROM pg_attribute WHERE attrelid = CAST(:table AS regclass) AND attname = 'embedding'"
+            ),
+            {"table": table},
+        ).scalar_one()
+        if blob != "e":
+            conn.exec_driver_sql(f"ALTER TABLE {table} ALTER COLUMN embedding SET STORAGE EXTERNAL")
+        _ensure_toast_target(conn, table)
         conn.exec_driver_sql(
             f"CREATE OR REPLACE TRIGGER {_trigger_name(table)} BEFORE INSERT OR UPDATE OF embedding"
             f" ON {table} FOR EACH ROW EXECUTE FUNCTION cpersona_sync_vector()"
@@ -231,6 +248,76 @@ def ensure_vector_columns(conn: Connection, *, hnsw: bool = False) -> bool:
         if hnsw:
             ensure_hnsw_indexes(conn, table)
     return True
+
+
+# Bytes of a row besides its vector and blob (ids, stamps, a sentence of text
+# and its tsvector): what the toast target leaves room for.
+ROW_ROOM = 512
+TOAST_TARGET_MAX = 8160  # PostgreSQL's ceiling for toast_tuple_target
+
+
+def toast_target(width: int) -> int:
+    """The ``toast_tuple_target`` that moves a row's blob out of line and keeps the rest in.
+
+    PostgreSQL shrinks a row above ~2 kB to its target by moving its largest
+    compressible columns out of line, the blob first (EXTERNAL), then the
+    tsvector and the text. With the default target (~2 kB) a 384-d row
+    without its blob (1.5 kB of vector plus the rest) is still over it, so
+    half the rows' tsvectors and some texts went out too (100k bench rows:
+    51,161 tsvectors), and the keyword arms read them through the TOAST index.
+    Halfway between the row with and without the blob: 6 bytes a dimension.
+    """
+    return min(TOAST_TARGET_MAX, 6 * width + ROW_ROOM)
+
+
+def _ensure_toast_target(conn: Connection, table: str) -> None:
+    """Set ``table``'s toast target for the width of its newest vectors (384 when it has none)."""
+    widths = conn.exec_driver_sql(
+        f"SELECT vector_dims(v) FROM (SELECT {VECTOR_COLUMN} AS v FROM {table}"
+        f" WHERE {VECTOR_COLUMN} IS NOT NULL ORDER BY id DESC LIMIT 100) AS newest"
+    ).scalars()
+    counted: dict[int, int] = {}
+    for width in widths:
+        counted[int(width)] = counted.get(int(width), 0) + 1
+    target = toast_target(max(counted, key=lambda w: counted[w]) if counted else 384)
+    options = conn.execute(
+        text("SELECT reloptions FROM pg_class WHERE oid = CAST(:table AS regclass)"), {"table": table}
+    ).scalar_one()
+    if f"toast_tuple_target={target}" not in (options or []):
+        conn.exec_driver_sql(f"ALTER TABLE {table} SET (toast_tuple_target = {target})")
+
+
+def width_statistics_name(table: str) -> str:
+    return f"{table}_embedding_width"
+
+
+def ensure_width_statistics(conn: Connection) -> None:
+    """Give the planner the share of rows of each vector width (``conn`` holds the writer lock).
+
+    Every window scan filters on ``octet_length(embedding) = :nbytes`` (the
+    width, VEC-3). With no statistics on that expression PostgreSQL guesses
+    0.5 % of the rows, so for a 10k window of a 100k-row agent it expects the
+    filter to leave fewer rows than the window: it reads and ranks the whole
+    agent, sorted, instead of walking ``idx_memories_agent`` newest first and
+    stopping after the window (EXPLAIN ANALYZE at 100k rows: 322 ms against
+    31 ms). An expression statistics object (PostgreSQL 14+) lets ANALYZE,
+    autovacuum's included, count the widths. Created once, then analysed once
+    so the first start after it has the counts; derived like the pgvector
+    column, so outside the Alembic history, and useful with or without
+    pgvector (the numpy scan reads the same window).
+    """
+    if int(conn.exec_driver_sql("SHOW server_version_num").scalar_one()) < 140000:
+        return
+    present = set(
+        conn.exec_driver_sql(
+            "SELECT stxname FROM pg_statistic_ext WHERE stxnamespace = current_schema()::regnamespace"
+        ).scalars()
+    )
+    for table in VECTOR_TABLES:
+        name = width_statistics_name(table)
+        if name not in present:
+            conn.exec_driver_sql(f"CREATE STATISTICS IF NOT EXISTS {name} ON (octet_length(embedding)) FROM {table}")
+            conn.exec_driver_sql(f"ANALYZE {table}")
 
 
 def ensure_hnsw_indexes(conn: Connection, table: str) -> None:
