@@ -49,7 +49,16 @@ from cpersona.services.recall.confidence import (
     order_by_confidence,
 )
 from cpersona.services.recall.cue_arm import cued_answer, search_period
-from cpersona.services.recall.fusion import RankedList, cascade, on_one_scale, rrf, rsf, vector_votes, within_cut
+from cpersona.services.recall.fusion import (
+    RankedList,
+    cascade,
+    defer_to_clear_first,
+    on_one_scale,
+    rrf,
+    rsf,
+    vector_votes,
+    within_cut,
+)
 from cpersona.services.recall.keyword_floor import annotate, gate_notice, keep_a_memory
 from cpersona.services.recall.gate import (
     POOL_SATURATION,
@@ -227,11 +236,14 @@ def fuse(app: App, req: RecallRequest, found: Retrieval, profile: str | None) ->
         lists = vector_votes(lists, depth)  # a vector list at odds with a clear keyword first place sits out (issue 14)
     if cjk_query.applies(req.query):
         lists = cjk_query.vector_votes(lists)  # on Japanese, only a vector list agreeing at the keyword top votes
-    # Rows read past the cut (fusion.confirmed) order the answer; the gate judges the votes within depth.
-    cut = within_cut(lists, depth) if any(e.rank >= depth for lst in lists for e in lst.entries) else None
+    # Rows read past the cut (fusion.confirmed) and a clear keyword first place order the answer;
+    # the gate judges the votes the retrievers gave within depth.
+    cut = within_cut(lists, depth) if mode == "rrf" and found.query_embedded else None
     if found.counts is not None:
         lists = on_one_scale(lists, *found.counts)
         cut = None if cut is None else on_one_scale(cut, *found.counts)
+    if mode == "rrf":
+        lists = defer_to_clear_first(lists)  # the near list's first place goes to it too (issue 14)
     fused = rrf(lists, app.settings.rrf_k) if mode == "rrf" else rsf(lists)
     within = {} if cut is None else {row.key: row.score for row in rrf(cut, app.settings.rrf_k)}
     rows = []
