@@ -79,7 +79,7 @@ def past_the_cut(depth: int) -> int:
 
 
 def confirmed(lists: Sequence[RankedList], depth: int) -> Sequence[RankedList]:
-    """The lists with every row past the cut (rank >= ``depth``) kept only where the other channel ranks it too.
+    """The lists with every row past the cut (rank >= ``depth``) kept only where the other channel ranks it within it.
 
     Under rrf with a query vector recall reads the near list half as far
     again as ``depth`` (:func:`past_the_cut`) and keeps each merged lexical
@@ -87,8 +87,10 @@ def confirmed(lists: Sequence[RankedList], depth: int) -> Sequence[RankedList]:
     never seats a row in an answer of ``depth`` (a lexical row at rank
     ``depth`` ties the vector row at the same rank, and a tie goes to the
     lexical row), so a row there counts only when a list of the other channel
-    (vector beside lexical) also ranks it: two independent retrievers placing
-    one row just past the cut is the evidence the cut threw away. Deliberate
+    (vector beside lexical) ranks it within ``depth``: a row one retriever
+    found and the other placed just past the cut is the evidence the cut
+    threw away. A row past the cut on both channels is dropped: the gate
+    judges the votes within ``depth``, and it would have none. Deliberate
     difference from the reference, whose lists end at ``depth``: on LoCoMo dev
     with all-MiniLM-L6-v2 it lifts R@10 0.665 -> 0.674 (docs/benchmarks.md,
     "Issue 14, fifth pass"; leave-one-conversation-out chose 1.5 x depth for
@@ -97,10 +99,13 @@ def confirmed(lists: Sequence[RankedList], depth: int) -> Sequence[RankedList]:
     (``retrievers.vector_lists`` records cosines for the first ``depth``
     rows only), so the rows the gate keys on cosine are the ones it was.
     """
-    vector = {e.key for lst in lists if lst.channel in VECTOR_CHANNELS for e in lst.entries}
-    lexical = {e.key for lst in lists if lst.channel not in VECTOR_CHANNELS for e in lst.entries}
-    if not vector or not lexical or all(e.rank < depth for lst in lists for e in lst.entries):
+    if all(e.rank < depth for lst in lists for e in lst.entries):
         return lists
+    channels = {lst.channel in VECTOR_CHANNELS for lst in lists if lst.entries}
+    if channels != {True, False}:
+        return lists  # one channel only (keyword-only recall): nothing to confirm against
+    vector = {e.key for lst in lists if lst.channel in VECTOR_CHANNELS for e in lst.entries if e.rank < depth}
+    lexical = {e.key for lst in lists if lst.channel not in VECTOR_CHANNELS for e in lst.entries if e.rank < depth}
     out = []
     for lst in lists:
         other = lexical if lst.channel in VECTOR_CHANNELS else vector
