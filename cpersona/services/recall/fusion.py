@@ -92,7 +92,7 @@ def confirmed(lists: Sequence[RankedList], depth: int) -> Sequence[RankedList]:
     threw away. A row past the cut on both channels is dropped: the gate
     judges the votes within ``depth``, and it would have none. Deliberate
     difference from the reference, whose lists end at ``depth``: on LoCoMo dev
-    with all-MiniLM-L6-v2 it lifts R@10 0.665 -> 0.674 (docs/benchmarks.md,
+    with all-MiniLM-L6-v2 it lifts R@10 0.665 -> 0.672 (docs/benchmarks.md,
     "Issue 14, fifth pass"; leave-one-conversation-out chose 1.5 x depth for
     the near list in four folds of five). A row past the cut votes at its
     own rank; the gate judges it on its fused score, not on a cosine
