@@ -95,9 +95,11 @@ def confirmed(lists: Sequence[RankedList], depth: int) -> Sequence[RankedList]:
     with all-MiniLM-L6-v2 it lifts R@10 0.665 -> 0.672 (docs/benchmarks.md,
     "Issue 14, fifth pass"; leave-one-conversation-out chose 1.5 x depth for
     the near list in four folds of five). A row past the cut votes at its
-    own rank; the gate judges it on its fused score, not on a cosine
-    (``retrievers.vector_lists`` records cosines for the first ``depth``
-    rows only), so the rows the gate keys on cosine are the ones it was.
+    own rank; the gate judges it on its votes within ``depth``
+    (``Candidate.cut_rrf``), not on a cosine (``retrievers.vector_lists``
+    records cosines for the first ``depth`` rows only), so the rows the gate
+    keys on cosine, and the rrf population calibration measures, are the
+    ones they were.
     """
     if all(e.rank < depth for lst in lists for e in lst.entries):
         return lists
