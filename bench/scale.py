@@ -4,12 +4,16 @@
                           [--reaches 0,1000000000] [--pg-url postgresql+psycopg://...]
     python bench/scale.py --existing FILE [--recalls ...]   # time a database filled beforehand
 
-For each size a fresh database is filled **in-process** (not over MCP): the
-rows go through the project's own engine and migrations in batched Core
-inserts, so every trigger (FTS5 trigram, word index, coarse vector index)
-runs as it does for a store, but the tool layer, dedup probe and embedding
-round trip are skipped -> fill rows/s is the storage cost of a bulk load,
-not of the store tool. Rows are LoCoMo turns with a third of their words
+For each size a fresh database is filled **in-process** (not over MCP; issue
+17 allows an in-process bulk fill): on SQLite through
+``cpersona/storage/bulk_load.py`` (executemany in 50k-row transactions, the
+FTS5 trigram and word indexes rebuilt in one pass at the end instead of by
+their insert triggers, the memories indexes built after the rows, the coarse
+index written per batch with its trigger's own expression; the file it leaves
+has the same rows, schema and full-text matches as per-row inserts, checked by
+tests/test_bulk_load.py); on PostgreSQL in batched Core inserts with every
+trigger live. The tool layer, dedup probe and embedding round trip are
+skipped -> fill rows/s is the cost of a bulk load, not of the store tool. Rows are LoCoMo turns with a third of their words
 swapped (bench/latency.py's ``Corpus``), each with a stub 384-d vector (the
 feature-hashing stub of bench/minilm_server.py, unit length).
 
@@ -73,18 +77,14 @@ def open_database(kind: str, target: str):
     return open_postgres(target)
 
 
-def bulk_fill(db, corpus: Corpus, size: int) -> float:
-    """Rows 0..size-1 in batched inserts through our engine; rows per second."""
+def fill_batches(corpus: Corpus, first: int, size: int, started: float):
+    """Rows first..size-1 as bulk_load rows, BATCH at a time (the values the old per-row fill inserted)."""
     import numpy as np
-    from sqlalchemy import insert
 
-    from cpersona.storage.models import Memory
-
-    started = time.perf_counter()
-    for first in range(0, size, BATCH):
-        rows = [corpus.row(i) for i in range(first, min(size, first + BATCH))]
+    for start in range(first, size, BATCH):
+        rows = [corpus.row(i) for i in range(start, min(size, start + BATCH))]
         vectors = np.asarray(stub_embed([r["content"] for r in rows]), dtype="<f4")
-        values = [
+        yield [
             {
                 "agent_id": r["agent_id"],
                 "content": r["content"],
@@ -92,15 +92,39 @@ def bulk_fill(db, corpus: Corpus, size: int) -> float:
                 "timestamp": r["timestamp"],
                 "created_at": r["timestamp"][:19].replace("T", " "),
                 "embedding": v.tobytes(),
-                "source": json.dumps({"type": "User", "id": "bench", "name": "bench"}),
+                "source": SOURCE,
             }
             for r, v in zip(rows, vectors)
         ]
-        with db.write_connection() as conn:
-            conn.execute(insert(Memory), values)
-        if first and first % 100_000 == 0:
-            rate = first / (time.perf_counter() - started)
-            print(f"    filled {first} rows ({rate:.0f} rows/s)", file=sys.stderr, flush=True)
+        if start and start % 100_000 == 0:
+            rate = (start - first) / (time.perf_counter() - started)
+            print(f"    filled {start} rows ({rate:.0f} rows/s)", file=sys.stderr, flush=True)
+
+
+SOURCE = json.dumps({"type": "User", "id": "bench", "name": "bench"})
+
+
+def bulk_fill(db, corpus: Corpus, size: int) -> float:
+    """Rows 0..size-1 in process; rows per second.
+
+    SQLite: storage/bulk_load.py (executemany, large transactions, the
+    full-text indexes and the memories indexes built in one pass at the end;
+    the same rows, schema and matches as per-row inserts, tests/test_bulk_load.py).
+    PostgreSQL: batched Core inserts with every trigger live.
+    """
+    from sqlalchemy import insert
+
+    from cpersona.storage.models import Memory
+
+    started = time.perf_counter()
+    if db.is_sqlite:
+        from cpersona.storage.bulk_load import load_memories
+
+        load_memories(db, fill_batches(corpus, 0, size, started))
+    else:
+        for values in fill_batches(corpus, 0, size, started):
+            with db.write_connection() as conn:
+                conn.execute(insert(Memory), values)
     return size / (time.perf_counter() - started)
 
 
@@ -139,6 +163,20 @@ def memory_kb(pid: int | None) -> tuple[int | None, int | None]:
     return kb("VmRSS"), kb("VmHWM")
 
 
+def open_connections(pid: int | None, db_file: Path) -> int | None:
+    """SQLite connections the server holds on the file: its open descriptors of the main file."""
+    if pid is None:
+        return None
+    target = str(db_file.resolve())
+    count = 0
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            count += os.readlink(fd) == target
+        except OSError:
+            continue
+    return count
+
+
 async def time_server(
     env: dict[str, str], workdir: Path, corpus: Corpus, size: int, first: int, args
 ) -> dict[str, Any]:
@@ -148,6 +186,9 @@ async def time_server(
     from latency import RunningServer
 
     full = {**get_default_environment(), **env, "CPERSONA_UPDATE_CHECK": "false", "PYTHONUNBUFFERED": "1"}
+    if args.server_src:
+        # Another source tree of cpersona (e.g. `git archive` of a base commit): before/after with one venv.
+        full["PYTHONPATH"] = args.server_src
     params = StdioServerParameters(
         command=str(BENCH.parent / ".venv" / "bin" / "python"), args=["-m", "cpersona"], env=full, cwd=str(workdir)
     )
@@ -172,6 +213,7 @@ async def time_server(
                 store_ms.append(elapsed)
             store_cpu = per_call(cpu_before, cpu_ms(pid), args.stores)
             rss, peak = memory_kb(pid)
+            connections = open_connections(pid, Path(env["CPERSONA_DB_PATH"]))
     return {
         "recall_p50_ms": round(statistics.median(recall_ms), 1),
         "recall_p95_ms": round(percentile(recall_ms, 0.95), 1),
@@ -180,6 +222,7 @@ async def time_server(
         "store_cpu_ms": None if store_cpu is None else round(store_cpu, 2),
         "rss_mb": None if rss is None else round(rss / 1024, 1),
         "peak_rss_mb": None if peak is None else round(peak / 1024, 1),
+        "db_connections": connections,
         "failures": failures,
     }
 
@@ -286,10 +329,49 @@ def main() -> None:
         "its rows are counted; the timed stores are added to it)",
     )
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument(
+        "--server-src",
+        default="",
+        help="run the timed servers on this cpersona source tree (PYTHONPATH), e.g. a base commit's",
+    )
+    parser.add_argument(
+        "--fill-only",
+        default="",
+        help="only fill this SQLite file with --sizes rows (one size) and exit, no server is timed",
+    )
     args = parser.parse_args()
     args.sizes = [0] if args.existing else [int(s) for s in args.sizes.split(",")]
     args.reaches = [int(r) for r in args.reaches.split(",")]
+    if args.fill_only:
+        fill_only(Path(args.fill_only), args.sizes[0], args.seed)
+        return
     asyncio.run(main_async(args))
+
+
+def fill_only(path: Path, size: int, seed: int) -> None:
+    from cpersona.storage.migrate import upgrade
+
+    db = open_database("sqlite", str(path))
+    try:
+        upgrade(db)
+        cpu = time.process_time()
+        rate = bulk_fill(db, Corpus(seed), size)
+    finally:
+        db.close()
+    total = sqlite_bytes(path)
+    print(
+        json.dumps(
+            {
+                "date_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                "load": [round(x, 2) for x in os.getloadavg()],
+                "command": " ".join(sys.argv),
+                "size": size,
+                "fill_rows_per_s": round(rate),
+                "fill_cpu_s": round(time.process_time() - cpu, 1),
+                "bytes_per_row": round(total / size),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

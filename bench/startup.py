@@ -6,7 +6,9 @@ one ``recall`` answered → stdin closed → process gone. The three kinds
 alternate run by run, so a change in machine load hits them alike. Measured
 per run: time to the initialize answer, to the recall answer, from closing
 stdin to exit, and the process's own CPU and peak RSS (``wait4`` rusage of
-that one child). Medians over the runs, and ratios against the reference.
+that one child), and the same two read from /proc the moment the recall is
+answered (``cpu_at_recall_s``, ``peak_rss_at_recall_mib``: without the
+process's way out). Medians over the runs, and ratios against the reference.
 
 Every run starts from a copy of the same small database (each server kind
 builds its own once: the reference's files are of the 2.6 line). The proxy's
@@ -109,6 +111,29 @@ class Wire:
         return gone - closed, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024
 
 
+def at_the_answer(pid: int) -> tuple[float, float]:
+    """(CPU seconds, peak RSS MiB) of a live process, read from /proc; NaN where /proc is not Linux's.
+
+    Read the moment the first recall is answered, before stdin closes: the
+    CPU to the first answered recall itself, without what a process spends
+    leaving (``cpu_s`` from ``wait4`` includes that: the reference's interpreter
+    teardown, say). CPU is the sum of the process's threads' on-CPU time
+    (``schedstat``, nanoseconds); peak RSS is ``VmHWM``.
+    """
+    try:
+        cpu_ns = 0
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            try:
+                cpu_ns += int((task / "schedstat").read_text().split()[0])
+            except (OSError, ValueError):
+                pass  # a thread that ended meanwhile
+        status = Path(f"/proc/{pid}/status").read_text()
+        hwm_kib = int(status.split("VmHWM:")[1].split()[0])
+        return cpu_ns / 1e9, hwm_kib / 1024
+    except (OSError, IndexError, ValueError):
+        return float("nan"), float("nan")
+
+
 def one_run(command: list[str], env: dict[str, str]) -> dict[str, float]:
     wire = Wire(command, env)
     wire.send(INITIALIZE)
@@ -118,6 +143,7 @@ def one_run(command: list[str], env: dict[str, str]) -> dict[str, float]:
     wire.send(RECALL)
     answer = wire.answer(2)
     recalled = time.monotonic() - wire.started
+    recall_cpu, recall_hwm = at_the_answer(wire.proc.pid)
     if "result" not in answer or answer["result"].get("isError"):
         raise RuntimeError(f"recall failed: {str(answer)[:300]}")
     exit_after_close, cpu, rss = wire.finish()
@@ -127,6 +153,8 @@ def one_run(command: list[str], env: dict[str, str]) -> dict[str, float]:
         "exit_after_close_s": exit_after_close,
         "cpu_s": cpu,
         "peak_rss_mib": rss,
+        "cpu_at_recall_s": recall_cpu,
+        "peak_rss_at_recall_mib": recall_hwm,
     }
 
 
@@ -154,6 +182,8 @@ def floor_run(python: Path) -> dict[str, float]:
         "exit_after_close_s": nan,
         "cpu_s": usage.ru_utime + usage.ru_stime,
         "peak_rss_mib": usage.ru_maxrss / 1024,
+        "cpu_at_recall_s": nan,
+        "peak_rss_at_recall_mib": nan,
     }
 
 
@@ -245,7 +275,15 @@ def start_warm_server(python: Path, db_path: Path) -> tuple[subprocess.Popen[byt
 
 
 def median_table(results: dict[str, list[dict[str, float]]]) -> tuple[dict[str, dict[str, float]], str]:
-    metrics = ("initialize_s", "recall_s", "exit_after_close_s", "cpu_s", "peak_rss_mib")
+    metrics = (
+        "initialize_s",
+        "recall_s",
+        "exit_after_close_s",
+        "cpu_s",
+        "peak_rss_mib",
+        "cpu_at_recall_s",
+        "peak_rss_at_recall_mib",
+    )
     medians = {kind: {m: statistics.median(r[m] for r in runs) for m in metrics} for kind, runs in results.items()}
     ref = medians.get("ref")
     compared = [k for k in ("old", "ours", "old-proxy", "proxy", "floor", "ref-floor") if k in medians]

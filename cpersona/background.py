@@ -90,7 +90,8 @@ class BackgroundWork:
         from cpersona.storage.coarse_sqlite import reconcile_database
 
         try:
-            reconcile_database(self.app.db)
+            with self.app.db.background():
+                reconcile_database(self.app.db)
         except Exception:  # noqa: BLE001 - a cache left behind costs candidates, never the server
             log.exception("coarse vector index reconcile failed")
 

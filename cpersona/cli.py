@@ -31,10 +31,10 @@ EXIT_OUTPUT_CLOSED = 141  # 128 + SIGPIPE
 
 
 def build_parser(*, proxy_only: bool = False) -> argparse.ArgumentParser:
-    """The command line; ``proxy_only``: with the ``proxy`` command alone.
+    """The command line; ``proxy_only``: with the ``serve`` and ``proxy`` commands alone.
 
-    A host starts one proxy per session, so its start skips importing the
-    maintenance commands' modules (~25 ms of a proxy's ~0.2 s of CPU).
+    A host starts one proxy (or one server) per session, so those starts skip
+    importing the maintenance commands' modules (~25 ms of a proxy's ~0.2 s of CPU).
     """
     parser = argparse.ArgumentParser(
         prog="cpersona",
@@ -109,6 +109,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["proxy"]:
         return guarded(proxy, build_parser(proxy_only=True).parse_args(argv))
+    if argv in ([], ["serve"]):
+        # The host's own start command: like the proxy's, it skips building the
+        # maintenance commands' parsers and importing their modules (~30 ms CPU).
+        return serve(build_parser(proxy_only=True).parse_args(argv))
     args = build_parser().parse_args(argv)
     apply_database_option(args)
     command = args.command or "serve"
@@ -184,8 +188,33 @@ def serve(args: argparse.Namespace) -> int:
     no Alembic when the database is already at head, and the start-up work no
     first answer needs (:mod:`cpersona.background`) only after that answer.
     """
-    status = _serve(args)
+    import gc
+
+    # The start allocates ~120,000 long-lived objects (the SDK's models, SQLAlchemy,
+    # our declarations); with the collector on, its threshold-driven passes rescan
+    # them again and again: 0.15-0.2 s of a ~1 s start (docs/benchmarks.md, issue 16
+    # sixth round). Off until they are built, then frozen (see _collector_on).
+    gc.disable()
+    try:
+        status = _serve(args)
+    finally:
+        gc.enable()  # a start that failed before serving must not leave it off
     return _leave(status)
+
+
+def _collector_on() -> None:
+    """Turn the garbage collector back on once everything a start imports is built.
+
+    Everything alive now is module state that lives as long as the process, so it
+    is frozen (moved where no collection scans it) rather than collected: a full
+    collection here would cost the ~0.1 s the start just saved. The few hundred KiB
+    of cycles the start dropped while the collector was off are frozen with it.
+    Later collections scan only what serving allocates.
+    """
+    import gc
+
+    gc.freeze()
+    gc.enable()
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -241,6 +270,7 @@ def _serve(args: argparse.Namespace) -> int:
     background = BackgroundWork(app)
     background.prepare()
     server = build_server(app, gates=gates)
+    _collector_on()
     try:
         log.info(
             "cpersona %s serving %s, database %s, embeddings %s",

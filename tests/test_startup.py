@@ -36,8 +36,23 @@ HERE = Path(__file__).resolve().parent
 # standard library's sqlite3 (a second SQLite: the engine's driver is sqlean),
 # and SQLAlchemy's PostgreSQL dialect (see cpersona.storage.tables._partial),
 # and SQLAlchemy's ORM with the mapped classes (the start and the first recall
-# run Core statements on Core sessions: cpersona.storage.tables, .sessions).
+# run Core statements on Core sessions: cpersona.storage.tables, .sessions),
+# and jsonschema with what it brings (a sound call is accepted by
+# cpersona.mcp.schema_check; jsonschema words complaints only), and the
+# maintenance commands' modules (`cpersona` alone builds only serve's parser).
+# pydantic-settings stays on the path: it is the stack's configuration library.
 NOT_ON_A_STDIO_START = (
+    "tomllib",  # the operating-context sidecar's parser: no sidecar file here
+    "jsonschema",
+    "jsonschema.validators",
+    "referencing",
+    "jsonschema_specifications",
+    "cpersona.admin_cli",
+    "cpersona.checkup",
+    "cpersona.people_cli",
+    "cpersona.hooks",
+    "cpersona.model_cli",
+    "cpersona.ui.cli",
     "sqlalchemy.orm",
     "sqlalchemy.orm.session",
     "sqlalchemy.orm.decl_api",
@@ -89,6 +104,11 @@ def test_a_stdio_start_loads_only_what_it_runs(tmp_path: Path) -> None:
     loaded = set(modules_file.read_text(encoding="utf-8").split())
     assert "cpersona.services.recall.service" in loaded  # the file is the server's, after a recall
     assert sorted(loaded & set(NOT_ON_A_STDIO_START)) == []
+    # The start runs with the collector off, then freezes what it built and turns it
+    # back on before serving (cli._collector_on); a start that skipped that would
+    # serve with nothing frozen, and its collections would rescan the whole start.
+    frozen = next(int(token.split("=")[1]) for token in loaded if token.startswith("#gc-frozen="))
+    assert frozen > 50_000  # the SDK's models, SQLAlchemy, our declarations
 
 
 def test_a_database_below_head_is_still_upgraded(tmp_path: Path) -> None:

@@ -9,7 +9,8 @@ Three checks, in the order the call path applies them:
    depth (decision 11: text cannot hold it, so no tool may store or search it). The walk is iterative on purpose: a 10,000-deep object
    must cost a loop, not the interpreter's stack.
 2. :func:`schema_violation` validates against the tool's published JSON Schema
-   (spec G-3) and returns jsonschema's best-matching message.
+   (spec G-3) and returns jsonschema's best-matching message; arguments that
+   :mod:`cpersona.mcp.schema_check` finds certainly valid skip jsonschema.
 3. :func:`conform` drops keys the schema does not declare (spec G-5) and turns
    integral floats (``5.0``, which JSON Schema counts as an integer) into ints so
    services never see a float where the schema promised an integer.
@@ -23,6 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from cpersona.mcp.schema_check import conforms
 from cpersona.services.sanitize import has_lone_surrogate, nul_message
 
 if TYPE_CHECKING:
@@ -141,6 +143,11 @@ def validator_for(schema: Mapping[str, Any]) -> Draft202012Validator:
 
 def schema_violation(schema: Mapping[str, Any], arguments: Mapping[str, Any]) -> str | None:
     """jsonschema's best-matching complaint about ``arguments``, or None when they conform."""
+    try:
+        if conforms(schema, arguments):
+            return None  # certainly no complaint: jsonschema need not load (schema_check)
+    except Exception:  # noqa: BLE001 — a shape it did not expect: jsonschema decides, as before
+        pass
     from jsonschema.exceptions import best_match
 
     error = best_match(validator_for(schema).iter_errors(arguments))

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 import threading
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -82,6 +81,8 @@ class ContextState:
 
 def parse_context(data: bytes) -> OperatingContext:
     """Validate the file's bytes (OC-1); raises ContextError naming the first problem."""
+    import tomllib  # only where a sidecar file exists: most starts read none
+
     try:
         doc = tomllib.loads(data.decode("utf-8"))
     except UnicodeDecodeError as exc:

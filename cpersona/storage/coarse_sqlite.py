@@ -143,6 +143,15 @@ BACKFILL = tuple(
     for t in ("memories", "episodes")
 )
 
+
+def backfill_range(table: str) -> TextClause:
+    """What the insert trigger writes, for the rows with ``:lo <= id < :hi`` at once (bulk_load)."""
+    return text(
+        f"INSERT OR REPLACE INTO {table}_coarse SELECT {_COLUMNS[table].format(r=table)} FROM {table} "
+        f"WHERE {table}.id >= :lo AND {table}.id < :hi AND {_QUANTISABLE.format(v=f'{table}.embedding')}"
+    )
+
+
 # -- drift left by writers without our triggers ------------------------------------------------
 
 _COPIED = {

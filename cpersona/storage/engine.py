@@ -67,6 +67,13 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 BUSY_TIMEOUT_MS = 5000
+# The serving connections' page cache (PRAGMAS below) pays for itself: every cut below 64 MiB
+# cost 13-22% recall CPU at 100k rows (docs/benchmarks.md). Background work (backfill, the
+# coarse reconcile, calibration, the task queue, the recall counters' flush) walks tables once
+# and needs no hot pages, so it runs on connections of its own with SQLite's default cache
+# (Database.background): before, each of those threads took a serving connection and filled
+# its 64 MiB, and the pool kept 3-5 of them warm (RSS 441 MB at 100k).
+BACKGROUND_CACHE_KIB = 2048
 PRAGMAS = (
     "journal_mode=WAL",
     f"busy_timeout={BUSY_TIMEOUT_MS}",
@@ -203,7 +210,14 @@ PG_WRITER_LOCK_KEY = 0x63706572736F6E61
 class Database:
     """One database: an engine plus the rules for reading and writing it."""
 
-    def __init__(self, engine: Engine, *, path: Path | None = None, read_only: str | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        path: Path | None = None,
+        read_only: str | None = None,
+        background_engine: Callable[[], Engine] | None = None,
+    ) -> None:
         self.engine = engine
         self.path = path
         # Why this process may not write the database (see the module docstring), or None.
@@ -212,6 +226,10 @@ class Database:
         self.lock_wait_seconds = DEFAULT_LOCK_WAIT_SECONDS
         # The session of the snapshot() this thread is inside, if any.
         self._shared = threading.local()
+        # Built on the first background() (SQLite only): small-cache connections for background threads.
+        self._background_factory = background_engine
+        self._background: Engine | None = None
+        self._background_lock = threading.Lock()
 
     @property
     def label(self) -> str:
@@ -219,6 +237,39 @@ class Database:
         if self.path is not None:
             return str(self.path)
         return self.engine.url.render_as_string(hide_password=True)
+
+    def _bind(self) -> Engine:
+        """The engine this thread reads and writes through: the background one inside background()."""
+        if getattr(self._shared, "background", False) and self._background is not None:
+            return self._background
+        return self.engine
+
+    @property
+    def background_engine(self) -> Engine | None:
+        """The background connections' engine once built, else None (for checks and tests)."""
+        return self._background
+
+    @contextmanager
+    def background(self) -> Iterator[None]:
+        """Every read and write of this thread inside runs on a background connection.
+
+        For threads that walk tables once (see BACKGROUND_CACHE_KIB): their
+        connections have a small page cache and at most one stays pooled, the
+        rest are closed when returned, so background work never adds a 64 MiB
+        cache to the process. The write lock is the same one (writes of both
+        kinds stay serialised). Elsewhere (PostgreSQL, no factory) a no-op.
+        """
+        if self._background_factory is None or getattr(self._shared, "background", False):
+            yield
+            return
+        with self._background_lock:
+            if self._background is None:
+                self._background = self._background_factory()
+        self._shared.background = True
+        try:
+            yield
+        finally:
+            self._shared.background = False
 
     @property
     def dialect(self) -> str:
@@ -240,7 +291,7 @@ class Database:
                 _end_failed_transaction(shared)
             yield shared
             return
-        bind: Engine | Connection = self.engine
+        bind: Engine | Connection = self._bind()
         if not self.is_sqlite:
             bind = self.engine.execution_options(isolation_level="REPEATABLE READ")
         session = CoreSession(bind)
@@ -344,7 +395,7 @@ class Database:
     @contextmanager
     def _transaction(self, wait: float | None = None) -> Iterator[Connection]:
         self._refuse_if_read_only()
-        with self.engine.connect() as conn:
+        with self._bind().connect() as conn:
             conn = self._begin_write(conn)
             trans = self._acquire(conn, wait)
             try:
@@ -388,7 +439,7 @@ class Database:
         prefix is consistent and a re-run completes it.
         """
         self._refuse_if_read_only()
-        with self.engine.connect() as conn:
+        with self._bind().connect() as conn:
             batches = WriteBatches(self, self._begin_write(conn), rows)
             try:
                 yield batches
@@ -408,6 +459,8 @@ class Database:
 
     def close(self) -> None:
         self.engine.dispose()
+        if self._background is not None:
+            self._background.dispose()
 
 
 class WriteBatches:
@@ -493,17 +546,27 @@ def read_only_uri(path: Path) -> str:
     return uri
 
 
-def sqlite_engine(path: Path | str, *, foreign_keys: bool = True, read_only: bool = False) -> Engine:
+def sqlite_engine(
+    path: Path | str, *, foreign_keys: bool = True, read_only: bool = False, background: bool = False
+) -> Engine:
     """An engine on a SQLite file with sqlite-vec loaded on every connection.
 
     ``read_only`` opens every connection ``mode=ro`` and leaves the journal
     mode alone (switching it is a write). ``mode=ro`` refuses every write to the
     file; ``query_only`` is not set because it also refuses ``VACUUM INTO``,
     which writes only the copy (``cpersona backup`` of a read-only database).
+
+    The serving pool is LIFO: a sequential client is then served by the one
+    connection whose cache is warm, and the others (opened when calls
+    overlapped) stay cold instead of each filling its 64 MiB in turn.
+    ``background`` builds the engine of :meth:`Database.background`: a small
+    page cache, one pooled connection, any number more while background
+    threads overlap, each closed when returned.
     """
     module = sqlite_module()
     # hide_parameters: a failed statement's text then never carries what was being stored.
-    options: dict[str, Any] = {"module": module, "pool_size": 8, "max_overflow": 8, "hide_parameters": True}
+    options: dict[str, Any] = {"module": module, "hide_parameters": True, "pool_use_lifo": True}
+    options.update({"pool_size": 1, "max_overflow": -1} if background else {"pool_size": 8, "max_overflow": 8})
     if read_only:
         uri = read_only_uri(Path(path))
         # A creator with no file in the URL would get SQLite's one-connection pool; readers want the usual one.
@@ -520,6 +583,8 @@ def sqlite_engine(path: Path | str, *, foreign_keys: bool = True, read_only: boo
         pragmas = PRAGMAS
     if not foreign_keys:
         pragmas = tuple("foreign_keys=OFF" if p == "foreign_keys=ON" else p for p in pragmas)
+    if background:
+        pragmas = tuple(f"cache_size=-{BACKGROUND_CACHE_KIB}" if p.startswith("cache_size") else p for p in pragmas)
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
@@ -563,9 +628,14 @@ def open_sqlite(path: Path) -> Database:
     path = Path(path).expanduser().resolve()
     read_only = unwritable_reason(path) if path.exists() else None
     if read_only is not None:
-        return Database(sqlite_engine(path, read_only=True), path=path, read_only=read_only)
+        return Database(
+            sqlite_engine(path, read_only=True),
+            path=path,
+            read_only=read_only,
+            background_engine=lambda: sqlite_engine(path, read_only=True, background=True),
+        )
     prepare_db_file(path)
-    return Database(sqlite_engine(path), path=path)
+    return Database(sqlite_engine(path), path=path, background_engine=lambda: sqlite_engine(path, background=True))
 
 
 def postgres_engine(url: str) -> Engine:

@@ -218,6 +218,11 @@ class SearchBackend(Protocol):
         """(id, content) of the ``depth`` newest memories, in :meth:`recent_memories` order."""
         ...
 
+    def next_memories(self, scope: Scope, ids: Sequence[int], *, source_id: str = "", reach: int) -> dict[int, Record]:
+        """For each of ``ids``, the memory stored right after it in scope and source (the
+        smallest larger id, at most ``reach`` ids on), keyed by that id; ids with none are left out."""
+        ...
+
     def pool_count(self, scope: Scope, *, cap: int | None = None) -> int:
         """Memories plus episodes in scope: the pool the quality gate scales with.
 

@@ -153,6 +153,33 @@ class SqlSearch(ABC):
         rows = self._run("memories LIKE", sql, {**params, **source_params, "pattern": pattern, "depth": depth})
         return [Hit(memory_record(r)) for r in (rows or [])]
 
+    def next_memories(self, scope: Scope, ids: Sequence[int], *, source_id: str = "", reach: int) -> dict[int, Record]:
+        """For each id, the memory stored next in scope and source (the smallest larger id,
+        at most ``reach`` ids on), keyed by the id it follows; ids with none are left out.
+
+        ``reach`` bounds each look-up to a short range of the primary key, so an id
+        with no later row in scope costs one short index walk, not a table scan.
+        """
+        if not ids or reach <= 0:
+            return {}
+        where_m, params = sql_fragment(scope, "m")
+        where_n, _ = sql_fragment(scope, "n")
+        by_source_m, source_params = type(self).source_filter(source_id, "m")
+        by_source_n, _ = type(self).source_filter(source_id, "n")
+        # Keep the planner on the primary key range (by_id_hint): beside the scope
+        # predicate it would rather walk the scope's index, every row in scope.
+        hint = self.by_id_hint
+        parts = []
+        for i, row_id in enumerate(ids):
+            params[f"q{i}"] = int(row_id)
+            parts.append(
+                f"SELECT :q{i} AS after_id, {MEMORY_COLUMNS} FROM memories m {hint} WHERE m.id = "
+                f"(SELECT min(n.id) FROM memories n {hint} WHERE n.id > :q{i} AND n.id <= :q{i} + :reach "
+                f"AND {where_n} AND {by_source_n}) AND {where_m} AND {by_source_m}"
+            )
+        rows = self._run("next memories", text(" UNION ALL ".join(parts)), {**params, **source_params, "reach": reach})
+        return {int(r.after_id): memory_record(r) for r in rows or []}
+
     def _newest(self, what: str, columns: str, scope: Scope, depth: int, source_id: str) -> list[Any]:
         """Rows of the ``depth`` newest memories in scope and source (created_at desc, id desc)."""
         if depth <= 0:

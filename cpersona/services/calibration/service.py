@@ -18,6 +18,7 @@ facade never calls it on the event loop.
 
 from __future__ import annotations
 
+import heapq
 import logging
 import math
 import threading
@@ -146,7 +147,7 @@ def draw_sample(app: App, scope: Scope, size: int, rng: Any) -> Sample:
         ids = MemoryRepository(session, scope).embedded_ids()
     if len(ids) < MIN_EMBEDDINGS:
         raise ToolFailure(f"Need at least {MIN_EMBEDDINGS} embeddings, found {len(ids)}")
-    chosen = sorted(rng.sample(list(ids), min(size, len(ids))))
+    chosen = sorted(rng.sample(ids, min(size, len(ids))))  # the same draw as from a list of the same ids
     if len(chosen) < MIN_EMBEDDINGS:
         raise ToolFailure(f"Need at least {MIN_EMBEDDINGS} embeddings, found {len(chosen)}")
     vectors = _read_vectors(app, chosen)
@@ -171,9 +172,10 @@ def temporal_positives(app: App, scope: Scope, width: int, size: int, window_min
     """
     with app.db.read() as session:
         stamped = MemoryRepository(session, scope).embedded_stamps(width)
-    timed = [(moment, mid) for mid, stamp in stamped if (moment := parse_iso(stamp)) is not None]
-    timed.sort(key=lambda pair: (pair[0], pair[1]))  # equal stamps: insertion order
-    newest = timed[-size:]
+        # The newest ``size`` by (moment, id), kept as the rows stream (equal stamps: insertion order);
+        # the same rows, in the same ascending order, as sorting every row and keeping the tail.
+        timed = ((moment, mid) for mid, stamp in stamped if (moment := parse_iso(stamp)) is not None)
+        newest = heapq.nlargest(size, timed)[::-1] if size > 0 else sorted(timed)  # [-0:] kept every row
     if len(newest) < 2:
         return np.empty(0)
     vectors = dict(zip([mid for _, mid in newest], _read_vectors_by_id(app, [mid for _, mid in newest])))
@@ -397,7 +399,8 @@ class StartupCalibration:
 
     def _run(self) -> None:
         try:
-            startup(self.app, self._stop)
+            with self.app.db.background():  # off the serving connections and their caches
+                startup(self.app, self._stop)
         except Exception:  # noqa: BLE001 - a failed calibration must never take the server down
             log.exception("start-up calibration failed; recall uses the configured thresholds")
 

@@ -233,6 +233,11 @@ class TaskQueue:
         self._wake.set()
 
     def _loop(self) -> None:
+        # Queued work is background work: its reads and writes take the small-cache connections.
+        with self.app.db.background():
+            self._loop_until_stopped()
+
+    def _loop_until_stopped(self) -> None:
         while not self._stop.is_set():
             self._wake.wait(IDLE_POLL_SECONDS)
             self._wake.clear()

@@ -107,6 +107,13 @@ def _start_flusher(app: App, backlog: CounterBacklog) -> None:
 
 
 def _flush(app: App, backlog: CounterBacklog) -> None:
+    # A few UPDATEs by id after the recall answered: the background connection serves them, so a
+    # flush that overlaps the next recall does not make the serving pool open (and warm) another.
+    with app.db.background():
+        _flush_until_empty(app, backlog)
+
+
+def _flush_until_empty(app: App, backlog: CounterBacklog) -> None:
     # Waits for the lock as any writer does; gives up a round after the lock wait
     # and tries again, so a backlog is never dropped while the process lives.
     while True:

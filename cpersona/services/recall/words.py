@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from cpersona.storage.search import Hit, RowKey, SearchBackend
 from cpersona.services.recall import cjk_query
+from cpersona.services.recall.replies import with_replies
 
 if TYPE_CHECKING:
     from cpersona.services.recall.retrievers import Query, Retrieval
@@ -65,10 +66,11 @@ def add_lexical_lists(
     ``phrases`` (reconstruct's declared names, RX-8) go to the trigram arms
     only: a name is searched as written, spaces included. ``cjk`` (recall of a
     kana/kanji query) reads the memories' trigram side as content runs and
-    bigrams instead (cjk_query), with no word list merged into it. ``whole``
-    keeps each merged list whole (up to both indexes' ``depth`` rows) instead
-    of cutting it at ``depth``: the rows past the cut vote only where the
-    vector channel ranks them too (``fusion.confirmed``).
+    bigrams instead (cjk_query), with no word list merged into it. The memories
+    list then takes the replies of its question rows (:mod:`~cpersona.services.recall.replies`).
+    ``whole`` keeps each merged list whole (up to both indexes' ``depth`` rows)
+    instead of cutting it at ``depth``: the rows past the cut vote only where
+    the vector channel ranks them within ``depth`` (``fusion.confirmed``).
     """
     keep = 2 * depth if whole else depth
     if query.episodes_apply:
@@ -83,4 +85,5 @@ def add_lexical_lists(
     # bigrams; led by the word ranking it lost the row sharing the rarer Japanese runs.
     words_apply = weight > 0 and not cjk
     words = backend.word_memories(query.scope, query.text, depth, source_id=query.source_id) if words_apply else []
-    found.add("memories", with_words(hits, words, keep, weight=weight), excluded)
+    merged = with_words(hits, words, keep, weight=weight)
+    found.add("memories", with_replies(backend, query.scope, merged, keep, source_id=query.source_id), excluded)

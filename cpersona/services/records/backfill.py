@@ -207,6 +207,11 @@ class BackfillWorker:
             thread.join(timeout)
 
     def _run(self, reason: str) -> None:
+        # A walk of the table, not serving: on the small-cache background connections (storage/engine.py).
+        with self.app.db.background():
+            self._run_passes(reason)
+
+    def _run_passes(self, reason: str) -> None:
         try:
             # Vectors of a model other than the live one are cleared first, so this
             # run re-embeds them (rows of two models are never compared).
