@@ -56,6 +56,12 @@ class Params:
     vec_gap: float = 1.0  # vector rows whose cosine is more than this below the list's first are left out
     vec_floor: float = 0.0  # vector rows below this cosine are left out
     agree_within: int = 0  # agreement for vector_votes judged on this many vector rows (0: every row)
+    # Issue 14, fifth pass (what recall ships): the near list read to 1.5 x depth (memory rows
+    # only past depth) and each merged lexical list kept whole, a row past the cut counting only
+    # where the other channel ranks it (fusion.confirmed); the memories' clear first place takes
+    # the near list's first-place vote (fusion.defer_to_clear_first). on_one_scale is recall's own.
+    past_cut: bool = True
+    defer: bool = True
 
     def label(self) -> str:
         default = Params()
@@ -85,25 +91,35 @@ def answer(q: dict[str, Any], p: Params, vector: bool) -> list[str]:
     raw = q["raw"]
     label = {key_of(r[0]): r[1] for rows in raw.values() for r in rows}
     lists = []
-    if vector and raw.get("vector"):
-        rows = raw["vector"][: p.vec_depth]
+    embedded = vector and bool(raw.get("vector"))
+    past = p.past_cut and embedded
+    if embedded:
+        rows = raw["vector"][: fusion.past_the_cut(p.vec_depth) if past else p.vec_depth]
         rows = [r for r in rows if r[2] >= max(p.vec_floor, rows[0][2] - p.vec_gap)]
-        entries = tuple(Ranked(key_of(r[0]), i + p.vec_k_extra, r[2]) for i, r in enumerate(rows))
+        # recall keeps episode rows past the cut out of the near list (retrievers.vector_lists)
+        rows = [(i, r) for i, r in enumerate(rows) if i < p.vec_depth or r[0].startswith("mem")]
+        entries = tuple(Ranked(key_of(r[0]), i + p.vec_k_extra, r[2]) for i, r in rows)
         lists.append(RankedList("vector", entries, p.vec_weight))
+    lex = replace(p, lex_depth=2 * p.lex_in) if past else p
     for channel, prefix in (("episodes", "ep"), ("memories", "mem")):
-        hits = merged(raw[f"{prefix}_trigram"], raw[f"{prefix}_word"], p)
+        hits = merged(raw[f"{prefix}_trigram"], raw[f"{prefix}_word"], lex)
         lists.append(RankedList.of(channel, hits))
+    if past:
+        lists = list(fusion.confirmed(lists, p.vec_depth))
     counts = q.get("counts") or []
-    if len(counts) == 2:
-        lists = list(fusion.on_one_scale(lists, *counts))
     if vector and p.votes == "shipped":
         # recall's rule, its agreement judged on the first ``agree_within`` vector rows when set
         judged = [
             replace(lst, entries=lst.entries[: p.agree_within]) if p.agree_within and lst.channel == "vector" else lst
             for lst in lists
         ]
-        silenced = any(lst.weight == 0 for lst in fusion.vector_votes(judged) if lst.channel == "vector")
+        depth = p.vec_depth if past else None
+        silenced = any(lst.weight == 0 for lst in fusion.vector_votes(judged, depth) if lst.channel == "vector")
         lists = [replace(lst, weight=0.0) if silenced and lst.channel == "vector" else lst for lst in lists]
+    if len(counts) == 2:
+        lists = list(fusion.on_one_scale(lists, *counts))
+    if p.defer and embedded:
+        lists = list(fusion.defer_to_clear_first(lists))
     return [label[row.key] for row in rrf(lists, RRF_K)][:LIMIT]
 
 
@@ -143,6 +159,8 @@ FAMILIES = {
     "veck": lambda: grid(**{**SHIPPED, "vec_depth": [5, 10]}, vec_k_extra=[0.0, 1.0, 2.0, 3.0, 5.0]),
     "depth": lambda: grid(**{**SHIPPED, "lex_depth": [10, 20], "vec_depth": [10, 12, 15, 20]}),
     "depthagree": lambda: grid(lex_depth=[10, 20], vec_depth=[10, 12, 15, 20], agree_within=[0, 10]),
+    # issue 14, fifth pass: each of its two rules on and off (the vector scale is recall's own)
+    "fifth": lambda: grid(**SHIPPED, past_cut=[False, True], defer=[False, True]),
 }
 
 

@@ -25,7 +25,7 @@ DOMINANT = 0.9  # a keyword first place is clear when its second row scores belo
 @dataclass(frozen=True, slots=True)
 class Ranked:
     key: RowKey
-    rank: int  # 0-based position on the retriever's own list
+    rank: float  # 0-based position on the retriever's own list (fractional once put on another table's scale)
     raw: float | None = None  # the retriever's score, higher is better; None = unscored
 
 
@@ -73,8 +73,56 @@ def rrf(lists: Sequence[RankedList], k: int) -> list[Fused]:
     return sorted(fused.values(), key=lambda row: (-row.score, -lexical.get(row.key, 0.0)))
 
 
+def past_the_cut(depth: int) -> int:
+    """How deep recall reads the near list under rrf: half as far again as ``depth`` (see :func:`confirmed`)."""
+    return depth + depth // 2
+
+
+def confirmed(lists: Sequence[RankedList], depth: int) -> Sequence[RankedList]:
+    """The lists with every row past the cut (rank >= ``depth``) kept only where the other channel ranks it within it.
+
+    Under rrf with a query vector recall reads the near list half as far
+    again as ``depth`` (:func:`past_the_cut`) and keeps each merged lexical
+    list whole (both indexes' ``depth`` rows). Past the cut one list's vote
+    never seats a row in an answer of ``depth`` (a lexical row at rank
+    ``depth`` ties the vector row at the same rank, and a tie goes to the
+    lexical row), so a row there counts only when a list of the other channel
+    (vector beside lexical) ranks it within ``depth``: a row one retriever
+    found and the other placed just past the cut is the evidence the cut
+    threw away. A row past the cut on both channels is dropped: the gate
+    judges the votes within ``depth``, and it would have none. Deliberate
+    difference from the reference, whose lists end at ``depth``: on LoCoMo dev
+    with all-MiniLM-L6-v2 it lifts R@10 0.665 -> 0.672 (docs/benchmarks.md,
+    "Issue 14, fifth pass"; leave-one-conversation-out chose 1.5 x depth for
+    the near list in four folds of five). A row past the cut votes at its
+    own rank; the gate judges it on its votes within ``depth``
+    (``Candidate.cut_rrf``), not on a cosine (``retrievers.vector_lists``
+    records cosines for the first ``depth`` rows only), so the rows the gate
+    keys on cosine, and the rrf population calibration measures, are the
+    ones they were.
+    """
+    if all(e.rank < depth for lst in lists for e in lst.entries):
+        return lists
+    channels = {lst.channel in VECTOR_CHANNELS for lst in lists if lst.entries}
+    if channels != {True, False}:
+        return lists  # one channel only (keyword-only recall): nothing to confirm against
+    vector = {e.key for lst in lists if lst.channel in VECTOR_CHANNELS for e in lst.entries if e.rank < depth}
+    lexical = {e.key for lst in lists if lst.channel not in VECTOR_CHANNELS for e in lst.entries if e.rank < depth}
+    out = []
+    for lst in lists:
+        other = lexical if lst.channel in VECTOR_CHANNELS else vector
+        entries = tuple(e for e in lst.entries if e.rank < depth or e.key in other)
+        out.append(lst if len(entries) == len(lst.entries) else replace(lst, entries=entries))
+    return out
+
+
+def within_cut(lists: Sequence[RankedList], depth: int) -> list[RankedList]:
+    """The lists cut at ``depth`` ranks: what each retriever would have returned at that depth."""
+    return [replace(lst, entries=tuple(e for e in lst.entries if e.rank < depth)) for lst in lists]
+
+
 def on_one_scale(lists: Sequence[RankedList], memories: int, episodes: int) -> Sequence[RankedList]:
-    """The two lexical lists with their ranks on one scale: rank among the larger table's rows.
+    """Every list's ranks on one scale: rank among the larger table's rows.
 
     Each lexical list ranks its own table, and rrf reads a rank as how
     selective the match was. The episodes of a scope are usually a few dozen
@@ -87,14 +135,43 @@ def on_one_scale(lists: Sequence[RankedList], memories: int, episodes: int) -> S
     still draw equal votes. Deliberate difference from the reference, which
     votes on the raw rank of each list. The scale orders rows; the gate still
     judges the ranks the retrievers gave (``keyword_floor.annotate``).
+
+    The vector lists rank both tables in one list by cosine; there each row's
+    rank becomes its rank among its own table's rows in that list, the
+    smaller table's stretched the same way. Episode summaries sit close to
+    many questions, so with one episode per session the near list still
+    gave episodes its high ranks (MiniLM R@10 0.616 against 0.665 without
+    episodes); the rule has no parameter and changes nothing when only one
+    table is in the list (docs/benchmarks.md, "Issue 14, fifth pass").
     """
     if memories <= 0 or episodes <= 0 or memories == episodes:
         return lists  # the same object: nothing was rescaled
     smaller, ratio = ("episodes", memories / episodes) if episodes < memories else ("memories", episodes / memories)
-    return [replace(lst, scale=ratio) if lst.channel == smaller else lst for lst in lists]
+    kind = "ep" if smaller == "episodes" else "mem"
+    out = []
+    for lst in lists:
+        if lst.channel == smaller:
+            out.append(replace(lst, scale=ratio))
+        elif lst.channel in VECTOR_CHANNELS and any(e.key[0] == kind for e in lst.entries):
+            out.append(replace(lst, entries=_own_table_ranks(lst.entries, kind, ratio)))
+        else:
+            out.append(lst)
+    return out
 
 
-def vector_votes(lists: Sequence[RankedList]) -> Sequence[RankedList]:
+def _own_table_ranks(entries: Sequence[Ranked], smaller: str, ratio: float) -> tuple[Ranked, ...]:
+    """Each row ranked among the rows of its own table in the list, the ``smaller`` table's × ``ratio``."""
+    seen: dict[str, int] = {}
+    out = []
+    for entry in entries:
+        table = entry.key[0]
+        place = seen.get(table, 0)
+        seen[table] = place + 1
+        out.append(replace(entry, rank=place * ratio if table == smaller else place))
+    return tuple(out)
+
+
+def vector_votes(lists: Sequence[RankedList], depth: int | None = None) -> Sequence[RankedList]:
     """The lists with the vector channel's votes kept or, for this query, set aside (weight 0).
 
     The vector lists vote unless the keyword lists are confident and the
@@ -113,6 +190,8 @@ def vector_votes(lists: Sequence[RankedList]) -> Sequence[RankedList]:
     JSQuAD (docs/benchmarks.md, "Issue 14, third pass"). Rows set aside
     still come after the keyword rows in the vector list's order; the gate
     judges them by the ranks the retrievers gave (``keyword_floor.annotate``).
+    With ``depth``, agreement is judged on the vector rows ranked within it
+    (the rows past the cut, :func:`confirmed`, are there because they agree).
     """
     lexical = [lst for lst in lists if lst.channel not in VECTOR_CHANNELS and lst.entries]
     vector = [lst for lst in lists if lst.channel in VECTOR_CHANNELS and lst.entries]
@@ -121,9 +200,42 @@ def vector_votes(lists: Sequence[RankedList]) -> Sequence[RankedList]:
     if not any(_clear_first(lst) for lst in lexical):
         return lists
     top = {entry.key for lst in lexical for entry in lst.entries[:AGREE_ROWS]}
-    if any(entry.key in top for lst in vector for entry in lst.entries):
+    if any(entry.key in top for lst in vector for entry in lst.entries if depth is None or entry.rank < depth):
         return lists
     return [replace(lst, weight=0.0) if lst.channel in VECTOR_CHANNELS else lst for lst in lists]
+
+
+def defer_to_clear_first(lists: Sequence[RankedList]) -> Sequence[RankedList]:
+    """The lists with the near list's first-place vote also given to the memories list's clear first place.
+
+    When the keyword ranking of the memories is sure of its first row (it
+    scores above the second by more than ``1 / DOMINANT``, the rule of
+    :func:`vector_votes`), the near list's vote for that row counts as its
+    first place, so a row both channels vouch for goes first and the vector
+    votes order the rest, as on a kana/kanji query whose first rows agree
+    (``cjk_query.vector_votes``). The keyword list alone is the more precise
+    at the top (LoCoMo dev MRR 0.45-0.53 against 0.30-0.42 for
+    all-MiniLM-L6-v2 alone), and the vector rows ranked above a clear
+    keyword first place were, on LoCoMo dev, the rows that cost NDCG@10
+    against keyword-only (conversation 30: 0.501 vs 0.526). Only the
+    memories list: episodes summarise many turns and so match many
+    questions, and an episode's clear first place pinned first took the
+    first seat from the memories with one episode archived per session.
+    A silenced vector list (weight 0) gives nothing. Deliberate difference
+    from the reference (docs/benchmarks.md, "Issue 14, fifth pass").
+    """
+    memories = next((lst for lst in lists if lst.channel == "memories" and lst.entries), None)
+    if memories is None or not _clear_first(memories):
+        return lists
+    first = memories.entries[0].key
+    out = []
+    for lst in lists:
+        if lst.channel == "vector" and lst.weight > 0:
+            cosine = next((e.raw for e in lst.entries if e.key == first), None)
+            rest = tuple(e for e in lst.entries if e.key != first)
+            lst = replace(lst, entries=(Ranked(first, 0, cosine), *rest))
+        out.append(lst)
+    return out
 
 
 def _clear_first(ranked: RankedList) -> bool:

@@ -56,6 +56,10 @@ class Candidate:
     judged_rrf: float | None = None  # the rrf the heuristic bar judges: near-list votes at full weight
     # (fusion mode, score): the row's fused score over the lexical lists alone (keyword-only's view)
     lexical: tuple[str, float] | None = None
+    # Under rrf with rows read past the cut (fusion.confirmed): the fused score of the votes within
+    # depth. Those rows order the answer; the gate and its calibration judge what the retrievers
+    # returned within depth, the population the bars were derived and measured on.
+    cut_rrf: float | None = None
 
     @property
     def is_profile(self) -> bool:
@@ -67,13 +71,13 @@ class Candidate:
         for name in ("confidence", "rsf", "cosine", "rrf"):
             value = getattr(self, name)
             if value is not None:
-                return name, value
+                return name, (self.cut_rrf if name == "rrf" and self.cut_rrf is not None else value)
         return None
 
     def scale(self, factor: float) -> None:
         """Multiply every score the row carries (the episode penalty does this)."""
         self.penalty *= factor
-        for name in ("rrf", "rsf", "cosine"):
+        for name in ("rrf", "rsf", "cosine", "cut_rrf"):
             value = getattr(self, name)
             if value is not None:
                 setattr(self, name, value * factor)

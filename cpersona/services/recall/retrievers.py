@@ -25,7 +25,7 @@ from cpersona.services.records import remote_vectors
 from cpersona.services.recall import cjk_query
 from cpersona.services.app import App
 from cpersona.services.records.backfill import on_query_embedded
-from cpersona.services.recall.fusion import VECTOR_CHANNELS, Ranked, RankedList
+from cpersona.services.recall.fusion import VECTOR_CHANNELS, Ranked, RankedList, confirmed, past_the_cut
 from cpersona.services.recall.gate import POOL_SATURATION
 from cpersona.services.recall.words import add_lexical_lists
 from cpersona.storage.scope import Scope
@@ -71,18 +71,40 @@ class Retrieval:
     # (memories, episodes) in scope, each counted up to POOL_SATURATION; None on the blank path
     counts: tuple[int, int] | None = None
 
-    def add(self, channel: str, hits: Sequence[Hit], excluded: Callable[[str], bool], *, weight: float = 1.0) -> None:
-        """Add one retriever's hits; an excluded row casts no vote, later rows keep their rank."""
+    def add(
+        self,
+        channel: str,
+        hits: Sequence[Hit],
+        excluded: Callable[[str], bool],
+        *,
+        weight: float = 1.0,
+        cut: int | None = None,
+    ) -> None:
+        """Add one retriever's hits; an excluded row casts no vote, later rows keep their rank.
+
+        ``cut``: a vector list read past the cut (``fusion.confirmed``) records the
+        cosine of its first ``cut`` rows only; a row past it is judged on its fused score.
+        """
         entries = []
         for rank, hit in enumerate(hits):
             if excluded(hit.record.content):
                 continue
             key = hit.record.key
             self.records.setdefault(key, hit.record)
-            if channel in VECTOR_CHANNELS and hit.raw is not None:
+            if channel in VECTOR_CHANNELS and hit.raw is not None and (cut is None or rank < cut):
                 self.cosines.setdefault(key, hit.raw)  # VEC-6: every vector row carries its cosine
             entries.append(Ranked(key, rank, hit.raw))
         self.lists.append(RankedList(channel, tuple(entries), weight))
+
+    def confirm(self, depth: int) -> None:
+        """Keep a row past the cut only where both channels rank it (``fusion.confirmed``)."""
+        lists = confirmed(self.lists, depth)
+        if lists is self.lists:
+            return
+        self.lists = list(lists)
+        listed = {entry.key for lst in self.lists for entry in lst.entries}
+        self.records = {key: record for key, record in self.records.items() if key in listed}
+        self.cosines = {key: cosine for key, cosine in self.cosines.items() if key in listed}
 
     def keys(self, channel: str) -> list[RowKey]:
         return [e.key for lst in self.lists if lst.channel == channel for e in lst.entries]
@@ -131,8 +153,10 @@ def retrieve(app: App, backend: SearchBackend, query: Query, depth: int, exclude
         found,
         weight=app.settings.recall_word_weight,
         cjk=cjk_query.applies(query.text),
+        whole=found.query_embedded and app.settings.recall_mode == "rrf",  # rows past the cut: fusion.confirmed
     )
     found.counts = backend.table_counts(query.scope, cap=POOL_SATURATION)  # fusion's rank scale, the gate's pool
+    found.confirm(depth)  # rows read past the cut stay where both channels rank them (issue 14)
     return found
 
 
@@ -213,8 +237,15 @@ def vector_lists(
     fusing = settings.recall_mode != "cascade"
     threshold = arm_threshold(app, query.agent_id)
     window = settings.max_memories
-    near = nearest(backend, query, vector, depth, threshold, (0, window))
-    found.add("vector", near, excluded, weight=settings.recall_vector_weight)
+    if settings.recall_mode == "rrf":
+        # Read past the cut: a memory row ranked there votes when a lexical list ranks it too
+        # (fusion.confirmed). Episodes stay within depth: the table is small, and its rows past
+        # the cut cost answers with one episode per session (docs/benchmarks.md, fifth pass).
+        near = nearest(backend, query, vector, past_the_cut(depth), threshold, (0, window))
+        near = [hit for rank, hit in enumerate(near) if rank < depth or hit.record.kind == "mem"]
+    else:
+        near = nearest(backend, query, vector, depth, threshold, (0, window))
+    found.add("vector", near, excluded, weight=settings.recall_vector_weight, cut=depth)
     reach = settings.vector_reach
     if fusing and reach > window and settings.prior_far_weight > 0:
         far_depth = min(depth, settings.vector_far_limit) if settings.vector_far_limit > 0 else depth

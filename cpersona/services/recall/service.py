@@ -49,7 +49,16 @@ from cpersona.services.recall.confidence import (
     order_by_confidence,
 )
 from cpersona.services.recall.cue_arm import cued_answer, search_period
-from cpersona.services.recall.fusion import cascade, on_one_scale, rrf, rsf, vector_votes
+from cpersona.services.recall.fusion import (
+    RankedList,
+    cascade,
+    defer_to_clear_first,
+    on_one_scale,
+    rrf,
+    rsf,
+    vector_votes,
+    within_cut,
+)
 from cpersona.services.recall.keyword_floor import annotate, gate_notice, keep_a_memory
 from cpersona.services.recall.gate import (
     POOL_SATURATION,
@@ -221,21 +230,33 @@ def fuse(app: App, req: RecallRequest, found: Retrieval, profile: str | None) ->
         )
         placed = {PROFILE_KEY: profile_row} if profile_row else {}
         return [placed.get(key) or _candidate(found, key) for key in order]
-    lists = found.lists if found.counts is None else on_one_scale(found.lists, *found.counts)
+    depth = depth_for(app, req)
+    lists: Sequence[RankedList] = found.lists
     if mode == "rrf":
-        lists = vector_votes(lists)  # a vector list at odds with a clear keyword first place sits out (issue 14)
+        lists = vector_votes(lists, depth)  # a vector list at odds with a clear keyword first place sits out (issue 14)
     if cjk_query.applies(req.query):
         lists = cjk_query.vector_votes(lists)  # on Japanese, only a vector list agreeing at the keyword top votes
+    # Rows read past the cut (fusion.confirmed) and a clear keyword first place order the answer;
+    # the gate judges the votes the retrievers gave within depth.
+    cut = within_cut(lists, depth) if mode == "rrf" and found.query_embedded else None
+    if found.counts is not None:
+        lists = on_one_scale(lists, *found.counts)
+        cut = None if cut is None else on_one_scale(cut, *found.counts)
+    if mode == "rrf":
+        lists = defer_to_clear_first(lists)  # the near list's first place goes to it too (issue 14)
     fused = rrf(lists, app.settings.rrf_k) if mode == "rrf" else rsf(lists)
+    within = {} if cut is None else {row.key: row.score for row in rrf(cut, app.settings.rrf_k)}
     rows = []
     for row in fused:
         candidate = _candidate(found, row.key)
         setattr(candidate, mode, row.score)
+        if cut is not None:
+            candidate.cut_rrf = within.get(row.key, 0.0)
         candidate.single_arm = _single_arm(found, row.key)
         rows.append(candidate)
     if found.query_embedded or lists is not found.lists:
         # the gate's keyword-only floor, and its view of the ranks the retrievers gave (issue 14)
-        annotate(found.lists, rows, mode, app.settings.rrf_k)
+        annotate(within_cut(found.lists, depth), rows, mode, app.settings.rrf_k)
     return rows + ([profile_row] if profile_row else [])
 
 

@@ -59,6 +59,7 @@ def add_lexical_lists(
     weight: float,
     phrases: Sequence[str] = (),
     cjk: bool = False,
+    whole: bool = False,
 ) -> None:
     """The two lexical lists, in fusion order: episodes (when they apply), then memories.
 
@@ -67,11 +68,15 @@ def add_lexical_lists(
     kana/kanji query) reads the memories' trigram side as content runs and
     bigrams instead (cjk_query), with no word list merged into it. The memories
     list then takes the replies of its question rows (:mod:`~cpersona.services.recall.replies`).
+    ``whole`` keeps each merged list whole (up to both indexes' ``depth`` rows)
+    instead of cutting it at ``depth``: the rows past the cut vote only where
+    the vector channel ranks them within ``depth`` (``fusion.confirmed``).
     """
+    keep = 2 * depth if whole else depth
     if query.episodes_apply:
         episodes = backend.keyword_episodes(query.scope, query.text, depth, phrases=phrases)
         words = backend.word_episodes(query.scope, query.text, depth) if weight > 0 else []
-        found.add("episodes", with_words(episodes, words, depth, weight=weight), excluded)
+        found.add("episodes", with_words(episodes, words, keep, weight=weight), excluded)
     if cjk:
         hits = cjk_query.keyword_memories(backend, query.scope, query.text, depth, source_id=query.source_id)
     else:
@@ -80,5 +85,5 @@ def add_lexical_lists(
     # bigrams; led by the word ranking it lost the row sharing the rarer Japanese runs.
     words_apply = weight > 0 and not cjk
     words = backend.word_memories(query.scope, query.text, depth, source_id=query.source_id) if words_apply else []
-    merged = with_words(hits, words, depth, weight=weight)
-    found.add("memories", with_replies(backend, query.scope, merged, depth, source_id=query.source_id), excluded)
+    merged = with_words(hits, words, keep, weight=weight)
+    found.add("memories", with_replies(backend, query.scope, merged, keep, source_id=query.source_id), excluded)
