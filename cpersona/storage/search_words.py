@@ -23,7 +23,7 @@ from cpersona.storage.scope import Scope, sql_fragment
 from cpersona.storage.search import FUNCTION_WORDS, MAX_QUERY_CHARS, MAX_TERMS, Hit, clean_query
 from cpersona.storage.sql_text import text
 from cpersona.storage.search_sql import EPISODE_COLUMNS, MEMORY_COLUMNS, episode_record, memory_record
-from cpersona.storage.search_sqlite import SqliteSearch, _fts_search, _FtsSearch, fts5_match
+from cpersona.storage.search_sqlite import PHRASE_KEY, SqliteSearch, _fts_search, _FtsSearch, fts5_match
 from cpersona.storage.search_sqlite import source_filter as sqlite_source_filter
 
 # A word as unicode61 splits text: a run of letters and digits (underscore and
@@ -97,12 +97,14 @@ class SqliteWordSearch(SqliteSearch):
             return {}
         fts = search.fts
 
+        # Under the split's keys (a word's count is its phrase's count): one count serves both.
         def count(session: Any, missing: list[str]) -> dict[str, int]:
             counts = ", ".join(f"(SELECT count(*) FROM {fts} WHERE {fts} MATCH :w{i})" for i in range(len(missing)))
-            params = {f"w{i}": fts5_match([t]) for i, t in enumerate(missing)}
+            params = {f"w{i}": fts5_match([k[len(PHRASE_KEY) :]]) for i, k in enumerate(missing)}
             return dict(zip(missing, (int(n) for n in self._rows(session, text(f"SELECT {counts}"), params)[0])))
 
-        return self._budget_counts(search, terms, count)
+        found = self._budget_counts(search, [PHRASE_KEY + t for t in terms], count)
+        return {t: found[PHRASE_KEY + t] for t in terms} if found else {}
 
 
 # -- PostgreSQL: tsvector expression indexes --------------------------------------------------
