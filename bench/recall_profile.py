@@ -1,6 +1,7 @@
 """Where a recall's time goes, in-process, on an existing database (e.g. one bench/scale.py --keep left).
 
-    python bench/recall_profile.py DB|postgresql+psycopg://... [--queries 200] [--reach 1000000000] [--passes 1] [--cprofile OUT]
+    python bench/recall_profile.py DB|postgresql+psycopg://... [--queries 200] [--reach 1000000000] [--passes 1]
+        [--cprofile OUT] [--embedding none]
 
 Opens ``DB`` with our engine (read and written as the server would: recall
 bumps counters), the stub 384-d embedder of bench/minilm_server.py served over
@@ -105,6 +106,9 @@ def main() -> None:
         "--statements", action="store_true", help="also report wall time per SQL statement shape (cursor events)"
     )
     parser.add_argument("--cprofile", default="", help="write a cProfile of the timed passes here")
+    parser.add_argument(
+        "--embedding", choices=("stub", "none"), default="stub", help="none: embeddings off (keyword arms only)"
+    )
     args = parser.parse_args()
 
     from cpersona.config import load_settings
@@ -121,7 +125,7 @@ def main() -> None:
         env = {
             **os.environ,
             **({"CPERSONA_DATABASE_URL": args.db} if on_postgres else {"CPERSONA_DB_PATH": args.db}),
-            "CPERSONA_EMBEDDING_MODE": "http",
+            "CPERSONA_EMBEDDING_MODE": "http" if args.embedding == "stub" else "none",
             "CPERSONA_EMBEDDING_URL": url,
             "CPERSONA_VECTOR_REACH": str(args.reach),
             "CPERSONA_UPDATE_CHECK": "false",

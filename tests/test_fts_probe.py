@@ -101,13 +101,13 @@ def test_the_shortcut_returns_what_the_joined_statement_returns(mixed_db, depth,
                 statements = search_sqlite._fts_search(
                     "memories_fts", "memories", "m", search_sqlite.MEMORY_COLUMNS, f"{where} AND {by_source}"
                 )
-                got = search._best_in_scope("t", statements, {**params, **source_params}, match, depth)
+                got = search._best_in_scope("t", statements, {**params, **source_params}, terms, depth)
                 assert [(r.id, rank) for r, rank in got] == joined(search, "mem", scope, match, depth, source_id)
             where, params = search_sqlite.sql_fragment(scope, "e")
             statements = search_sqlite._fts_search(
                 "episodes_fts", "episodes", "e", search_sqlite.EPISODE_COLUMNS, where
             )
-            got = search._best_in_scope("t", statements, params, match, depth)
+            got = search._best_in_scope("t", statements, params, terms, depth)
             assert [(r.id, rank) for r, rank in got] == joined(search, "ep", scope, match, depth)
     assert fell_back  # the small agent's scope holds few of the best matches: the joined statement answered
 
@@ -130,8 +130,8 @@ def test_keyword_arms_give_the_same_hits_with_and_without_the_shortcut(mixed_db,
     assert hits() == shortcut
     real_best = SqliteSearch._best_in_scope
 
-    def joined_only(self, what, statements, params, match, depth):
-        rows = self._run(what, statements.joined, {**params, "match": match, "depth": depth})
+    def joined_only(self, what, statements, params, terms, depth):
+        rows = self._run(what, statements.joined, {**params, "match": fts5_match(terms), "depth": depth})
         return None if rows is None else [(r, r.rank) for r in rows]
 
     monkeypatch.setattr(SqliteSearch, "_best_in_scope", joined_only)

@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
+import weakref
 from collections import namedtuple
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
@@ -30,7 +32,7 @@ from typing import Any
 
 from sqlalchemy.exc import DBAPIError
 
-from cpersona.storage import coarse_sqlite
+from cpersona.storage import bm25_bound, coarse_sqlite
 from cpersona.storage.scope import Scope, sql_fragment
 from cpersona.storage.search import (  # noqa: F401  (FUNCTION_WORDS, ranking_terms: imported from here too)
     FUNCTION_WORDS,
@@ -110,6 +112,7 @@ class _FtsSearch:
     probed: Any
     fts: str = ""  # the FTS5 table both statements match against
     table: str = ""  # its content table
+    pruned: Any = None  # ``probed`` scoring only the rows a phrase of :rare matches (bm25_bound)
 
 
 # How many matching rows one ranked statement may score, as estimated from
@@ -126,7 +129,59 @@ def trigrams(term: str) -> set[str]:
     return {folded[i : i + 3] for i in range(len(folded) - 2)}
 
 
-def _fts_search(fts: str, table: str, alias: str, columns: str, where: str) -> _FtsSearch:
+# How many counts one index's memo holds before it starts over (a few bytes each).
+MEMO_KEYS = 50_000
+# A memo key for a term's exact row count, apart from the trigram and word keys
+# of the keyword budget (no query term holds a control character).
+PHRASE_KEY = "\x01"
+
+
+class _CountMemo:
+    """The keyword budget's counts of one FTS5 index, as read at one state of that index.
+
+    The state is the index's own bookkeeping: the totals record (row and token
+    counts: every insert and delete changes it) and the structure record (its
+    segments and a counter of the leaves written: every flushed write,
+    an update included, changes it). A count read at one state is the count
+    at every moment the two records are byte for byte the same, in any
+    process and over any connection, because each committed change of the
+    index rewrites at least one of them. A recall's counter bumps do not
+    touch the index, so counts survive them.
+    """
+
+    def __init__(self, state: tuple[Any, ...]) -> None:
+        self.state = state
+        self.counts: dict[str, int] = {}
+
+    def remember(self, found: dict[str, int]) -> None:
+        # A new dict, not an update: a thread reading the old one sees a whole mapping.
+        self.counts = {**self.counts, **found} if len(self.counts) + len(found) <= MEMO_KEYS else dict(found)
+
+
+_MEMOS: weakref.WeakKeyDictionary[Any, dict[str, _CountMemo]] = weakref.WeakKeyDictionary()
+_MEMOS_LOCK = threading.Lock()
+
+
+def _memo(db: Any, fts: str, state: tuple[Any, ...]) -> _CountMemo:
+    """``db``'s memo for index ``fts`` at ``state``: the remembered one, or a new empty one."""
+    with _MEMOS_LOCK:
+        memos = _MEMOS.setdefault(db, {})
+        memo = memos.get(fts)
+        if memo is None or memo.state != state:
+            memo = memos[fts] = _CountMemo(state)
+        return memo
+
+
+def _index_state(fts: str, table: str) -> Any:
+    """The table's largest id and the index's totals and structure records (FTS5 keeps them at ids 1 and 10)."""
+    return text(
+        f"SELECT (SELECT max(id) FROM {table}) AS n, "
+        f"(SELECT block FROM {fts}_data WHERE id = 1) AS totals, "
+        f"(SELECT block FROM {fts}_data WHERE id = 10) AS structure"
+    )
+
+
+def _fts_search(fts: str, table: str, alias: str, columns: str, where: str, *, prunable: bool = False) -> _FtsSearch:
     joined = text(
         f"SELECT {columns}, {fts}.rank AS rank "
         f"FROM {fts} JOIN {table} {alias} ON {alias}.id = {fts}.rowid "
@@ -141,7 +196,21 @@ def _fts_search(fts: str, table: str, alias: str, columns: str, where: str) -> _
         f"LEFT JOIN {table} {alias} NOT INDEXED ON {alias}.id = best.id AND {where} "
         "ORDER BY best.rank, best.id"
     )
-    return _FtsSearch(joined, probed, fts, table)
+    if not prunable:
+        return _FtsSearch(joined, probed, fts, table)
+    # Only for an index of single words (the word channel): matching a trigram
+    # phrase walks its trigrams' positions, which costs about what scoring the
+    # row does, so skipping the score saved nothing there (bench/recall_profile.py).
+    # +rowid: a plain rowid IN would reach FTS5 as one look-up per listed id,
+    # each paying bm25's per-statement set-up (a walk of every phrase's rows).
+    pruned = text(
+        f"SELECT {columns}, best.rank AS rank "
+        f"FROM (SELECT rowid AS id, rank FROM {fts} WHERE {fts} MATCH :match "
+        f"AND +rowid IN (SELECT rowid FROM {fts} WHERE {fts} MATCH :rare) ORDER BY rank, rowid LIMIT :probe) AS best "
+        f"LEFT JOIN {table} {alias} NOT INDEXED ON {alias}.id = best.id AND {where} "
+        "ORDER BY best.rank, best.id"
+    )
+    return _FtsSearch(joined, probed, fts, table, pruned)
 
 
 def _julian_to_datetime(jd: float) -> datetime:
@@ -218,13 +287,13 @@ class SqliteSearch(SqlSearch):
         counts = self._term_counts(search, terms)
         content = [*self._within_budget(ranking_terms(terms), counts), *phrases]
         terms = [*self._within_budget(terms, counts), *phrases]
-        rows = self._best_in_scope(what, search, params, fts5_match(content), depth)
+        rows = self._best_in_scope(what, search, params, content, depth)
         if rows is None:
             return None
         ranked = [(r, -float(rank)) for r, rank in rows]
         if len(ranked) >= depth or set(content) == set(terms):
             return ranked
-        rest = self._best_in_scope(what, search, params, fts5_match(terms), depth)
+        rest = self._best_in_scope(what, search, params, terms, depth)
         seen = {r.id for r, _ in ranked}
         floor = min((score for _, score in ranked), default=0.0)
         extra = [r for r, _ in (rest or []) if r.id not in seen][: depth - len(ranked)]
@@ -261,46 +330,66 @@ class SqliteSearch(SqlSearch):
         connection, so the file's schema is untouched); {} when it cannot be
         read, which keeps every term. Counting walks each trigram's row list
         (cheaper per row than scoring, but over every trigram of every term),
-        so it is skipped when the table has no more rows than the budget (its
-        largest id bounds that in one index step): no statement can score more.
+        so it is skipped when the table has no more rows than the budget (no
+        statement can score more), and each trigram's count is remembered
+        while the index is unchanged (:meth:`_budget_counts`).
         """
-        fts = search.fts
-        if not self._may_overrun(search, terms):
+        if not search.fts or len(terms) <= 1:
             return {}
         grams = {term: trigrams(term) for term in terms}
         wanted = sorted(set().union(*grams.values()))
         if not wanted:
             return {}
-        marks = ", ".join(f":g{i}" for i in range(len(wanted)))
-        with self.db.read() as session:
-            try:
-                session.execute(
-                    text(f"CREATE VIRTUAL TABLE IF NOT EXISTS temp.{fts}_vocab USING fts5vocab(main, {fts}, 'row')")
-                )
-                found = dict(
-                    session.execute(
-                        text(f"SELECT term, doc FROM temp.{fts}_vocab WHERE term IN ({marks})"),
-                        {f"g{i}": g for i, g in enumerate(wanted)},
-                    ).all()
-                )
-            except DBAPIError as exc:
-                log.warning("%s term counts unavailable, every term is ranked: %s", fts, exc.orig)
-                return {}
-        return {term: min((int(found.get(g, 0)) for g in gs), default=0) for term, gs in grams.items()}
+        fts = search.fts
 
-    def _may_overrun(self, search: _FtsSearch, terms: list[str]) -> bool:
-        """Whether ranking ``terms`` over ``search``'s table could score more than the budget:
-        more than one term, and a table with more rows than the budget (its largest id bounds
-        that in one index step). Otherwise nothing is counted: no statement can overrun."""
-        if not search.fts or len(terms) <= 1:
-            return False
-        largest = self._run(f"{search.fts} size", text(f"SELECT max(id) AS n FROM {search.table}"), {})
-        return bool(largest) and (largest[0].n or 0) > SCORED_ROWS_BUDGET
+        def count(session: Any, missing: list[str]) -> dict[str, int]:
+            session.execute(
+                text(f"CREATE VIRTUAL TABLE IF NOT EXISTS temp.{fts}_vocab USING fts5vocab(main, {fts}, 'row')")
+            )
+            marks = ", ".join(f":g{i}" for i in range(len(missing)))
+            sql = text(f"SELECT term, doc FROM temp.{fts}_vocab WHERE term IN ({marks})")
+            found = dict(self._rows(session, sql, {f"g{i}": g for i, g in enumerate(missing)}))
+            return {g: int(found.get(g, 0)) for g in missing}
+
+        found = self._budget_counts(search, wanted, count)
+        if not found:
+            return {}
+        return {term: min((found[g] for g in gs), default=0) for term, gs in grams.items()}
+
+    def _budget_counts(
+        self, search: _FtsSearch, keys: list[str], count: Callable[[Any, list[str]], dict[str, int]]
+    ) -> dict[str, int]:
+        """``keys``' counts in ``search``'s index, for the keyword budget; {} when none are needed or readable.
+
+        None are needed when the table has no more rows than the budget (its
+        largest id bounds that in one index step). A count is remembered
+        between recalls while the index's state is the one it was read at:
+        ``count(session, missing)`` runs for the keys not remembered. The state
+        is read in the same snapshot as the counts (see :class:`_CountMemo`).
+        """
+        with self.db.read() as session:
+            dbapi = session.connection().connection.driver_connection
+            try:
+                with _deadline(dbapi, STATEMENT_DEADLINE_SECONDS):
+                    largest, *state = self._rows(session, _index_state(search.fts, search.table), {})[0]
+                    if (largest or 0) <= SCORED_ROWS_BUDGET:
+                        return {}
+                    memo = _memo(self.db, search.fts, tuple(state))
+                    known = memo.counts
+                    missing = [k for k in keys if k not in known]
+                    if missing:
+                        found = count(session, missing)
+                        memo.remember(found)
+                        known = {**known, **found}
+            except DBAPIError as exc:
+                log.warning("%s term counts unavailable, every term is ranked: %s", search.fts, exc.orig)
+                return {}
+        return {k: known[k] for k in keys}
 
     def _best_in_scope(
-        self, what: str, search: _FtsSearch, params: dict[str, Any], match: str, depth: int
+        self, what: str, search: _FtsSearch, params: dict[str, Any], terms: list[str], depth: int
     ) -> list[tuple[Any, Any]] | None:
-        """The first ``depth`` (row, rank) pairs of ``search.joined``: in scope, by rank then id.
+        """The first ``depth`` (row, rank) pairs of ``search.joined`` for the OR of ``terms``: in scope, by rank then id.
 
         Joining every match to its row to test the scope cost about as much as
         ranking them (1.5 of 5 ms for a question at 10k rows), and nearly all
@@ -311,10 +400,14 @@ class SqliteSearch(SqlSearch):
         that order are the joined statement's rows. Otherwise (a scope holding
         few of the best matches) the joined statement runs as before.
         One statement does the first part; at 10k rows it costs about a third
-        less than the joined one (LoCoMo questions: 5.5 -> 3.7 ms).
+        less than the joined one (LoCoMo questions: 5.5 -> 3.7 ms), and
+        :meth:`_pruned_probe` spares it scoring the rows only common terms hold.
         """
+        match = fts5_match(terms)
         probe = max(depth, int(depth * PROBE_FACTOR))
-        best = self._run(what, search.probed, {**params, "match": match, "probe": probe})
+        best = self._pruned_probe(what, search, params, terms, probe)
+        if best is None:
+            best = self._run(what, search.probed, {**params, "match": match, "probe": probe})
         if best is None:
             return None
         kept = [(r, r.rank) for r in best if r.id is not None]  # a NULL id: a match outside the scope
@@ -322,6 +415,57 @@ class SqliteSearch(SqlSearch):
             return kept[:depth]
         rows = self._run(what, search.joined, {**params, "match": match, "depth": depth})
         return None if rows is None else [(r, r.rank) for r in rows]
+
+    def _pruned_probe(
+        self, what: str, search: _FtsSearch, params: dict[str, Any], terms: list[str], probe: int
+    ) -> list[Any] | None:
+        """``search.probed``'s rows, found without scoring the rows only the commonest terms match; None
+        when that cannot be shown to give the same rows (the caller then runs ``probed`` itself).
+
+        The split and its bound are :func:`bm25_bound.split`'s, from each term's
+        exact row count (remembered while the index is unchanged) and the
+        index's row count, all read in the snapshot the statement runs in.
+        """
+        if search.pruned is None or len(terms) < 2:
+            return None
+        fts = search.fts
+        with self.db.read() as session:
+            dbapi = session.connection().connection.driver_connection
+            try:
+                with _deadline(dbapi, STATEMENT_DEADLINE_SECONDS):
+                    _, totals, structure = self._rows(session, _index_state(fts, search.table), {})[0]
+                    total = bm25_bound.total_rows(totals)
+                    if total is None:
+                        return None
+                    memo = _memo(self.db, fts, (totals, structure))
+                    keys = {t: PHRASE_KEY + t for t in terms}
+                    missing = sorted({k for k in keys.values() if k not in memo.counts})
+                    known = memo.counts
+                    if missing:
+                        counts = ", ".join(
+                            f"(SELECT count(*) FROM {fts} WHERE {fts} MATCH :p{i})" for i in range(len(missing))
+                        )
+                        values = {f"p{i}": fts5_match([k[len(PHRASE_KEY) :]]) for i, k in enumerate(missing)}
+                        found = dict(
+                            zip(missing, (int(n) for n in self._rows(session, text(f"SELECT {counts}"), values)[0]))
+                        )
+                        memo.remember(found)
+                        known = {**known, **found}
+                    plan = bm25_bound.split(terms, {t: known[k] for t, k in keys.items()}, total)
+                    if plan is None:
+                        return None
+                    rare, bound = plan
+                    rows = self._rows(
+                        session,
+                        search.pruned,
+                        {**params, "match": fts5_match(terms), "rare": fts5_match(rare), "probe": probe},
+                    )
+            except DBAPIError as exc:
+                log.warning("%s pruned search failed, ranked in full: %s", what, exc.orig)
+                return None
+        if len(rows) < probe or -float(rows[-1].rank) < bound:
+            return None
+        return rows
 
     def keyword_episodes(self, scope: Scope, query: str, depth: int, *, phrases: Sequence[str] = ()) -> list[Hit]:
         terms = query_terms(query)

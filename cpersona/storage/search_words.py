@@ -17,12 +17,13 @@ returns these subclasses, so everything else the backends do is untouched.
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from cpersona.storage.scope import Scope, sql_fragment
 from cpersona.storage.search import FUNCTION_WORDS, MAX_QUERY_CHARS, MAX_TERMS, Hit, clean_query
 from cpersona.storage.sql_text import text
 from cpersona.storage.search_sql import EPISODE_COLUMNS, MEMORY_COLUMNS, episode_record, memory_record
-from cpersona.storage.search_sqlite import SqliteSearch, _fts_search, _FtsSearch, fts5_match
+from cpersona.storage.search_sqlite import PHRASE_KEY, SqliteSearch, _fts_search, _FtsSearch, fts5_match
 from cpersona.storage.search_sqlite import source_filter as sqlite_source_filter
 
 # A word as unicode61 splits text: a run of letters and digits (underscore and
@@ -65,9 +66,11 @@ class SqliteWordSearch(SqliteSearch):
             return []
         where, params = sql_fragment(scope, "m")
         by_source, source_params = sqlite_source_filter(source_id)
-        search = _fts_search("memories_words", "memories", "m", MEMORY_COLUMNS, f"{where} AND {by_source}")
+        search = _fts_search(
+            "memories_words", "memories", "m", MEMORY_COLUMNS, f"{where} AND {by_source}", prunable=True
+        )
         terms = self._within_budget(terms, self._word_counts(search, terms))
-        rows = self._best_in_scope("memories words", search, {**params, **source_params}, fts5_match(terms), depth)
+        rows = self._best_in_scope("memories words", search, {**params, **source_params}, terms, depth)
         return [Hit(memory_record(r), -float(rank)) for r, rank in rows or []]  # -bm25: higher is better
 
     def word_episodes(self, scope: Scope, query: str, depth: int) -> list[Hit]:
@@ -75,9 +78,9 @@ class SqliteWordSearch(SqliteSearch):
         if depth <= 0 or not self.fts_enabled or not terms or not self._has_episodes(scope):
             return []
         where, params = sql_fragment(scope, "e")
-        search = _fts_search("episodes_words", "episodes", "e", EPISODE_COLUMNS, where)
+        search = _fts_search("episodes_words", "episodes", "e", EPISODE_COLUMNS, where, prunable=True)
         terms = self._within_budget(terms, self._word_counts(search, terms))
-        rows = self._best_in_scope("episodes words", search, params, fts5_match(terms), depth)
+        rows = self._best_in_scope("episodes words", search, params, terms, depth)
         return [Hit(episode_record(r), -float(rank)) for r, rank in rows or []]
 
     def _word_counts(self, search: _FtsSearch, terms: list[str]) -> dict[str, int]:
@@ -86,18 +89,22 @@ class SqliteWordSearch(SqliteSearch):
         The index holds porter stems, which this side cannot spell, so each word
         is counted by a MATCH of its own: a walk of its row list with no score,
         about a twentieth of what ranking the same rows with bm25 costs (100k
-        rows, bench/recall_profile.py). {} (every word ranked) when the table is
-        no larger than the budget or a count fails.
+        rows, bench/recall_profile.py), remembered while the index is unchanged
+        (``_budget_counts``). {} (every word ranked) when the table is no larger
+        than the budget or a count fails.
         """
-        if not self._may_overrun(search, terms):
+        if len(terms) <= 1:
             return {}
-        counts = ", ".join(
-            f"(SELECT count(*) FROM {search.fts} WHERE {search.fts} MATCH :w{i})" for i in range(len(terms))
-        )
-        rows = self._run(
-            f"{search.fts} counts", text(f"SELECT {counts}"), {f"w{i}": fts5_match([t]) for i, t in enumerate(terms)}
-        )
-        return dict(zip(terms, (int(n) for n in rows[0]))) if rows else {}
+        fts = search.fts
+
+        # Under the split's keys (a word's count is its phrase's count): one count serves both.
+        def count(session: Any, missing: list[str]) -> dict[str, int]:
+            counts = ", ".join(f"(SELECT count(*) FROM {fts} WHERE {fts} MATCH :w{i})" for i in range(len(missing)))
+            params = {f"w{i}": fts5_match([k[len(PHRASE_KEY) :]]) for i, k in enumerate(missing)}
+            return dict(zip(missing, (int(n) for n in self._rows(session, text(f"SELECT {counts}"), params)[0])))
+
+        found = self._budget_counts(search, [PHRASE_KEY + t for t in terms], count)
+        return {t: found[PHRASE_KEY + t] for t in terms} if found else {}
 
 
 # -- PostgreSQL: tsvector expression indexes --------------------------------------------------
