@@ -118,6 +118,28 @@ def test_a_clear_memories_first_place_takes_the_near_lists_first_vote():
     assert defer_to_clear_first([vector, episodes])[0] is vector
 
 
+def test_a_reply_and_its_question_on_one_score_hold_the_clear_first_place_together():
+    # replies.with_replies seats a question's reply just ahead of it with the question's score:
+    # the pair is one first place, clear when the next row scores below 0.9 x it (issue 14)
+    memories = listed("memories", [M[0], M[1], M[2], M[3]], [1.0, 1.0, 0.6, 0.5])
+    vector = listed("vector", [M[2], M[4], M[1], M[0]], [0.9, 0.8, 0.7, 0.6])
+    assert [row.key for row in rrf([vector, memories], K)][:3] == [M[2], M[0], M[1]]  # the vector votes lead
+    deferred = defer_to_clear_first([vector, memories])
+    assert [(e.key, e.rank) for e in deferred[0].entries[:3]] == [(M[0], 0), (M[1], 1), (M[2], 0)]
+    fused = rrf(deferred, K)
+    assert fused[0].key == M[0] and fused[0].score == pytest.approx(2 / 61)  # the reply first, on both votes
+    assert {row.key for row in fused[:3]} == {M[0], M[1], M[2]}  # the question stays above the rows of one channel
+    # a vector list holding neither row of the pair sits out, as against a single clear first place
+    disagreeing = listed("vector", [M[5], M[6]], [0.9, 0.8])
+    assert vector_votes([disagreeing, memories])[0].weight == 0.0
+    # not clear of the next row, or three rows on one score (a tie): nothing moves
+    close = listed("memories", [M[0], M[1], M[2]], [1.0, 1.0, 0.95])
+    assert defer_to_clear_first([vector, close])[0] is vector
+    tie = listed("memories", [M[0], M[1], M[2], M[3]], [1.0, 1.0, 1.0, 0.5])
+    assert defer_to_clear_first([vector, tie])[0] is vector
+    assert vector_votes([disagreeing, tie])[0].weight == 1.0
+
+
 def test_the_gate_signal_is_the_score_within_the_cut():
     row = Candidate(M[0], rrf=0.03, cut_rrf=0.016)
     assert row.signal == ("rrf", 0.016)

@@ -20,6 +20,7 @@ from cpersona.storage.search import RowKey
 VECTOR_CHANNELS = ("vector", "far")  # the lists the vector channel makes; the others are lexical
 AGREE_ROWS = 2  # the keyword rows a vector list must hold one of to vote against a clear first place
 DOMINANT = 0.9  # a keyword first place is clear when its second row scores below this share of it
+SHARED = 2  # rows that may hold one first place on one score (a reply and its question, replies.with_replies)
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,6 +193,8 @@ def vector_votes(lists: Sequence[RankedList], depth: int | None = None) -> Seque
     judges them by the ranks the retrievers gave (``keyword_floor.annotate``).
     With ``depth``, agreement is judged on the vector rows ranked within it
     (the rows past the cut, :func:`confirmed`, are there because they agree).
+    A reply and its question on one score are one first place
+    (:func:`first_place`); ``AGREE_ROWS`` covers both.
     """
     lexical = [lst for lst in lists if lst.channel not in VECTOR_CHANNELS and lst.entries]
     vector = [lst for lst in lists if lst.channel in VECTOR_CHANNELS and lst.entries]
@@ -223,29 +226,60 @@ def defer_to_clear_first(lists: Sequence[RankedList]) -> Sequence[RankedList]:
     first seat from the memories with one episode archived per session.
     A silenced vector list (weight 0) gives nothing. Deliberate difference
     from the reference (docs/benchmarks.md, "Issue 14, fifth pass").
+    A first place held by a reply and its question (:func:`first_place`)
+    takes the near list's first two votes, reply first, so the pair stays
+    together at the top; the other rows keep their ranks.
     """
     memories = next((lst for lst in lists if lst.channel == "memories" and lst.entries), None)
-    if memories is None or not _clear_first(memories):
+    held = 0 if memories is None else first_place(memories)
+    if not held:
         return lists
-    first = memories.entries[0].key
+    firsts = [e.key for e in memories.entries[:held]]
     out = []
     for lst in lists:
         if lst.channel == "vector" and lst.weight > 0:
-            cosine = next((e.raw for e in lst.entries if e.key == first), None)
-            rest = tuple(e for e in lst.entries if e.key != first)
-            lst = replace(lst, entries=(Ranked(first, 0, cosine), *rest))
+            cosine = {e.key: e.raw for e in lst.entries}
+            rest = tuple(e for e in lst.entries if e.key not in firsts)
+            lst = replace(lst, entries=(*(Ranked(k, i, cosine.get(k)) for i, k in enumerate(firsts)), *rest))
         out.append(lst)
     return out
 
 
+def first_place(ranked: RankedList) -> int:
+    """How many rows hold the list's clear first place: 0 when it has none.
+
+    The first place is clear when the first row scoring below the first row
+    scores below ``DOMINANT`` times it. Up to ``SHARED`` rows may share
+    the first score and hold the first place together: a question's reply
+    is seated just ahead of it with the question's score
+    (``replies.with_replies``), so a pair at the top compared with itself
+    (second row = first row) never had a clear first place, and on LoCoMo
+    dev with all-MiniLM-L6-v2 those were the queries where the vector votes
+    pushed the pair down (NDCG@10 below keyword-only on conversations 26,
+    30 and 42; docs/benchmarks.md, "Issue 14, fifth pass: replies and the
+    clear first place"). Three or more rows on one score are a tie, not a
+    first place.
+    """
+    entries = ranked.entries
+    if len(entries) < 2:
+        return 0
+    first = entries[0].raw
+    if first is None or first <= 0:
+        return 0
+    held = 1
+    while held < len(entries) and held < SHARED and entries[held].raw == first:
+        held += 1
+    if held == len(entries):
+        return 0  # nothing below the shared score to be clear of
+    below = entries[held].raw
+    if below is None or below == first or below >= DOMINANT * first:
+        return 0
+    return held
+
+
 def _clear_first(ranked: RankedList) -> bool:
-    """The list's first row scores above its second by more than the ``DOMINANT`` ratio."""
-    if len(ranked.entries) < 2:
-        return False
-    first, second = ranked.entries[0].raw, ranked.entries[1].raw
-    if first is None or second is None or first <= 0:
-        return False
-    return second < DOMINANT * first
+    """The list has a clear first place (:func:`first_place`)."""
+    return first_place(ranked) > 0
 
 
 def min_max(values: Sequence[float | None]) -> list[float]:
