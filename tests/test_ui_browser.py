@@ -128,9 +128,12 @@ def no_alert(driver) -> bool:
 
 
 def wait_for(driver, condition) -> None:
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.support.ui import WebDriverWait
 
-    WebDriverWait(driver, WAIT).until(condition)
+    # A page that re-renders between find_element and .text leaves a stale handle:
+    # that is the page changing, not the condition failing, so look again.
+    WebDriverWait(driver, WAIT, ignored_exceptions=(StaleElementReferenceException,)).until(condition)
 
 
 def test_every_page_in_chromium_read_only(seeded, browser):
