@@ -20,30 +20,27 @@ from __future__ import annotations
 
 import difflib
 import logging
-import math
 import os
 import re
 import sys
 from collections.abc import Iterable, Mapping
-from contextvars import ContextVar
-from dataclasses import dataclass
 from pathlib import Path
-from types import NoneType, UnionType
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import Any, Literal
 
-from pydantic import Field, SecretStr, ValidationError, model_validator
+from pydantic import SecretStr, ValidationError, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from cpersona import DISTRIBUTION
+from cpersona.config_env import ENV_PREFIX, ENVIRON, ConfigError, EnvironmentSource, Rule, bad_value, env_name
+from cpersona.config_env import expectation, field_kind, field_rule
+from cpersona.config_env import rule_field as _f
 
 __all__ = ["ConfigError", "EMBEDDING_MODE_NEEDS", "LEFT_OUT", "Rule", "Settings", "SECTIONS", "check_startup",
            "env_name", "field_kind", "field_rule", "load_settings", "unknown_variables",
            "warn_unknown_variables"]
 
 log = logging.getLogger(__name__)
-
-ENV_PREFIX = "CPERSONA_"
 
 # Section keys → headings, in the order of spec transport-and-config §8.1–§8.8.
 SECTIONS: dict[str, str] = {
@@ -57,8 +54,6 @@ SECTIONS: dict[str, str] = {
     "operator": "Operator files and update check",
 }
 
-BOOL_TRUE = ("true", "1", "yes", "on")
-BOOL_FALSE = ("false", "0", "no", "off")
 GATE_BETA = {"strict": 2.0, "balanced": 1.0, "lenient": 0.5}
 
 # Variables of the reference that this server does not read (see module docstring).
@@ -79,171 +74,6 @@ EMBEDDING_MODE_NEEDS: dict[str, tuple[tuple[str, str], ...]] = {
     "http": (("embedding_url", "the embedding server's endpoint, e.g. http://127.0.0.1:8401/embed"),),
     "api": (("embedding_api_key", "the service's API key (any value for a server that takes none)"),),
 }
-
-
-class ConfigError(ValueError):
-    """A setting that cannot be used; the message is one line fit for stderr."""
-
-
-@dataclass(frozen=True)
-class Rule:
-    """How one field is read from the environment and which values it accepts.
-
-    ``out_of_range`` says what a value outside ``lo``/``hi`` does: ``clamp`` to
-    the bound, fall back to the ``default``, or stop start-up (``error``).
-    ``shown`` is the default as documentation states it when it is derived
-    from other settings.
-    """
-
-    section: str
-    lo: float | None = None
-    hi: float | None = None
-    out_of_range: Literal["clamp", "default", "error"] = "clamp"
-    alias: str | None = None
-    shown: str | None = None
-    empty_is_error: bool = False
-    only_true_word: bool = False
-    also: tuple[str, ...] = ()
-
-
-def _f(default: Any, section: str, description: str, **rule: Any) -> Any:
-    info = Field(default, description=description)
-    info.metadata.append(Rule(section, **rule))
-    return info
-
-
-def field_rule(info: FieldInfo) -> Rule:
-    for item in info.metadata:
-        if isinstance(item, Rule):
-            return item
-    raise LookupError("field has no Rule")  # every Settings field is built by _f
-
-
-def env_name(field_name: str) -> str:
-    return ENV_PREFIX + field_name.upper()
-
-
-def field_kind(info: FieldInfo) -> tuple[str, tuple[str, ...]]:
-    """The parsing kind of a field (and its choices, for enums)."""
-    ann = info.annotation
-    if get_origin(ann) in (Union, UnionType):
-        ann = next(a for a in get_args(ann) if a is not NoneType)
-    if get_origin(ann) is Literal:
-        return "enum", tuple(get_args(ann))
-    if get_origin(ann) is tuple:
-        return "list", ()
-    kinds = {bool: "bool", int: "int", float: "float", Path: "path", SecretStr: "secret", str: "str"}
-    return kinds[ann], ()
-
-
-def _bad(var: str, raw: Any, expected: str) -> ConfigError:
-    return ConfigError(f"{var}={str(raw)!r} is not valid: expected {expected}")
-
-
-def _num(value: float) -> str:
-    return str(int(value)) if float(value).is_integer() else str(value)
-
-
-def _expectation(kind: str, rule: Rule) -> str:
-    noun = "an integer" if kind == "int" else "a number"
-    if rule.out_of_range != "error":
-        return noun
-    if rule.lo is not None and rule.hi is not None:
-        return f"{noun} {_num(rule.lo)}..{_num(rule.hi)}"
-    if rule.lo is not None:
-        return f"{noun} >= {_num(rule.lo)}"
-    if rule.hi is not None:
-        return f"{noun} <= {_num(rule.hi)}"
-    return noun
-
-
-_INT = re.compile(r"[+-]?\d+")
-
-
-def _parse(var: str, raw: str, info: FieldInfo) -> Any:
-    """Turn one trimmed, non-empty environment value into the field's type."""
-    kind, choices = field_kind(info)
-    rule = field_rule(info)
-    if kind == "bool":
-        word = raw.lower()
-        if rule.only_true_word:
-            # Spec CFG-3 / open point 2: only the word `true` opts in. The other
-            # "true" spellings are refused rather than read as false, so nobody
-            # believes they enabled something they did not.
-            if word in BOOL_FALSE or word == "true":
-                return word == "true"
-            raise _bad(var, raw, "true or false (only the word 'true' enables it)")
-        if word in BOOL_TRUE:
-            return True
-        if word in BOOL_FALSE:
-            return False
-        raise _bad(var, raw, "one of " + ", ".join(w for pair in zip(BOOL_TRUE, BOOL_FALSE) for w in pair))
-    if kind == "enum":
-        word = raw.lower()
-        if word not in choices:
-            raise _bad(var, raw, "one of " + ", ".join(choices))
-        return word
-    if kind == "int":
-        if not _INT.fullmatch(raw):
-            raise _bad(var, raw, _expectation(kind, rule))
-        return int(raw)
-    if kind == "float":
-        try:
-            value = float(raw)
-        except ValueError:
-            value = math.nan
-        if not math.isfinite(value):
-            raise _bad(var, raw, _expectation(kind, rule))
-        return value
-    if kind == "list":
-        return tuple(part for part in re.split(r"[\s,]+", raw) if part)
-    return raw  # str, secret and path: pydantic converts
-
-
-def _lookup(environ: Mapping[str, str], name: str, rule: Rule) -> tuple[str, str] | None:
-    """The variable that supplies a field and its trimmed value, if any does."""
-    for var in (env_name(name), rule.alias):
-        if var is None or var not in environ:
-            continue
-        raw = environ[var].strip()
-        if raw:
-            return var, raw
-        if rule.empty_is_error:
-            raise ConfigError(f"{var} is set but empty: expected {_choices_text(name)}")
-        # Spec CFG-5: an empty prefixed value counts as unset, so the alias is tried.
-    return None
-
-
-def _choices_text(name: str) -> str:
-    kind, choices = field_kind(Settings.model_fields[name])
-    return "one of " + ", ".join(choices) if kind == "enum" else "a value"
-
-
-# The mapping load_settings() was given; None means the process environment.
-_ENVIRON: ContextVar[Mapping[str, str] | None] = ContextVar("cpersona_environ", default=None)
-
-
-class _EnvironmentSource(PydanticBaseSettingsSource):
-    """Reads CPERSONA_* variables with the project's own parsing rules.
-
-    pydantic-settings' built-in env source accepts spellings the spec does not
-    (``t``, ``y``), cannot treat an empty prefixed name as unset before trying
-    its alias, and reports errors as multi-line ValidationErrors.
-    """
-
-    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
-        return None, field_name, False  # unused: __call__ does the whole job
-
-    def __call__(self) -> dict[str, Any]:
-        environ = _ENVIRON.get()
-        if environ is None:
-            environ = os.environ
-        values: dict[str, Any] = {}
-        for name, info in self.settings_cls.model_fields.items():
-            found = _lookup(environ, name, field_rule(info))
-            if found is not None:
-                values[name] = _parse(found[0], found[1], info)
-        return values
 
 
 # Section shorthands keep the field table readable.
@@ -431,7 +261,7 @@ class Settings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         # Keyword arguments win over the environment; no dotenv, no secrets dir.
-        return init_settings, _EnvironmentSource(settings_cls)
+        return init_settings, EnvironmentSource(settings_cls)
 
     @model_validator(mode="after")
     def _check(self) -> Settings:
@@ -458,7 +288,7 @@ class Settings(BaseSettings):
             return
         var = env_name(name)
         if rule.out_of_range == "error":
-            raise _bad(var, value, _expectation(field_kind(info)[0], rule))
+            raise bad_value(var, value, expectation(field_kind(info)[0], rule))
         new = info.default if rule.out_of_range == "default" else (rule.lo if low else rule.hi)
         new = type(value)(new)
         log.warning("%s=%s is out of range; using %s", var, value, new)
@@ -475,7 +305,7 @@ class Settings(BaseSettings):
         if 1 < pct <= 100:
             self.calibrate_percentile = pct / 100
         elif not 0 < pct <= 1:
-            raise _bad("CPERSONA_CALIBRATE_PERCENTILE", pct, "a fraction in (0, 1] or a percent up to 100")
+            raise bad_value("CPERSONA_CALIBRATE_PERCENTILE", pct, "a fraction in (0, 1] or a percent up to 100")
         self._derive_reconstruct()
         self._check_oauth()
 
@@ -487,27 +317,27 @@ class Settings(BaseSettings):
         for name in ("reconstruct_default_count", "reconstruct_forced_count"):
             value = getattr(self, name)
             if value is not None and value > top:
-                raise _bad(env_name(name), value, f"an integer <= CPERSONA_RECONSTRUCT_MAX_COUNT ({top})")
+                raise bad_value(env_name(name), value, f"an integer <= CPERSONA_RECONSTRUCT_MAX_COUNT ({top})")
         quote = self.reconstruct_quote_chars
         if self.reconstruct_tail_quote_chars is None:
             self.reconstruct_tail_quote_chars = min(400, quote)
         tail = self.reconstruct_tail_quote_chars
         if quote > 0 and not 0 < tail <= quote:
-            raise _bad("CPERSONA_RECONSTRUCT_TAIL_QUOTE_CHARS", tail,
+            raise bad_value("CPERSONA_RECONSTRUCT_TAIL_QUOTE_CHARS", tail,
                        f"an integer 1..{quote} (CPERSONA_RECONSTRUCT_QUOTE_CHARS)")
         floor = self.recall_preview_chars or 1
         if self.reconstruct_max_budget is None:
             self.reconstruct_max_budget = max(20000, floor)
         ceiling = self.reconstruct_max_budget
         if ceiling < floor:
-            raise _bad("CPERSONA_RECONSTRUCT_MAX_BUDGET", ceiling,
+            raise bad_value("CPERSONA_RECONSTRUCT_MAX_BUDGET", ceiling,
                        f"an integer >= {floor} (the preview size, CPERSONA_RECALL_PREVIEW_CHARS)")
         if self.reconstruct_default_budget is None:
             self.reconstruct_default_budget = min(max(4000, floor), ceiling)
         for name in ("reconstruct_default_budget", "reconstruct_forced_budget"):
             value = getattr(self, name)
             if value is not None and not floor <= value <= ceiling:
-                raise _bad(env_name(name), value, f"an integer {floor}..{ceiling} "
+                raise bad_value(env_name(name), value, f"an integer {floor}..{ceiling} "
                            "(preview size .. CPERSONA_RECONSTRUCT_MAX_BUDGET)")
 
     def _check_oauth(self) -> None:
@@ -517,10 +347,10 @@ class Settings(BaseSettings):
         urls += [("CPERSONA_OAUTH_AUTHORIZATION_SERVERS", s) for s in self.oauth_authorization_servers]
         for var, url in urls:
             if url is not None and not re.fullmatch(r"https?://[^/\s?#]+(?:[/?#]\S*)?", url, re.IGNORECASE):
-                raise _bad(var, url, "an http(s) URL")
+                raise bad_value(var, url, "an http(s) URL")
         for scope in self.oauth_scopes:
             if not OAUTH_SCOPE_CHARS.fullmatch(scope):
-                raise _bad("CPERSONA_OAUTH_SCOPES", scope, 'scope names of printable ASCII without " or \\')
+                raise bad_value("CPERSONA_OAUTH_SCOPES", scope, 'scope names of printable ASCII without " or \\')
 
     # --- derived values other modules use ---
 
@@ -578,11 +408,11 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
 
     Raises ConfigError (one line naming the variable) for any unusable value.
     """
-    token = _ENVIRON.set(environ)
+    token = ENVIRON.set(environ)
     try:
         return Settings()
     finally:
-        _ENVIRON.reset(token)
+        ENVIRON.reset(token)
 
 
 def check_startup(settings: Settings) -> None:

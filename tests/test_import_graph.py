@@ -10,7 +10,7 @@ layer below, never one above):
     mcp        cpersona/mcp (the MCP facade, its tools and transports)
     services   cpersona/services and each of its sub-packages
     storage    cpersona/storage, cpersona/embedding
-    base       cpersona/__init__.py (the version), config.py, config_docs.py
+    base       cpersona/__init__.py (the version), config.py, config_env.py, config_docs.py
 
 Which imports count: every ``import`` statement in a module, at module level
 and inside functions alike, because a deferred import is still a dependency
@@ -55,7 +55,7 @@ ENTRY = {
     "cpersona.tool_cli",
     "cpersona.hooks",
 }
-BASE = {"cpersona", "cpersona.config", "cpersona.config_docs"}
+BASE = {"cpersona", "cpersona.config", "cpersona.config_env", "cpersona.config_docs"}
 RANK = {"entry": 4, "mcp": 3, "services": 2, "storage": 1, "base": 0}
 
 

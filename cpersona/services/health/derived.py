@@ -137,11 +137,11 @@ def detect_missing_nodes(ctx: Ctx) -> list[Issue]:
 
 def repair_missing_nodes(ctx: Ctx, issues: list[Issue]) -> None:
     issue = issues[0]
-    todo: list[tuple[str, int, str, str, str]] = []
+    to_build: list[tuple[str, int, str, str, str]] = []
     if issue.get("repairable"):
         queued = _queued_ids(ctx)
-        todo = [r for r in _still_missing(ctx, ctx.prep.nodes) if (r[0], r[1]) not in queued][:BUILD_CAP]
-    for kind, record_id, agent_id, project_id, _ in todo:
+        to_build = [r for r in _still_missing(ctx, ctx.prep.nodes) if (r[0], r[1]) not in queued][:BUILD_CAP]
+    for kind, record_id, agent_id, project_id, _ in to_build:
         enqueue(
             ctx.app,
             ctx.conn,
@@ -154,7 +154,7 @@ def repair_missing_nodes(ctx: Ctx, issues: list[Issue]) -> None:
     if issue["count"] is None:
         issue["built"] = 0
         return
-    issue.update(built=0, queued=len(todo), remaining=issue["count"] - len(todo) - issue.get("already_queued", 0))
+    issue.update(built=0, queued=len(to_build), remaining=issue["count"] - len(to_build) - issue.get("already_queued", 0))
     if issue["remaining"] > 0:
         issue["hint"] = "bounded repair: re-run fix until remaining reaches 0"
 
