@@ -20,8 +20,7 @@ from cpersona.services.recall.service import recall
 from cpersona.services.records.memories import store
 from cpersona.storage.engine import BACKGROUND_CACHE_KIB, open_sqlite
 from cpersona.storage.migrate import upgrade
-from embed_server import EmbedServer
-from test_vector_channel import DIM, embedding_app
+from test_vector_channel import embedding_app
 
 pytestmark = pytest.mark.sqlite_only  # the page cache and the pools are SQLite's
 
@@ -85,19 +84,10 @@ def test_a_sequential_client_is_served_by_one_warm_connection(tmp_path):
         db.close()
 
 
-@pytest.fixture
-def server():
-    srv = EmbedServer(dimension=DIM).start()
-    try:
-        yield srv
-    finally:
-        srv.stop()
-
-
-def test_start_up_work_and_counter_flushes_stay_off_the_serving_pool(db, server):
+def test_start_up_work_and_counter_flushes_stay_off_the_serving_pool(db, embed_server):
     # The far list reads the coarse index (reach past the window), so start-up reconciles it;
     # with embeddings on, calibration and the backfill run too.
-    app = embedding_app(db, server, DEGRADED_ADVISORY="false", MAX_MEMORIES="10", VECTOR_REACH="1000000")
+    app = embedding_app(db, embed_server, DEGRADED_ADVISORY="false", MAX_MEMORIES="10", VECTOR_REACH="1000000")
     serving: list[str] = []
 
     @event.listens_for(db.engine, "checkout")

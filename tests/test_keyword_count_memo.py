@@ -19,19 +19,12 @@ from cpersona.storage.engine import open_sqlite
 from cpersona.storage.models import Memory
 from cpersona.storage.scope import Scope
 from cpersona.storage.search_words import SqliteWordSearch
+from test_keyword_budget import COMMON, RARE, corpus
 
 pytestmark = pytest.mark.sqlite_only  # FTS5's own records
 
-COMMON, RARE, BUDGET = 300, 3, 50
+BUDGET = 50
 SCOPE = Scope(agent_id="a")
-
-
-def fill(db) -> None:
-    rows = [f"the weather report number {i}" for i in range(COMMON)]
-    rows += [f"a zeppelin sighting {i}" for i in range(RARE)]
-    rows += ["zeppelin weather together"]
-    with db.write() as session:
-        session.execute(insert(Memory), [{"agent_id": "a", "content": c, "timestamp": "2026-01-01"} for c in rows])
 
 
 ARMS = {
@@ -73,7 +66,7 @@ def count_statements(monkeypatch) -> list[str]:
 
 @pytest.mark.parametrize("arm", sorted(ARMS))
 def test_counts_are_read_once_while_the_index_is_unchanged(db, budget, monkeypatch, arm):
-    fill(db)
+    corpus(db)
     seen = count_statements(monkeypatch)
     first = found(db, arm)
     assert len(first) == RARE + 1  # over the budget: the common word is left out
@@ -86,7 +79,7 @@ def test_counts_are_read_once_while_the_index_is_unchanged(db, budget, monkeypat
 
 @pytest.mark.parametrize("arm", sorted(ARMS))
 def test_a_delete_through_another_connection_is_counted_again(db, other, budget, arm):
-    fill(db)
+    corpus(db)
     assert len(found(db, arm)) == RARE + 1
     with other.write() as session:  # the common word falls under the budget: now it is ranked too
         session.execute(text("DELETE FROM memories WHERE content LIKE 'the weather report number %' AND id > 20"))
@@ -96,7 +89,7 @@ def test_a_delete_through_another_connection_is_counted_again(db, other, budget,
 
 @pytest.mark.parametrize("arm", sorted(ARMS))
 def test_an_update_through_another_connection_is_counted_again(db, other, budget, arm):
-    fill(db)
+    corpus(db)
     assert len(found(db, arm)) == RARE + 1
     with other.write() as session:  # same rows, same lengths: only the index's segments tell
         session.execute(
@@ -126,7 +119,7 @@ def test_an_insert_through_another_connection_is_counted_again(db, other, budget
 
 
 def test_the_word_arms_split_reuses_the_budgets_counts(db, budget, monkeypatch):
-    fill(db)
+    corpus(db)
     seen = count_statements(monkeypatch)
     # Over the budget "weather" gives way; the two rare words left are counted once, for both uses.
     texts = [h.record.text for h in SqliteWordSearch(db).word_memories(SCOPE, "zeppelin sighting weather", 10)]

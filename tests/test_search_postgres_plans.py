@@ -54,11 +54,14 @@ def pg():
 
 
 def plans_of(db, run, marker: str) -> list[str]:
-    """EXPLAIN of every statement containing ``marker`` that ``run()`` sends, in its own transaction."""
+    """EXPLAIN of every statement containing ``marker`` that ``run()`` sends, in its own transaction.
+
+    The keyword budget's own EXPLAINs (planner estimates) are not plans of the statement.
+    """
     plans: list[str] = []
 
     def after(conn, cursor, statement, parameters, context, executemany):
-        if marker in statement:
+        if marker in statement and not statement.startswith("EXPLAIN"):
             with conn.connection.dbapi_connection.cursor() as explain:
                 explain.execute("EXPLAIN " + statement, parameters)
                 plans.append("\n".join(row[0] for row in explain.fetchall()))

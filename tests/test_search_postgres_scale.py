@@ -29,6 +29,7 @@ from cpersona.storage.search_words import SqliteWordSearch
 from cpersona.storage.search_words_postgres import PostgresWordSearch
 from cpersona.storage.vectors_postgres import pgvector_serves, toast_target, width_statistics_name
 from pg_support import fresh_pg_url, skip_without_pgvector
+from test_search_postgres_plans import plans_of
 
 COMMON, RARE = 1500, 4
 
@@ -123,24 +124,6 @@ def test_a_table_no_larger_than_the_budget_ranks_every_term_as_sqlite_does(engin
     assert sent and {"%weather%", "%report%"} <= set(sent[0].values())
 
 
-def _plans(db, run, marker: str) -> list[str]:
-    plans: list[str] = []
-
-    def after(conn, cursor, statement, parameters, context, executemany):
-        if marker in statement and not statement.startswith("EXPLAIN"):
-            with conn.connection.dbapi_connection.cursor() as explain:
-                explain.execute("EXPLAIN " + statement, parameters)
-                plans.append("\n".join(row[0] for row in explain.fetchall()))
-
-    event.listen(db.engine, "after_cursor_execute", after)
-    try:
-        run()
-    finally:
-        event.remove(db.engine, "after_cursor_execute", after)
-    assert plans, f"no statement with {marker!r} was sent"
-    return plans
-
-
 @pytest.mark.parametrize("pgvector", [False, True])
 def test_a_window_smaller_than_the_agent_is_read_newest_first_through_the_index(engines, pgvector):
     pg, lite = engines
@@ -155,7 +138,7 @@ def test_a_window_smaller_than_the_agent_is_read_newest_first_through_the_index(
     def run():
         return search.vector_candidates("mem", Scope("a"), query, 10, threshold=-1.0, window=(0, 100))
 
-    for plan in _plans(pg, run, "octet_length"):
+    for plan in plans_of(pg, run, "octet_length"):
         assert "idx_memories_agent" in plan, plan
         assert "Seq Scan on memories" not in plan, plan
     expected = SqliteWordSearch(lite).vector_candidates("mem", Scope("a"), query, 10, threshold=-1.0, window=(0, 100))
