@@ -154,7 +154,9 @@ def repair_missing_nodes(ctx: Ctx, issues: list[Issue]) -> None:
     if issue["count"] is None:
         issue["built"] = 0
         return
-    issue.update(built=0, queued=len(to_build), remaining=issue["count"] - len(to_build) - issue.get("already_queued", 0))
+    issue.update(
+        built=0, queued=len(to_build), remaining=issue["count"] - len(to_build) - issue.get("already_queued", 0)
+    )
     if issue["remaining"] > 0:
         issue["hint"] = "bounded repair: re-run fix until remaining reaches 0"
 
