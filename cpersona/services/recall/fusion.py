@@ -21,6 +21,7 @@ VECTOR_CHANNELS = ("vector", "far")  # the lists the vector channel makes; the o
 AGREE_ROWS = 2  # the keyword rows a vector list must hold one of to vote against a clear first place
 DOMINANT = 0.9  # a keyword first place is clear when its second row scores below this share of it
 SHARED = 2  # rows that may hold one first place on one score (a reply and its question, replies.with_replies)
+VECTOR_ONLY_SHARE = 5  # one seat in this many of an answer may go to a row no keyword list holds (seat_vector_only)
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,6 +244,54 @@ def defer_to_clear_first(lists: Sequence[RankedList]) -> Sequence[RankedList]:
             lst = replace(lst, entries=(*(Ranked(k, i, cosine.get(k)) for i, k in enumerate(firsts)), *rest))
         out.append(lst)
     return out
+
+
+def vector_only_seats(limit: int) -> int:
+    """Seats of a ``limit``-row answer that rows found by the vector channel alone may take: a fifth, at least one."""
+    return max(1, limit // VECTOR_ONLY_SHARE)
+
+
+def seat_vector_only(lists: Sequence[RankedList], seats: int, k: int) -> Sequence[RankedList]:
+    """The lists with the vector votes of rows no keyword list holds kept for the best ``seats`` of them.
+
+    A row only the vector channel found (on no lexical list, at any depth
+    read) is the least precise row an answer can hold: on LoCoMo dev with
+    all-MiniLM-L6-v2 the first such row of the near list is evidence 3.5% of
+    the time, the second 1.8%, the third and fourth 0.7%, against 2-3% for
+    the keyword rows at ranks 4-9 that they pushed out of the ten. Under rrf
+    at K = 60 a vector-only row at near rank r ties the keyword row at rank
+    r, so a ten-row answer took up to four of them. The best ``seats`` of
+    them (by their vector votes) keep their votes; the others keep their
+    rows in a list of weight 0 after every voted row, in the near list's
+    order, so an answer the keyword lists cannot fill still gets them and no
+    row is lost. Rows on both channels, and a vector list set aside, are not
+    touched. Ordering only: the gate judges the votes within depth
+    (``Candidate.cut_rrf``, computed before this). Deliberate difference from
+    the reference (docs/benchmarks.md, "Issue 14, sixth pass"): LoCoMo dev
+    R@10 0.712 -> 0.718, higher or equal on every conversation, R@10 and
+    NDCG@10.
+    """
+    lexical = {e.key for lst in lists if lst.channel not in VECTOR_CHANNELS for e in lst.entries}
+    if not lexical:
+        return lists  # the vector channel is the only evidence: nothing to make room for
+    votes: dict[RowKey, float] = {}
+    for lst in lists:
+        if lst.channel in VECTOR_CHANNELS and lst.weight > 0:
+            for e in lst.entries:
+                if e.key not in lexical:
+                    votes[e.key] = votes.get(e.key, 0.0) + lst.weight / (k + e.rank * lst.scale + 1)
+    if len(votes) <= seats:
+        return lists
+    kept = set(sorted(votes, key=lambda key: -votes[key])[:seats])  # stable: on equal votes the first seen
+    out, aside = [], {}
+    for lst in lists:
+        if lst.channel in VECTOR_CHANNELS and lst.weight > 0:
+            for e in lst.entries:
+                if e.key in votes and e.key not in kept:
+                    aside.setdefault(e.key, e)
+            lst = replace(lst, entries=tuple(e for e in lst.entries if e.key not in aside))
+        out.append(lst)
+    return [*out, RankedList("vector", tuple(aside.values()), 0.0)]
 
 
 def first_place(ranked: RankedList) -> int:

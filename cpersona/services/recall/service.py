@@ -56,6 +56,8 @@ from cpersona.services.recall.fusion import (
     on_one_scale,
     rrf,
     rsf,
+    seat_vector_only,
+    vector_only_seats,
     vector_votes,
     within_cut,
 )
@@ -244,6 +246,8 @@ def fuse(app: App, req: RecallRequest, found: Retrieval, profile: str | None) ->
         cut = None if cut is None else on_one_scale(cut, *found.counts)
     if mode == "rrf":
         lists = defer_to_clear_first(lists)  # the near list's first place goes to it too (issue 14)
+        # rows only the vector channel found take at most a fifth of the answer (issue 14, sixth pass)
+        lists = seat_vector_only(lists, vector_only_seats(req.limit), app.settings.rrf_k)
     fused = rrf(lists, app.settings.rrf_k) if mode == "rrf" else rsf(lists)
     within = {} if cut is None else {row.key: row.score for row in rrf(cut, app.settings.rrf_k)}
     rows = []
