@@ -141,8 +141,19 @@ def test_writes_reach_the_held_window_through_the_change_log(pair):  # spec VEC-
         conn.execute(text("DELETE FROM memories WHERE id IN (:a, :b)"), {"a": ids[6], "b": ids[7]})
         conn.execute(text("DELETE FROM memories WHERE id IN (SELECT id FROM memories ORDER BY id LIMIT 5)"))
     same_everywhere(held, exact, rng)
-    # and from the held database itself
+    # and from the held database itself, one row with a longer stamp than any the copy holds
+    # (it is held at the loaded stamps' width: the copy must widen, not cut the stamp)
     add_memories(held, *corpus(rng, 30, first=340))
+    with held.read() as session:
+        order = session.execute(text("SELECT created_at FROM memories ORDER BY created_at DESC, id ASC")).all()
+    wide = add_memories(held, {**corpus(rng, 1, first=400)[0], "created_at": order[9][0] + ".500000"})[0]
+    with held.read() as session:  # its place: cut at 19 bytes it would sort after the rows of that second
+        order = [r[0] for r in session.execute(text("SELECT id FROM memories ORDER BY created_at DESC, id ASC"))]
+    edge = (0, order.index(wide) + 1)
+    query = rng.normal(size=DIM)
+    want = near(exact, Scope(), query, window=edge, depth=edge[1])
+    assert wide in [i for i, _ in want]
+    assert near(held, Scope(), query, window=edge, depth=edge[1], held=True) == want
     same_everywhere(held, exact, rng, queries=2)
     assert vector_index_sqlite.for_database(held).loads == 1  # followed by the log, never loaded again
 
