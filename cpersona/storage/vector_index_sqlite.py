@@ -49,7 +49,7 @@ _TABLES = {"mem": "memories_coarse", "ep": "episodes_coarse"}
 RELOAD_CHANGES = 20_000
 # Rows added since the load are re-sorted into place once they are this many.
 MERGE_ADDED = 4_096
-_LOAD_CHUNK = 65_536
+_LOAD_CHUNK = 16_384  # rows fetched at a time: each chunk of fetched tuples is held beside the arrays
 
 
 class _Codes:
@@ -346,7 +346,7 @@ def _held(conn: Any, index: _KindIndex, rows: np.ndarray, dims: int) -> np.ndarr
         # Held anew for this window (and room for the rows stored next): the vectors of rows
         # that left every window are let go, so the matrix stays about one window's size.
         keep = rows[slots >= 0] if f is not None and f.matrix.shape[1] == dims else rows[:0]
-        room = len(rows) + len(rows) // 4 + _FLOAT_ROOM
+        room = len(rows) + len(rows) // 8 + _FLOAT_ROOM
         g = _Floats(np.empty((room, dims), dtype=np.float32), np.empty(room, dtype=np.float64), len(keep))
         if len(keep):
             g.matrix[: len(keep)] = f.matrix[a.slot[keep]]
