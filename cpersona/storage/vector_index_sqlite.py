@@ -224,27 +224,31 @@ class ProcessIndex:
             return None
         a = index.arrays
         n = a.n
-        mask = a.alive[:n].copy()
-        if not _scope_mask(mask, a, index.codes, scope, source_id if kind == "mem" else "", slice(0, n)):
-            return [], None, None
-        idx = np.flatnonzero(mask)
-        ranks = a.rank[idx]
-        total = len(idx)
+        source = source_id if kind == "mem" else ""
         start, stop = max(0, window[0]), max(0, window[1])
-        if start >= total or stop <= start:
+        if stop <= start:
             return [], None, None
-        # Scan position p (newest first) is the (total - 1 - p)-th smallest rank.
-        first = _nth(ranks, total - 1 - start)
-        keep = ranks <= first
-        lo = _key(a, idx, ranks, first)
-        hi = None
-        if stop < total:
-            past = _nth(ranks, total - 1 - stop)
-            keep &= ranks > past
+        mask = a.alive[:n].copy()
+        if not _scope_mask(mask, a, index.codes, scope, source, slice(0, n)):
+            return [], None, None
+        lo = hi = None
+        if start > 0:
+            # The window's first row, the one past the scope's newest ``start``, is found on the
+            # newest part of the arrays (_newest): ranking every row in scope to find it cost
+            # about a third of the far list at 1M rows.
+            _, first = _newest(a, index.codes, scope, source, start)
+            if first is None:
+                return [], None, None
+            mask &= a.rank[:n] <= a.rank[first]
+            lo = _row_key(a, first)
+        idx = np.flatnonzero(mask)
+        if stop - start < len(idx):  # the window ends before the scope's oldest row
+            ranks = a.rank[idx]
+            past = _nth(ranks, len(idx) - 1 - (stop - start))
             hi = _key(a, idx, ranks, past)
-        idx = idx[keep]
+            idx = idx[ranks > past]
         if len(idx) > k:
-            distance = _hamming(a.bits, idx, np.frombuffer(qbits, dtype=np.uint8))
+            distance = _hamming(a.bits, idx, np.frombuffer(qbits, dtype=np.uint8), n)
             idx = idx[_nearest(distance, a.rank[idx], k)]
         return [int(i) for i in a.ids[idx]], lo, hi
 
@@ -279,7 +283,8 @@ class ProcessIndex:
             if index is None:
                 return None
             a = index.arrays
-            rows, past = _newest(a, index.codes, scope, source_id if kind == "mem" else "", stop)
+            rows, past_row = _newest(a, index.codes, scope, source_id if kind == "mem" else "", stop)
+            past = None if past_row is None else _row_key(a, past_row)
             if not len(rows):
                 return [], past
             slots = _held(conn, index, rows, len(query) // 4)
@@ -309,9 +314,9 @@ _FLOAT_ROOM = 1_024  # rows of float vectors held past the window, for the rows 
 
 def _newest(
     a: _Arrays, codes: dict[str, _Codes], scope: Scope, source_id: str, stop: int
-) -> tuple[np.ndarray, tuple[str, int] | None]:
-    """Rows of the scope's newest ``stop`` (scan positions [0, stop)) and the key of the first
-    row past them. Only the newest part of the arrays is read: a step back over the loaded rows,
+) -> tuple[np.ndarray, int | None]:
+    """Rows of the scope's newest ``stop`` (scan positions [0, stop)) and the first row past
+    them (None: there is none). Only the newest part of the arrays is read: a step back over the loaded rows,
     longer each time, until more than ``stop`` rows in scope are newer than where it stopped."""
     n, loaded = a.n, a.loaded
     added = np.arange(loaded, n)
@@ -331,8 +336,11 @@ def _newest(
     if len(found) <= stop:
         return found, None
     top = np.argpartition(-a.rank[found], stop)
-    row = int(found[top[stop]])
-    return found[top[:stop]], (a.created[row].decode("utf-8"), int(a.ids[row]))
+    return found[top[:stop]], int(found[top[stop]])
+
+
+def _row_key(a: _Arrays, row: int) -> tuple[str, int]:
+    return a.created[row].decode("utf-8"), int(a.ids[row])
 
 
 def _held(conn: Any, index: _KindIndex, rows: np.ndarray, dims: int) -> np.ndarray:
@@ -396,29 +404,37 @@ def _key(a: _Arrays, idx: np.ndarray, ranks: np.ndarray, rank: float) -> tuple[s
 _BLOCK = 32_768  # rows per step: the block's temporaries stay in the CPU cache
 
 
-def _hamming(bits: np.ndarray, idx: np.ndarray, query: np.ndarray) -> np.ndarray:
-    """Hamming distance of each ``bits[idx]`` row to ``query``, a block of rows at a time."""
+def _hamming(bits: np.ndarray, idx: np.ndarray, query: np.ndarray, n: int) -> np.ndarray:
+    """Hamming distance of each ``bits[idx]`` row to ``query``, a block of rows at a time.
+
+    When ``idx`` holds most of the ``n`` rows (a whole-corpus reach), every row is measured in
+    place, block by contiguous block, and the distances of ``idx`` picked afterwards: gathering
+    the rows first copied nearly the whole matrix at every far list."""
     words = bits.shape[1] // 8 if bits.shape[1] % 8 == 0 else 0
     if words:  # 64 bits at a time: 8x fewer popcounts than byte by byte
         table, query = bits.view(np.uint64), query.view(np.uint64)
     else:
         table = bits
-    out = np.empty(len(idx), dtype=np.int32)
+    every = len(idx) * 2 > n
+    count = n if every else len(idx)
+    out = np.empty(count, dtype=np.int32)
     width = table.shape[1]
-    rows = np.empty((min(_BLOCK, len(idx)), width), dtype=table.dtype)
+    rows = np.empty((min(_BLOCK, count), width), dtype=table.dtype)
     counts = np.empty(rows.shape, dtype=np.uint8)
-    for lo in range(0, len(idx), _BLOCK):
-        part = idx[lo : lo + _BLOCK]
-        m = len(part)
-        np.take(table, part, axis=0, out=rows[:m])
-        np.bitwise_xor(rows[:m], query, out=rows[:m])
+    for lo in range(0, count, _BLOCK):
+        m = min(_BLOCK, count - lo)
+        if every:
+            np.bitwise_xor(table[lo : lo + m], query, out=rows[:m])
+        else:
+            np.take(table, idx[lo : lo + m], axis=0, out=rows[:m])
+            np.bitwise_xor(rows[:m], query, out=rows[:m])
         np.bitwise_count(rows[:m], out=counts[:m])
         # Column by column: numpy's reduction over a short row costs ~7x more than these adds.
         total = out[lo : lo + m]
         np.add(counts[:m, 0], counts[:m, 1] if width > 1 else 0, out=total, dtype=np.int32)
         for j in range(2, width):
             np.add(total, counts[:m, j], out=total)
-    return out
+    return out[idx] if every else out
 
 
 def _scope_mask(mask: np.ndarray, a: _Arrays, codes: dict[str, _Codes], scope: Scope, source_id: str, sel: Any) -> bool:
