@@ -150,8 +150,8 @@ def server_pid(server: RunningServer) -> int | None:
     if not proc.is_dir():
         return None
     for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue  # not this driver either (run from that directory, its cmdline may name cpersona too)
         try:
             if os.readlink(entry / "cwd") == str(server.workdir) and b"cpersona" in (entry / "cmdline").read_bytes():
                 return int(entry.name)

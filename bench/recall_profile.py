@@ -46,6 +46,7 @@ STAGES = {
     "table_counts": "pool counts",
     "fetch": "row fetch",
     "_vector_scan": "vector exact scan",
+    "_near_scan": "vector near (held vectors)",
     "_coarse_scan": "vector coarse scan",
 }
 

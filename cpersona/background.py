@@ -103,6 +103,9 @@ class BackgroundWork:
                 warm_database(self.app.db)
         except Exception:  # noqa: BLE001 - the first far list loads it instead
             log.exception("in-process vector index load failed")
+        from cpersona.storage.engine import trim_heap
+
+        trim_heap()  # the load's chunks of fetched rows are freed, not yet returned
 
     def stop(self) -> None:
         """Stop what was started (waiting as each part allows); later starts do nothing."""

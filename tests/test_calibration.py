@@ -599,3 +599,38 @@ def test_over_stdio_calibration_and_precision_survive_a_restart(db_path, embed_s
         assert again["old_threshold"] == 0.388 and again["fused_gate"]["beta"] == 2.0
     finally:
         assert second.close() == 0
+
+
+def test_the_pseudo_query_pool_is_packed_and_draws_what_the_list_drew(db):
+    # spec §5.18.3: the gate's pseudo-queries are a seeded random draw of the agent's embedded
+    # memories; the pool is packed (two machine integers a row, not a tuple of an int and a
+    # datetime, ~150 bytes: the start-up calibration's peak at 1M rows) and must draw the same.
+    import random
+    import tracemalloc
+
+    from cpersona.services.calibration import fused_gate
+    from cpersona.services.timestamps import parse_iso
+
+    rows = [
+        (f"pool row {i}", f"2026-0{1 + i % 9}-1{i % 10}T0{i % 10}:1{i % 7}:0{i % 10}.{i:06d}+0{i % 3}:00")
+        for i in range(6000)
+    ]
+    insert(db, "p", rows)
+    insert(db, "p", [("   ", "2026-01-01T00:00:00+00:00"), ("no time", "not a stamp")])  # never pseudo-queries
+    app = make_app(db)
+    tracemalloc.start()
+    try:
+        pool = fused_gate._pseudo_query_pool(app, "p")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    with db.read() as session:
+        listed = [
+            (i, parse_iso(t))
+            for i, t in session.query(Memory.id, Memory.timestamp).filter(Memory.agent_id == "p").order_by(Memory.id)
+            if parse_iso(t) and i <= len(rows)
+        ]
+    assert len(pool) == len(listed) == 6000 and list(pool) == listed  # the same (id, moment), in id order
+    for k in (40, 5999):
+        assert random.Random(3).sample(pool, k) == random.Random(3).sample(listed, k)
+    assert peak < 60 * len(rows)  # bytes a row; the list of tuples took ~300 (fetched rows, then tuples)

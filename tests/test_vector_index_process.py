@@ -317,3 +317,30 @@ def test_the_copy_proposes_the_candidates_the_sql_walk_would(two, monkeypatch): 
             patch.setattr(backend, "_process_index_scan", lambda *args: None)
             walked = backend._coarse_scan("mem", Scope(agent_id="a"), "", "m.agent_id = 'a'", dict(params), q)
         assert copy == walked
+
+
+def test_a_scope_holding_most_rows_among_others_gets_the_walks_candidates(two, monkeypatch):  # spec VEC-7, ISO-2
+    # Two rows of agent a to one of agent b, interleaved in scan order: the copy measures every
+    # row in place when the window holds most of them (vector_index_sqlite._hamming) and must
+    # then pick the distances of the scope's own rows, not of the rows at those positions.
+    writer, reader = two
+    rng = np.random.default_rng(21)
+    rows = [
+        {
+            "agent_id": "ab"[i % 3 == 2],
+            "content": f"t{i}",
+            "embedding": list(rng.normal(size=DIM)),
+            "created_at": stamp(i),
+        }
+        for i in range(1500)
+    ]
+    add_memories(writer, *rows)
+    backend = SqliteSearch(reader)
+    for seed in range(4):
+        q = to_blob(list(np.random.default_rng(500 + seed).normal(size=DIM)))
+        params = scan_parameters(q, window=(10, 10**9), threshold=-1.0, depth=20)
+        copy = backend._process_index_scan("mem", Scope(agent_id="a"), "", "m.agent_id = 'a'", dict(params), q)
+        with monkeypatch.context() as patch:
+            patch.setattr(backend, "_process_index_scan", lambda *args: None)
+            walked = backend._coarse_scan("mem", Scope(agent_id="a"), "", "m.agent_id = 'a'", dict(params), q)
+        assert copy == walked and len(copy) == 20

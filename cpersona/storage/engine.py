@@ -665,3 +665,19 @@ def open_database(settings: Any) -> Database:
     if url:
         return open_postgres(url)
     return open_sqlite(settings.db_file)
+
+
+def trim_heap() -> None:
+    """Give the C heap's free pages back to the system after a one-off walk of a large table.
+
+    glibc keeps the memory Python and SQLite freed (the in-process vector index's load, a
+    start-up calibration's sample and pseudo-query recalls) mapped in the process: ~30 MB of
+    RSS at 1M rows that nothing would use again (docs/benchmarks.md, Scale). Elsewhere (musl,
+    macOS, Windows) there is no such call and nothing is done.
+    """
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass

@@ -103,6 +103,13 @@ class SqlSearch(ABC):
         exact cosine, best first; None when this backend (or this query's width) has no such index."""
         return None
 
+    def _near_scan(
+        self, kind: Kind, scope: Scope, source_id: str, where: str, params: dict[str, Any], query: bytes
+    ) -> list[tuple[float, int]] | None:
+        """(cosine, id) of the near window's best rows ranked exactly from vectors the process
+        holds, best first; None when this backend holds none (the engine then scans the window)."""
+        return None
+
     def vector_candidates(
         self,
         kind: Kind,
@@ -123,9 +130,13 @@ class SqlSearch(ABC):
             by_source, source_params = type(self).source_filter(source_id)
             where, params = f"{where} AND {by_source}", {**params, **source_params}
         params.update(scan_parameters(query, window=window, threshold=threshold, depth=depth))
-        # The near list (from position 0: the exact window, VEC-2) is ranked exactly;
-        # a far list goes through the backend's coarse index when it has one.
-        best = self._coarse_scan(kind, scope, source_id, where, params, query) if window[0] > 0 else None
+        # The near list (from position 0: the exact window, VEC-2) is ranked exactly, from vectors
+        # the process holds when the backend keeps them; a far list goes through the backend's
+        # coarse index when it has one.
+        if window[0] > 0:
+            best = self._coarse_scan(kind, scope, source_id, where, params, query)
+        else:
+            best = self._near_scan(kind, scope, source_id, where, params, query)
         if best is None:
             best = self._vector_scan(kind, where, params, query)
         if not best:

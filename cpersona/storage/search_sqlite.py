@@ -514,6 +514,41 @@ class SqliteSearch(SqlSearch):
         rows = self._run(f"{kind} coarse vector", statement, {**params, **coarse_params, **extra})
         return [(float(r.cosine), r.id) for r in rows or []]
 
+    def _near_scan(
+        self, kind: Kind, scope: Scope, source_id: str, where: str, params: dict[str, Any], query: bytes
+    ) -> list[tuple[float, int]] | None:
+        """The near window through this process's copy of the coarse index, where one is loaded
+        (a reach past the window loads it at start): the window's rows are found on the copy,
+        scored on float vectors it holds for them, and only the rows that can make the answer are
+        re-ranked in SQL by sqlite-vec, so the list is the exact scan's (vector_index_sqlite.near).
+        None (the exact scan in SQL) without a loaded copy of the query's width."""
+        if not coarse_sqlite.quantisable(query):
+            return None
+        from cpersona.storage import vector_index_sqlite  # numpy is in use already: there is a query vector
+
+        index = vector_index_sqlite.for_database(self.db)
+        if not index.serves(kind, len(query) // 32):
+            return None
+        stop, depth = int(params["start"]) + int(params["span"]), int(params["depth"])
+        with self.db.read() as session:
+            try:
+                conn = session.connection().connection.driver_connection
+                found = index.near(conn, kind, scope, source_id, query, stop, depth, float(params["threshold"]))
+            except self.db.engine.dialect.dbapi.Error as exc:
+                log.warning("%s in-process near window unavailable, scanned in SQL: %s", kind, exc)
+                return None
+        if found is None:
+            return None
+        ids, upper = found
+        if not ids:
+            return []
+        statement = coarse_sqlite.rerank_statement(kind, where, lower=False, upper=upper is not None)
+        extra: dict[str, Any] = {"ids": json.dumps(ids)}
+        if upper is not None:
+            extra.update(hi_at=upper[0], hi_id=upper[1])
+        rows = self._run(f"{kind} near vector re-rank", statement, {**params, **extra})
+        return [(float(r.cosine), r.id) for r in rows or []]
+
     def _process_index_scan(
         self, kind: Kind, scope: Scope, source_id: str, where: str, params: dict[str, Any], query: bytes
     ) -> list[tuple[float, int]] | None:

@@ -33,6 +33,7 @@ only when a far list runs (never on the embeddings-off start path).
 
 from __future__ import annotations
 
+import json
 import threading
 import weakref
 from dataclasses import dataclass, field
@@ -48,7 +49,7 @@ _TABLES = {"mem": "memories_coarse", "ep": "episodes_coarse"}
 RELOAD_CHANGES = 20_000
 # Rows added since the load are re-sorted into place once they are this many.
 MERGE_ADDED = 4_096
-_LOAD_CHUNK = 65_536
+_LOAD_CHUNK = 16_384  # rows fetched at a time: each chunk of fetched tuples is held beside the arrays
 
 
 class _Codes:
@@ -84,8 +85,19 @@ class _Arrays:
     created: np.ndarray
     alive: np.ndarray
     codes: dict[str, np.ndarray]
+    # Each row's place in its kind's float matrix (_Floats), -1 while its vector is not held.
+    slot: np.ndarray
     # Added rows by their place among the loaded ones: {rows loaded before them: [(created, -id, row)]}.
     slots: dict[int, list[tuple[bytes, int, int]]] = field(default_factory=dict)
+
+
+@dataclass
+class _Floats:
+    """Float32 vectors of the rows near windows read (those of ``slot`` >= 0), and their norms."""
+
+    matrix: np.ndarray
+    norms: np.ndarray
+    used: int = 0
 
 
 @dataclass
@@ -95,6 +107,7 @@ class _KindIndex:
     seq: int
     arrays: _Arrays
     codes: dict[str, _Codes] = field(default_factory=lambda: {c: _Codes() for c in _COLUMNS})
+    floats: _Floats | None = None
 
 
 def _source_key(row: Any, kind: str) -> Any:
@@ -113,26 +126,33 @@ class ProcessIndex:
         self._lock = threading.Lock()
         self._kinds: dict[str, _KindIndex] = {}
         self.loads = 0  # full loads so far (tests read it)
+        self._logged = False  # the change log was seen in the file
 
     # -- keeping in step ------------------------------------------------------------------------
 
     def _head(self, conn: Any) -> int | None:
         """The change log's newest sequence number (0 while empty), None without a change log."""
         log = coarse_sqlite.CHANGE_LOG
-        if not conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (log,)).fetchone():
-            return None
+        # The schema is read until the log is seen, not at every scan: that read was a third of
+        # the copy's cost per scan at 100k rows, and a log once there stays (revision 0008).
+        if not self._logged:
+            if not conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (log,)).fetchone():
+                return None
+            self._logged = True
         row = conn.execute("SELECT seq FROM sqlite_sequence WHERE name = ?", (log,)).fetchone()
         return int(row[0]) if row else 0
 
     def _load(self, conn: Any, kind: str, nbits: int, head: int) -> _KindIndex:
         # Counted first and read in chunks: a million rows as one list of tuples would
-        # briefly hold several times the arrays' own size.
+        # briefly hold several times the arrays' own size. The stamps are held at the width of
+        # the longest one (19 bytes for SQLite's own; a wider one written later re-sorts the copy
+        # into wider arrays, _apply): a fixed 32 cost 13 MB more at 1M rows.
         table = _TABLES[kind]
         count, width = conn.execute(
             f"SELECT count(*), max(length(CAST(created_at AS BLOB))) FROM {table} WHERE length(bits) = ?", (nbits,)
         ).fetchone()
         index = _KindIndex(kind, nbits, head, _empty(nbits, 0))
-        a = index.arrays = _empty(nbits, int(count) + MERGE_ADDED, max(32, int(width or 0)))
+        a = index.arrays = _empty(nbits, int(count) + MERGE_ADDED, max(1, int(width or 0)))
         cursor = conn.execute(
             f"{_select(kind)} WHERE length(c.bits) = ? ORDER BY c.created_at ASC, c.id DESC", (nbits,)
         )
@@ -204,29 +224,161 @@ class ProcessIndex:
             return None
         a = index.arrays
         n = a.n
-        mask = a.alive[:n].copy()
-        if not _scope_mask(mask, a, index.codes, scope, source_id if kind == "mem" else "", n):
-            return [], None, None
-        idx = np.flatnonzero(mask)
-        ranks = a.rank[idx]
-        total = len(idx)
+        source = source_id if kind == "mem" else ""
         start, stop = max(0, window[0]), max(0, window[1])
-        if start >= total or stop <= start:
+        if stop <= start:
             return [], None, None
-        # Scan position p (newest first) is the (total - 1 - p)-th smallest rank.
-        first = _nth(ranks, total - 1 - start)
-        keep = ranks <= first
-        lo = _key(a, idx, ranks, first)
-        hi = None
-        if stop < total:
-            past = _nth(ranks, total - 1 - stop)
-            keep &= ranks > past
+        mask = a.alive[:n].copy()
+        if not _scope_mask(mask, a, index.codes, scope, source, slice(0, n)):
+            return [], None, None
+        lo = hi = None
+        if start > 0:
+            # The window's first row, the one past the scope's newest ``start``, is found on the
+            # newest part of the arrays (_newest): ranking every row in scope to find it cost
+            # about a third of the far list at 1M rows.
+            _, first = _newest(a, index.codes, scope, source, start)
+            if first is None:
+                return [], None, None
+            mask &= a.rank[:n] <= a.rank[first]
+            lo = _row_key(a, first)
+        idx = np.flatnonzero(mask)
+        if stop - start < len(idx):  # the window ends before the scope's oldest row
+            ranks = a.rank[idx]
+            past = _nth(ranks, len(idx) - 1 - (stop - start))
             hi = _key(a, idx, ranks, past)
-        idx = idx[keep]
+            idx = idx[ranks > past]
         if len(idx) > k:
-            distance = _hamming(a.bits, idx, np.frombuffer(qbits, dtype=np.uint8))
+            distance = _hamming(a.bits, idx, np.frombuffer(qbits, dtype=np.uint8), n)
             idx = idx[_nearest(distance, a.rank[idx], k)]
         return [int(i) for i in a.ids[idx]], lo, hi
+
+    # -- the near window: exact cosine over float vectors held for the window's rows ------------
+
+    def serves(self, kind: str, nbits: int) -> bool:
+        """Whether a copy of ``kind`` at this bit width is loaded (only then do near windows use it)."""
+        index = self._kinds.get(kind)
+        return index is not None and index.nbits == nbits
+
+    def near(
+        self,
+        conn: Any,
+        kind: str,
+        scope: Scope,
+        source_id: str,
+        query: bytes,
+        stop: int,
+        depth: int,
+        threshold: float,
+    ) -> tuple[list[int], tuple[str, int] | None] | None:
+        """Ids of the rows of the near window (the scope's newest ``stop`` rows of the query's
+        width) that can be among its best ``depth`` by exact cosine at or above ``threshold``,
+        with the first row past the window as a (created_at, id) key (None: no row past it).
+
+        Every row that the exact scan would answer is among them (NEAR_SLACK bounds the
+        float32 rounding of both computations), so re-ranking just these ids in SQL with
+        sqlite-vec's own cosine gives the exact scan's list. None without a change log.
+        """
+        with self._lock:
+            index = self._refresh(conn, kind, len(query) // 32)
+            if index is None:
+                return None
+            a = index.arrays
+            rows, past_row = _newest(a, index.codes, scope, source_id if kind == "mem" else "", stop)
+            past = None if past_row is None else _row_key(a, past_row)
+            if not len(rows):
+                return [], past
+            slots = _held(conn, index, rows, len(query) // 4)
+            rows, slots = rows[slots >= 0], slots[slots >= 0]  # rows deleted since the copy's refresh
+            f = index.floats
+            q = np.frombuffer(query, dtype="<f4")
+            # einsum, not matmul: numpy's BLAS runs a matrix-vector product this size on worker
+            # threads that spin on after it (measured: 2x the CPU of this single-threaded loop).
+            dots = np.einsum("ij,j->i", f.matrix[: f.used], q)[slots] if f is not None else np.empty(0)
+            qnorm = float(np.sqrt(np.dot(q.astype(np.float64), q.astype(np.float64))))
+            with np.errstate(divide="ignore", invalid="ignore"):
+                cosine = dots.astype(np.float64) / (f.norms[slots] * qnorm) if f is not None else dots
+        finite = np.isfinite(cosine)  # sqlite-vec answers NULL for a zero or non-finite vector
+        rows, cosine = rows[finite], cosine[finite]
+        cut = threshold - NEAR_SLACK
+        if len(cosine) > depth > 0:
+            kth = float(-np.partition(-cosine, depth - 1)[depth - 1])
+            cut = max(cut, kth - 2 * NEAR_SLACK)
+        return [int(i) for i in a.ids[rows[cosine >= cut]]], past
+
+
+# Bound on |cosine here - sqlite-vec's cosine| for one row: both sum float32 products (n * 2**-24
+# relative to |a||q| each, 2.3e-5 at 384-d, 2.4e-4 at 4,096-d), with margin.
+NEAR_SLACK = 1e-3
+_FLOAT_ROOM = 1_024  # rows of float vectors held past the window, for the rows stored next
+
+
+def _newest(
+    a: _Arrays, codes: dict[str, _Codes], scope: Scope, source_id: str, stop: int
+) -> tuple[np.ndarray, int | None]:
+    """Rows of the scope's newest ``stop`` (scan positions [0, stop)) and the first row past
+    them (None: there is none). Only the newest part of the arrays is read: a step back over the loaded rows,
+    longer each time, until more than ``stop`` rows in scope are newer than where it stopped."""
+    n, loaded = a.n, a.loaded
+    added = np.arange(loaded, n)
+    step, lo = max(2 * stop, 8_192), loaded
+    while True:
+        lo = max(0, lo - step)
+        sel = np.concatenate([np.arange(lo, loaded), added])
+        mask = a.alive[sel]
+        if not _scope_mask(mask, a, codes, scope, source_id, sel):
+            return np.empty(0, dtype=np.int64), None
+        found = sel[mask]
+        if lo > 0:  # added rows placed before loaded row lo are older than every row kept
+            found = found[a.rank[found] > lo - 1]
+        if len(found) > stop or lo == 0:
+            break
+        step *= 4
+    if len(found) <= stop:
+        return found, None
+    top = np.argpartition(-a.rank[found], stop)
+    return found[top[:stop]], int(found[top[stop]])
+
+
+def _row_key(a: _Arrays, row: int) -> tuple[str, int]:
+    return a.created[row].decode("utf-8"), int(a.ids[row])
+
+
+def _held(conn: Any, index: _KindIndex, rows: np.ndarray, dims: int) -> np.ndarray:
+    """Each row's slot in the float matrix, reading the vectors not held yet (-1: row gone)."""
+    a, f = index.arrays, index.floats
+    slots = a.slot[rows]
+    missing = rows[slots < 0]
+    if not len(missing):
+        return slots
+    if f is None or f.matrix.shape[1] != dims or f.used + len(missing) > len(f.matrix):
+        # Held anew for this window (and room for the rows stored next): the vectors of rows
+        # that left every window are let go, so the matrix stays about one window's size.
+        keep = rows[slots >= 0] if f is not None and f.matrix.shape[1] == dims else rows[:0]
+        room = len(rows) + len(rows) // 8 + _FLOAT_ROOM
+        g = _Floats(np.empty((room, dims), dtype=np.float32), np.empty(room, dtype=np.float64), len(keep))
+        if len(keep):
+            g.matrix[: len(keep)] = f.matrix[a.slot[keep]]
+            g.norms[: len(keep)] = f.norms[a.slot[keep]]
+        a.slot[: a.n] = -1
+        a.slot[keep] = np.arange(len(keep), dtype=np.int32)
+        index.floats = f = g
+        missing = rows[a.slot[rows] < 0]
+    table = "memories" if index.kind == "mem" else "episodes"
+    row_of = dict(zip(a.ids[missing].tolist(), missing.tolist()))
+    ids = list(row_of)
+    first = f.used
+    for lo in range(0, len(ids), _LOAD_CHUNK):
+        chunk = json.dumps(ids[lo : lo + _LOAD_CHUNK])
+        for row_id, blob in conn.execute(
+            f"SELECT id, embedding FROM {table} WHERE id IN (SELECT value FROM json_each(?))", (chunk,)
+        ):
+            if isinstance(blob, bytes) and len(blob) == 4 * dims:
+                f.matrix[f.used] = np.frombuffer(blob, dtype="<f4")
+                a.slot[row_of[row_id]] = f.used
+                f.used += 1
+    fresh = f.matrix[first : f.used].astype(np.float64)
+    f.norms[first : f.used] = np.sqrt(np.einsum("ij,ij->i", fresh, fresh))
+    return a.slot[rows]
 
 
 def _nearest(distance: np.ndarray, ranks: np.ndarray, k: int) -> np.ndarray:
@@ -252,46 +404,55 @@ def _key(a: _Arrays, idx: np.ndarray, ranks: np.ndarray, rank: float) -> tuple[s
 _BLOCK = 32_768  # rows per step: the block's temporaries stay in the CPU cache
 
 
-def _hamming(bits: np.ndarray, idx: np.ndarray, query: np.ndarray) -> np.ndarray:
-    """Hamming distance of each ``bits[idx]`` row to ``query``, a block of rows at a time."""
+def _hamming(bits: np.ndarray, idx: np.ndarray, query: np.ndarray, n: int) -> np.ndarray:
+    """Hamming distance of each ``bits[idx]`` row to ``query``, a block of rows at a time.
+
+    When ``idx`` holds most of the ``n`` rows (a whole-corpus reach), every row is measured in
+    place, block by contiguous block, and the distances of ``idx`` picked afterwards: gathering
+    the rows first copied nearly the whole matrix at every far list."""
     words = bits.shape[1] // 8 if bits.shape[1] % 8 == 0 else 0
     if words:  # 64 bits at a time: 8x fewer popcounts than byte by byte
         table, query = bits.view(np.uint64), query.view(np.uint64)
     else:
         table = bits
-    out = np.empty(len(idx), dtype=np.int32)
+    every = len(idx) * 2 > n
+    count = n if every else len(idx)
+    out = np.empty(count, dtype=np.int32)
     width = table.shape[1]
-    rows = np.empty((min(_BLOCK, len(idx)), width), dtype=table.dtype)
+    rows = np.empty((min(_BLOCK, count), width), dtype=table.dtype)
     counts = np.empty(rows.shape, dtype=np.uint8)
-    for lo in range(0, len(idx), _BLOCK):
-        part = idx[lo : lo + _BLOCK]
-        m = len(part)
-        np.take(table, part, axis=0, out=rows[:m])
-        np.bitwise_xor(rows[:m], query, out=rows[:m])
+    for lo in range(0, count, _BLOCK):
+        m = min(_BLOCK, count - lo)
+        if every:
+            np.bitwise_xor(table[lo : lo + m], query, out=rows[:m])
+        else:
+            np.take(table, idx[lo : lo + m], axis=0, out=rows[:m])
+            np.bitwise_xor(rows[:m], query, out=rows[:m])
         np.bitwise_count(rows[:m], out=counts[:m])
         # Column by column: numpy's reduction over a short row costs ~7x more than these adds.
         total = out[lo : lo + m]
         np.add(counts[:m, 0], counts[:m, 1] if width > 1 else 0, out=total, dtype=np.int32)
         for j in range(2, width):
             np.add(total, counts[:m, j], out=total)
-    return out
+    return out[idx] if every else out
 
 
-def _scope_mask(mask: np.ndarray, a: _Arrays, codes: dict[str, _Codes], scope: Scope, source_id: str, n: int) -> bool:
-    """AND the isolation predicates of storage/scope.py (and spec ISO-3's source id) into ``mask``;
+def _scope_mask(mask: np.ndarray, a: _Arrays, codes: dict[str, _Codes], scope: Scope, source_id: str, sel: Any) -> bool:
+    """AND the isolation predicates of storage/scope.py (and spec ISO-3's source id) of the rows
+    ``sel`` (a slice or an index array of the arrays) into ``mask``, one entry per selected row;
     False when nothing can match (a value no row holds)."""
     if scope.agent_id is not None:
         agent = codes["agent"].get(scope.agent_id)
         if agent < 0:
             return False
-        mask &= a.codes["agent"][:n] == agent
+        mask &= a.codes["agent"][sel] == agent
     for column, values in (("project", scope.project_values), ("channel", scope.channel_values)):
         if values is None:
             continue
         wanted = [c for c in (codes[column].get(v) for v in values) if c >= 0]
         if not wanted:
             return False
-        column_codes = a.codes[column][:n]
+        column_codes = a.codes[column][sel]
         hit = column_codes == wanted[0]
         for c in wanted[1:]:
             hit |= column_codes == c
@@ -305,7 +466,7 @@ def _scope_mask(mask: np.ndarray, a: _Arrays, codes: dict[str, _Codes], scope: S
         wanted = [c for c in wanted if c >= 0]
         if not wanted:
             return False
-        source_codes = a.codes["source"][:n]
+        source_codes = a.codes["source"][sel]
         hit = source_codes == wanted[0]
         if len(wanted) > 1:
             hit |= np.isin(source_codes, np.asarray(wanted[1:], dtype=np.int32))
@@ -327,6 +488,7 @@ def _empty(nbits: int, capacity: int, width: int = 32) -> _Arrays:
         np.zeros(capacity, dtype=f"S{width}"),
         np.zeros(capacity, dtype=bool),
         {c: np.zeros(capacity, dtype=np.int32) for c in _COLUMNS},
+        np.full(capacity, -1, dtype=np.int32),
     )
 
 
@@ -397,6 +559,7 @@ def _merged(index: _KindIndex, room: int, width: int) -> _Arrays:
     b.created[:m] = a.created[live]
     for column in _COLUMNS:
         b.codes[column][:m] = a.codes[column][live]
+    b.slot[:m] = a.slot[live]
     b.rank[:m] = np.arange(m, dtype=np.float64)
     b.alive[:m] = True
     b.n = b.loaded = m

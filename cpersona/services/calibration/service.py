@@ -39,6 +39,7 @@ from cpersona.services.recall.retrievers import vector_threshold
 from cpersona.services.requests import Request
 from cpersona.services.responses import ToolFailure, answers_refusals
 from cpersona.services.timestamps import parse_iso
+from cpersona.storage.engine import trim_heap
 from cpersona.storage.repositories.memories import MemoryRepository
 from cpersona.storage.scope import Scope
 
@@ -403,6 +404,7 @@ class StartupCalibration:
                 startup(self.app, self._stop)
         except Exception:  # noqa: BLE001 - a failed calibration must never take the server down
             log.exception("start-up calibration failed; recall uses the configured thresholds")
+        trim_heap()  # the sample, the null pairs and the pseudo-query recalls are freed by now
 
 
 def start_calibration(app: App) -> StartupCalibration | None:
