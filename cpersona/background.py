@@ -64,13 +64,11 @@ class BackgroundWork:
         threading.Thread(target=self.start, name="cpersona-start-background", daemon=True).start()
 
     def _start_parts(self) -> None:
-        from cpersona.services.operations.tasks import start_task_queue
-        from cpersona.services.operations.update_check import start_update_check
-        from cpersona.services.records.backfill import start_backfill
-
         # Rows an earlier run stored without a vector get one (never under the lock), and the DB
         # task queue drains what earlier runs left (spec Q-2): both only write, so not on a
-        # read-only database. The update check runs once, unwaited (UP-2).
+        # read-only database. The update check runs once, unwaited (UP-2). Each part's module is
+        # imported only when that part runs: with embeddings off there is no vector to backfill,
+        # and with CPERSONA_UPDATE_CHECK=false no check (tests/test_startup.py).
         if self.app.db.read_only is None:
             settings = self.app.settings
             if self.app.db.is_sqlite and settings.vector_reach > settings.max_memories:
@@ -81,9 +79,16 @@ class BackgroundWork:
                     target=self._reconcile_coarse, name="cpersona-coarse-reconcile", daemon=True
                 )
                 self._coarse.start()
-            start_backfill(self.app)
+            if self.app.embedder is not None:  # backfill.keeps_local_vectors is False without one
+                from cpersona.services.records.backfill import start_backfill
+
+                start_backfill(self.app)
+            from cpersona.services.operations.tasks import start_task_queue
+
             self._queue = start_task_queue(self.app)
         if self.app.settings.update_check:
+            from cpersona.services.operations.update_check import start_update_check
+
             start_update_check(self.app)
 
     def _reconcile_coarse(self) -> None:
@@ -116,6 +121,7 @@ class BackgroundWork:
             self._queue.stop()  # waits up to 5 s for a running handler (spec Q-7)
         if self._coarse is not None:
             self._coarse.join(timeout=30)  # the database closes next
-        from cpersona.services.records.backfill import stop_backfill
+        if App.backfill.if_built(self.app) is not None:  # stop_backfill's own test, before its import
+            from cpersona.services.records.backfill import stop_backfill
 
-        stop_backfill(self.app)
+            stop_backfill(self.app)

@@ -39,10 +39,22 @@ HERE = Path(__file__).resolve().parent
 # run Core statements on Core sessions: cpersona.storage.tables, .sessions),
 # and jsonschema with what it brings (a sound call is accepted by
 # cpersona.mcp.schema_check; jsonschema words complaints only), and the
-# maintenance commands' modules (`cpersona` alone builds only serve's parser).
+# maintenance commands' modules (`cpersona` alone builds only serve's parser),
+# and what only another configuration runs: the embedding client and the vector
+# backfill (embeddings are off), the update check (CPERSONA_UPDATE_CHECK=false),
+# the remote vector index (not remote mode), the task handlers (the queue is
+# empty), and difflib (no unknown variable to suggest a name for).
 # pydantic-settings stays on the path: it is the stack's configuration library.
 NOT_ON_A_STDIO_START = (
     "tomllib",  # the operating-context sidecar's parser: no sidecar file here
+    "difflib",
+    "cpersona.embedding.client",
+    "cpersona.services.records.backfill",
+    "cpersona.services.records.remote_vectors",
+    "cpersona.services.operations.update_check",
+    "cpersona.services.operations.install",
+    "cpersona.services.records.nodes",
+    "cpersona.services.records.profiles",
     "jsonschema",
     "jsonschema.validators",
     "referencing",
@@ -110,6 +122,36 @@ def test_a_stdio_start_loads_only_what_it_runs(tmp_path: Path) -> None:
     # serve with nothing frozen, and its collections would rescan the whole start.
     frozen = next(int(token.split("=")[1]) for token in loaded if token.startswith("#gc-frozen="))
     assert frozen > 50_000  # the SDK's models, SQLAlchemy, our declarations
+
+
+# A host lists the tools right after initialize: the health tools' descriptions then
+# import the health registry (cpersona.mcp.tools.health), which must not bring the
+# PostgreSQL code with numpy and SQLAlchemy's PostgreSQL dialect (+15 MiB of peak RSS
+# before, docs/benchmarks.md issue 16 eighth round), nor a second SQLite.
+NOT_LOADED_BY_A_LISTING = (
+    "numpy",
+    "sqlite_vec",
+    "sqlite3",
+    "sqlalchemy.dialects.postgresql",
+    "cpersona.storage.search_postgres",
+    "cpersona.storage.vectors_postgres",
+)
+
+
+def test_listing_the_tools_loads_no_postgresql_code_and_no_numpy(tmp_path: Path) -> None:
+    db_path = tmp_path / "memory.db"
+    _start_once(db_path)
+    modules_file = tmp_path / "modules.txt"
+    env = server_env(db_path, CPERSONA_EMBEDDING_MODE="none", CPERSONA_TEST_MODULES_FILE=str(modules_file))
+    session = RawSession(env, args=[str(HERE / "modules_at_exit.py"), "cpersona"])
+    session.initialize()
+    listed = session.reply(session.request("tools/list"))
+    assert "check_health" in {tool["name"] for tool in listed["result"]["tools"]}
+    assert "result" in session.call("recall", '{"agent_id":"a","query":"anything at all"}')
+    assert session.close() == 0
+    loaded = set(modules_file.read_text(encoding="utf-8").split())
+    assert "cpersona.services.health.registry" in loaded  # the descriptions were rendered
+    assert sorted(loaded & set(NOT_LOADED_BY_A_LISTING)) == []
 
 
 def test_a_database_below_head_is_still_upgraded(tmp_path: Path) -> None:

@@ -8,7 +8,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 from sqlalchemy import Connection
 
 from cpersona.services.records import remote_vectors
@@ -210,6 +209,8 @@ def calibration_staleness(ctx: DeepCtx) -> dict[str, Any]:
 
 
 def near_duplicate(ctx: DeepCtx) -> dict[str, Any]:
+    import numpy as np  # here: the tool's description (tools/list) imports this module, and numpy is 12 MiB
+
     cap = int(ctx.app.settings.near_duplicate_row_cap)
     rows = probes.newest_embedded_memories(ctx.conn, ctx.agent_id, cap)
     kept, vectors, excluded = [], [], 0
@@ -305,6 +306,8 @@ def unnormalized_content(ctx: DeepCtx) -> dict[str, Any]:
 
 
 def embedding_norm(ctx: DeepCtx) -> dict[str, Any]:
+    import numpy as np  # see near_duplicate
+
     by_table, scanned, samples, complete = {}, {}, [], True
     for table in ("memories", "episodes"):
         rows = probes.newest_vectors(ctx.conn, table, ctx.agent_id, NORM_SCAN_ROWS + 1)
