@@ -10,7 +10,6 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from cpersona.services.records import remote_vectors
 from cpersona.services.app import App
 from cpersona.services.calibration.sidecar import read_sidecar, scoring_version
 from cpersona.storage import dialect
@@ -401,5 +400,7 @@ def answer_deep_check(app: App, args: DeepCheckArguments) -> dict[str, Any]:
             ctx = DeepCtx(app, conn, agent, True)
             for name in writers:
                 results[name] = _run(ctx, name)
+        from cpersona.services.records import remote_vectors  # here: it brings the embedding client
+
         remote_vectors.forget(app, agent, ctx.removed)  # after commit (remote vector mode)
     return {"agent_id": agent, "checks_run": checks_run, "results": {n: results[n] for n in checks_run}, "fixed": fix}
