@@ -19,6 +19,7 @@ such restore.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from typing import Any
 
@@ -40,9 +41,12 @@ class BackgroundWork:
         self._coarse: threading.Thread | None = None
 
     def prepare(self) -> None:
-        from cpersona.services.calibration.state import restore_preferences
+        # Without a sidecar file there is nothing to restore (read_sidecar answers "missing"),
+        # so the calibration modules are not loaded for it (tests/test_startup.py).
+        if os.path.exists(self.app.settings.calibration_sidecar):
+            from cpersona.services.calibration.state import restore_preferences
 
-        restore_preferences(self.app)
+            restore_preferences(self.app)
         if self.app.settings.embedding_mode != "none":
             from cpersona.services.calibration.service import start_measurement
 

@@ -8,6 +8,7 @@ SQLite file; a terminal is a real pseudo-terminal. Nothing here measures time
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import pty
 import signal
@@ -43,7 +44,8 @@ HERE = Path(__file__).resolve().parent
 # and what only another configuration runs: the embedding client and the vector
 # backfill (embeddings are off), the update check (CPERSONA_UPDATE_CHECK=false),
 # the remote vector index (not remote mode), the task handlers (the queue is
-# empty), and difflib (no unknown variable to suggest a name for).
+# empty), the calibration state (no sidecar file to restore betas from), and
+# difflib (no unknown variable to suggest a name for).
 # pydantic-settings stays on the path: it is the stack's configuration library.
 NOT_ON_A_STDIO_START = (
     "tomllib",  # the operating-context sidecar's parser: no sidecar file here
@@ -55,6 +57,8 @@ NOT_ON_A_STDIO_START = (
     "cpersona.services.operations.install",
     "cpersona.services.records.nodes",
     "cpersona.services.records.profiles",
+    "cpersona.services.calibration.state",
+    "cpersona.services.calibration.sidecar",
     "jsonschema",
     "jsonschema.validators",
     "referencing",
@@ -250,6 +254,21 @@ def test_background_work_starts_once_and_never_after_stop(app) -> None:
     late.stop()  # the server ended before its first answer
     late.start()
     assert started == [1]
+
+
+def test_preparing_puts_the_sidecar_betas_in_force_and_without_one_builds_nothing(app) -> None:
+    # spec SC-5: the betas are preferences, restored before the first call in every
+    # embedding mode; prepare checks the file before importing the calibration code.
+    from cpersona.services.app import App
+
+    BackgroundWork(app).prepare()
+    assert App.calibration.if_built(app) is None  # no sidecar: nothing restored, nothing built
+    app.settings.calibration_sidecar.write_text(
+        json.dumps({"embedding_dim": 64, "embedding_model": "", "agent_betas": {"g": 2.0}}), encoding="utf-8"
+    )
+    BackgroundWork(app).prepare()
+    assert app.calibration.beta_override("g") == 2.0
+    assert app.calibration.beta_override("other") is None
 
 
 def test_the_first_answer_hook_runs_once_after_the_first_message() -> None:
