@@ -24,6 +24,11 @@ machine), compiling ~100 modules from source on every start (~0.1-0.2 s) would
 be charged to ours; no installed copy pays either, and the reference's venv
 does not. ``--editable`` measures the checkout as it is.
 
+Before anything runs, the page cache of each environment's shared libraries is
+dropped (``--keep-page-cache`` to skip): a library file written recently sits in
+the cache as 2 MiB folios that are mapped whole, which read as up to ~6 MiB of
+extra RSS for whichever kind's venv was installed last (``file_pmd_at_recall_mib``).
+
     .venv/bin/python bench/startup.py --runs 5
 """
 
@@ -111,6 +116,49 @@ class Wire:
         return gone - closed, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024
 
 
+def file_pmd_mib(pid: int) -> float:
+    """MiB of the process's file mappings mapped as 2 MiB pages (``FilePmdMapped``); NaN where unknown.
+
+    Part of RSS the code does not decide: on this kernel (ext4 with large page-cache
+    folios) a shared library whose file was written recently (a fresh venv) sits
+    in the page cache as 2 MiB folios and is mapped whole, so the same process
+    reads up to ~6 MiB more RSS than once those pages were evicted and read back
+    in small folios (docs/benchmarks.md, issue 16 eighth round). Reported beside
+    the RSS so two kinds are compared in the same state.
+    """
+    try:
+        rollup = Path(f"/proc/{pid}/smaps_rollup").read_text()
+        return int(rollup.split("FilePmdMapped:")[1].split()[0]) / 1024
+    except (OSError, IndexError, ValueError):
+        return float("nan")
+
+
+def settle_page_cache(python: Path) -> int:
+    """Drop the page cache of the shared libraries in ``python``'s environment; the count of files.
+
+    ``posix_fadvise(DONTNEED)`` only drops clean pages no process maps; the next
+    start reads them back in the small folios a mapping fault reads, so every
+    kind starts from the same state, whatever wrote its files when (see
+    :func:`file_pmd_mib`). Nothing on disk changes.
+    """
+    prefix = subprocess.run(
+        [str(python), "-c", "import sys; print(sys.prefix)"], check=True, capture_output=True, text=True
+    ).stdout.strip()
+    settled = 0
+    for root, _dirs, files in os.walk(prefix):
+        for name in files:
+            path = os.path.join(root, name)
+            if ".so" not in name or os.path.islink(path):
+                continue
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                settled += 1
+            finally:
+                os.close(fd)
+    return settled
+
+
 def at_the_answer(pid: int) -> tuple[float, float]:
     """(CPU seconds, peak RSS MiB) of a live process, read from /proc; NaN where /proc is not Linux's.
 
@@ -144,6 +192,7 @@ def one_run(command: list[str], env: dict[str, str]) -> dict[str, float]:
     answer = wire.answer(2)
     recalled = time.monotonic() - wire.started
     recall_cpu, recall_hwm = at_the_answer(wire.proc.pid)
+    recall_pmd = file_pmd_mib(wire.proc.pid)
     if "result" not in answer or answer["result"].get("isError"):
         raise RuntimeError(f"recall failed: {str(answer)[:300]}")
     exit_after_close, cpu, rss = wire.finish()
@@ -155,6 +204,7 @@ def one_run(command: list[str], env: dict[str, str]) -> dict[str, float]:
         "peak_rss_mib": rss,
         "cpu_at_recall_s": recall_cpu,
         "peak_rss_at_recall_mib": recall_hwm,
+        "file_pmd_at_recall_mib": recall_pmd,
     }
 
 
@@ -184,6 +234,7 @@ def floor_run(python: Path) -> dict[str, float]:
         "peak_rss_mib": usage.ru_maxrss / 1024,
         "cpu_at_recall_s": nan,
         "peak_rss_at_recall_mib": nan,
+        "file_pmd_at_recall_mib": nan,
     }
 
 
@@ -283,6 +334,7 @@ def median_table(results: dict[str, list[dict[str, float]]]) -> tuple[dict[str, 
         "peak_rss_mib",
         "cpu_at_recall_s",
         "peak_rss_at_recall_mib",
+        "file_pmd_at_recall_mib",
     )
     medians = {kind: {m: statistics.median(r[m] for r in runs) for m in metrics} for kind, runs in results.items()}
     ref = medians.get("ref")
@@ -324,6 +376,12 @@ def main(argv: list[str] | None = None) -> int:
         help="run ours and the proxy from this checkout's .venv as it is (and 'old' with its "
         "source first on PYTHONPATH) instead of from installed, byte-compiled copies",
     )
+    parser.add_argument(
+        "--keep-page-cache",
+        action="store_true",
+        help="do not drop the page cache of each environment's shared libraries before the runs "
+        "(a freshly written venv then reads up to ~6 MiB more RSS, file_pmd_at_recall_mib)",
+    )
     args = parser.parse_args(argv)
     kinds = [k for k in args.kinds.split(",") if k]
     if {"old", "old-proxy"} & set(kinds) and args.old_src is None:
@@ -347,6 +405,12 @@ def main(argv: list[str] | None = None) -> int:
             ):
                 if not python.exists():
                     raise SystemExit(f"{kind}: {python} does not exist (bench/.venvs, see COMMON.md)")
+        if not args.keep_page_cache:
+            environments = [PYTHONS["ours"]] + ([PYTHONS["ref"]] if {"ref", "ref-floor"} & set(kinds) else [])
+            # First: the seeding and the warm server then read them back as every run will.
+            for python in environments:  # ours, old and the proxy all borrow .venv's libraries
+                count = settle_page_cache(python)
+                print(f"page cache dropped for {count} shared libraries of {python}", flush=True)
         pythons = {"ref": PYTHONS["ref"], "ours": PYTHONS["ours"], "old": PYTHONS["ours"]}
         if not args.editable:
             pythons["ours"] = installed_python(REPO_DIR, work / "venv-ours")

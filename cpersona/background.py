@@ -19,6 +19,7 @@ such restore.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from typing import Any
 
@@ -40,9 +41,12 @@ class BackgroundWork:
         self._coarse: threading.Thread | None = None
 
     def prepare(self) -> None:
-        from cpersona.services.calibration.state import restore_preferences
+        # Without a sidecar file there is nothing to restore (read_sidecar answers "missing"),
+        # so the calibration modules are not loaded for it (tests/test_startup.py).
+        if os.path.exists(self.app.settings.calibration_sidecar):
+            from cpersona.services.calibration.state import restore_preferences
 
-        restore_preferences(self.app)
+            restore_preferences(self.app)
         if self.app.settings.embedding_mode != "none":
             from cpersona.services.calibration.service import start_measurement
 
@@ -64,13 +68,11 @@ class BackgroundWork:
         threading.Thread(target=self.start, name="cpersona-start-background", daemon=True).start()
 
     def _start_parts(self) -> None:
-        from cpersona.services.operations.tasks import start_task_queue
-        from cpersona.services.operations.update_check import start_update_check
-        from cpersona.services.records.backfill import start_backfill
-
         # Rows an earlier run stored without a vector get one (never under the lock), and the DB
         # task queue drains what earlier runs left (spec Q-2): both only write, so not on a
-        # read-only database. The update check runs once, unwaited (UP-2).
+        # read-only database. The update check runs once, unwaited (UP-2). Each part's module is
+        # imported only when that part runs: with embeddings off there is no vector to backfill,
+        # and with CPERSONA_UPDATE_CHECK=false no check (tests/test_startup.py).
         if self.app.db.read_only is None:
             settings = self.app.settings
             if self.app.db.is_sqlite and settings.vector_reach > settings.max_memories:
@@ -81,9 +83,16 @@ class BackgroundWork:
                     target=self._reconcile_coarse, name="cpersona-coarse-reconcile", daemon=True
                 )
                 self._coarse.start()
-            start_backfill(self.app)
+            if self.app.embedder is not None:  # backfill.keeps_local_vectors is False without one
+                from cpersona.services.records.backfill import start_backfill
+
+                start_backfill(self.app)
+            from cpersona.services.operations.tasks import start_task_queue
+
             self._queue = start_task_queue(self.app)
         if self.app.settings.update_check:
+            from cpersona.services.operations.update_check import start_update_check
+
             start_update_check(self.app)
 
     def _reconcile_coarse(self) -> None:
@@ -119,6 +128,7 @@ class BackgroundWork:
             self._queue.stop()  # waits up to 5 s for a running handler (spec Q-7)
         if self._coarse is not None:
             self._coarse.join(timeout=30)  # the database closes next
-        from cpersona.services.records.backfill import stop_backfill
+        if App.backfill.if_built(self.app) is not None:  # stop_backfill's own test, before its import
+            from cpersona.services.records.backfill import stop_backfill
 
-        stop_backfill(self.app)
+            stop_backfill(self.app)

@@ -237,14 +237,18 @@ def _serve(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         return _fail(str(exc), EXIT_BAD_CONFIG)
     warn_unknown_variables(policy.env_refs if policy is not None else ())
-    from cpersona.embedding.client import build_embedder
     from cpersona.storage.migrate import MigrationError, TooNewDatabase, open_database_and_upgrade
 
-    # Spec T-7 order: embedding mode and client, then the database.
-    try:
-        embedder = build_embedder(settings)
-    except ValueError as exc:
-        return _fail(str(exc), EXIT_BAD_CONFIG)
+    # Spec T-7 order: embedding mode and client, then the database. Mode "none" has
+    # no client (build_embedder answers None), so its module is not even loaded.
+    embedder = None
+    if settings.embedding_mode != "none":
+        from cpersona.embedding.client import build_embedder
+
+        try:
+            embedder = build_embedder(settings)
+        except ValueError as exc:
+            return _fail(str(exc), EXIT_BAD_CONFIG)
     if embedder is not None:
         embedder.refresh_identity(force=True)  # bounded (≤ 3 s); a silent backend is tolerated
     try:

@@ -18,7 +18,6 @@ index), CPERSONA_FAR_SEATS_ENABLED (far seats). No tantivy variable exists.
 
 from __future__ import annotations
 
-import difflib
 import logging
 import os
 import re
@@ -453,6 +452,8 @@ def unknown_variables(environ: Mapping[str, str] | None = None, also_known: Iter
     for var in sorted(environ):
         if not var.startswith(ENV_PREFIX) or var in known or var.startswith(READ_ELSEWHERE_PREFIXES):
             continue
+        import difflib  # only once a variable is unknown: a start with none never loads it
+
         # Matched on the part after the prefix, which every candidate shares.
         near = difflib.get_close_matches(var[len(ENV_PREFIX):], suffixes, n=1, cutoff=0.75)
         hint = f"did you mean {suffixes[near[0]]}?" if near else "see docs/configuration.md for the settings"

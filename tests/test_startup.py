@@ -8,6 +8,7 @@ SQLite file; a terminal is a real pseudo-terminal. Nothing here measures time
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import pty
 import signal
@@ -39,10 +40,25 @@ HERE = Path(__file__).resolve().parent
 # run Core statements on Core sessions: cpersona.storage.tables, .sessions),
 # and jsonschema with what it brings (a sound call is accepted by
 # cpersona.mcp.schema_check; jsonschema words complaints only), and the
-# maintenance commands' modules (`cpersona` alone builds only serve's parser).
+# maintenance commands' modules (`cpersona` alone builds only serve's parser),
+# and what only another configuration runs: the embedding client and the vector
+# backfill (embeddings are off), the update check (CPERSONA_UPDATE_CHECK=false),
+# the remote vector index (not remote mode), the task handlers (the queue is
+# empty), the calibration state (no sidecar file to restore betas from), and
+# difflib (no unknown variable to suggest a name for).
 # pydantic-settings stays on the path: it is the stack's configuration library.
 NOT_ON_A_STDIO_START = (
     "tomllib",  # the operating-context sidecar's parser: no sidecar file here
+    "difflib",
+    "cpersona.embedding.client",
+    "cpersona.services.records.backfill",
+    "cpersona.services.records.remote_vectors",
+    "cpersona.services.operations.update_check",
+    "cpersona.services.operations.install",
+    "cpersona.services.records.nodes",
+    "cpersona.services.records.profiles",
+    "cpersona.services.calibration.state",
+    "cpersona.services.calibration.sidecar",
     "jsonschema",
     "jsonschema.validators",
     "referencing",
@@ -110,6 +126,36 @@ def test_a_stdio_start_loads_only_what_it_runs(tmp_path: Path) -> None:
     # serve with nothing frozen, and its collections would rescan the whole start.
     frozen = next(int(token.split("=")[1]) for token in loaded if token.startswith("#gc-frozen="))
     assert frozen > 50_000  # the SDK's models, SQLAlchemy, our declarations
+
+
+# A host lists the tools right after initialize: the health tools' descriptions then
+# import the health registry (cpersona.mcp.tools.health), which must not bring the
+# PostgreSQL code with numpy and SQLAlchemy's PostgreSQL dialect (+15 MiB of peak RSS
+# before, docs/benchmarks.md issue 16 eighth round), nor a second SQLite.
+NOT_LOADED_BY_A_LISTING = (
+    "numpy",
+    "sqlite_vec",
+    "sqlite3",
+    "sqlalchemy.dialects.postgresql",
+    "cpersona.storage.search_postgres",
+    "cpersona.storage.vectors_postgres",
+)
+
+
+def test_listing_the_tools_loads_no_postgresql_code_and_no_numpy(tmp_path: Path) -> None:
+    db_path = tmp_path / "memory.db"
+    _start_once(db_path)
+    modules_file = tmp_path / "modules.txt"
+    env = server_env(db_path, CPERSONA_EMBEDDING_MODE="none", CPERSONA_TEST_MODULES_FILE=str(modules_file))
+    session = RawSession(env, args=[str(HERE / "modules_at_exit.py"), "cpersona"])
+    session.initialize()
+    listed = session.reply(session.request("tools/list"))
+    assert "check_health" in {tool["name"] for tool in listed["result"]["tools"]}
+    assert "result" in session.call("recall", '{"agent_id":"a","query":"anything at all"}')
+    assert session.close() == 0
+    loaded = set(modules_file.read_text(encoding="utf-8").split())
+    assert "cpersona.services.health.registry" in loaded  # the descriptions were rendered
+    assert sorted(loaded & set(NOT_LOADED_BY_A_LISTING)) == []
 
 
 def test_a_database_below_head_is_still_upgraded(tmp_path: Path) -> None:
@@ -208,6 +254,21 @@ def test_background_work_starts_once_and_never_after_stop(app) -> None:
     late.stop()  # the server ended before its first answer
     late.start()
     assert started == [1]
+
+
+def test_preparing_puts_the_sidecar_betas_in_force_and_without_one_builds_nothing(app) -> None:
+    # spec SC-5: the betas are preferences, restored before the first call in every
+    # embedding mode; prepare checks the file before importing the calibration code.
+    from cpersona.services.app import App
+
+    BackgroundWork(app).prepare()
+    assert App.calibration.if_built(app) is None  # no sidecar: nothing restored, nothing built
+    app.settings.calibration_sidecar.write_text(
+        json.dumps({"embedding_dim": 64, "embedding_model": "", "agent_betas": {"g": 2.0}}), encoding="utf-8"
+    )
+    BackgroundWork(app).prepare()
+    assert app.calibration.beta_override("g") == 2.0
+    assert app.calibration.beta_override("other") is None
 
 
 def test_the_first_answer_hook_runs_once_after_the_first_message() -> None:

@@ -9,13 +9,12 @@ Isolation predicates are not here: they live in storage/scope.py.
 
 from __future__ import annotations
 
-import sqlite3
 from datetime import datetime, timezone
 from typing import Any
 
 from sqlalchemy import text
 
-from cpersona.storage import errors, search_postgres, search_sqlite
+from cpersona.storage import errors, search_sqlite
 
 
 def dialect_name(bind: Any) -> str:
@@ -33,8 +32,13 @@ def is_sqlite(bind: Any) -> bool:
 
 def source_filter(bind: Any, source_id: str, alias: str = "m") -> tuple[str, dict[str, Any]]:
     """The per-user ``source_id`` predicate of spec ISO-3 on ``alias``'s row, as SQL and parameters."""
-    module = search_sqlite if is_sqlite(bind) else search_postgres
-    return module.source_filter(source_id, alias)
+    if is_sqlite(bind):
+        return search_sqlite.source_filter(source_id, alias)
+    # Imported on PostgreSQL only: it brings the pgvector scans, with numpy and SQLAlchemy's
+    # PostgreSQL dialect (~15 MiB), which the health registry on SQLite never runs.
+    from cpersona.storage import search_postgres
+
+    return search_postgres.source_filter(source_id, alias)
 
 
 def instant(bind: Any, column: str) -> str:
@@ -64,8 +68,11 @@ def sqlite_seconds(stamp: str) -> float | None:
     """Unix seconds of ``stamp`` as SQLite's julianday() reads it, or None.
 
     Only the date parser is wanted, so a throwaway in-memory database of the
-    standard library is enough (it coexists with the driver the engine uses).
+    standard library is enough (it coexists with the driver the engine uses). Imported
+    here, as a second SQLite (1.2 MiB) only the timestamp checks need.
     """
+    import sqlite3
+
     try:
         with sqlite3.connect(":memory:") as conn:
             julian_day = conn.execute("SELECT julianday(?)", (stamp,)).fetchone()[0]

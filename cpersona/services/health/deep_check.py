@@ -8,10 +8,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 from sqlalchemy import Connection
 
-from cpersona.services.records import remote_vectors
 from cpersona.services.app import App
 from cpersona.services.calibration.sidecar import read_sidecar, scoring_version
 from cpersona.storage import dialect
@@ -210,6 +208,8 @@ def calibration_staleness(ctx: DeepCtx) -> dict[str, Any]:
 
 
 def near_duplicate(ctx: DeepCtx) -> dict[str, Any]:
+    import numpy as np  # here: the tool's description (tools/list) imports this module, and numpy is 12 MiB
+
     cap = int(ctx.app.settings.near_duplicate_row_cap)
     rows = probes.newest_embedded_memories(ctx.conn, ctx.agent_id, cap)
     kept, vectors, excluded = [], [], 0
@@ -305,6 +305,8 @@ def unnormalized_content(ctx: DeepCtx) -> dict[str, Any]:
 
 
 def embedding_norm(ctx: DeepCtx) -> dict[str, Any]:
+    import numpy as np  # see near_duplicate
+
     by_table, scanned, samples, complete = {}, {}, [], True
     for table in ("memories", "episodes"):
         rows = probes.newest_vectors(ctx.conn, table, ctx.agent_id, NORM_SCAN_ROWS + 1)
@@ -398,5 +400,7 @@ def answer_deep_check(app: App, args: DeepCheckArguments) -> dict[str, Any]:
             ctx = DeepCtx(app, conn, agent, True)
             for name in writers:
                 results[name] = _run(ctx, name)
+        from cpersona.services.records import remote_vectors  # here: it brings the embedding client
+
         remote_vectors.forget(app, agent, ctx.removed)  # after commit (remote vector mode)
     return {"agent_id": agent, "checks_run": checks_run, "results": {n: results[n] for n in checks_run}, "fixed": fix}

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 from cpersona.services.app import App
 from cpersona.services.health.registry import Check, Ctx, Issue, Prep
 from cpersona.storage import health_probes as probes
@@ -153,6 +151,10 @@ def repair_dimension(ctx: Ctx, issues: list[Issue]) -> None:
 
 
 def nonfinite_ids(ctx: Ctx, table: str) -> list[int]:
+    # Imported here: the registry (rendered into check_health's description on the first
+    # tools/list) imports this module, and numpy is 12 MiB a listing never uses.
+    import numpy as np
+
     found: list[int] = []
     after = 0
     while True:

@@ -55,7 +55,7 @@ SHUTDOWN_WAIT_SECONDS = 5.0  # Q-7
 KEYLESS = ""
 
 # Modules that register handlers when imported; each is loaded (if it exists)
-# before a drain, so no queued type is mistaken for unknown. The queue sits
+# before a drain works its first row, so no queued type is mistaken for unknown. The queue sits
 # below the records it works on, so it names them here instead of importing them.
 HANDLER_MODULES = ("cpersona.services.records.nodes", "cpersona.services.records.profiles")
 
@@ -210,7 +210,6 @@ class TaskQueue:
     def start(self) -> None:
         if self.running:
             return
-        _load_handler_modules()
         self._stop.clear()
         self._wake.set()  # Q-2: drain whatever is already queued
         self._thread = threading.Thread(target=self._loop, name="cpersona-task-queue", daemon=True)
@@ -252,12 +251,13 @@ class TaskQueue:
     def drain(self) -> int:
         """Work the queue until it is empty or the worker is stopped; returns rows settled."""
         settled = 0
-        _load_handler_modules()
         with self._drain_lock:
             while not self._stop.is_set():
                 head = self._head()
                 if head is None:
                     return settled
+                # Only a row needs its handler: an empty queue (the usual start) loads none of them.
+                _load_handler_modules()
                 step = self._process(head)
                 if step == _Step.NEXT:
                     settled += 1

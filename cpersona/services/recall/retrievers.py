@@ -21,10 +21,8 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from cpersona.services.records import remote_vectors
 from cpersona.services.recall import cjk_query
 from cpersona.services.app import App
-from cpersona.services.records.backfill import on_query_embedded
 from cpersona.services.recall.fusion import VECTOR_CHANNELS, Ranked, RankedList, confirmed, past_the_cut
 from cpersona.services.recall.gate import POOL_SATURATION
 from cpersona.services.recall.words import add_lexical_lists
@@ -181,6 +179,9 @@ def embed_query(app: App, text: str, *, measure: bool = True) -> bytes | None:
     if measure:
         recovered = app.embedding_health.observe(outcome)
         if outcome.ok and not outcome.from_cache:
+            # Imported here, as only a recall that embedded its query gets this far.
+            from cpersona.services.records.backfill import on_query_embedded
+
             on_query_embedded(app, recovered=recovered)
     return result.blob if outcome.ok else None
 
@@ -209,6 +210,10 @@ def remote_near_list(app: App, backend: SearchBackend, query: Query, depth: int)
     """The near list from the remote index (remote vector mode), or None to scan locally."""
     if app.settings.vector_search_mode != "remote":
         return None
+    # Imported here: it brings the embedding client and the backfill, which a recall
+    # outside remote mode never runs (tests/test_startup.py).
+    from cpersona.services.records import remote_vectors
+
     return remote_vectors.near_list(
         app,
         backend,

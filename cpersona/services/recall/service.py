@@ -80,7 +80,6 @@ from cpersona.services.requests import Request
 from cpersona.services.responses import ToolFailure, answers_refusals
 from cpersona.services.sanitize import find_lone_surrogate, parse_stored_json
 from cpersona.services.recall.time_cue import TimeCue, parse_time_cue
-from cpersona.services.operations.update_check import recall_update_notice
 from cpersona.services.recall.retrievers import Query, Retrieval, exclusion, retrieve, search_backend
 from cpersona.storage.scope import Scope
 from cpersona.storage.search import RowKey, SearchBackend, clean_query
@@ -514,9 +513,22 @@ def answer_recall(app: App, args: RecallArguments) -> dict[str, Any]:
     elif apply_full_content_budget(outcome.messages, **cut):
         response["full_content_budget_chars"] = FULL_CONTENT_BUDGET
     response.update(outcome.extras)
-    if (notice := recall_update_notice(app, req.session_key)) is not None:
+    if (notice := _update_notice(app, req.session_key)) is not None:
         response["update"] = notice  # a newer or withdrawn release, told once per session (UP-10)
     return response
+
+
+def _update_notice(app: App, session_key: str) -> dict[str, Any] | None:
+    """recall_update_notice, whose module (with the installation probe's) loads only once a check was started.
+
+    Without a started check it has nothing to say (update_check.update_notice), so
+    a server with CPERSONA_UPDATE_CHECK=false never loads it (tests/test_startup.py).
+    """
+    if App.update_checker.if_built(app) is None:
+        return None
+    from cpersona.services.operations.update_check import recall_update_notice
+
+    return recall_update_notice(app, session_key)
 
 
 @answers_refusals
