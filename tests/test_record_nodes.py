@@ -154,6 +154,32 @@ def test_token_report_over_http(server: EmbedServer, db: Database) -> None:  # s
     app.embedder.close()
 
 
+def test_a_backend_without_the_route_is_not_asked_again_for_a_while(
+    server: EmbedServer, db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:  # spec OV-1: a 404 is unknown, and it stays unknown without a request per store
+    app = http_app(db, server)
+    reporter = app.token_reporter  # the one every store asks (runs_past_window)
+    server.token_window = None
+    assert reporter.report(["a b c"]) is None
+    for n in range(3):
+        assert store(app, agent_id="a", content=f"one two three four {n}")["result"] == "stored"
+    assert reporter.report(["a b c"]) is None
+    assert len(server.token_requests()) == 1
+    assert len(server.embed_requests()) == 3
+    # A failure that is not a 404 is asked again each time.
+    server.token_window = 40
+    server.status = 503
+    fresh = build_token_reporter(app.embedder)
+    assert fresh.report(["a b c"]) is None and fresh.report(["a b c"]) is None
+    assert len(server.token_requests()) == 3
+    server.reset_faults()
+    # Once the recheck time has passed the route is asked again, and its answer used.
+    monkeypatch.setattr(reporter, "_absent_until", 1.0)  # a time long past
+    assert reporter.report(["a b c"]) == [TokenInfo(3, 40, False, 5)]
+    assert len(server.token_requests()) == 4
+    app.embedder.close()
+
+
 def test_no_token_report_without_an_http_embed_url(db: Database, server: EmbedServer) -> None:  # spec OV-1
     api = load_settings(
         {

@@ -30,6 +30,13 @@ log = logging.getLogger(__name__)
 
 MAX_REPORT_BYTES = 4 * 1024 * 1024  # a report is a few numbers per text
 MAX_TEXTS = 512
+# A backend that answered 404 (it has no count_tokens route) is asked again only after
+# this long: until then its answer is "unknown" without a request. Every store asks
+# before its write, so without this a backend without the route cost each store a
+# second round trip to learn the same 404 (~1 ms CPU in httpx, a new connection each
+# time, at 1M rows with the bench's stub embedder). A row stored meanwhile that runs
+# past the window gets its nodes from check_health's missing_nodes repair (OV-6).
+ABSENT_RECHECK_SECONDS = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +67,10 @@ def parse_entry(entry: Any, text: str) -> TokenInfo | None:
     return TokenInfo(count, window, truncated, end)
 
 
+class _RouteMissing(Exception):
+    """The backend answered 404: it has no token report."""
+
+
 class TokenReporter:
     """Asks the backend's count_tokens route; never raises (a failure is "unknown")."""
 
@@ -69,16 +80,25 @@ class TokenReporter:
         import httpx
 
         self._http = httpx.Client(timeout=httpx.Timeout(timeout_secs), transport=transport, follow_redirects=False)
+        self._absent_until = 0.0  # time.monotonic() before which the route is taken to be missing
 
     def report(self, texts: Sequence[str]) -> list[TokenInfo] | None:
         """One entry per text, or None when the answer is unknown."""
         if not texts or len(texts) > MAX_TEXTS:
             return None
+        if self._absent_until and time.monotonic() < self._absent_until:
+            return None
         try:
             body = self._post({"texts": list(texts)})
+        except _RouteMissing:
+            if not self._absent_until:
+                log.info("token report from %s unavailable: no such route (404)", safe_endpoint(self.url))
+            self._absent_until = time.monotonic() + ABSENT_RECHECK_SECONDS
+            return None
         except Exception as exc:  # noqa: BLE001 — unknown, whatever went wrong
             log.info("token report from %s unavailable: %s: %s", safe_endpoint(self.url), type(exc).__name__, exc)
             return None
+        self._absent_until = 0.0
         info = body.get("token_info") if isinstance(body, dict) else None
         if not isinstance(info, list) or len(info) != len(texts):
             return None
@@ -97,6 +117,8 @@ class TokenReporter:
         data = json.dumps(payload, ensure_ascii=True).encode("ascii")
         headers = {"Content-Type": "application/json"}
         with self._http.stream("POST", self.url, content=data, headers=headers) as response:
+            if response.status_code == 404:
+                raise _RouteMissing()
             if not response.is_success:
                 import httpx
 
