@@ -180,6 +180,24 @@ def test_a_backend_without_the_route_is_not_asked_again_for_a_while(
     app.embedder.close()
 
 
+def test_a_store_sends_its_embedding_and_its_token_report_together(server: EmbedServer, db: Database) -> None:
+    # spec ST-11, OV-4: both asks happen before the write lock, once each; they overlap in time.
+    import time
+
+    app = http_app(db, server)
+    server.token_window = 40
+    assert store(app, agent_id="a", content="warm up the connections")["result"] == "stored"
+    server.delay = 0.5  # every answer of the server, /embed and /count_tokens alike
+    started = time.monotonic()
+    answer = store(app, agent_id="a", content="a b c d")
+    took = time.monotonic() - started
+    assert answer["result"] == "stored" and answer["embedded"] is True and "nodes" not in answer
+    assert [r.body for r in server.token_requests()][-1] == {"texts": ["a b c d"]}
+    assert len(server.embed_requests()) == 2 and len(server.token_requests()) == 2
+    assert 0.5 <= took < 0.9, took  # one after the other it takes 1 s or more
+    app.embedder.close()
+
+
 def test_no_token_report_without_an_http_embed_url(db: Database, server: EmbedServer) -> None:  # spec OV-1
     api = load_settings(
         {

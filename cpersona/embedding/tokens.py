@@ -108,6 +108,10 @@ class TokenReporter:
             return None
         return entries  # type: ignore[return-value]
 
+    def asks(self) -> bool:
+        """Whether a report now would be a network request (False while the route is known missing)."""
+        return not (self._absent_until and time.monotonic() < self._absent_until)
+
     def measure(self, text: str) -> TokenInfo | None:
         found = self.report([text])
         return None if found is None else found[0]

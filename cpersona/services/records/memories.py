@@ -21,6 +21,7 @@ so ``project_id`` arrives resolved.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -230,8 +231,8 @@ def _write(app: App, request: _Write, ahead: Any) -> dict[str, Any]:
         if early.result != "proceed":
             return _answer_without_insert(app, request, early)
 
-    embedding = embed_text(app, request.content)  # ST-11: the sanitized text, once, no lock held
-    long_text = runs_past_window(app, request.content)  # OV-4: a network ask too, so before the lock
+    # ST-11: the sanitized text, once; OV-4: the token report. Both before the lock.
+    embedding, long_text = _embed_and_measure(app, request.content)
 
     # A bare connection, not an ORM session: every statement here is Core.
     with app.db.write_connection() as conn:
@@ -463,6 +464,36 @@ def embed_text(app: App, text: str) -> bytes | None:
     except Exception:  # noqa: BLE001 — the row is still worth storing without a vector
         log.warning("embedding failed; the row is stored without a vector", exc_info=True)
         return None
+
+
+def _embed_and_measure(app: App, text: str) -> tuple[bytes | None, bool]:
+    """The text's vector and whether it runs past the embedding window: two requests, sent together.
+
+    Against a backend with a token report (``cpersona embed-server``) a store
+    asked them one after the other, two round trips before its write; the
+    report now goes out on a side thread while this one embeds.
+    """
+    reporter = app.token_reporter if app.settings.task_queue_enabled and text else None
+    asks = getattr(reporter, "asks", None)  # an in-process tokenizer makes no request: nothing to overlap
+    if asks is None or not asks() or not keeps_local_vectors(app):
+        return embed_text(app, text), runs_past_window(app, text)
+    pending = _side_requests().submit(runs_past_window, app, text)
+    embedding = embed_text(app, text)
+    return embedding, pending.result()
+
+
+_SIDE: list[Any] = []
+_SIDE_LOCK = threading.Lock()
+
+
+def _side_requests() -> Any:
+    """The few threads token reports are sent from (built on first use)."""
+    with _SIDE_LOCK:
+        if not _SIDE:
+            from concurrent.futures import ThreadPoolExecutor
+
+            _SIDE.append(ThreadPoolExecutor(max_workers=4, thread_name_prefix="cpersona-token-report"))
+        return _SIDE[0]
 
 
 def _insert(conn: Connection, app: App, request: _Write, embedding: bytes | None) -> int | None:
