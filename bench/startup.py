@@ -208,15 +208,29 @@ def one_run(command: list[str], env: dict[str, str]) -> dict[str, float]:
     }
 
 
-def floor_run(python: Path) -> dict[str, float]:
-    """The SDK's own import, alone: a process that runs ``import mcp`` and exits (CPU and peak RSS only).
+# What each floor kind imports, and nothing else (kind: statement).
+FLOORS = {
+    "floor": "import mcp",
+    "ref-floor": "import mcp",
+    # Everything our stack loads before cpersona's own first line runs: the SDK, SQLAlchemy Core
+    # and its SQLite dialect, pydantic-settings, SQLite (sqlean) and anyio's asyncio backend.
+    "stack-floor": "import mcp, sqlalchemy, sqlalchemy.dialects.sqlite, pydantic_settings, sqlean, "
+    "anyio._backends._asyncio",
+    # The same with the SDK narrowed to its wire types (see startup_narrow.py).
+    "narrow-floor": "import mcp_types, sqlalchemy, sqlalchemy.dialects.sqlite, pydantic_settings, sqlean, "
+    "anyio._backends._asyncio",
+}
+
+
+def floor_run(python: Path, statement: str = "import mcp") -> dict[str, float]:
+    """A process that runs ``statement`` (imports) and exits (CPU and peak RSS only).
 
     Importing any part of the SDK runs its package ``__init__``, which imports
-    its client and server halves whole, so this is the least any server built on
-    it can cost.
+    its client and server halves whole, so ``import mcp`` is the least any
+    server built on it can cost.
     """
     proc = subprocess.Popen(
-        [str(python), "-c", "import mcp"],
+        [str(python), "-c", statement],
         cwd=tempfile.gettempdir(),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
@@ -224,7 +238,7 @@ def floor_run(python: Path) -> dict[str, float]:
     )
     _, status, usage = os.wait4(proc.pid, 0)
     if os.waitstatus_to_exitcode(status) != 0:
-        raise RuntimeError(f"{python} -c 'import mcp' failed")
+        raise RuntimeError(f"{python} -c {statement!r} failed")
     nan = float("nan")
     return {
         "initialize_s": nan,
@@ -338,7 +352,7 @@ def median_table(results: dict[str, list[dict[str, float]]]) -> tuple[dict[str, 
     )
     medians = {kind: {m: statistics.median(r[m] for r in runs) for m in metrics} for kind, runs in results.items()}
     ref = medians.get("ref")
-    compared = [k for k in ("old", "ours", "old-proxy", "proxy", "floor", "ref-floor") if k in medians]
+    compared = [k for k in ("old", "ours", "old-proxy", "proxy", "narrow", *FLOORS) if k in medians]
     lines = [
         "| | " + " | ".join(medians) + " | " + " | ".join(f"{k}/ref" for k in compared) + " |",
         "|---|" + "---|" * (len(medians) + len(compared)),
@@ -362,7 +376,10 @@ def main(argv: list[str] | None = None) -> int:
         "--kinds",
         default="ours,ref,proxy",
         help="comma-separated: ours, ref, proxy, old, old-proxy (the earlier proxy, to the same "
-        "warm server), floor and ref-floor (`import mcp` alone with each interpreter)",
+        "warm server), floor and ref-floor (`import mcp` alone with each interpreter), stack-floor "
+        "(ours' third-party imports alone: SDK, SQLAlchemy + SQLite dialect, pydantic-settings, "
+        "sqlean, anyio's backend), narrow (a measurement prototype: our start and recall with the "
+        "SDK narrowed to mcp_types, bench/startup_narrow.py) and narrow-floor (its imports alone)",
     )
     parser.add_argument(
         "--old-src",
@@ -392,15 +409,18 @@ def main(argv: list[str] | None = None) -> int:
         env = base_env(db_path)
         if kind == "old" and args.editable:
             env["PYTHONPATH"] = str(args.old_src.resolve())
+        if kind == "narrow" and narrow_shim is not None:
+            env["PYTHONPATH"] = str(narrow_shim)
         return env
 
     work = Path(tempfile.mkdtemp(prefix="cpersona-bench-startup-"))
     warm = None
+    narrow_shim: Path | None = None
     try:
         for kind, python in PYTHONS.items():
             if (
                 kind in kinds
-                or (kind == "ours" and set(kinds) & {"proxy", "old", "old-proxy", "floor"})
+                or (kind == "ours" and set(kinds) & {"proxy", "old", "old-proxy", "narrow", *FLOORS})
                 or (kind == "ref" and "ref-floor" in kinds)
             ):
                 if not python.exists():
@@ -416,17 +436,22 @@ def main(argv: list[str] | None = None) -> int:
             pythons["ours"] = installed_python(REPO_DIR, work / "venv-ours")
             if {"old", "old-proxy"} & set(kinds):
                 pythons["old"] = installed_python(args.old_src.resolve(), work / "venv-old")
-        pythons["proxy"] = pythons["ours"]
+        pythons["proxy"] = pythons["narrow"] = pythons["ours"]
         pythons["old-proxy"] = pythons["old"]
         commands: dict[str, tuple[list[str], Path]] = {}
         for kind in kinds:
-            if kind in ("old-proxy", "floor", "ref-floor"):
+            if kind == "old-proxy" or kind in FLOORS:
                 continue  # old-proxy shares the proxy's database and warm server; a floor has no database
             python = pythons[kind]
             seed_db = work / f"seed-{kind}" / "memory.db"
             seed_db.parent.mkdir(parents=True)
             seed([str(python), "-m", "cpersona"], env_for(kind, seed_db))
             commands[kind] = ([str(python), "-m", "cpersona"], seed_db)
+            if kind == "narrow":  # seeded by ours (the same files), served by the prototype
+                from startup_narrow import write_prototype
+
+                narrow_shim, narrow_script = write_prototype(work)
+                commands[kind] = ([str(python), str(narrow_script)], seed_db)
         if proxies:
             if "proxy" not in commands:
                 raise SystemExit("kind 'old-proxy' is measured beside 'proxy'")
@@ -437,8 +462,8 @@ def main(argv: list[str] | None = None) -> int:
         results: dict[str, list[dict[str, float]]] = {kind: [] for kind in kinds}
         for n in range(args.runs):
             for kind in kinds:
-                if kind in ("floor", "ref-floor"):
-                    run = floor_run(pythons["ours" if kind == "floor" else "ref"])
+                if kind in FLOORS:
+                    run = floor_run(pythons["ref" if kind == "ref-floor" else "ours"], FLOORS[kind])
                 elif kind in proxies:
                     run = one_run([str(pythons[kind]), "-m", "cpersona", "proxy"], proxy_env)
                 else:

@@ -121,11 +121,37 @@ def test_a_stdio_start_loads_only_what_it_runs(tmp_path: Path) -> None:
     loaded = set(modules_file.read_text(encoding="utf-8").split())
     assert "cpersona.services.recall.service" in loaded  # the file is the server's, after a recall
     assert sorted(loaded & set(NOT_ON_A_STDIO_START)) == []
+    third_party = _third_party(loaded)
+    assert {"mcp", "sqlalchemy", "sqlean", "pydantic_settings"} <= third_party  # the filter keeps packages
+    assert sorted(third_party - _third_party(_stack_floor(env))) == []
     # The start runs with the collector off, then freezes what it built and turns it
     # back on before serving (cli._collector_on); a start that skipped that would
     # serve with nothing frozen, and its collections would rescan the whole start.
     frozen = next(int(token.split("=")[1]) for token in loaded if token.startswith("#gc-frozen="))
     assert frozen > 50_000  # the SDK's models, SQLAlchemy, our declarations
+
+
+# What the stack a stdio start is built on loads by itself, before cpersona's first
+# line runs: the SDK (its package __init__ brings its client and HTTP halves too),
+# SQLAlchemy Core with its SQLite dialect, pydantic-settings, SQLite (sqlean) and
+# anyio's asyncio backend. bench/startup.py measures this set alone as its
+# "stack-floor" kind (1.08x the reference's peak RSS, docs/benchmarks.md issue 16
+# ninth round): a start that loads a third-party package outside it pays more than
+# that floor for something the SDK and the storage layer did not ask for.
+STACK_FLOOR = "import mcp, sqlalchemy, sqlalchemy.dialects.sqlite, pydantic_settings, sqlean, anyio._backends._asyncio"
+
+
+def _stack_floor(env: dict[str, str]) -> set[str]:
+    code = f"import sys\n{STACK_FLOOR}\nprint('\\n'.join(sys.modules))"
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return set(done.stdout.split())
+
+
+def _third_party(modules: set[str]) -> set[str]:
+    """Top-level package names that are neither the standard library's nor ours."""
+    tops = {name.split(".")[0] for name in modules if not name.startswith("#")}
+    return {top for top in tops if top not in sys.stdlib_module_names and top != "cpersona" and top != "__main__"}
 
 
 # A host lists the tools right after initialize: the health tools' descriptions then
