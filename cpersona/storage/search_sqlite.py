@@ -655,9 +655,8 @@ class SqliteSearch(SqlSearch):
         The same SQL, one ``:i<n>`` per id where SQLAlchemy's expanding IN rendered
         one ``?`` each, so the plan and the row order are the ones it had. Every
         recall hydrates its vector hits through here (twice with a far list), and
-        SQLAlchemy's path (expanding the IN, result metadata, Row objects) cost
-        ~1 ms a call at 100k rows against ~0.05 ms for the statement itself
-        (bench/recall_profile.py, "row fetch").
+        SQLAlchemy's path (expanding the IN, result metadata, Row objects) was
+        half of a call: 0.60 -> 0.30 ms at 100k rows, 10-28 ids (docs/benchmarks.md).
         """
         wanted: dict[str, list[int]] = {"mem": [], "ep": []}
         for kind, row_id in keys:
