@@ -85,3 +85,90 @@ def total_rows(totals: bytes | None) -> int | None:
         if not byte & 0x80:
             return value
     return None
+
+
+# -- the same bound without exact counts (the trigram index) ---------------------------------
+#
+# An exact count of a trigram phrase walks the positions of every trigram it is made of: about
+# what the ranked statement's own set-up pays, so counting first would cost what it saves (and a
+# count is remembered only while the index is unchanged: one store and it is gone). The bound
+# needs no exact count, though: ``idf`` falls as the count grows, so a *lower* bound on a
+# phrase's count gives an upper bound on its weight, and ``count(*)`` over the first ``k``
+# matches (LIMIT k) is such a lower bound that stops walking at ``k``. The split is chosen on
+# upper bounds instead (a phrase's rarest trigram's count, which the keyword budget reads
+# anyway), and only the score the bound has to stay under decides how far each count walks.
+
+# C takes a phrase only when it holds this many times the rows left to R (by upper bound):
+# the filter walks R's phrases once more, and a trigram phrase's walk can cost as much as
+# scoring its rows. 3 and 2 (with 3 and 4 phrases in R) split 66 and 105 of 588 trigram
+# statements of bench/latency.py's mix at 100k rows, and 2 / 4 saved the more CPU.
+COMMON_SHARE = 2.0
+# At most this many phrases in R: each is walked once more by the filter.
+MAX_RARE = 4
+# Rows that C must hold (by upper bound) for the split to be worth its second walk of R.
+MIN_COMMON_ROWS = 2000
+
+
+def split_by_upper(terms: Sequence[str], upper: dict[str, int], total_rows: int) -> tuple[list[str], list[str]] | None:
+    """(R, C) for a statement whose phrases' exact counts are unknown, from upper bounds on them.
+
+    C takes the commonest phrases (by ``upper``) while each holds at least
+    :data:`COMMON_SHARE` times the rows of the phrases still in R and
+    :data:`MIN_COMMON_ROWS` rows, and while C's bound, at those counts, stays
+    under :data:`MAX_BOUND` (the least it can be: a count is at most its upper
+    bound). R keeps the rarest phrase, every phrase without a count, and at
+    most :data:`MAX_RARE` phrases. None when no such split exists. Whether the
+    split gives the statement's rows is shown after the pruned statement ran
+    (:func:`count_floors`).
+    """
+    if len(terms) < 2:
+        return None
+    known = [t for t in terms if t in upper]
+    order = sorted(known, key=lambda t: -upper[t])
+    common: list[str] = []
+    rest = sum(upper[t] for t in known) + (0 if len(known) == len(terms) else MIN_COMMON_ROWS)
+    bound = 0.0
+    for term in order[:-1] if len(known) == len(terms) else order:
+        rest -= upper[term]
+        weight = TERM_CEILING * idf(total_rows, upper[term])
+        if upper[term] < MIN_COMMON_ROWS or upper[term] < COMMON_SHARE * rest or bound + weight > MAX_BOUND:
+            break
+        common.append(term)
+        bound += weight
+    rare = [t for t in terms if t not in common]
+    if not common or len(rare) > MAX_RARE or not rare:
+        return None
+    return rare, common
+
+
+def holding(total_rows: int, weight: float) -> int:
+    """The fewest rows a phrase can hold and still weigh (``idf``) no more than ``weight``."""
+    grow = math.exp(weight)
+    k = max(1, math.ceil((total_rows + 0.5 - 0.5 * grow) / (1.0 + grow)))
+    while k < total_rows and idf(total_rows, k) > weight:  # the closed form's rounding
+        k += 1 + k // 1000
+    return k
+
+
+def count_floors(common: Sequence[int], total_rows: int, best: float) -> list[int] | None:
+    """For phrases holding at most ``common`` rows each (upper bounds), the counts each must be
+    shown to reach for rows holding only them to score below ``best``; None when they cannot.
+
+    What ``best`` leaves above the least bound they can have (each at its upper
+    bound) is shared equally between them. A count at or past its floor is a
+    lower bound on the phrase's count, so the weight it gives is an upper bound
+    (:func:`bound_from_floors`).
+    """
+    least = [idf(total_rows, n) for n in common]
+    slack = best / TERM_CEILING - sum(least)
+    if not common or slack <= 0.0:
+        return None
+    floors = [holding(total_rows, w + slack / len(common)) for w in least]
+    if any(f > n for f, n in zip(floors, common)):
+        return None
+    return floors
+
+
+def bound_from_floors(floors: Sequence[int], total_rows: int) -> float:
+    """What a row holding only phrases whose counts are at least ``floors`` scores below."""
+    return sum(TERM_CEILING * idf(total_rows, n) for n in floors)

@@ -39,6 +39,8 @@ from cpersona.storage.search import (  # noqa: F401  (FUNCTION_WORDS, ranking_te
     Hit,
     Kind,
     KeywordResult,
+    Record,
+    RowKey,
     clean_query,
     phrase_terms,
     query_terms,
@@ -113,6 +115,9 @@ class _FtsSearch:
     fts: str = ""  # the FTS5 table both statements match against
     table: str = ""  # its content table
     pruned: Any = None  # ``probed`` scoring only the rows a phrase of :rare matches (bm25_bound)
+    # Whether the split is made on exact phrase counts read first (the word indexes: a word's
+    # row list is cheap to walk) or on upper bounds, proven after the statement (trigram).
+    exact_counts: bool = True
 
 
 # How many matching rows one ranked statement may score, as estimated from
@@ -134,6 +139,8 @@ MEMO_KEYS = 50_000
 # A memo key for a term's exact row count, apart from the trigram and word keys
 # of the keyword budget (no query term holds a control character).
 PHRASE_KEY = "\x01"
+# A memo key for a lower bound on a term's row count (a count capped by LIMIT: _capped_probe).
+FLOOR_KEY = "\x02"
 
 
 class _CountMemo:
@@ -196,13 +203,10 @@ def _fts_search(fts: str, table: str, alias: str, columns: str, where: str, *, p
         f"LEFT JOIN {table} {alias} NOT INDEXED ON {alias}.id = best.id AND {where} "
         "ORDER BY best.rank, best.id"
     )
-    if not prunable:
-        return _FtsSearch(joined, probed, fts, table)
-    # Only for an index of single words (the word channel): matching a trigram
-    # phrase walks its trigrams' positions, which costs about what scoring the
-    # row does, so skipping the score saved nothing there (bench/recall_profile.py).
     # +rowid: a plain rowid IN would reach FTS5 as one look-up per listed id,
     # each paying bm25's per-statement set-up (a walk of every phrase's rows).
+    # On a trigram index (not ``prunable``: its exact counts cost a walk each) the
+    # split comes from upper bounds and is proven afterwards (_capped_probe).
     pruned = text(
         f"SELECT {columns}, best.rank AS rank "
         f"FROM (SELECT rowid AS id, rank FROM {fts} WHERE {fts} MATCH :match "
@@ -210,7 +214,7 @@ def _fts_search(fts: str, table: str, alias: str, columns: str, where: str, *, p
         f"LEFT JOIN {table} {alias} NOT INDEXED ON {alias}.id = best.id AND {where} "
         "ORDER BY best.rank, best.id"
     )
-    return _FtsSearch(joined, probed, fts, table, pruned)
+    return _FtsSearch(joined, probed, fts, table, pruned, exact_counts=prunable)
 
 
 def _julian_to_datetime(jd: float) -> datetime:
@@ -287,13 +291,13 @@ class SqliteSearch(SqlSearch):
         counts = self._term_counts(search, terms)
         content = [*self._within_budget(ranking_terms(terms), counts), *phrases]
         terms = [*self._within_budget(terms, counts), *phrases]
-        rows = self._best_in_scope(what, search, params, content, depth)
+        rows = self._best_in_scope(what, search, params, content, depth, upper=counts)
         if rows is None:
             return None
         ranked = [(r, -float(rank)) for r, rank in rows]
         if len(ranked) >= depth or set(content) == set(terms):
             return ranked
-        rest = self._best_in_scope(what, search, params, terms, depth)
+        rest = self._best_in_scope(what, search, params, terms, depth, upper=counts)
         seen = {r.id for r, _ in ranked}
         floor = min((score for _, score in ranked), default=0.0)
         extra = [r for r, _ in (rest or []) if r.id not in seen][: depth - len(ranked)]
@@ -387,7 +391,14 @@ class SqliteSearch(SqlSearch):
         return {k: known[k] for k in keys}
 
     def _best_in_scope(
-        self, what: str, search: _FtsSearch, params: dict[str, Any], terms: list[str], depth: int
+        self,
+        what: str,
+        search: _FtsSearch,
+        params: dict[str, Any],
+        terms: list[str],
+        depth: int,
+        *,
+        upper: dict[str, int] | None = None,
     ) -> list[tuple[Any, Any]] | None:
         """The first ``depth`` (row, rank) pairs of ``search.joined`` for the OR of ``terms``: in scope, by rank then id.
 
@@ -401,11 +412,15 @@ class SqliteSearch(SqlSearch):
         few of the best matches) the joined statement runs as before.
         One statement does the first part; at 10k rows it costs about a third
         less than the joined one (LoCoMo questions: 5.5 -> 3.7 ms), and
-        :meth:`_pruned_probe` spares it scoring the rows only common terms hold.
+        :meth:`_pruned_probe` spares it scoring the rows only common terms hold
+        (:meth:`_capped_probe` on a trigram index, from ``upper``: each term's count or more).
         """
         match = fts5_match(terms)
         probe = max(depth, int(depth * PROBE_FACTOR))
-        best = self._pruned_probe(what, search, params, terms, probe)
+        if search.exact_counts:
+            best = self._pruned_probe(what, search, params, terms, probe)
+        else:
+            best = self._capped_probe(what, search, params, terms, probe, upper or {})
         if best is None:
             best = self._run(what, search.probed, {**params, "match": match, "probe": probe})
         if best is None:
@@ -464,6 +479,59 @@ class SqliteSearch(SqlSearch):
                 log.warning("%s pruned search failed, ranked in full: %s", what, exc.orig)
                 return None
         if len(rows) < probe or -float(rows[-1].rank) < bound:
+            return None
+        return rows
+
+    def _capped_probe(
+        self, what: str, search: _FtsSearch, params: dict[str, Any], terms: list[str], probe: int, upper: dict[str, int]
+    ) -> list[Any] | None:
+        """``search.probed``'s rows without scoring the rows only the commonest terms match, on an
+        index whose exact counts cost what ranking does; None when that is not shown (the caller
+        then runs ``probed`` itself).
+
+        The split is :func:`bm25_bound.split_by_upper`'s, on ``upper`` (each
+        term's rarest trigram's count, which the keyword budget read). After the
+        pruned statement, its ``probe``-th score says how many rows each common
+        term must hold for rows holding only common terms to score below it
+        (:func:`bm25_bound.count_floors`); a count capped there (LIMIT) is a
+        lower bound on the term's count, so an upper bound on its weight, and the
+        walk stops at the cap. All in one snapshot, with the index's row count.
+        """
+        if search.pruned is None or len(terms) < 2 or not upper:
+            return None
+        fts = search.fts
+        with self.db.read() as session:
+            dbapi = session.connection().connection.driver_connection
+            try:
+                with _deadline(dbapi, STATEMENT_DEADLINE_SECONDS):
+                    _, totals, structure = self._rows(session, _index_state(fts, search.table), {})[0]
+                    total = bm25_bound.total_rows(totals)
+                    plan = None if total is None else bm25_bound.split_by_upper(terms, upper, total)
+                    if plan is None:
+                        return None
+                    rare, common = plan
+                    values = {**params, "match": fts5_match(terms), "rare": fts5_match(rare), "probe": probe}
+                    rows = self._rows(session, search.pruned, values)
+                    if len(rows) < probe:
+                        return None
+                    best = -float(rows[-1].rank)
+                    floors = bm25_bound.count_floors([upper[t] for t in common], total, best)
+                    if floors is None:
+                        return None
+                    memo = _memo(self.db, fts, (totals, structure))
+                    for term, floor in zip(common, floors):
+                        known = memo.counts.get(FLOOR_KEY + term, 0)  # the largest capped count read at this state
+                        if known < floor:
+                            capped = text(f"SELECT count(*) FROM (SELECT 1 FROM {fts} WHERE {fts} MATCH :p LIMIT :cap)")
+                            found = self._rows(session, capped, {"p": fts5_match([term]), "cap": floor})[0][0]
+                            known = max(known, int(found))
+                            memo.remember({FLOOR_KEY + term: known})
+                        if known < floor:
+                            return None
+            except DBAPIError as exc:
+                log.warning("%s pruned search failed, ranked in full: %s", what, exc.orig)
+                return None
+        if best < bm25_bound.bound_from_floors(floors, total):
             return None
         return rows
 
@@ -580,6 +648,42 @@ class SqliteSearch(SqlSearch):
             extra.update(hi_at=upper[0], hi_id=upper[1])
         rows = self._run(f"{kind} vector re-rank", statement, {**params, **extra})
         return [(float(r.cosine), r.id) for r in rows or []]
+
+    def fetch(self, scope: Scope, keys: Iterable[RowKey], *, source_id: str = "") -> dict[RowKey, Record]:
+        """:meth:`SqlSearch.fetch`'s statements, read off the driver's cursor (:meth:`_rows`).
+
+        The same SQL, one ``:i<n>`` per id where SQLAlchemy's expanding IN rendered
+        one ``?`` each, so the plan and the row order are the ones it had. Every
+        recall hydrates its vector hits through here (twice with a far list), and
+        SQLAlchemy's path (expanding the IN, result metadata, Row objects) was
+        half of a call: 0.60 -> 0.30 ms at 100k rows, 10-28 ids (docs/benchmarks.md).
+        """
+        wanted: dict[str, list[int]] = {"mem": [], "ep": []}
+        for kind, row_id in keys:
+            wanted[kind].append(int(row_id))
+        found: dict[RowKey, Record] = {}
+        with self.db.read() as session:
+            for kind, ids in wanted.items():
+                if not ids:
+                    continue
+                alias, table, columns, build = (
+                    ("m", "memories", MEMORY_COLUMNS, memory_record)
+                    if kind == "mem"
+                    else ("e", "episodes", EPISODE_COLUMNS, episode_record)
+                )
+                where, params = sql_fragment(scope, alias)
+                if kind == "mem" and source_id:
+                    by_source, source_params = type(self).source_filter(source_id, alias)
+                    where, params = f"{where} AND {by_source}", {**params, **source_params}
+                marks = ", ".join(f":i{n}" for n in range(len(ids)))
+                sql = text(
+                    f"SELECT {columns} FROM {table} {alias} {self.by_id_hint} WHERE {alias}.id IN ({marks}) AND {where}"
+                )
+                params.update({f"i{n}": i for n, i in enumerate(ids)})
+                for row in self._rows(session, sql, params):
+                    record = build(row)
+                    found[record.key] = record
+        return found
 
     # -- listings and scope facts -----------------------------------------------
 
