@@ -108,7 +108,9 @@ class Corpus:
                         place = self.order[q["conversation"]].index(dia)
                         self.offset[q["conversation"]] = int(key[4:]) - place
         self.db = sqlite3.connect(":memory:")
-        self.db.execute("CREATE VIRTUAL TABLE t USING fts5(conv UNINDEXED, dia UNINDEXED, body, tokenize='porter unicode61')")
+        self.db.execute(
+            "CREATE VIRTUAL TABLE t USING fts5(conv UNINDEXED, dia UNINDEXED, body, tokenize='porter unicode61')"
+        )
         self.db.executemany("INSERT INTO t VALUES (?, ?, ?)", [(c, d, body) for (c, d), body in self.text.items()])
 
     def dia(self, conv: str, memory_id: int) -> str | None:
@@ -199,7 +201,9 @@ def rarest(maxdf: int, n: int, weight: float, on_near: bool):
         found = [(df, w) for df, w in found if df > 0]
         if len(found) < 2 or found[0][0] > maxdf:
             return lists
-        return _as_list(q, lists, label, corpus, corpus.ranked(conv, [found[0][1]], n), weight, near if on_near else None)
+        return _as_list(
+            q, lists, label, corpus, corpus.ranked(conv, [found[0][1]], n), weight, near if on_near else None
+        )
 
     return extra
 
@@ -317,6 +321,7 @@ def _without(lists, weak_of, past_cut: bool):
 def common_rows(share: float, start: int):
     """Rows of the memories list holding none of the query's words but common ones (df above ``share`` of the
     scope: speaker names), from rank ``start`` on, out of the list when the near list votes."""
+
     def extra(q, lists, label, corpus, keyword):
         if keyword:
             return lists
@@ -337,6 +342,7 @@ def common_rows(share: float, start: int):
 def weak_score(share: float, how: str, start: int):
     """Rows of the memories list scoring below ``share`` of the first row in both indexes (raw bm25), from rank
     ``start`` on, out of the list when the near list votes (``how`` past_cut: kept where the near list confirms)."""
+
     def extra(q, lists, label, corpus, keyword):
         if keyword:
             return lists
@@ -361,10 +367,14 @@ def weak_score(share: float, how: str, start: int):
 FAMILIES = {
     "neighbours": lambda: {m: neighbours(*m) for m in itertools.product([1, 2], [3, 5, 10, 15], [0.5, 1.0])},
     "rare": lambda: {m: rarest(*m) for m in itertools.product([3, 5, 10, 20], [3, 5, 10], [0.5, 1.0], [False, True])},
-    "uncommon": lambda: {m: uncommon(*m) for m in itertools.product([0.05, 0.1, 0.2, 0.3], [5, 10, 20], [0.5, 1.0], [False, True])},
+    "uncommon": lambda: {
+        m: uncommon(*m) for m in itertools.product([0.05, 0.1, 0.2, 0.3], [5, 10, 20], [0.5, 1.0], [False, True])
+    },
     "replies": lambda: {m: near_replies(*m) for m in itertools.product([3, 5, 10, 15], ["lexical", "ahead", "same"])},
     "common_rows": lambda: {m: common_rows(*m) for m in itertools.product([0.03, 0.05, 0.1, 0.2], [0, 3, 5])},
-    "weak_score": lambda: {m: weak_score(*m) for m in itertools.product([0.2, 0.3, 0.4, 0.5], ["drop", "past_cut"], [0, 3])},
+    "weak_score": lambda: {
+        m: weak_score(*m) for m in itertools.product([0.2, 0.3, 0.4, 0.5], ["drop", "past_cut"], [0, 3])
+    },
     "date": lambda: {m: dated(*m) for m in itertools.product([0, 1, 3, 7], [20, 50], [0.5, 1.0])},
 }
 
@@ -387,12 +397,18 @@ def replay(questions: list[dict[str, Any]], corpus: Corpus, family: str) -> None
         runs[name] = tuple(defaultdict(list) for _ in range(2))
         for q in questions:
             for mode, keyword in enumerate((True, False)):
-                runs[name][mode][q["conversation"]].append(score_question(chain(q, extra, corpus, keyword=keyword), q["evidence"]))
-    print(f"family {family}: R@10/NDCG@10 with MiniLM per conversation {' '.join(conversations)}, all | margin over keyword-only R@10")
+                runs[name][mode][q["conversation"]].append(
+                    score_question(chain(q, extra, corpus, keyword=keyword), q["evidence"])
+                )
+    print(
+        f"family {family}: R@10/NDCG@10 with MiniLM per conversation {' '.join(conversations)}, all | margin over keyword-only R@10"
+    )
     for name, (kw, hy) in runs.items():
         pooled = [s for c in conversations for s in hy[c]]
         margins = " ".join(f"{average(hy[c])['recall@10'] - average(kw[c])['recall@10']:+.3f}" for c in conversations)
-        print(f"  {str(name):<30} " + " ".join(cell(hy[c]) for c in conversations) + f"  all {cell(pooled)} | {margins}")
+        print(
+            f"  {str(name):<30} " + " ".join(cell(hy[c]) for c in conversations) + f"  all {cell(pooled)} | {margins}"
+        )
     kw_today = runs["today"][0]
     print(f"  {'keyword-only (today)':<30} " + " ".join(cell(kw_today[c]) for c in conversations))
     pooled = []
@@ -437,11 +453,27 @@ def misses(questions: list[dict[str, Any]], corpus: Corpus) -> None:
             close = [a for a in answer if a in corpus.order[conv] and session(a) == session(dia)]
             row["within 2 turns of an answer row"] += any(abs(corpus.order[conv].index(a) - place) <= 2 for a in close)
     names = sorted(table)
-    labels = ["evidence", "missed", "displaced", "lexical deep", "  word only", "  also near", "vector only",
-              "on no list", "  shares no word", "  only common words", "  a rarer word", "within 2 turns of an answer row"]
+    labels = [
+        "evidence",
+        "missed",
+        "displaced",
+        "lexical deep",
+        "  word only",
+        "  also near",
+        "vector only",
+        "on no list",
+        "  shares no word",
+        "  only common words",
+        "  a rarer word",
+        "within 2 turns of an answer row",
+    ]
     print("missed evidence turns (answer with MiniLM), per conversation: " + " ".join(names) + " all")
     for label in labels:
-        print(f"  {label:<34} " + " ".join(f"{table[c][label]:>5}" for c in names) + f" {sum(table[c][label] for c in names):>5}")
+        print(
+            f"  {label:<34} "
+            + " ".join(f"{table[c][label]:>5}" for c in names)
+            + f" {sum(table[c][label] for c in names):>5}"
+        )
 
 
 def main() -> None:
@@ -449,7 +481,9 @@ def main() -> None:
     parser.add_argument("--lists", type=Path, required=True)
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA_DIR)
     parser.add_argument("--misses", action="store_true")
-    parser.add_argument("--check", action="store_true", help="count the questions where the replay equals recall's answer")
+    parser.add_argument(
+        "--check", action="store_true", help="count the questions where the replay equals recall's answer"
+    )
     parser.add_argument("--family", choices=sorted(FAMILIES), action="append", default=[])
     args = parser.parse_args()
     questions = json.loads(args.lists.read_text())["questions"]
