@@ -36,7 +36,7 @@ from cpersona.storage.scope import Scope
 from cpersona.storage.search import Hit, SearchBackend
 
 SHARE = 0.05  # a word held by more than this share of the scope's memories is common
-SCOPE_CAP = 20_000  # memories counted in scope at most; a scope this large keeps every row
+SCOPE_CAP = 5_000  # memories counted in scope at most; a scope this large keeps every row (the counts cost)
 
 
 def without_common_only(
