@@ -14,6 +14,8 @@ is not re-run, so a candidate chosen here is confirmed with bench/locomo.py.
 from __future__ import annotations
 
 import argparse
+import ast
+import importlib
 import json
 import sys
 import tempfile
@@ -82,7 +84,18 @@ def main() -> None:
         default=0,
         help="also dump each retriever's own list (trigram and word per table, vector near) this deep",
     )
+    parser.add_argument(
+        "--patch",
+        action="append",
+        default=[],
+        metavar="MODULE:NAME=PYTHON",
+        help="set a module constant first, e.g. cpersona.services.recall.common_words:SHARE=0.1",
+    )
     args = parser.parse_args()
+    for patch in args.patch:
+        target, value = patch.split("=", 1)
+        module, name = target.split(":")
+        setattr(importlib.import_module(module), name, ast.literal_eval(value))
 
     workdir = Path(tempfile.mkdtemp(prefix="cpersona-fusion-lists-"))
     db = open_sqlite(workdir / "cpersona.db")

@@ -181,6 +181,15 @@ class KeywordResult:
     method: Literal["fts", "like", "none"]
 
 
+@dataclass(frozen=True, slots=True)
+class WordSpread:
+    """The query's content words over a scope (:meth:`SearchBackend.word_spread`)."""
+
+    rows: int  # memories in scope and source, counted up to the cap
+    counts: dict[str, int]  # word -> memories in scope holding it, counted just past the share asked about
+    held: dict[int, frozenset[str]]  # memory id -> the words it holds (ids holding none are left out)
+
+
 class SearchBackend(Protocol):
     """What recall needs from a database. Every method applies ``scope`` itself."""
 
@@ -208,6 +217,17 @@ class SearchBackend(Protocol):
 
     def word_episodes(self, scope: Scope, query: str, depth: int) -> list[Hit]:
         """Episodes whose summary or keywords hold one of the query's content words, best first."""
+        ...
+
+    def word_spread(
+        self, scope: Scope, query: str, ids: Sequence[int], *, source_id: str = "", cap: int, share: float
+    ) -> WordSpread | None:
+        """How widely each of the query's content words (the word channel's terms) is spread over the
+        memories in scope and source, and which of them each of the memories ``ids`` holds
+        (``services/recall/common_words.py``). None when the query has no such word or the word
+        index cannot say. The scope is counted up to ``cap`` rows (reaching it, or an empty scope,
+        gives the count alone); each word's count stops just past ``share`` of the scope's rows,
+        enough to tell whether more than that share holds it."""
         ...
 
     def recent_memories(self, scope: Scope, depth: int, *, source_id: str = "") -> list[Hit]:

@@ -16,15 +16,29 @@ returns these subclasses, so everything else the backends do is untouched.
 
 from __future__ import annotations
 
+import logging
 import re
+from collections.abc import Sequence
 from typing import Any
 
+from sqlalchemy.exc import DBAPIError
+
 from cpersona.storage.scope import Scope, sql_fragment
-from cpersona.storage.search import FUNCTION_WORDS, MAX_QUERY_CHARS, MAX_TERMS, Hit, clean_query
+from cpersona.storage.search import FUNCTION_WORDS, MAX_QUERY_CHARS, MAX_TERMS, Hit, WordSpread, clean_query
 from cpersona.storage.sql_text import text
 from cpersona.storage.search_sql import EPISODE_COLUMNS, MEMORY_COLUMNS, episode_record, memory_record
-from cpersona.storage.search_sqlite import PHRASE_KEY, SqliteSearch, _fts_search, _FtsSearch, fts5_match
+from cpersona.storage.search_sqlite import (
+    PHRASE_KEY,
+    STATEMENT_DEADLINE_SECONDS,
+    SqliteSearch,
+    _deadline,
+    _fts_search,
+    _FtsSearch,
+    fts5_match,
+)
 from cpersona.storage.search_sqlite import source_filter as sqlite_source_filter
+
+log = logging.getLogger(__name__)
 
 # A word as unicode61 splits text: a run of letters and digits (underscore and
 # every other mark separate words).
@@ -82,6 +96,54 @@ class SqliteWordSearch(SqliteSearch):
         terms = self._within_budget(terms, self._word_counts(search, terms))
         rows = self._best_in_scope("episodes words", search, params, terms, depth)
         return [Hit(episode_record(r), -float(rank)) for r, rank in rows or []]
+
+    def word_spread(
+        self, scope: Scope, query: str, ids: Sequence[int], *, source_id: str = "", cap: int, share: float
+    ) -> WordSpread | None:
+        terms = word_terms(query)
+        if not self.fts_enabled or not terms or not ids or cap <= 0:
+            return None
+        where, params = sql_fragment(scope, "m")
+        by_source, source_params = sqlite_source_filter(source_id)
+        params = {**params, **source_params}
+        in_scope = f"{where} AND {by_source}"
+        words = {f"w{i}": fts5_match([t]) for i, t in enumerate(terms)}
+        rows = text(f"SELECT count(*) FROM (SELECT 1 FROM memories m WHERE {in_scope} LIMIT :cap)")
+        # Each word's count stops just past the share (a LIMIT inside): a common word is not walked to its end.
+        counts = text(
+            "SELECT "
+            + ", ".join(
+                f"(SELECT count(*) FROM (SELECT 1 FROM memories_words f JOIN memories m ON m.id = f.rowid "
+                f"WHERE memories_words MATCH :{w} AND {in_scope} LIMIT :enough))"
+                for w in words
+            )
+        )
+        marks = ", ".join(f":i{j}" for j in range(len(ids)))
+        # +rowid: the ids filter the word's matches; as a plain rowid IN FTS5 would run one look-up per id.
+        held = text(
+            " UNION ALL ".join(
+                f"SELECT rowid AS id, {i} AS word FROM memories_words "
+                f"WHERE memories_words MATCH :{w} AND +rowid IN ({marks})"
+                for i, w in enumerate(words)
+            )
+        )
+        with self.db.read() as session:
+            dbapi = session.connection().connection.driver_connection
+            try:
+                with _deadline(dbapi, STATEMENT_DEADLINE_SECONDS):
+                    total = int(self._rows(session, rows, {**params, "cap": cap})[0][0])
+                    if not 0 < total < cap:  # an empty scope, or one the cap cut short: no share to judge by
+                        return WordSpread(total, {}, {})
+                    enough = int(share * total) + 1
+                    found = self._rows(session, counts, {**params, **words, "enough": enough})[0]
+                    pairs = self._rows(session, held, {**words, **{f"i{j}": int(v) for j, v in enumerate(ids)}})
+            except DBAPIError as exc:
+                log.warning("word spread unavailable: %s", exc.orig)
+                return None
+        holds: dict[int, set[str]] = {}
+        for row in pairs:
+            holds.setdefault(int(row.id), set()).add(terms[int(row.word)])
+        return WordSpread(total, dict(zip(terms, (int(n) for n in found))), {k: frozenset(v) for k, v in holds.items()})
 
     def _word_counts(self, search: _FtsSearch, terms: list[str]) -> dict[str, int]:
         """Each word's exact match count in the word index, for the keyword budget (``_within_budget``).

@@ -19,13 +19,14 @@ imports the PostgreSQL search code.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import Connection
 
 from cpersona.storage.engine import Database
 from cpersona.storage.scope import Scope, sql_fragment
-from cpersona.storage.search import Hit
+from cpersona.storage.search import Hit, WordSpread
 from cpersona.storage.search_postgres import PostgresSearch
 from cpersona.storage.search_postgres import source_filter as pg_source_filter
 from cpersona.storage.search_sqlite import within_budget
@@ -89,6 +90,50 @@ class PostgresWordSearch(PostgresSearch):
         where, params = sql_fragment(scope, "e")
         rows = self._words("episodes words", "ep", "e", EPISODE_COLUMNS, "episodes", where, params, terms, depth)
         return [Hit(episode_record(r), float(r.score)) for r in rows]
+
+    def word_spread(
+        self, scope: Scope, query: str, ids: Sequence[int], *, source_id: str = "", cap: int, share: float
+    ) -> WordSpread | None:
+        terms = word_terms(query)
+        if not self.fts_enabled or not terms or not ids or cap <= 0:
+            return None
+        where, params = sql_fragment(scope, "m")
+        by_source, source_params = pg_source_filter(source_id)
+        params = {**params, **source_params}
+        in_scope = f"{where} AND {by_source}"
+        vector = pg_word_vector("mem", "m")  # the indexed expression: the GIN index finds each word's rows
+        words = {f"w{i}": t for i, t in enumerate(terms)}
+
+        def matches(w: str) -> str:
+            return f"{vector} @@ to_tsquery('{TEXT_SEARCH_CONFIG}'::regconfig, :{w})"
+
+        rows = text(f"SELECT count(*) FROM (SELECT 1 FROM memories m WHERE {in_scope} LIMIT :cap) AS n")
+        found = self._run("word spread", rows, {**params, "cap": cap})
+        if not found:
+            return None
+        total = int(found[0][0])
+        if not 0 < total < cap:  # an empty scope, or one the cap cut short: no share to judge by
+            return WordSpread(total, {}, {})
+        # Each word's count stops just past the share: a common word is not walked to its end.
+        counts = text(
+            "SELECT "
+            + ", ".join(
+                f"(SELECT count(*) FROM (SELECT 1 FROM memories m WHERE {matches(w)} AND {in_scope} LIMIT :enough) AS c{i})"
+                for i, w in enumerate(words)
+            )
+        )
+        flags = ", ".join(f"{matches(w)} AS has{i}" for i, w in enumerate(words))
+        held = text(f"SELECT m.id, {flags} FROM memories m WHERE m.id = ANY(:ids)")
+        counted = self._run("word spread", counts, {**params, **words, "enough": int(share * total) + 1})
+        listed = self._run("words held", held, {**words, "ids": [int(v) for v in ids]})
+        if counted is None or listed is None:
+            return None
+        holds: dict[int, frozenset[str]] = {}
+        for row in listed:
+            kept = frozenset(t for i, t in enumerate(terms) if row[1 + i])
+            if kept:
+                holds[int(row[0])] = kept
+        return WordSpread(total, dict(zip(terms, (int(n) for n in counted[0]))), holds)
 
     def _words(
         self,

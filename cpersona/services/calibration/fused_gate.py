@@ -22,7 +22,7 @@ import logging
 import time
 from array import array
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -225,8 +225,9 @@ def scored_candidates(app: App, agent_id: str, text: str) -> list[Candidate]:
 
     req = recall.RecallRequest(agent_id=agent_id, query=text, limit=PSEUDO_QUERY_LIMIT)
     backend = retrievers.search_backend(app)
-    found = retrievers.retrieve(
-        app, backend, req.retriever_query(), recall.depth_for(app, req), retrievers.exclusion(())
-    )
+    # pseudo: the keyword rows the common-words rule would drop stay in the measured population
+    # (a small scope's pseudo-queries otherwise leave too few rows judged on rrf to place a gate).
+    query = replace(req.retriever_query(), pseudo=True)
+    found = retrievers.retrieve(app, backend, query, recall.depth_for(app, req), retrievers.exclusion(()))
     rows = recall.fuse(app, req, found, None)
     return recall.score_candidates(app, backend, req, found, rows)  # legacy ordering: confidence too

@@ -121,6 +121,9 @@ class Query:
     # Whether the query embedding's outcome is a health observation (spec ADV-2:
     # a recall's is; a calibration pseudo-query's should pass False).
     measure: bool = True
+    # A calibration pseudo-query (services/calibration/fused_gate.py): the gate is measured on the
+    # keyword rows before common_words drops any; recall's rows after it are a subset of them.
+    pseudo: bool = False
 
     @property
     def episodes_apply(self) -> bool:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from cpersona.storage.search import Hit, RowKey, SearchBackend
 from cpersona.services.recall import cjk_query
+from cpersona.services.recall.common_words import without_common_only
 from cpersona.services.recall.replies import with_replies
 
 if TYPE_CHECKING:
@@ -71,6 +72,8 @@ def add_lexical_lists(
     ``whole`` keeps each merged list whole (up to both indexes' ``depth`` rows)
     instead of cutting it at ``depth``: the rows past the cut vote only where
     the vector channel ranks them within ``depth`` (``fusion.confirmed``).
+    ``whole`` is the query-vector case, and then the memories list also loses
+    its rows holding only the scope's common words (:mod:`~cpersona.services.recall.common_words`).
     """
     keep = 2 * depth if whole else depth
     if query.episodes_apply:
@@ -86,4 +89,8 @@ def add_lexical_lists(
     words_apply = weight > 0 and not cjk
     words = backend.word_memories(query.scope, query.text, depth, source_id=query.source_id) if words_apply else []
     merged = with_words(hits, words, keep, weight=weight)
+    if whole and words_apply and not query.pseudo:
+        # A query vector under rrf (``whole``): rows sharing only the scope's common words with the
+        # query give their seats to the vector channel's rows (common_words, issue 14).
+        merged = without_common_only(backend, query.scope, query.text, merged, source_id=query.source_id)
     found.add("memories", with_replies(backend, query.scope, merged, keep, source_id=query.source_id), excluded)
