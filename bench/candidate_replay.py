@@ -264,8 +264,49 @@ def main() -> None:
                 for g in [*convs, "all"]
             )
         )
+    confidence(questions, vectors, convs)
     if args.variants:
         variants(questions, vectors, keys, convs)
+
+
+def confidence(questions, vectors, convs) -> None:
+    """Precision of the near list's first two vector-only rows by how peaked the near list is (a per-query confidence).
+
+    Margin = the near list's first cosine minus its tenth, split in thirds over
+    all questions; only questions where the vector lists vote (not set aside
+    by ``fusion.vector_votes``). A confidence worth acting on would show a
+    clearly higher precision in the top third than in the bottom one.
+    """
+    rows = []
+    for q in questions:
+        lists, label = lists_of(q)
+        lists = list(fusion.vector_votes(lists, LIMIT))
+        near = next((lst for lst in lists if lst.channel == "vector" and lst.weight > 0), None)
+        if near is None:
+            continue
+        lexical = {e.key for lst in lists if lst.channel not in VECTOR_CHANNELS for e in lst.entries}
+        only = [label[e.key] for e in near.entries if e.key not in lexical][:2]
+        v = vectors[q["conversation"]]
+        top = np.sort(v["T"] @ v["Q"][q["_index"]])[::-1]
+        rows.append((float(top[0] - top[LIMIT - 1]), q["conversation"], only, set(q["evidence"])))
+    cuts = np.quantile([r[0] for r in rows], [1 / 3, 2 / 3])
+    tally: dict[tuple[str, int], list[float]] = defaultdict(lambda: [0.0, 0])
+    for margin, c, only, evidence in rows:
+        third = int(np.searchsorted(cuts, margin))
+        for group in (c, "all"):
+            for dia in only:
+                tally[(group, third)][0] += (dia in evidence) / len(evidence)
+                tally[(group, third)][1] += 1
+    print(f"first two vector-only rows by near-list margin (thirds, cut at {cuts[0]:.3f} / {cuts[1]:.3f}): precision %")
+    for group in [*convs, "all"]:
+        print(
+            f"  {group:>4} "
+            + " ".join(
+                f"{('low', 'mid', 'high')[t]} {100 * tally[(group, t)][0] / max(tally[(group, t)][1], 1):.1f}"
+                f" ({tally[(group, t)][1]})"
+                for t in range(3)
+            )
+        )
 
 
 def variants(questions, vectors, keys, convs) -> None:
@@ -283,7 +324,9 @@ def variants(questions, vectors, keys, convs) -> None:
             order = np.argsort(-score, kind="stable")[: fusion.past_the_cut(LIMIT)]
             nears[id(q)] = [(keys[(c, v["ids"][j])], v["ids"][j], float(score[j])) for j in order]
             alone[c].append(score_question([d for _, d, _ in nears[id(q)]][:LIMIT], q["evidence"]))
-        print(f"  {query:<7} alpha {alpha:<4}  alone " + " ".join(f"{average(alone[c])['recall@10']:.3f}" for c in convs))
+        print(
+            f"  {query:<7} alpha {alpha:<4}  alone " + " ".join(f"{average(alone[c])['recall@10']:.3f}" for c in convs)
+        )
         for seats in (1, 2, 3, 0):
             fused: dict[str, list] = defaultdict(list)
             for q in questions:
@@ -311,7 +354,9 @@ def variants(questions, vectors, keys, convs) -> None:
             f"  keyword-only {k['recall@10']:.3f}/{k['ndcg@10']:.3f}  margin {f['recall@10'] - k['recall@10']:+.3f}"
         )
     f, k = average(pooled), average(pooled_kw)
-    print(f"  pooled held-out {f['recall@10']:.3f}/{f['ndcg@10']:.3f}  keyword-only {k['recall@10']:.3f}/{k['ndcg@10']:.3f}")
+    print(
+        f"  pooled held-out {f['recall@10']:.3f}/{f['ndcg@10']:.3f}  keyword-only {k['recall@10']:.3f}/{k['ndcg@10']:.3f}"
+    )
 
 
 if __name__ == "__main__":
