@@ -59,13 +59,16 @@ sys.path.insert(0, str(REPO_DIR))
 from cpersona.services.recall import fusion  # noqa: E402
 from cpersona.services.recall.fusion import VECTOR_CHANNELS, Ranked, RankedList, rrf  # noqa: E402
 from cpersona.services.recall.replies import asks  # noqa: E402
+from cpersona.services.records.nodes import BOUNDARY_CLASSES  # noqa: E402
 from cpersona.storage.search import FUNCTION_WORDS  # noqa: E402
 from cpersona.storage.search_words import SHORT_FUNCTION_WORDS  # noqa: E402
 
 LIMIT = 10
 RRF_K = 60
-CACHE = Path(__file__).resolve().parent / ".cache" / "candidate-replay-minilm.npz"
+CACHE = Path(__file__).resolve().parent / ".cache" / "candidate-replay-minilm-v3.npz"
+SENTENCE_END = next(p for p in BOUNDARY_CLASSES if p.pattern.startswith("[。"))  # the sentence class
 _WORD = re.compile(r"\w+(?:'\w+)?")
+_LABEL = re.compile(r"[^:\n]{1,40}: ")  # a chat turn's speaker, as LoCoMo turns are stored
 
 
 def content_words(question: str) -> str:
@@ -97,15 +100,50 @@ def smoothed(cosines: np.ndarray, near: list[list[int]], alpha: float) -> np.nda
     return cosines + alpha * best
 
 
+def sentences(text: str) -> list[str]:
+    """``text`` cut after each sentence end (record nodes' OV-9 sentence class); pieces without a word dropped."""
+    pieces, start = [], 0
+    for match in SENTENCE_END.finditer(text):
+        pieces.append(text[start : match.end()])
+        start = match.end()
+    pieces.append(text[start:])
+    return [p.strip() for p in pieces if _WORD.search(p)]
+
+
+def labelled(text: str) -> list[str]:
+    """:func:`sentences` of ``text``, each after the first under the text's leading label ("Jon: ...") when it has one."""
+    pieces = sentences(text)
+    label = _LABEL.match(text)
+    if label is None:
+        return pieces
+    return pieces[:1] + [label.group(0) + piece for piece in pieces[1:]]
+
+
+def passage_vectors(turns: np.ndarray, pieces: np.ndarray, owner: np.ndarray) -> np.ndarray:
+    """One vector per turn: its own vector plus the mean of its sentences' vectors, renormalised.
+
+    A turn of one sentence keeps its own vector (the mean is that vector again, near enough).
+    """
+    total = np.zeros_like(turns)
+    np.add.at(total, owner, pieces)
+    counts = np.bincount(owner, minlength=len(turns))
+    mean = total / np.maximum(np.linalg.norm(total, axis=1, keepdims=True), 1e-12)
+    both = turns + mean
+    out = both / np.linalg.norm(both, axis=1, keepdims=True)
+    return np.where((counts > 1)[:, None], out, turns).astype(turns.dtype)
+
+
 def embeddings(cache: Path) -> dict[str, dict[str, Any]]:
-    """Per conversation: turn ids, turn vectors, question vectors (as asked and on content words only)."""
+    """Per conversation: turn ids and vectors, sentence vectors and their turn, question vectors
+    (as asked, ``Q``, and on content words only, ``W``)."""
     conversations = load_conversations(DEFAULT_DATA_DIR)
+    names = ("T", "Q", "W", "S", "L", "owner")
     if cache.exists():
         stored = np.load(cache, allow_pickle=False)
         return {
             c.name: {
                 "ids": [t.dia_id for t in c.turns], "questions": [q.question for q in c.questions],
-                "T": stored[f"{c.name}/T"], "Q": stored[f"{c.name}/Q"], "W": stored[f"{c.name}/W"],
+                **{k: stored[f"{c.name}/{k}"] for k in names},
             }
             for c in conversations
         }  # fmt: skip
@@ -121,13 +159,16 @@ def embeddings(cache: Path) -> dict[str, dict[str, Any]]:
     out, arrays = {}, {}
     for c in conversations:
         questions = [q.question for q in c.questions]
+        split = [(j, piece) for j, t in enumerate(c.turns) for piece in sentences(t.content)]
         item = {
             "ids": [t.dia_id for t in c.turns], "questions": questions,
             "T": embed([t.content for t in c.turns], False), "Q": embed(questions, True),
             "W": embed([content_words(q) for q in questions], True),
+            "S": embed([piece for _, piece in split], False), "owner": np.array([j for j, _ in split]),
+            "L": embed([piece for t in c.turns for piece in labelled(t.content)], False),
         }  # fmt: skip
         out[c.name] = item
-        arrays.update({f"{c.name}/{k}": item[k] for k in ("T", "Q", "W")})
+        arrays.update({f"{c.name}/{k}": item[k] for k in names})
     cache.parent.mkdir(parents=True, exist_ok=True)
     np.savez(cache, **arrays)
     return out
@@ -311,39 +352,69 @@ def confidence(questions, vectors, convs) -> None:
 
 def variants(questions, vectors, keys, convs) -> None:
     near_of = {c: neighbours(vectors[c]["ids"]) for c in vectors}
+    passages = {
+        (c, kind): passage_vectors(v["T"], v[kind], v["owner"]) for c, v in vectors.items() for kind in ("S", "L")
+    }
     runs: dict[tuple, dict[str, list]] = {}
     print("near list variants: alone R@10 | through recall's chain R@10/NDCG@10 by vector-only seats (0 = every row)")
-    for query, alpha in itertools.product(("asked", "content", "both"), (0.0, 0.15, 0.25)):
+    print("  passage: turn = the stored text's vector (today); sentences = turn + mean of its sentences (one vector);")
+    print("  labelled = the same, each sentence under the turn's speaker label; best labelled = max(turn, best")
+    print("  labelled sentence); query: asked, both = asked + content words; alpha: session context")
+    kinds = ("turn", "sentences", "labelled", "best labelled")
+    for passage, query, alpha in itertools.product(kinds, ("asked", "both"), (0.0, 0.15)):
         alone: dict[str, list] = defaultdict(list)
         nears = {}
         for q in questions:
             c, v = q["conversation"], vectors[q["conversation"]]
             asked, words = v["Q"][q["_index"]], v["W"][q["_index"]]
-            vec = {"asked": asked, "content": words, "both": (asked + words) / np.linalg.norm(asked + words)}[query]
-            score = smoothed(v["T"] @ vec, near_of[c], alpha)
+            vec = asked if query == "asked" else (asked + words) / np.linalg.norm(asked + words)
+            if passage == "best labelled":
+                cosines = v["T"] @ vec
+                np.maximum.at(cosines, v["owner"], v["L"] @ vec)
+            elif passage == "turn":
+                cosines = v["T"] @ vec
+            else:
+                cosines = passages[(c, "S" if passage == "sentences" else "L")] @ vec
+            score = smoothed(cosines, near_of[c], alpha)
             order = np.argsort(-score, kind="stable")[: fusion.past_the_cut(LIMIT)]
             nears[id(q)] = [(keys[(c, v["ids"][j])], v["ids"][j], float(score[j])) for j in order]
             alone[c].append(score_question([d for _, d, _ in nears[id(q)]][:LIMIT], q["evidence"]))
         print(
-            f"  {query:<7} alpha {alpha:<4}  alone " + " ".join(f"{average(alone[c])['recall@10']:.3f}" for c in convs)
+            f"  {passage:<13} {query:<5} alpha {alpha:<4}  alone "
+            + " ".join(f"{average(alone[c])['recall@10']:.3f}" for c in convs)
         )
         for seats in (1, 2, 3, 0):
             fused: dict[str, list] = defaultdict(list)
             for q in questions:
                 fused[q["conversation"]].append(score_question(chain(q, nears[id(q)], seats), q["evidence"]))
-            runs[(query, alpha, seats)] = fused
+            runs[(passage, query, alpha, seats)] = fused
             print(
                 f"      seats {seats}  "
                 + " ".join(f"{average(fused[c])['recall@10']:.3f}/{average(fused[c])['ndcg@10']:.3f}" for c in convs)
             )
 
+    families = {
+        "seats only (today's near list)": lambda r: r[:3] == ("turn", "asked", 0.0),
+        "one stored vector per row (turn, sentences, labelled; asked; no context)": lambda r: (
+            r[1:3] == ("asked", 0.0) and r[0] != "best labelled"
+        ),
+        "every variant": lambda r: True,
+    }
+    for family, member in families.items():
+        leave_one_out(questions, runs, convs, [r for r in runs if member(r)], family)
+
+
+def leave_one_out(questions, runs, convs, members, family) -> None:
+    """Choose a member on four conversations (R@10 + NDCG@10), score the fifth; every fold printed."""
+
     def objective(rows: list) -> float:
         f = average(rows)
         return f["recall@10"] + f["ndcg@10"]
 
+    print(f"leave one conversation out, {family} ({len(members)} members):")
     pooled, pooled_kw = [], []
     for held in convs:
-        chosen = max(runs, key=lambda r: objective([s for c in convs if c != held for s in runs[r][c]]))  # noqa: B023
+        chosen = max(members, key=lambda r: objective([s for c in convs if c != held for s in runs[r][c]]))  # noqa: B023
         rows = runs[chosen][held]
         kw = [score_question(q["_keyword"], q["evidence"]) for q in questions if q["conversation"] == held]
         pooled += rows
@@ -351,7 +422,8 @@ def variants(questions, vectors, keys, convs) -> None:
         f, k = average(rows), average(kw)
         print(
             f"  held {held}: chose {chosen}  {f['recall@10']:.3f}/{f['ndcg@10']:.3f}"
-            f"  keyword-only {k['recall@10']:.3f}/{k['ndcg@10']:.3f}  margin {f['recall@10'] - k['recall@10']:+.3f}"
+            f"  keyword-only {k['recall@10']:.3f}/{k['ndcg@10']:.3f}"
+            f"  margin R@10 {f['recall@10'] - k['recall@10']:+.3f} NDCG@10 {f['ndcg@10'] - k['ndcg@10']:+.3f}"
         )
     f, k = average(pooled), average(pooled_kw)
     print(
