@@ -121,7 +121,6 @@ def test_embed_passages_keeps_each_text_aligned_with_its_blob():
 # -- the write paths ---------------------------------------------------------------------------
 
 
-
 def http_app(db, server) -> App:
     settings = load_settings(
         {"CPERSONA_DB_PATH": str(db.path), "CPERSONA_EMBEDDING_MODE": "http", "CPERSONA_EMBEDDING_URL": server.url}
@@ -143,9 +142,10 @@ def test_store_and_backfill_write_the_combined_vector(db, embed_server):
         expected = embed_passage(app.embedder, TURN)
         vectors = stored_vectors(db)
         assert np.allclose(as_vector(vectors[TURN]), as_vector(expected))
-        assert vectors["a plain note. Two sentences here."] == app.embedder.embed_many(
-            ["a plain note. Two sentences here."]
-        )[0]
+        assert (
+            vectors["a plain note. Two sentences here."]
+            == app.embedder.embed_many(["a plain note. Two sentences here."])[0]
+        )
         # a row stored while the backend was down gets the same vector from the backfill
         embed_server.status = 503
         later = "Gina: Congrats, Jon! The studio looks amazing."
