@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from cpersona.embedding.passages import embed_passages
 from cpersona.services.app import App
 from cpersona.services.health.registry import Check, Ctx, Issue, Prep
 from cpersona.storage import health_probes as probes
@@ -73,7 +74,7 @@ def compute_vectors(app: App, rows: list[tuple[int, str]]) -> list[tuple[int, st
     out: list[tuple[int, str, bytes]] = []
     for start in range(0, len(rows), EMBED_BATCH):
         batch = rows[start : start + EMBED_BATCH]
-        blobs = app.embedder.embed_many([body for _, body in batch], batch_size=EMBED_BATCH)
+        blobs = embed_passages(app.embedder, [body for _, body in batch], batch_size=EMBED_BATCH)  # as a store does
         if all(b is None for b in blobs):
             break  # the backend stopped answering; what is left waits for the next run
         out.extend((row_id, body, blob) for (row_id, body), blob in zip(batch, blobs) if blob is not None)

@@ -34,6 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from cpersona.embedding.passages import embed_passages
 from cpersona.services.app import App
 from cpersona.services.records.vector_identity import reconcile
 from cpersona.storage.repositories.base import Repository
@@ -134,12 +135,12 @@ def _fill_table(
         rows = [r for r in rows if (kind, r.id) not in skip and isinstance(r.body, str) and r.body]
         if not rows:
             continue
-        blobs = embedder.embed_many([r.body for r in rows])
+        blobs = embed_passages(embedder, [r.body for r in rows])  # as a store embeds them (embedding.passages)
         if all(blob is None for blob in blobs):
             if not embedder.probe():
                 return done, "the embedding backend is unavailable"
             # The backend answers, so something in this batch is refused: one by one.
-            blobs = [embedder.embed_many([r.body])[0] for r in rows]
+            blobs = [embed_passages(embedder, [r.body])[0] for r in rows]
         updates = [(r.id, r.body, b) for r, b in zip(rows, blobs) if b is not None]
         for r, b in zip(rows, blobs):
             if b is None:

@@ -29,6 +29,7 @@ from typing import Any
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
+from cpersona.embedding.passages import embed_passage
 from cpersona.services.records import remote_vectors
 from cpersona.services.app import App
 from cpersona.services.graph.associations import declare_for_record
@@ -460,7 +461,7 @@ def embed_text(app: App, text: str) -> bytes | None:
     if not keeps_local_vectors(app):
         return None
     try:
-        return app.embedder.embed(text)
+        return embed_passage(app.embedder, text)  # a chat turn: whole and sentence by sentence (issue 14)
     except Exception:  # noqa: BLE001 — the row is still worth storing without a vector
         log.warning("embedding failed; the row is stored without a vector", exc_info=True)
         return None
