@@ -75,7 +75,8 @@ if _out:
     # Thread CPU, not wall: the machine is shared. Everything starts at SIGUSR1 (the driver sends it
     # after the warm-up), so start-up and first-call imports stay out: the event loop's thread is
     # profiled from then on, and each job handed to a worker thread (anyio.to_thread.run_sync) is
-    # profiled while it runs, on a profiler of its own thread.
+    # profiled while it runs, on a profiler of its own thread (anyio.to_thread.run_sync or
+    # cpersona.storage.workers, whichever the tree uses).
     _profiles = {}
     _on = []
     def _profile(name):
@@ -103,6 +104,15 @@ if _out:
     async def run_sync(func, *args, **kwargs):
         return await _run_sync(_profiled_job(func), *args, **kwargs)
     anyio.to_thread.run_sync = run_sync
+    try:  # trees where Database.run has its own threads (cpersona.storage.workers)
+        from cpersona.storage import workers as _workers
+    except ImportError:
+        _workers = None
+    if _workers is not None:
+        _pool_run = _workers.WorkerPool.run
+        async def pool_run(self, fn, *args):
+            return await _pool_run(self, _profiled_job(fn), *args)
+        _workers.WorkerPool.run = pool_run
     def _dump():
         os.makedirs(_out, exist_ok=True)
         for number, (name, profile) in enumerate(_profiles.values()):

@@ -99,18 +99,19 @@ class WorkerPool:
                 result = context.run(fn, *args)
             except BaseException as exc:  # noqa: BLE001 — handed to the caller, as a direct call would raise it
                 error = exc
+            # Idle before the caller hears back: a sequential caller's next job comes
+            # straight after, and must find this thread rather than start another.
+            with self._lock:
+                if jobs is self._jobs:  # else closed meanwhile: this queue's next item is a stop
+                    if self._waiting:
+                        self._waiting -= 1  # a queued job is this thread's next
+                    else:
+                        self._idle += 1
             try:
                 loop.call_soon_threadsafe(_settle, future, result, error)
             except RuntimeError:  # the loop closed while the job ran: nobody waits for it
                 pass
             del job, fn, args, context, future, result, error
-            with self._lock:
-                if jobs is not self._jobs:
-                    continue  # closed meanwhile: its queue's next item is this thread's stop
-                if self._waiting:
-                    self._waiting -= 1  # a queued job is this thread's next
-                else:
-                    self._idle += 1
 
     def close(self, wait: float = CLOSE_WAIT_SECONDS) -> None:
         """Let the queued and running jobs finish (up to ``wait`` s) and end the threads.
