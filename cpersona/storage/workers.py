@@ -32,6 +32,7 @@ import asyncio
 import contextvars
 import queue
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -124,9 +125,10 @@ class WorkerPool:
         for _ in threads:
             jobs.put(_STOP)  # after every job queued so far
         current = threading.current_thread()
+        deadline = time.monotonic() + wait  # one wait for all: a stuck job must not cost it per thread
         for thread in threads:
             if thread is not current:
-                thread.join(wait)
+                thread.join(max(0.0, deadline - time.monotonic()))
 
 
 def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
