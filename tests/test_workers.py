@@ -48,6 +48,27 @@ async def test_an_exception_reaches_the_caller():
         pool.close()
 
 
+def test_a_stray_stopiteration_is_an_error_not_a_hang():
+    # asyncio futures refuse StopIteration: handed over as is, the caller would wait for ever
+    # (shielded, so no timeout of its own could end the wait). The caller runs on a loop of
+    # its own in a daemon thread, so a hang fails this test instead of hanging the run.
+    pool = WorkerPool("t", 1)
+    outcome: list[BaseException] = []
+
+    async def caller() -> None:
+        try:
+            await pool.run(next, iter(()))
+        except BaseException as exc:  # noqa: BLE001 — what reached the caller is the assertion
+            outcome.append(exc)
+
+    thread = threading.Thread(target=anyio.run, args=(caller,), daemon=True)
+    thread.start()
+    thread.join(LIVENESS)
+    assert not thread.is_alive(), "the caller never heard back"
+    assert isinstance(outcome[0], RuntimeError) and "StopIteration" in str(outcome[0])
+    pool.close()
+
+
 async def test_sequential_calls_reuse_one_thread():
     pool = WorkerPool("t", 4)
     try:

@@ -134,6 +134,12 @@ class WorkerPool:
 def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
     if future.cancelled():
         return
+    if isinstance(error, StopIteration):
+        # A future refuses StopIteration (set_exception raises TypeError, and the caller
+        # would wait for ever); it reaches the caller as anyio hands it on.
+        wrapped = RuntimeError("the job raised StopIteration")
+        wrapped.__cause__ = error
+        error = wrapped
     if error is not None:
         future.set_exception(error)
     else:
