@@ -8,7 +8,8 @@ Each server gets a fresh temporary directory (its working directory and its
 database) and an environment built from scratch: the SDK's minimal default
 environment plus the CPERSONA_* settings the benchmark asks for. Nothing from
 the caller's shell leaks in, so a stray CPERSONA_EMBEDDING_MODE cannot skew a
-run.
+run. The one exception is PYTHONPATH, handed to our servers only: it is how a
+source tree other than the installed one is measured.
 """
 
 from __future__ import annotations
@@ -166,6 +167,25 @@ class RunningServer:
         return list(await asyncio.gather(*(one(args) for args in argument_list)))
 
 
+def server_environment(name: str, settings: dict[str, str], workdir: Path) -> dict[str, str]:
+    """The environment server `name` starts with: the SDK's minimal one, its database in `workdir`, `settings`."""
+    env = dict(get_default_environment())
+    env.update(
+        {
+            "CPERSONA_DB_PATH": str(workdir / "cpersona.db"),
+            "CPERSONA_UPDATE_CHECK": "false",
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    if name != "ref" and os.environ.get("PYTHONPATH"):
+        # The SDK's default environment leaves PYTHONPATH out, so `PYTHONPATH=<tree> python
+        # bench/...` ran the installed package, not the tree. Our servers get it; the
+        # reference never does (our tree on its path would shadow its own cpersona).
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+    env.update(settings)
+    return env
+
+
 @contextlib.asynccontextmanager
 async def start_server(
     name: str,
@@ -180,15 +200,7 @@ async def start_server(
     """
     check_server_available(name)
     workdir = Path(tempfile.mkdtemp(prefix=f"cpersona-bench-{name}-"))
-    env = dict(get_default_environment())
-    env.update(
-        {
-            "CPERSONA_DB_PATH": str(workdir / "cpersona.db"),
-            "CPERSONA_UPDATE_CHECK": "false",
-            "PYTHONUNBUFFERED": "1",
-        }
-    )
-    env.update(settings)
+    env = server_environment(name, settings, workdir)
     database = database_for(name)
     if database is not None:
         env["CPERSONA_DATABASE_URL"] = database.url

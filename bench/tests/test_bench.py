@@ -140,3 +140,16 @@ def test_stub_server_answers_bad_input_clearly_and_keeps_the_connection_usable()
     finally:
         process.terminate()
         process.wait(timeout=10)
+
+
+def test_our_servers_get_the_callers_pythonpath_and_the_reference_never(monkeypatch, tmp_path):
+    # Without it `PYTHONPATH=<tree> python bench/latency.py` measured the installed package.
+    from mcp_driver import server_environment
+
+    monkeypatch.setenv("PYTHONPATH", "/some/tree")
+    assert server_environment("ours", {}, tmp_path)["PYTHONPATH"] == "/some/tree"
+    assert server_environment("ours-pg", {}, tmp_path)["PYTHONPATH"] == "/some/tree"
+    assert "PYTHONPATH" not in server_environment("ref", {}, tmp_path)
+    assert server_environment("ours", {"PYTHONPATH": "/other"}, tmp_path)["PYTHONPATH"] == "/other"
+    monkeypatch.delenv("PYTHONPATH")
+    assert "PYTHONPATH" not in server_environment("ours", {}, tmp_path)

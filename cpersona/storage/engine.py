@@ -49,15 +49,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import quote
 
-import anyio.to_thread
-from anyio import CapacityLimiter
-from anyio.lowlevel import RunVar
 from sqlalchemy import Connection, Engine, RootTransaction, create_engine, event
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.pool import QueuePool
 
 from cpersona.storage.errors import DatabaseBusy, ReadOnlyDatabase  # noqa: F401 — DatabaseBusy is raised here, named there
 from cpersona.storage.sessions import CoreSession
+from cpersona.storage.workers import WorkerPool
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -183,23 +181,11 @@ def _is_lock_conflict(exc: OperationalError) -> bool:
     return "database is locked" in str(orig) or "database table is locked" in str(orig)
 
 
-# Worker threads per event loop: reads run concurrently (WAL snapshots); writes
+# Worker threads per database: reads run concurrently (WAL snapshots); writes
 # queue on one lock anyway, so a few threads keep it busy and the rest of the
-# queued writers wait without a thread. anyio's shared default (40) stays for
-# everything else.
+# queued writers wait without a thread (storage/workers.py).
 READ_THREADS = 24
 WRITE_THREADS = 8
-_READ_THREADS: RunVar[CapacityLimiter] = RunVar("cpersona_read_threads")
-_WRITE_THREADS: RunVar[CapacityLimiter] = RunVar("cpersona_write_threads")
-
-
-def _threads(var: RunVar[CapacityLimiter], total: int) -> CapacityLimiter:
-    try:
-        return var.get()
-    except LookupError:
-        limiter = CapacityLimiter(total)
-        var.set(limiter)
-        return limiter
 
 
 # The key of the cluster-wide writer lock (pg_advisory_xact_lock); any constant
@@ -230,6 +216,9 @@ class Database:
         self._background_factory = background_engine
         self._background: Engine | None = None
         self._background_lock = threading.Lock()
+        # The threads run() hands async callers' work to (no thread starts before the first call).
+        self._readers = WorkerPool("db-read", READ_THREADS)
+        self._writers = WorkerPool("db-write", WRITE_THREADS)
 
     @property
     def label(self) -> str:
@@ -451,13 +440,15 @@ class Database:
         """Run blocking database work off the event loop, on the readers' or the writers' threads.
 
         Writers waiting for the write lock must not take the threads readers
-        need (issue 13 item 5): each side has its own limiter, and a writer past
-        the writers' limit waits for a thread in the event loop, holding none.
+        need (issue 13 item 5): each side has its own pool of threads, and a
+        writer past the writers' limit waits in its pool's queue, holding none.
         """
-        limiter = _threads(_WRITE_THREADS, WRITE_THREADS) if writes else _threads(_READ_THREADS, READ_THREADS)
-        return await anyio.to_thread.run_sync(fn, *args, limiter=limiter)
+        return await (self._writers if writes else self._readers).run(fn, *args)
 
     def close(self) -> None:
+        # Work still running finishes before the connections go (it holds one).
+        self._readers.close()
+        self._writers.close()
         self.engine.dispose()
         if self._background is not None:
             self._background.dispose()
