@@ -51,17 +51,25 @@ class Level:
     any_of: tuple[str, ...] = ()
 
 
+# A term is left out of a level's candidates when the planner reckons it holds
+# more than this many times the rows of the query's rarest term. The estimates
+# are coarse (a statistics sample reads a rare term as ~10 rows and a common
+# one in steps of ~1 % of the table), so only a wide gap is trusted; a wrong
+# guess costs the narrow statement, and its cut then names an exact level.
+COMMON_FACTOR = 4
+
+
 def plan(terms: list[str], counts: dict[str, int], depth: int) -> Level | None:
     """The shortcut level to try first for these terms, or None (the full statement only).
 
     Two terms: rows holding both (the BitmapAnd of their GIN lookups reads no
-    row that misses one). More, with the planner's estimates (``counts``): the
-    commonest terms are left out of the candidates while each holds at least
-    as many rows as the terms still in them together, and the level is one
-    more than the number left out (rows holding every term when only one is
-    left in). The estimates only choose the level; the check decides.
-    Without estimates (a table under the keyword budget skips the EXPLAIN),
-    and when no term dominates, None.
+    row that misses one). More, with the planner's estimates (``counts``):
+    the terms holding over :data:`COMMON_FACTOR` times the rarest term's rows
+    are left out of the candidates, and the level is one more than the number
+    left out (when it fails, its cut names the level to retry at). The
+    estimates only choose the level; the check decides. Without estimates (a
+    table under the keyword budget skips the EXPLAIN), or when no term stands
+    out, None.
     """
     n = len(terms)
     if n < 2 or depth <= 0:
@@ -71,18 +79,11 @@ def plan(terms: list[str], counts: dict[str, int], depth: int) -> Level | None:
     if not counts:
         return None
     held = {t: max(counts.get(t, 0), 0) for t in terms}
-    kept = sum(held.values())
-    left_out = 0
-    for term in sorted(terms, key=lambda t: -held[t]):
-        if left_out == n - 1 or held[term] < kept - held[term]:
-            break
-        kept -= held[term]
-        left_out += 1
+    rarest = max(min(held.values()), 1)
+    left_out = sum(1 for t in terms if held[t] > COMMON_FACTOR * rarest)
     if left_out == 0:
         return None
-    if left_out == n - 1:
-        return Level(n, True)
-    return lower(terms, counts, left_out + 1)
+    return lower(terms, counts, min(left_out, n - 1) + 1)
 
 
 def lower(terms: list[str], counts: dict[str, int], needed: int) -> Level:
