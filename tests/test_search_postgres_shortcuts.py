@@ -147,6 +147,12 @@ def test_a_phrase_or_a_term_no_row_holds_as_a_word_is_answered_by_the_full_state
     assert _same_as_full(pg, "thanksg", 10) == ["walk", "tiered:1:or"]
 
 
+def test_one_content_term_among_function_words_does_not_walk(pg):
+    # "with", "them" rank last but are terms of the query: no row matches it as one word, so a
+    # walk could never find the top score; the full statement answers at once.
+    assert _same_as_full(pg, "thanks with them", 10) == ["tiered:1:or"]
+
+
 # -- levels: several terms ------------------------------------------------------------
 
 

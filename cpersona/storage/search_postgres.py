@@ -322,13 +322,15 @@ class PostgresSearch(SqlSearch):
         counts = self._term_counts(arm.table, arm.lowered, terms)
         content = [*within_budget(ranking_terms(terms), counts), *phrases]
         every = [*within_budget(terms, counts), *phrases]
-        rows = self._best(what, arm, params, content, counts, depth)
+        # The walk's top score needs a row matching the whole query as one word: a query of one term.
+        single = len(terms) + len(phrases) == 1
+        rows = self._best(what, arm, params, content, counts, depth, walk=single)
         if rows is None:
             return None
         ranked = [(r, float(r.score)) for r in rows]
         if len(ranked) >= depth or set(content) == set(every):
             return ranked
-        rest = self._best(what, arm, params, every, counts, depth)
+        rest = self._best(what, arm, params, every, counts, depth, walk=single)
         seen = {r.id for r, _ in ranked}
         floor = min((score for _, score in ranked), default=0.0)
         fill = [r for r in (rest or []) if r.id not in seen][: depth - len(ranked)]
@@ -343,6 +345,8 @@ class PostgresSearch(SqlSearch):
         terms: list[str],
         counts: dict[str, int],
         depth: int,
+        *,
+        walk: bool,
     ) -> list[Any] | None:
         """:func:`tiered_statement`'s rows for ``terms``, through an exact shortcut where one holds.
 
@@ -353,7 +357,7 @@ class PostgresSearch(SqlSearch):
         """
         found, counted, term_params = _term_predicates(arm.lowered, terms)
         params = {**params, **term_params}
-        if len(terms) == 1:
+        if len(terms) == 1 and walk:
             walked = self._run(what, walk_statement(arm, found[0]), {**params, "examined": WALK_EXAMINED}, indexed=True)
             if walked is not None and len(walked) >= depth:
                 return walked
