@@ -314,7 +314,7 @@ class PostgresSearch(SqlSearch):
         The keyword budget is SQLite's too (``search_sqlite.within_budget``):
         when the terms together would have more than ``SCORED_ROWS_BUDGET``
         rows scored, the most common are left out, rarest kept first, here by
-        the planner's estimates (:meth:`_term_estimates`). Each candidate costs
+        the planner's estimates (:meth:`_term_counts`). Each candidate costs
         PostgreSQL a heap fetch and an ILIKE recheck (tens of µs a row at 100k),
         so a question whose common term matches a fifth of the table paid
         for every such row.
