@@ -20,7 +20,7 @@ from cpersona.storage.engine import open_postgres
 from cpersona.storage.migrate import upgrade
 from cpersona.storage.models import Memory
 from cpersona.storage.scope import Scope
-from cpersona.storage.search_postgres_levels import Level, lower, plan
+from cpersona.storage.search_postgres_levels import Level, lookup_costs, lower, pieces, plan
 from cpersona.storage.search_words_postgres import PostgresWordSearch
 from pg_support import fresh_pg_url
 
@@ -217,3 +217,14 @@ def test_the_plan_leaves_out_the_terms_far_commoner_than_the_rarest():
     # Every term but the rarest stands out: its rows alone, level 3.
     assert plan(["a1", "b1", "c1"], {"a1": 10, "b1": 500, "c1": 900}, 10) == Level(3, False, ("a1",))
     assert lower(["a1", "b1", "c1"], {"a1": 10, "b1": 500, "c1": 900}, 2) == Level(2, False, ("a1", "b1"))
+
+
+def test_a_punctuated_term_costs_what_its_lookup_reads():
+    # The GIN lookup of "John's" reads every row holding "john": the plan prices it so.
+    found = pieces(["John's", "weather", "CVE-2024-3094", "a-b"])
+    assert found == {"John's": ["John"], "CVE-2024-3094": ["CVE", "2024", "3094"]}
+    estimates = {"John's": 10, "John": 17000, "weather": 900, "CVE-2024-3094": 5, "CVE": 50, "2024": 3000}
+    costs = lookup_costs(estimates, found)
+    assert costs["John's"] == 17000 and costs["weather"] == 900
+    assert costs["CVE-2024-3094"] == 50  # the rarest piece: the lookup needs all of them
+    assert plan(["John's", "weather", "zeppelin"], {**costs, "zeppelin": 10}, 10) == Level(3, False, ("zeppelin",))

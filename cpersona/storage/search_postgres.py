@@ -319,18 +319,21 @@ class PostgresSearch(SqlSearch):
         so a question whose common term matches a fifth of the table paid
         for every such row.
         """
-        counts = self._term_counts(arm.table, arm.lowered, terms)
+        pieces = levels.pieces(terms) if len(terms) > 1 else {}
+        extra = sorted({p for found in pieces.values() for p in found} - set(terms))
+        counts = self._term_counts(arm.table, arm.lowered, [*terms, *extra])
         content = [*within_budget(ranking_terms(terms), counts), *phrases]
         every = [*within_budget(terms, counts), *phrases]
+        costs = levels.lookup_costs(counts, pieces)
         # The walk's top score needs a row matching the whole query as one word: a query of one term.
         single = len(terms) + len(phrases) == 1
-        rows = self._best(what, arm, params, content, counts, depth, walk=single)
+        rows = self._best(what, arm, params, content, costs, depth, walk=single)
         if rows is None:
             return None
         ranked = [(r, float(r.score)) for r in rows]
         if len(ranked) >= depth or set(content) == set(every):
             return ranked
-        rest = self._best(what, arm, params, every, counts, depth, walk=single)
+        rest = self._best(what, arm, params, every, costs, depth, walk=single)
         seen = {r.id for r, _ in ranked}
         floor = min((score for _, score in ranked), default=0.0)
         fill = [r for r in (rest or []) if r.id not in seen][: depth - len(ranked)]
