@@ -29,6 +29,7 @@ import logging
 import time
 import weakref
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
@@ -46,7 +47,9 @@ from cpersona.storage.search_sql import (
     like_pattern,
     memory_record,
 )
+from cpersona.storage import search_postgres_levels as levels
 from cpersona.storage import search_sqlite
+from cpersona.storage.search_postgres_levels import WALK_EXAMINED
 from cpersona.storage.search_sqlite import STATEMENT_DEADLINE_SECONDS, within_budget
 from cpersona.storage.vectors_postgres import hnsw_scan, hnsw_widths, numpy_scan, pgvector_scan, pgvector_serves
 
@@ -70,23 +73,33 @@ def source_filter(source_id: str, alias: str = "m") -> tuple[str, dict[str, Any]
     )
 
 
-def _terms_clause(column_sets: tuple[str, ...], terms: list[str]) -> tuple[str, str, dict[str, Any]]:
-    """(any-term predicate on the columns, matched-term count over their lowered copies, params).
+def _term_predicates(column_sets: tuple[str, ...], terms: list[str]) -> tuple[list[str], list[str], dict[str, Any]]:
+    """(per term: its ILIKE on any column, per term: its test on the lowered copies, params).
 
-    The predicate is ``ILIKE`` on the columns themselves, the form the pg_trgm
-    GIN indexes answer. The count runs on ``lower()`` of each column, computed
-    once per candidate (:func:`tiered_statement`): in a UTF-8 database ILIKE is
+    The ILIKE is on the columns themselves, the form the pg_trgm GIN indexes
+    answer. The test runs on ``lower()`` of each column, computed once per
+    candidate (:func:`tiered_statement`): in a UTF-8 database ILIKE is
     ``lower(text) LIKE lower(pattern)`` (PostgreSQL's like.c), so the count is
     the same while lowering a row once instead of once per term.
     """
     params: dict[str, Any] = {}
-    any_term, counted = [], []
+    found, counted = [], []
     for i, term in enumerate(terms):
         params[f"t{i}"] = like_pattern(term)
-        any_term.append("(" + " OR ".join(f"{c} ILIKE :t{i}" for c in column_sets) + ")")
+        found.append("(" + " OR ".join(f"{c} ILIKE :t{i}" for c in column_sets) + ")")
         lowered = (f"f.l{j} LIKE lower(:t{i})" for j in range(len(column_sets)))
         counted.append("(" + " OR ".join(lowered) + ")")
-    return " OR ".join(any_term), " + ".join(f"({p})::int" for p in counted), params
+    return found, counted, params
+
+
+def _terms_clause(column_sets: tuple[str, ...], terms: list[str]) -> tuple[str, str, dict[str, Any]]:
+    """(any-term predicate on the columns, matched-term count over their lowered copies, params)."""
+    found, counted, params = _term_predicates(column_sets, terms)
+    return " OR ".join(found), _count_of(counted), params
+
+
+def _count_of(counted: list[str]) -> str:
+    return " + ".join(f"({p})::int" for p in counted)
 
 
 # How long a table found at most half the keyword budget is taken as still under it
@@ -121,17 +134,20 @@ def plan_estimates(plan: Any, count: int) -> list[int] | None:
     return [found[k] for k in sorted(found)]
 
 
-def tiered_statement(
-    table: str,
-    alias: str,
-    columns: str,
-    lowered: tuple[str, ...],
-    similarity_of: str,
-    any_term: str,
-    matched: str,
-    where: str,
-) -> Any:
-    """Rows matching any term, best ``:depth`` by matched-term count + ``word_similarity``.
+@dataclass(frozen=True)
+class Arm:
+    """One trigram arm's table: what it returns, what it lowers and counts, what it scores, its scope."""
+
+    table: str
+    alias: str
+    columns: str  # the row columns returned
+    lowered: tuple[str, ...]  # the columns searched (lowered once per candidate)
+    similarity_of: str  # the text word_similarity scores
+    where: str  # scope (and source) predicate
+
+
+def tiered_statement(arm: Arm, any_term: str, matched: str) -> Any:
+    """Rows matching ``any_term``, best ``:depth`` by matched-term count + ``word_similarity``.
 
     ``f`` is the candidate set: rows holding a term, found through the
     trigram GIN indexes (the caller runs it with :data:`INDEXED_SETTINGS`),
@@ -154,17 +170,41 @@ def tiered_statement(
     were hash-joined against the whole table read through its primary key,
     sequential scans being off (EXPLAIN ANALYZE at 100k rows: 249 ms of a
     941 ms statement).
+
+    Each row also carries the cut (``cut_level``, NULL when fewer than
+    ``:depth`` candidates): the check of :mod:`~cpersona.storage.search_postgres_levels`
+    when ``any_term`` is narrower than every term.
     """
-    lows = ", ".join(f"lower({column}) AS l{j}" for j, column in enumerate(lowered))
+    alias, table = arm.alias, arm.table
+    lows = ", ".join(f"lower({column}) AS l{j}" for j, column in enumerate(arm.lowered))
     return text(
-        f"WITH f AS MATERIALIZED (SELECT {alias}.id, {similarity_of} AS s, {lows} FROM "
-        f"(SELECT * FROM {table} {alias} WHERE {any_term} OFFSET 0) {alias} WHERE {where}), "
+        f"WITH f AS MATERIALIZED (SELECT {alias}.id, {arm.similarity_of} AS s, {lows} FROM "
+        f"(SELECT * FROM {table} {alias} WHERE {any_term} OFFSET 0) {alias} WHERE {arm.where}), "
         f"c AS (SELECT f.id, f.s, ({matched}) AS matched FROM f), "
         "cut AS (SELECT matched FROM c ORDER BY matched DESC LIMIT 1 OFFSET :depth - 1), "
         "best AS MATERIALIZED (SELECT c.id, c.matched + word_similarity(:q, c.s) AS score FROM c "
         "WHERE c.matched >= COALESCE((SELECT matched FROM cut), 0) ORDER BY score DESC, c.id LIMIT :depth) "
-        f"SELECT {columns}, best.score FROM best JOIN {table} {alias} ON {alias}.id = best.id "
+        f"SELECT {arm.columns}, best.score, (SELECT matched FROM cut) AS cut_level "
+        f"FROM best JOIN {table} {alias} ON {alias}.id = best.id "
         f"ORDER BY best.score DESC, {alias}.id"
+    )
+
+
+def walk_statement(arm: Arm, found: str) -> Any:
+    """With one term: the first ``:depth`` rows in id order whose score is the highest any row can have.
+
+    See :mod:`~cpersona.storage.search_postgres_levels` (the walk). The
+    table's lowest ``:examined`` ids are read through the primary key
+    (every scope: the bound is on rows read, not on rows kept), then the
+    term, the scope and ``word_similarity`` = 1 in that order. The score is
+    :func:`tiered_statement`'s expression for a count of 1.
+    """
+    alias, table = arm.alias, arm.table
+    return text(
+        f"SELECT {arm.columns}, 1 + word_similarity(:q, {arm.similarity_of}) AS score FROM "
+        f"(SELECT * FROM {table} {alias} ORDER BY {alias}.id LIMIT :examined) {alias} "
+        f"WHERE {found} AND {arm.where} AND word_similarity(:q, {arm.similarity_of}) >= 1 "
+        f"ORDER BY {alias}.id LIMIT :depth"
     )
 
 
@@ -227,33 +267,14 @@ class PostgresSearch(SqlSearch):
         if self.fts_enabled and (terms or extra):
             where, params = sql_fragment(scope, "m")
             by_source, source_params = source_filter(source_id)
-
-            def statement(any_term: str, matched: str) -> Any:
-                return tiered_statement(
-                    "memories",
-                    "m",
-                    MEMORY_COLUMNS,
-                    ("m.content",),
-                    "m.content",
-                    any_term,
-                    matched,
-                    f"{where} AND {by_source}",
-                )
-
+            arm = Arm("memories", "m", MEMORY_COLUMNS, ("m.content",), "m.content", f"{where} AND {by_source}")
             rows = self._ranked(
                 "memories trigram",
-                statement,
-                ("m.content",),
-                {
-                    **params,
-                    **source_params,
-                    "q": clean_query(query),
-                    "depth": depth,
-                },
+                arm,
+                {**params, **source_params, "q": clean_query(query), "depth": depth},
                 terms,
                 extra,
                 depth,
-                "memories",
             )
             if rows:
                 return KeywordResult([Hit(memory_record(r), score) for r, score in rows], "fts")
@@ -272,34 +293,14 @@ class PostgresSearch(SqlSearch):
         if depth <= 0 or not self.fts_enabled or not (terms or extra):
             return []
         where, params = sql_fragment(scope, "e")
-
-        def statement(any_term: str, matched: str) -> Any:
-            return tiered_statement(
-                "episodes", "e", EPISODE_COLUMNS, ("e.summary", "e.keywords"), "e.summary", any_term, matched, where
-            )
-
+        arm = Arm("episodes", "e", EPISODE_COLUMNS, ("e.summary", "e.keywords"), "e.summary", where)
         rows = self._ranked(
-            "episodes trigram",
-            statement,
-            ("e.summary", "e.keywords"),
-            {**params, "q": clean_query(query), "depth": depth},
-            terms,
-            extra,
-            depth,
-            "episodes",
+            "episodes trigram", arm, {**params, "q": clean_query(query), "depth": depth}, terms, extra, depth
         )
         return [Hit(episode_record(r), score) for r, score in (rows or [])]
 
     def _ranked(
-        self,
-        what: str,
-        statement: Any,
-        columns: tuple[str, ...],
-        params: dict[str, Any],
-        terms: list[str],
-        phrases: Sequence[str],
-        depth: int,
-        table: str,
+        self, what: str, arm: Arm, params: dict[str, Any], terms: list[str], phrases: Sequence[str], depth: int
     ) -> list[tuple[Any, float]] | None:
         """Rows matching the terms, ranked on the query's content words first.
 
@@ -318,23 +319,67 @@ class PostgresSearch(SqlSearch):
         so a question whose common term matches a fifth of the table paid
         for every such row.
         """
-        counts = self._term_counts(table, columns, terms)
+        pieces = levels.pieces(terms) if len(terms) > 1 else {}
+        extra = sorted({p for found in pieces.values() for p in found} - set(terms))
+        counts = self._term_counts(arm.table, arm.lowered, [*terms, *extra])
         content = [*within_budget(ranking_terms(terms), counts), *phrases]
         every = [*within_budget(terms, counts), *phrases]
-        any_term, matched, term_params = _terms_clause(columns, content)
-        rows = self._run(what, statement(any_term, matched), {**params, **term_params}, indexed=True)
+        costs = levels.lookup_costs(counts, pieces)
+        # The walk's top score needs a row matching the whole query as one word: a query of one term.
+        single = len(terms) + len(phrases) == 1
+        rows = self._best(what, arm, params, content, costs, depth, walk=single)
         if rows is None:
             return None
         ranked = [(r, float(r.score)) for r in rows]
         if len(ranked) >= depth or set(content) == set(every):
             return ranked
-        any_term, matched, term_params = _terms_clause(columns, every)
-        rest = self._run(what, statement(any_term, matched), {**params, **term_params}, indexed=True)
+        rest = self._best(what, arm, params, every, costs, depth, walk=single)
         seen = {r.id for r, _ in ranked}
         floor = min((score for _, score in ranked), default=0.0)
         fill = [r for r in (rest or []) if r.id not in seen][: depth - len(ranked)]
         ranked.extend((r, floor - 1.0 - i) for i, r in enumerate(fill))
         return ranked
+
+    def _best(
+        self,
+        what: str,
+        arm: Arm,
+        params: dict[str, Any],
+        terms: list[str],
+        counts: dict[str, int],
+        depth: int,
+        *,
+        walk: bool,
+    ) -> list[Any] | None:
+        """:func:`tiered_statement`'s rows for ``terms``, through an exact shortcut where one holds.
+
+        The shortcuts (:mod:`~cpersona.storage.search_postgres_levels`) read
+        fewer candidates; each is checked on its own rows (the walk: ``depth``
+        rows found; a level: its cut reaches the level) and otherwise the full
+        statement runs, so the rows are always the full statement's.
+        """
+        found, counted, term_params = _term_predicates(arm.lowered, terms)
+        params = {**params, **term_params}
+        if len(terms) == 1 and walk:
+            walked = self._run(what, walk_statement(arm, found[0]), {**params, "examined": WALK_EXAMINED}, indexed=True)
+            if walked is not None and len(walked) >= depth:
+                return walked
+        elif (level := levels.plan(terms, counts, depth)) is not None:
+            while True:
+                if level.every:
+                    narrow = " AND ".join(found)
+                else:
+                    narrow = " OR ".join(p for t, p in zip(terms, found) if t in level.any_of)
+                rows = self._run(what, tiered_statement(arm, narrow, _count_of(counted)), params, indexed=True)
+                cut = rows[0].cut_level if rows else None
+                if cut is not None and cut >= level.needed:
+                    return rows
+                # Its candidates held ``depth`` rows of ``cut`` or more terms: the level of that
+                # cut is then exact, and still leaves out the commonest ``cut - 1`` terms.
+                if cut is None or cut < 2 or level.every:
+                    break
+                level = levels.lower(terms, counts, cut)
+        return self._run(what, tiered_statement(arm, " OR ".join(found), _count_of(counted)), params, indexed=True)
 
     def _term_counts(self, table: str, columns: tuple[str, ...], terms: list[str]) -> dict[str, int]:
         """The planner's estimate of the rows each term's ILIKE matches over the whole table, for the budget.
