@@ -59,6 +59,48 @@ def sqlite_heap() -> int | None:
     return int(used())
 
 
+class _Mallinfo2(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")
+    ]
+
+
+def c_heap() -> str:
+    """glibc's view (mallinfo2): bytes in use and free-but-kept in its arenas, and in mmapped blocks;
+    and pymalloc's arenas (sys._debugmallocstats): what Python's small objects hold."""
+    parts = []
+    try:
+        fn = ctypes.CDLL("libc.so.6").mallinfo2
+        fn.restype = _Mallinfo2
+        m = fn()
+        parts.append(f"malloc in use {m.uordblks / MB:.1f}, free kept {m.fordblks / MB:.1f}, mmapped {m.hblkhd / MB:.1f}")
+    except (OSError, AttributeError):
+        pass
+    import tempfile
+
+    with tempfile.TemporaryFile(mode="w+") as out:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        os.dup2(out.fileno(), 2)
+        try:
+            sys._debugmallocstats()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        out.seek(0)
+        stats = {}
+        for line in out:
+            if line.startswith("#") and "=" in line:
+                name, _, value = line[1:].partition("=")
+                stats[name.strip()] = int(value.strip().replace(",", ""))
+    arenas = stats.get("arenas allocated current")
+    used = stats.get("bytes in allocated blocks")
+    if arenas is not None and used is not None:
+        parts.append(f"pymalloc arenas (1 MiB each) {arenas}, holding {used / MB:.1f} MB of objects")
+    return "; ".join(parts)
+
+
 def index_bytes(db) -> dict[str, int]:
     from cpersona.storage import vector_index_sqlite as vi
 
@@ -81,7 +123,18 @@ def index_bytes(db) -> dict[str, int]:
     return out
 
 
+_SNAPSHOT: list = []
+
+
 def report(stage: str, db) -> None:
+    if _SNAPSHOT:
+        import tracemalloc
+
+        now = tracemalloc.take_snapshot().filter_traces([tracemalloc.Filter(False, tracemalloc.__file__)])
+        print(f"  Python allocations since the last stage (tracemalloc, top 6 by size, {stage}):")
+        for stat in now.compare_to(_SNAPSHOT[0], "lineno")[:6]:
+            print(f"    {stat.size_diff / MB:+7.1f} MB {stat.count_diff:+8d} blocks  {stat.traceback[0]}")
+        _SNAPSHOT[0] = now
     s = status()
     heap = sqlite_heap()
     held = index_bytes(db)
@@ -92,6 +145,7 @@ def report(stage: str, db) -> None:
         f"  [load {os.getloadavg()[0]:.1f}]",
         flush=True,
     )
+    print(f"{'':28s} {c_heap()}", flush=True)
     if held:
         parts = ", ".join(f"{k} {v / MB:.1f}" for k, v in held.items() if not k.endswith(".rows"))
         rows = ", ".join(f"{k} {v}" for k, v in held.items() if k.endswith(".rows"))
@@ -105,7 +159,13 @@ def main() -> None:
     parser.add_argument("--recalls", type=int, default=100)
     parser.add_argument("--stores", type=int, default=50)
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--trace", action="store_true", help="also show where Python allocations grew (tracemalloc: slower)")
     args = parser.parse_args()
+    if args.trace:
+        import tracemalloc
+
+        tracemalloc.start()
+        _SNAPSHOT.append(tracemalloc.take_snapshot())
 
     corpus = Corpus(args.seed)
     with start_embedder("stub") as url:

@@ -103,3 +103,40 @@ def test_more_agents_than_a_byte_of_codes_keeps_each_scope_its_own(two, monkeypa
     add_memories(writer, *more)
     same_as_exact(backend, agent="late3")
     same_as_exact(backend, agent="agent256", seeds=range(1))
+
+
+def test_a_far_list_found_block_by_block_gets_the_walks_candidates(two, monkeypatch):  # spec VEC-7, ISO-2
+    # Many blocks, few candidate places, and few sign patterns: rows tie on distance inside and
+    # across blocks, and the bound on what later blocks keep tightens several times.
+    writer, reader = two
+    monkeypatch.setattr(vector_index_sqlite, "_BLOCK", 64)
+    from cpersona.storage import coarse_sqlite
+
+    monkeypatch.setattr(coarse_sqlite, "MIN_CANDIDATES", 30)
+    rng = np.random.default_rng(17)
+    patterns = np.sign(rng.normal(size=(8, DIM)))
+    rows = [
+        {
+            "agent_id": "ab"[i % 3 == 2],
+            "content": f"t{i}",
+            "embedding": list(patterns[i % 8] * rng.uniform(0.1, 1.0, DIM) + (rng.normal(size=DIM) if i % 2 else 0)),
+            "created_at": stamp(i % 500),
+        }
+        for i in range(1500)
+    ]
+    add_memories(writer, *rows)
+    backend = SqliteSearch(reader)
+    # some rows placed after the load, so blocks past the loaded rows compare added ranks
+    for window in ((10, 10**9), (0, 10**9), (700, 10**9)):
+        for seed in range(4):
+            q = to_blob(rng_vector(np.random.default_rng(900 + seed)))
+            params = scan_parameters(q, window=window, threshold=-1.0, depth=5)
+            copy = backend._process_index_scan("mem", Scope(agent_id="a"), "", "m.agent_id = 'a'", dict(params), q)
+            with monkeypatch.context() as patch:
+                patch.setattr(backend, "_process_index_scan", lambda *args: None)
+                walked = backend._coarse_scan("mem", Scope(agent_id="a"), "", "m.agent_id = 'a'", dict(params), q)
+            assert copy == walked and len(copy) == 5, (window, seed)
+        add_memories(
+            writer,
+            *({"content": f"late{window[0]}-{i}", "embedding": rng_vector(rng), "created_at": stamp(3 * i)} for i in range(90)),
+        )

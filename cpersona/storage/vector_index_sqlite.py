@@ -235,10 +235,10 @@ class ProcessIndex:
         start, stop = max(0, window[0]), max(0, window[1])
         if stop <= start:
             return [], None, None
-        mask = a.alive[:n].copy()
-        if not _scope_mask(mask, a, index.codes, scope, source, slice(0, n)):
-            return [], None, None
+        if not _scope_mask(np.ones(0, dtype=bool), a, index.codes, scope, source, slice(0, 0)):
+            return [], None, None  # a value no row holds
         lo = hi = None
+        rank = None
         if start > 0:
             # The window's first row, the one past the scope's newest ``start``, is found on the
             # newest part of the arrays (_newest): ranking every row in scope to find it cost
@@ -246,8 +246,16 @@ class ProcessIndex:
             _, first = _newest(a, index.codes, scope, source, start)
             if first is None:
                 return [], None, None
-            _at_most(mask, a, n, float(_ranks(a, np.array([first]))[0]))
+            rank = float(_ranks(a, np.array([first]))[0])
             lo = _row_key(a, first)
+        query = np.frombuffer(qbits, dtype=np.uint8)
+        if stop - start >= n:  # the window runs to the scope's oldest row (a whole-corpus reach)
+            idx = _nearest_in_blocks(a, index.codes, scope, source, query, n, rank, k)
+            return [int(i) for i in a.ids[idx]], lo, None
+        mask = a.alive[:n].copy()
+        _scope_mask(mask, a, index.codes, scope, source, slice(0, n))
+        if rank is not None:
+            _at_most(mask, a, n, rank)
         idx = np.flatnonzero(mask)
         if stop - start < len(idx):  # the window ends before the scope's oldest row
             ranks = _ranks(a, idx)
@@ -255,7 +263,7 @@ class ProcessIndex:
             hi = _key(a, idx, ranks, past)
             idx = idx[ranks > past]
         if len(idx) > k:
-            distance = _hamming(a.bits, idx, np.frombuffer(qbits, dtype=np.uint8), n)
+            distance = _hamming(a.bits, idx, query, n)
             idx = idx[_nearest(distance, _ranks(a, idx), k)]
         return [int(i) for i in a.ids[idx]], lo, hi
 
@@ -459,6 +467,87 @@ def _hamming(bits: np.ndarray, idx: np.ndarray, query: np.ndarray, n: int) -> np
         for j in range(2, width):
             np.add(total, counts[:m, j], out=total)
     return out[idx] if every else out
+
+
+def _nearest_in_blocks(
+    a: _Arrays, codes: dict[str, _Codes], scope: Scope, source_id: str, query: np.ndarray, n: int, rank: float | None, k: int
+) -> np.ndarray:
+    """Rows [0, n) in scope (ranked at most ``rank``, if given) nearest ``query``: the ``k`` that
+    ``_nearest`` would pick over all of them, found a block at a time.
+
+    Each block keeps the rows within its own k-th smallest distance (ties included) and no
+    farther than the best k kept so far; every row of the overall best k (and every row tied
+    at its cut) is within both, so the final pick over what is kept is the same. Nothing the
+    size of the table is allocated: the whole-table masks, index lists and distances of a
+    1M-row far list were ~30 MB of temporaries a recall, which the C heap kept afterwards.
+    """
+    table, q = _words(a.bits, query)
+    rows_buf = np.empty((min(_BLOCK, n), table.shape[1]), dtype=table.dtype)
+    counts_buf = np.empty(rows_buf.shape, dtype=np.uint8)
+    kept_rows: list[np.ndarray] = []
+    kept_d: list[np.ndarray] = []
+    kept = 0
+    bound = None
+    for lo in range(0, n, _BLOCK):
+        hi = min(n, lo + _BLOCK)
+        mask = a.alive[lo:hi].copy()
+        _scope_mask(mask, a, codes, scope, source_id, slice(lo, hi))
+        if rank is not None:
+            _at_most_in(mask, a, lo, hi, rank)
+        rows = np.flatnonzero(mask)
+        if not len(rows):
+            continue
+        d = _distances(table[lo:hi], q, rows_buf[: hi - lo], counts_buf[: hi - lo])[rows]
+        if bound is not None:
+            near = d <= bound
+            rows, d = rows[near], d[near]
+        if len(d) > k:
+            near = d <= np.partition(d, k - 1)[k - 1]
+            rows, d = rows[near], d[near]
+        kept_rows.append(rows + lo)
+        kept_d.append(d)
+        kept += len(d)
+        if kept > 4 * k:  # tighten the bound on what the later blocks keep
+            r, dd = np.concatenate(kept_rows), np.concatenate(kept_d)
+            bound = int(np.partition(dd, k - 1)[k - 1])
+            near = dd <= bound
+            kept_rows, kept_d, kept = [r[near]], [dd[near]], int(np.count_nonzero(near))
+    if not kept_rows:
+        return np.empty(0, dtype=np.int64)
+    rows, d = np.concatenate(kept_rows), np.concatenate(kept_d)
+    if len(rows) > k:
+        rows = rows[_nearest(d, _ranks(a, rows), k)]
+    return rows
+
+
+def _at_most_in(mask: np.ndarray, a: _Arrays, lo: int, hi: int, rank: float) -> None:
+    """``_at_most`` for the rows [lo, hi) (``mask`` holds those rows)."""
+    first = max(lo, int(np.floor(rank)) + 1)
+    end = min(hi, a.loaded)
+    if first < end:
+        mask[first - lo : end - lo] = False
+    if hi > a.loaded:
+        start = max(lo, a.loaded)
+        mask[start - lo :] &= a.added[start - a.loaded : hi - a.loaded] <= rank
+
+
+def _words(bits: np.ndarray, query: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The sign bits and the query as 64-bit words where the width allows (8x fewer popcounts)."""
+    if bits.shape[1] % 8 == 0:
+        return bits.view(np.uint64), query.view(np.uint64)
+    return bits, query
+
+
+def _distances(block: np.ndarray, query: np.ndarray, rows: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Hamming distance of each row of ``block`` (contiguous) to ``query``, in the given buffers."""
+    np.bitwise_xor(block, query, out=rows)
+    np.bitwise_count(rows, out=counts)
+    width = block.shape[1]
+    total = np.empty(len(block), dtype=np.int32)
+    np.add(counts[:, 0], counts[:, 1] if width > 1 else 0, out=total, dtype=np.int32)
+    for j in range(2, width):
+        np.add(total, counts[:, j], out=total)
+    return total
 
 
 def _scope_mask(mask: np.ndarray, a: _Arrays, codes: dict[str, _Codes], scope: Scope, source_id: str, sel: Any) -> bool:
