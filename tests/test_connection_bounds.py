@@ -18,7 +18,7 @@ from sqlalchemy import event
 from cpersona.background import BackgroundWork
 from cpersona.services.recall.service import recall
 from cpersona.services.records.memories import store
-from cpersona.storage.engine import BACKGROUND_CACHE_KIB, open_sqlite
+from cpersona.storage.engine import BACKGROUND_CACHE_KIB, SERVING_CACHE_KIB, open_sqlite
 from cpersona.storage.migrate import upgrade
 from test_vector_channel import embedding_app
 
@@ -34,7 +34,8 @@ def test_background_threads_get_small_cache_connections_that_do_not_stay(tmp_pat
     db = open_sqlite(tmp_path / "c.db")
     upgrade(db)
     try:
-        assert _cache_size(db) == -65536  # serving: the 64 MiB cache stays
+        assert _cache_size(db) == -SERVING_CACHE_KIB  # serving: the larger cache stays
+        assert SERVING_CACHE_KIB <= 16384  # ... and at most 16 MiB: 64 filled at 1M rows, 48 MB of a 300 MB budget
         seen: list[int] = []
         together = threading.Barrier(4)
 

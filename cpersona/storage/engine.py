@@ -67,18 +67,24 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 BUSY_TIMEOUT_MS = 5000
-# The serving connections' page cache (PRAGMAS below) pays for itself: every cut below 64 MiB
-# cost 13-22% recall CPU at 100k rows (docs/benchmarks.md). Background work (backfill, the
+# The serving connections' page cache (PRAGMAS below): 16 MiB. It was 64 MiB while every
+# recall read the near window's 10,000 float vectors (15 MB) from SQLite, when each cut cost
+# 13-22% recall CPU at 100k rows. Now the vector index the process holds serves both vector
+# lists (storage/vector_index_sqlite.py) and the cache holds FTS5 pages and rows: 16 against
+# 64 MiB cost 0-10% recall CPU at 100k and 1M rows, and at 1M the 64 MiB filled and were 48 MB
+# of a server's ~350 MB against a 300 MB target (docs/benchmarks.md, Scale, fifth round).
+# Background work (backfill, the
 # coarse reconcile, calibration, the task queue, the recall counters' flush) walks tables once
 # and needs no hot pages, so it runs on connections of its own with SQLite's default cache
 # (Database.background): before, each of those threads took a serving connection and filled
-# its 64 MiB, and the pool kept 3-5 of them warm (RSS 441 MB at 100k).
+# its cache, and the pool kept 3-5 of them warm (RSS 441 MB at 100k).
+SERVING_CACHE_KIB = 16384
 BACKGROUND_CACHE_KIB = 2048
 PRAGMAS = (
     "journal_mode=WAL",
     f"busy_timeout={BUSY_TIMEOUT_MS}",
     "synchronous=NORMAL",
-    "cache_size=-65536",  # 64 MiB page cache
+    f"cache_size=-{SERVING_CACHE_KIB}",  # 16 MiB page cache
     "foreign_keys=ON",
 )
 
@@ -255,7 +261,7 @@ class Database:
 
         For threads that walk tables once (see BACKGROUND_CACHE_KIB): their
         connections have a small page cache and at most one stays pooled, the
-        rest are closed when returned, so background work never adds a 64 MiB
+        rest are closed when returned, so background work never adds a serving-size
         cache to the process. The write lock is the same one (writes of both
         kinds stay serialised). Elsewhere (PostgreSQL, no factory) a no-op.
         """
@@ -558,7 +564,7 @@ def sqlite_engine(
 
     The serving pool is LIFO: a sequential client is then served by the one
     connection whose cache is warm, and the others (opened when calls
-    overlapped) stay cold instead of each filling its 64 MiB in turn.
+    overlapped) stay cold instead of each filling its cache in turn.
     ``background`` builds the engine of :meth:`Database.background`: a small
     page cache, one pooled connection, any number more while background
     threads overlap, each closed when returned.
