@@ -45,7 +45,7 @@ def test_the_serving_cache_is_smaller_where_the_process_holds_the_vector_index(t
     try:
         held = reach > 10_000
         assert _cache_size(db) == -(HELD_VECTORS_CACHE_KIB if held else SERVING_CACHE_KIB)
-        assert (HELD_VECTORS_CACHE_KIB <= 16384) and SERVING_CACHE_KIB == 65536
+        assert HELD_VECTORS_CACHE_KIB <= 32768 and SERVING_CACHE_KIB == 65536
         with db.background():  # background work keeps its own small cache either way
             assert _cache_size(db) == -BACKGROUND_CACHE_KIB
     finally:

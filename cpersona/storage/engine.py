@@ -71,16 +71,17 @@ BUSY_TIMEOUT_MS = 5000
 # exact window's 10,000 float vectors (15 MB) from SQLite: every cut below 64 MiB cost 13-22%
 # recall CPU at 100k rows then, and 16 MiB still cost ~12% for reach 0 (docs/benchmarks.md,
 # Scale). Where the process holds the vector index (a reach past the window: it serves both
-# vector lists, storage/vector_index_sqlite.py) the cache holds FTS5 pages and rows only:
-# 16 MiB there cost no measurable recall CPU at 100k and 1M rows, and at 1M the 64 MiB filled
-# and were 48 MB of a server's ~350 MB against a 300 MB target (serving_cache_kib).
+# vector lists, storage/vector_index_sqlite.py) the cache holds FTS5 pages and rows only, and
+# at 1M rows the 64 MiB filled and were 48 MB of a server's ~365 MB against a 300 MB target.
+# 32 MiB there: over MCP at 1M, 16 MiB cost ~9% recall CPU against 64, 32 MiB none that
+# showed (two rounds each, serving_cache_kib).
 # Background work (backfill, the
 # coarse reconcile, calibration, the task queue, the recall counters' flush) walks tables once
 # and needs no hot pages, so it runs on connections of its own with SQLite's default cache
 # (Database.background): before, each of those threads took a serving connection and filled
 # its cache, and the pool kept 3-5 of them warm (RSS 441 MB at 100k).
 SERVING_CACHE_KIB = 65536
-HELD_VECTORS_CACHE_KIB = 16384
+HELD_VECTORS_CACHE_KIB = 32768
 BACKGROUND_CACHE_KIB = 2048
 PRAGMAS = (
     "journal_mode=WAL",
