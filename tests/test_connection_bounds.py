@@ -18,7 +18,7 @@ from sqlalchemy import event
 from cpersona.background import BackgroundWork
 from cpersona.services.recall.service import recall
 from cpersona.services.records.memories import store
-from cpersona.storage.engine import BACKGROUND_CACHE_KIB, open_sqlite
+from cpersona.storage.engine import BACKGROUND_CACHE_KIB, HELD_VECTORS_CACHE_KIB, SERVING_CACHE_KIB, open_sqlite
 from cpersona.storage.migrate import upgrade
 from test_vector_channel import embedding_app
 
@@ -30,11 +30,33 @@ def _cache_size(db) -> int:
         return session.connection().exec_driver_sql("PRAGMA cache_size").scalar()
 
 
+@pytest.mark.parametrize("reach", [0, 10_000, 10_001, 1_000_000_000])
+def test_the_serving_cache_is_smaller_where_the_process_holds_the_vector_index(tmp_path, reach):
+    # A reach past the exact window loads the vector index into the process, which then serves
+    # both vector lists: the cache no longer holds the window's vectors, and at 1M rows its
+    # 64 MiB were 48 MB of a 300 MB budget (docs/benchmarks.md, Scale, fifth round).
+    from cpersona.config import load_settings
+    from cpersona.storage.migrate import open_database_and_upgrade
+
+    settings = load_settings(
+        {"CPERSONA_DB_PATH": str(tmp_path / "c.db"), "CPERSONA_MAX_MEMORIES": "10000", "CPERSONA_VECTOR_REACH": str(reach)}
+    )
+    db = open_database_and_upgrade(settings)
+    try:
+        held = reach > 10_000
+        assert _cache_size(db) == -(HELD_VECTORS_CACHE_KIB if held else SERVING_CACHE_KIB)
+        assert HELD_VECTORS_CACHE_KIB <= 32768 and SERVING_CACHE_KIB == 65536
+        with db.background():  # background work keeps its own small cache either way
+            assert _cache_size(db) == -BACKGROUND_CACHE_KIB
+    finally:
+        db.close()
+
+
 def test_background_threads_get_small_cache_connections_that_do_not_stay(tmp_path):
     db = open_sqlite(tmp_path / "c.db")
     upgrade(db)
     try:
-        assert _cache_size(db) == -65536  # serving: the 64 MiB cache stays
+        assert _cache_size(db) == -SERVING_CACHE_KIB  # serving: the larger cache stays
         seen: list[int] = []
         together = threading.Barrier(4)
 

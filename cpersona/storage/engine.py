@@ -65,18 +65,27 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 BUSY_TIMEOUT_MS = 5000
-# The serving connections' page cache (PRAGMAS below) pays for itself: every cut below 64 MiB
-# cost 13-22% recall CPU at 100k rows (docs/benchmarks.md). Background work (backfill, the
+# The serving connections' page cache (PRAGMAS below) pays for itself where recall reads the
+# exact window's 10,000 float vectors (15 MB) from SQLite: every cut below 64 MiB cost 13-22%
+# recall CPU at 100k rows then, and 16 MiB still cost ~12% for reach 0 (docs/benchmarks.md,
+# Scale). Where the process holds the vector index (a reach past the window: it serves both
+# vector lists, storage/vector_index_sqlite.py) the cache holds FTS5 pages and rows only, and
+# at 1M rows the 64 MiB filled and were 48 MB of a server's ~365 MB against a 300 MB target.
+# 32 MiB there: over MCP at 1M, 16 MiB cost ~9% recall CPU against 64, 32 MiB none that
+# showed (two rounds each, serving_cache_kib).
+# Background work (backfill, the
 # coarse reconcile, calibration, the task queue, the recall counters' flush) walks tables once
 # and needs no hot pages, so it runs on connections of its own with SQLite's default cache
 # (Database.background): before, each of those threads took a serving connection and filled
-# its 64 MiB, and the pool kept 3-5 of them warm (RSS 441 MB at 100k).
+# its cache, and the pool kept 3-5 of them warm (RSS 441 MB at 100k).
+SERVING_CACHE_KIB = 65536
+HELD_VECTORS_CACHE_KIB = 32768
 BACKGROUND_CACHE_KIB = 2048
 PRAGMAS = (
     "journal_mode=WAL",
     f"busy_timeout={BUSY_TIMEOUT_MS}",
     "synchronous=NORMAL",
-    "cache_size=-65536",  # 64 MiB page cache
+    f"cache_size=-{SERVING_CACHE_KIB}",  # 64 MiB page cache (serving_cache_kib may set less)
     "foreign_keys=ON",
 )
 
@@ -244,7 +253,7 @@ class Database:
 
         For threads that walk tables once (see BACKGROUND_CACHE_KIB): their
         connections have a small page cache and at most one stays pooled, the
-        rest are closed when returned, so background work never adds a 64 MiB
+        rest are closed when returned, so background work never adds a serving-size
         cache to the process. The write lock is the same one (writes of both
         kinds stay serialised). Elsewhere (PostgreSQL, no factory) a no-op.
         """
@@ -537,8 +546,20 @@ def read_only_uri(path: Path) -> str:
     return uri
 
 
+def serving_cache_kib(settings: Any) -> int:
+    """The serving page cache for these settings: smaller where the process holds the vector
+    index (a vector reach past the exact window), see SERVING_CACHE_KIB."""
+    reach, window = getattr(settings, "vector_reach", 0), getattr(settings, "max_memories", 0)
+    return HELD_VECTORS_CACHE_KIB if reach > window else SERVING_CACHE_KIB
+
+
 def sqlite_engine(
-    path: Path | str, *, foreign_keys: bool = True, read_only: bool = False, background: bool = False
+    path: Path | str,
+    *,
+    foreign_keys: bool = True,
+    read_only: bool = False,
+    background: bool = False,
+    cache_kib: int = SERVING_CACHE_KIB,
 ) -> Engine:
     """An engine on a SQLite file with sqlite-vec loaded on every connection.
 
@@ -549,7 +570,7 @@ def sqlite_engine(
 
     The serving pool is LIFO: a sequential client is then served by the one
     connection whose cache is warm, and the others (opened when calls
-    overlapped) stay cold instead of each filling its 64 MiB in turn.
+    overlapped) stay cold instead of each filling its cache in turn.
     ``background`` builds the engine of :meth:`Database.background`: a small
     page cache, one pooled connection, any number more while background
     threads overlap, each closed when returned.
@@ -574,8 +595,8 @@ def sqlite_engine(
         pragmas = PRAGMAS
     if not foreign_keys:
         pragmas = tuple("foreign_keys=OFF" if p == "foreign_keys=ON" else p for p in pragmas)
-    if background:
-        pragmas = tuple(f"cache_size=-{BACKGROUND_CACHE_KIB}" if p.startswith("cache_size") else p for p in pragmas)
+    cache_kib = BACKGROUND_CACHE_KIB if background else cache_kib
+    pragmas = tuple(f"cache_size=-{int(cache_kib)}" if p.startswith("cache_size") else p for p in pragmas)
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
@@ -614,19 +635,25 @@ def sqlite_engine(
     return engine
 
 
-def open_sqlite(path: Path) -> Database:
-    """Open (creating if needed) the SQLite database at ``path``; read-only when this process may not write it."""
+def open_sqlite(path: Path, *, cache_kib: int = SERVING_CACHE_KIB) -> Database:
+    """Open (creating if needed) the SQLite database at ``path``; read-only when this process may not write it.
+
+    ``cache_kib``: the serving connections' page cache (serving_cache_kib)."""
     path = Path(path).expanduser().resolve()
     read_only = unwritable_reason(path) if path.exists() else None
     if read_only is not None:
         return Database(
-            sqlite_engine(path, read_only=True),
+            sqlite_engine(path, read_only=True, cache_kib=cache_kib),
             path=path,
             read_only=read_only,
             background_engine=lambda: sqlite_engine(path, read_only=True, background=True),
         )
     prepare_db_file(path)
-    return Database(sqlite_engine(path), path=path, background_engine=lambda: sqlite_engine(path, background=True))
+    return Database(
+        sqlite_engine(path, cache_kib=cache_kib),
+        path=path,
+        background_engine=lambda: sqlite_engine(path, background=True),
+    )
 
 
 def postgres_engine(url: str) -> Engine:
@@ -655,7 +682,7 @@ def open_database(settings: Any) -> Database:
     url = getattr(settings, "database_url", None)
     if url:
         return open_postgres(url)
-    return open_sqlite(settings.db_file)
+    return open_sqlite(settings.db_file, cache_kib=serving_cache_kib(settings))
 
 
 def trim_heap() -> None:

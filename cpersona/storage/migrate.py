@@ -42,7 +42,7 @@ from urllib.parse import quote
 from sqlalchemy import Connection, text
 from sqlalchemy.exc import DBAPIError
 
-from cpersona.storage.engine import Database, open_database, open_sqlite, sqlite_module
+from cpersona.storage.engine import Database, open_database, open_sqlite, serving_cache_kib, sqlite_module
 from cpersona.storage import errors as storage_errors
 
 if TYPE_CHECKING:
@@ -300,7 +300,7 @@ def _refuse_if_too_new(found: Probe, path: Path | str | None) -> None:
 # Entry points
 
 
-def open_and_upgrade(path: Path | str, *, fts_enabled: bool = True) -> Database:
+def open_and_upgrade(path: Path | str, *, fts_enabled: bool = True, cache_kib: int | None = None) -> Database:
     """Open the SQLite database at ``path`` and bring it to head.
 
     The file is probed read-only first; a database that is too new raises
@@ -309,7 +309,7 @@ def open_and_upgrade(path: Path | str, *, fts_enabled: bool = True) -> Database:
     found = probe(path)
     if found is not None:
         _refuse_if_too_new(found, path)
-    db = open_sqlite(Path(path))
+    db = open_sqlite(Path(path)) if cache_kib is None else open_sqlite(Path(path), cache_kib=cache_kib)
     try:
         upgrade(db, fts_enabled=fts_enabled)
     except BaseException:
@@ -359,7 +359,7 @@ def _check_read_only_at_head(db: Database) -> None:
 def open_database_and_upgrade(settings) -> Database:
     """The database the settings name (PostgreSQL URL or SQLite file), at head."""
     if not getattr(settings, "database_url", None):
-        db = open_and_upgrade(settings.db_file, fts_enabled=settings.fts_enabled)
+        db = open_and_upgrade(settings.db_file, fts_enabled=settings.fts_enabled, cache_kib=serving_cache_kib(settings))
     else:
         db = open_database(settings)
         try:

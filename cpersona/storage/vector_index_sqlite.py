@@ -49,7 +49,11 @@ _TABLES = {"mem": "memories_coarse", "ep": "episodes_coarse"}
 RELOAD_CHANGES = 20_000
 # Rows added since the load are re-sorted into place once they are this many.
 MERGE_ADDED = 4_096
-_LOAD_CHUNK = 16_384  # rows fetched at a time: each chunk of fetched tuples is held beside the arrays
+# Rows fetched at a time. Each chunk of fetched tuples is held beside the arrays, and its small
+# objects fill pymalloc arenas that a few longer-lived objects then pin: 16k rows a chunk left
+# ~4 MB more RSS after a 100k-row load than 2k (and 15 MB more at its peak), for the same CPU.
+_LOAD_CHUNK = 2_048
+_ID_CHUNK = 16_384  # ids a statement reads the float vectors of
 
 
 class _Codes:
@@ -75,20 +79,28 @@ _COLUMNS = ("agent", "project", "channel", "source")
 
 @dataclass
 class _Arrays:
-    """One immutable-length view for scanners: rows [0, n); rows [0, loaded) are sorted."""
+    """One immutable-length view for scanners: rows [0, n); rows [0, loaded) are sorted.
+
+    A row's place in scan order (its rank) is its position for the loaded rows, and a
+    fractional rank in ``added`` for the rows placed since (``_ranks``): a float64 rank for
+    every row cost 8 MB at 1M rows. ``created`` holds SQLite's own stamps
+    ('YYYY-MM-DD HH:MM:SS') as int64 digits (8 bytes, not 19), any other stamp as bytes
+    (``_encode``); the scope codes are as narrow as their number allows (``_code_type``).
+    """
 
     n: int
     loaded: int
     bits: np.ndarray
     ids: np.ndarray
-    rank: np.ndarray
     created: np.ndarray
     alive: np.ndarray
     codes: dict[str, np.ndarray]
     # Each row's place in its kind's float matrix (_Floats), -1 while its vector is not held.
     slot: np.ndarray
+    # Ranks of the rows [loaded, n), at [row - loaded].
+    added: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.float64))
     # Added rows by their place among the loaded ones: {rows loaded before them: [(created, -id, row)]}.
-    slots: dict[int, list[tuple[bytes, int, int]]] = field(default_factory=dict)
+    slots: dict[int, list[tuple[Any, int, int]]] = field(default_factory=dict)
 
 
 @dataclass
@@ -152,17 +164,16 @@ class ProcessIndex:
             f"SELECT count(*), max(length(CAST(created_at AS BLOB))) FROM {table} WHERE length(bits) = ?", (nbits,)
         ).fetchone()
         index = _KindIndex(kind, nbits, head, _empty(nbits, 0))
-        a = index.arrays = _empty(nbits, int(count) + MERGE_ADDED, max(1, int(width or 0)))
+        created = _STAMP if int(width or 0) == _CANONICAL else np.dtype(f"S{max(1, int(width or 0))}")
+        a = index.arrays = _empty(nbits, int(count) + MERGE_ADDED, created)
         cursor = conn.execute(
             f"{_select(kind)} WHERE length(c.bits) = ? ORDER BY c.created_at ASC, c.id DESC", (nbits,)
         )
         while rows := cursor.fetchmany(_LOAD_CHUNK):
-            if a.n + len(rows) > len(a.ids):  # rows committed between the count and the read
-                a = index.arrays = _merged(index, len(rows), a.created.dtype.itemsize)
-            _fill(index, a, a.n, rows, kind)
-            a.rank[a.n : a.n + len(rows)] = np.arange(a.n, a.n + len(rows), dtype=np.float64)
+            a = _fill(index, a, rows, kind)
             a.alive[a.n : a.n + len(rows)] = True
             a.n = a.loaded = a.n + len(rows)
+        a.added = np.zeros(len(a.ids) - a.loaded, dtype=np.float64)
         self.loads += 1
         return index
 
@@ -228,10 +239,10 @@ class ProcessIndex:
         start, stop = max(0, window[0]), max(0, window[1])
         if stop <= start:
             return [], None, None
-        mask = a.alive[:n].copy()
-        if not _scope_mask(mask, a, index.codes, scope, source, slice(0, n)):
-            return [], None, None
+        if not _scope_mask(np.ones(0, dtype=bool), a, index.codes, scope, source, slice(0, 0)):
+            return [], None, None  # a value no row holds
         lo = hi = None
+        rank = None
         if start > 0:
             # The window's first row, the one past the scope's newest ``start``, is found on the
             # newest part of the arrays (_newest): ranking every row in scope to find it cost
@@ -239,17 +250,25 @@ class ProcessIndex:
             _, first = _newest(a, index.codes, scope, source, start)
             if first is None:
                 return [], None, None
-            mask &= a.rank[:n] <= a.rank[first]
+            rank = float(_ranks(a, np.array([first]))[0])
             lo = _row_key(a, first)
+        query = np.frombuffer(qbits, dtype=np.uint8)
+        if stop - start >= n:  # the window runs to the scope's oldest row (a whole-corpus reach)
+            idx = _nearest_in_blocks(a, index.codes, scope, source, query, n, rank, k)
+            return [int(i) for i in a.ids[idx]], lo, None
+        mask = a.alive[:n].copy()
+        _scope_mask(mask, a, index.codes, scope, source, slice(0, n))
+        if rank is not None:
+            _at_most(mask, a, n, rank)
         idx = np.flatnonzero(mask)
         if stop - start < len(idx):  # the window ends before the scope's oldest row
-            ranks = a.rank[idx]
+            ranks = _ranks(a, idx)
             past = _nth(ranks, len(idx) - 1 - (stop - start))
             hi = _key(a, idx, ranks, past)
             idx = idx[ranks > past]
         if len(idx) > k:
-            distance = _hamming(a.bits, idx, np.frombuffer(qbits, dtype=np.uint8), n)
-            idx = idx[_nearest(distance, a.rank[idx], k)]
+            distance = _hamming(a.bits, idx, query, n)
+            idx = idx[_nearest(distance, _ranks(a, idx), k)]
         return [int(i) for i in a.ids[idx]], lo, hi
 
     # -- the near window: exact cosine over float vectors held for the window's rows ------------
@@ -329,18 +348,36 @@ def _newest(
             return np.empty(0, dtype=np.int64), None
         found = sel[mask]
         if lo > 0:  # added rows placed before loaded row lo are older than every row kept
-            found = found[a.rank[found] > lo - 1]
+            found = found[_ranks(a, found) > lo - 1]
         if len(found) > stop or lo == 0:
             break
         step *= 4
     if len(found) <= stop:
         return found, None
-    top = np.argpartition(-a.rank[found], stop)
+    top = np.argpartition(-_ranks(a, found), stop)
     return found[top[:stop]], int(found[top[stop]])
 
 
 def _row_key(a: _Arrays, row: int) -> tuple[str, int]:
-    return a.created[row].decode("utf-8"), int(a.ids[row])
+    return _stamp_text(a.created[row]), int(a.ids[row])
+
+
+def _ranks(a: _Arrays, rows: np.ndarray) -> np.ndarray:
+    """Each row's place in scan order (float64): its position if loaded, else its added rank."""
+    ranks = rows.astype(np.float64)
+    if a.n > a.loaded:
+        added = rows >= a.loaded
+        if added.any():
+            ranks[added] = a.added[rows[added] - a.loaded]
+    return ranks
+
+
+def _at_most(mask: np.ndarray, a: _Arrays, n: int, rank: float) -> None:
+    """Clear ``mask`` (rows [0, n)) for rows ranked above ``rank``: a slice of the loaded rows,
+    a comparison of the added ones."""
+    mask[max(0, int(np.floor(rank)) + 1) : min(n, a.loaded)] = False
+    if n > a.loaded:
+        mask[a.loaded : n] &= a.added[: n - a.loaded] <= rank
 
 
 def _held(conn: Any, index: _KindIndex, rows: np.ndarray, dims: int) -> np.ndarray:
@@ -367,8 +404,8 @@ def _held(conn: Any, index: _KindIndex, rows: np.ndarray, dims: int) -> np.ndarr
     row_of = dict(zip(a.ids[missing].tolist(), missing.tolist()))
     ids = list(row_of)
     first = f.used
-    for lo in range(0, len(ids), _LOAD_CHUNK):
-        chunk = json.dumps(ids[lo : lo + _LOAD_CHUNK])
+    for lo in range(0, len(ids), _ID_CHUNK):
+        chunk = json.dumps(ids[lo : lo + _ID_CHUNK])
         for row_id, blob in conn.execute(
             f"SELECT id, embedding FROM {table} WHERE id IN (SELECT value FROM json_each(?))", (chunk,)
         ):
@@ -397,8 +434,7 @@ def _nth(values: np.ndarray, i: int) -> float:
 
 
 def _key(a: _Arrays, idx: np.ndarray, ranks: np.ndarray, rank: float) -> tuple[str, int]:
-    row = int(idx[np.flatnonzero(ranks == rank)[0]])
-    return a.created[row].decode("utf-8"), int(a.ids[row])
+    return _row_key(a, int(idx[np.flatnonzero(ranks == rank)[0]]))
 
 
 _BLOCK = 32_768  # rows per step: the block's temporaries stay in the CPU cache
@@ -435,6 +471,87 @@ def _hamming(bits: np.ndarray, idx: np.ndarray, query: np.ndarray, n: int) -> np
         for j in range(2, width):
             np.add(total, counts[:m, j], out=total)
     return out[idx] if every else out
+
+
+def _nearest_in_blocks(
+    a: _Arrays, codes: dict[str, _Codes], scope: Scope, source_id: str, query: np.ndarray, n: int, rank: float | None, k: int
+) -> np.ndarray:
+    """Rows [0, n) in scope (ranked at most ``rank``, if given) nearest ``query``: the ``k`` that
+    ``_nearest`` would pick over all of them, found a block at a time.
+
+    Each block keeps the rows within its own k-th smallest distance (ties included) and no
+    farther than the best k kept so far; every row of the overall best k (and every row tied
+    at its cut) is within both, so the final pick over what is kept is the same. Nothing the
+    size of the table is allocated: the whole-table masks, index lists and distances of a
+    1M-row far list were ~30 MB of temporaries a recall, which the C heap kept afterwards.
+    """
+    table, q = _words(a.bits, query)
+    rows_buf = np.empty((min(_BLOCK, n), table.shape[1]), dtype=table.dtype)
+    counts_buf = np.empty(rows_buf.shape, dtype=np.uint8)
+    kept_rows: list[np.ndarray] = []
+    kept_d: list[np.ndarray] = []
+    kept = 0
+    bound = None
+    for lo in range(0, n, _BLOCK):
+        hi = min(n, lo + _BLOCK)
+        mask = a.alive[lo:hi].copy()
+        _scope_mask(mask, a, codes, scope, source_id, slice(lo, hi))
+        if rank is not None:
+            _at_most_in(mask, a, lo, hi, rank)
+        rows = np.flatnonzero(mask)
+        if not len(rows):
+            continue
+        d = _distances(table[lo:hi], q, rows_buf[: hi - lo], counts_buf[: hi - lo])[rows]
+        if bound is not None:
+            near = d <= bound
+            rows, d = rows[near], d[near]
+        if len(d) > k:
+            near = d <= np.partition(d, k - 1)[k - 1]
+            rows, d = rows[near], d[near]
+        kept_rows.append(rows + lo)
+        kept_d.append(d)
+        kept += len(d)
+        if kept > 4 * k:  # tighten the bound on what the later blocks keep
+            r, dd = np.concatenate(kept_rows), np.concatenate(kept_d)
+            bound = int(np.partition(dd, k - 1)[k - 1])
+            near = dd <= bound
+            kept_rows, kept_d, kept = [r[near]], [dd[near]], int(np.count_nonzero(near))
+    if not kept_rows:
+        return np.empty(0, dtype=np.int64)
+    rows, d = np.concatenate(kept_rows), np.concatenate(kept_d)
+    if len(rows) > k:
+        rows = rows[_nearest(d, _ranks(a, rows), k)]
+    return rows
+
+
+def _at_most_in(mask: np.ndarray, a: _Arrays, lo: int, hi: int, rank: float) -> None:
+    """``_at_most`` for the rows [lo, hi) (``mask`` holds those rows)."""
+    first = max(lo, int(np.floor(rank)) + 1)
+    end = min(hi, a.loaded)
+    if first < end:
+        mask[first - lo : end - lo] = False
+    if hi > a.loaded:
+        start = max(lo, a.loaded)
+        mask[start - lo :] &= a.added[start - a.loaded : hi - a.loaded] <= rank
+
+
+def _words(bits: np.ndarray, query: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The sign bits and the query as 64-bit words where the width allows (8x fewer popcounts)."""
+    if bits.shape[1] % 8 == 0:
+        return bits.view(np.uint64), query.view(np.uint64)
+    return bits, query
+
+
+def _distances(block: np.ndarray, query: np.ndarray, rows: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Hamming distance of each row of ``block`` (contiguous) to ``query``, in the given buffers."""
+    np.bitwise_xor(block, query, out=rows)
+    np.bitwise_count(rows, out=counts)
+    width = block.shape[1]
+    total = np.empty(len(block), dtype=np.int32)
+    np.add(counts[:, 0], counts[:, 1] if width > 1 else 0, out=total, dtype=np.int32)
+    for j in range(2, width):
+        np.add(total, counts[:, j], out=total)
+    return total
 
 
 def _scope_mask(mask: np.ndarray, a: _Arrays, codes: dict[str, _Codes], scope: Scope, source_id: str, sel: Any) -> bool:
@@ -477,33 +594,98 @@ def _scope_mask(mask: np.ndarray, a: _Arrays, codes: dict[str, _Codes], scope: S
 # -- building and changing the arrays --------------------------------------------------------------
 
 
-def _empty(nbits: int, capacity: int, width: int = 32) -> _Arrays:
+# SQLite's own stamps, datetime('now'): held as the int64 of their 14 digits, which orders them
+# as their text does and gives the text back (_stamp_text). Any other stamp in a copy holds
+# every stamp of it as bytes instead (the order of text is only kept within one form).
+_CANONICAL = 19
+_STAMP = np.dtype(np.int64)
+_SEPARATORS = {4: ord("-"), 7: ord("-"), 10: ord(" "), 13: ord(":"), 16: ord(":")}
+_DIGITS = [i for i in range(_CANONICAL) if i not in _SEPARATORS]
+_WEIGHTS = 10 ** np.arange(len(_DIGITS) - 1, -1, -1, dtype=np.int64)
+_CODE_TYPES = (np.dtype(np.uint8), np.dtype(np.uint16), np.dtype(np.int32))
+
+
+def _encode(stamps: list[bytes], dtype: np.dtype) -> np.ndarray | None:
+    """``stamps`` (UTF-8) as values of a ``created`` array of ``dtype``; None when one does not
+    fit it (a stamp of another form for the int64 digits, a longer one for bytes)."""
+    if dtype != _STAMP:
+        if stamps and max(map(len, stamps)) > dtype.itemsize:
+            return None
+        return np.array(stamps, dtype=dtype)
+    if any(len(s) != _CANONICAL for s in stamps):
+        return None
+    raw = np.frombuffer(b"".join(stamps), dtype=np.uint8).reshape(len(stamps), _CANONICAL)
+    if any((raw[:, i] != c).any() for i, c in _SEPARATORS.items()):
+        return None
+    digits = raw[:, _DIGITS] - np.uint8(48)  # a byte below '0' wraps past 9
+    if (digits > 9).any():
+        return None
+    return digits.astype(np.int64) @ _WEIGHTS
+
+
+def _stamp_text(value: Any) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8")
+    t = f"{int(value):014d}"
+    return f"{t[0:4]}-{t[4:6]}-{t[6:8]} {t[8:10]}:{t[10:12]}:{t[12:14]}"
+
+
+def _as_bytes(created: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """A ``created`` array of int64 digits as the stamps' text in ``dtype`` (S19 or wider)."""
+    out = np.empty(len(created), dtype=dtype)
+    for lo in range(0, len(created), _LOAD_CHUNK):
+        out[lo : lo + _LOAD_CHUNK] = [_stamp_text(v).encode() for v in created[lo : lo + _LOAD_CHUNK]]
+    return out
+
+
+def _code_type(count: int) -> np.dtype:
+    return next(t for t in _CODE_TYPES if count - 1 <= np.iinfo(t).max)
+
+
+def _empty(
+    nbits: int, capacity: int, created: np.dtype = _STAMP, codes: dict[str, np.dtype] | None = None
+) -> _Arrays:
     capacity = max(capacity, 1024)
     return _Arrays(
         0,
         0,
         np.zeros((capacity, nbits), dtype=np.uint8),
         np.zeros(capacity, dtype=np.int64),
-        np.zeros(capacity, dtype=np.float64),
-        np.zeros(capacity, dtype=f"S{width}"),
+        np.zeros(capacity, dtype=created),
         np.zeros(capacity, dtype=bool),
-        {c: np.zeros(capacity, dtype=np.int32) for c in _COLUMNS},
+        {c: np.zeros(capacity, dtype=(codes or {}).get(c, _CODE_TYPES[0])) for c in _COLUMNS},
         np.full(capacity, -1, dtype=np.int32),
     )
 
 
-def _fill(index: _KindIndex, a: _Arrays, at: int, rows: list[Any], kind: str) -> None:
-    """Write coarse ``rows`` into rows [at, at + len(rows)) of ``a`` (not ranks, not alive)."""
+def _fill(index: _KindIndex, a: _Arrays, rows: list[Any], kind: str) -> _Arrays:
+    """Write coarse ``rows`` into rows [a.n, a.n + len(rows)) of ``a`` (not ranks, not alive);
+    the arrays they went into (new ones when ``a`` had no room or could not hold a stamp)."""
+    stamps = [r[1].encode("utf-8") for r in rows]
+    created = _encode(stamps, a.created.dtype)
+    if created is None or a.n + len(rows) > len(a.ids):
+        if created is None:  # another form of stamp, or a longer one: bytes of the widest
+            width = max(max(map(len, stamps)), a.created.dtype.itemsize, _CANONICAL)
+            dtype = np.dtype(f"S{width}")
+        else:
+            dtype = a.created.dtype
+        # The room left is kept: a load that meets another form of stamp half-way goes on
+        # into these arrays instead of merging again at every chunk.
+        a = index.arrays = _merged(index, max(len(rows), len(a.ids) - a.n), dtype)
+        created = _encode(stamps, dtype)
     n = len(rows)
-    end = at + n
+    at, end = a.n, a.n + n
     a.bits[at:end] = np.frombuffer(b"".join(r[6] for r in rows), dtype=np.uint8).reshape(n, index.nbits)
     a.ids[at:end] = [r[2] for r in rows]
-    a.created[at:end] = [r[1].encode("utf-8") for r in rows]
-    for j, column in enumerate(("agent", "project", "channel")):
+    a.created[at:end] = created
+    for column, place in (("agent", 0), ("project", 3), ("channel", 4), ("source", None)):
         code = index.codes[column].code
-        a.codes[column][at:end] = [code(r[(0, 3, 4)[j]]) for r in rows]
-    source = index.codes["source"].code
-    a.codes["source"][at:end] = [source(_source_key(r, kind)) for r in rows]
+        values = [code(r[place] if place is not None else _source_key(r, kind)) for r in rows]
+        wanted = _code_type(len(index.codes[column].names))
+        if wanted.itemsize > a.codes[column].dtype.itemsize:  # more values than the codes held
+            a.codes[column] = a.codes[column].astype(wanted)
+        a.codes[column][at:end] = values
+    return a
 
 
 def _apply(index: _KindIndex, changed: set[int], fresh: list[Any], kind: str) -> None:
@@ -513,12 +695,11 @@ def _apply(index: _KindIndex, changed: set[int], fresh: list[Any], kind: str) ->
         a.alive[: a.n] &= ~np.isin(a.ids[: a.n], np.fromiter(changed, dtype=np.int64))
     if not fresh:
         return
-    width = max(len(r[1].encode("utf-8")) for r in fresh)
-    if a.n + len(fresh) > len(a.ids) or width > a.created.dtype.itemsize or a.n + len(fresh) - a.loaded > MERGE_ADDED:
-        a = index.arrays = _merged(index, len(fresh), width)
+    if a.n + len(fresh) - a.loaded > MERGE_ADDED:
+        a = index.arrays = _merged(index, len(fresh), a.created.dtype)
+    a = _fill(index, a, fresh, kind)
     n = a.n
     need = n + len(fresh)
-    _fill(index, a, n, fresh, kind)
     _place(a, n, need)
     a.alive[n:need] = True
     a.n = need  # published last: a scanner that read the old n never sees a half-written row
@@ -540,29 +721,33 @@ def _place(a: _Arrays, n: int, need: int) -> None:
         members = sorted(a.slots[before])
         a.slots[before] = members
         for j, (_, _, i) in enumerate(members):
-            a.rank[i] = before - 1 + (j + 1) / (len(members) + 1)
+            a.added[i - a.loaded] = before - 1 + (j + 1) / (len(members) + 1)
 
 
-def _merged(index: _KindIndex, room: int, width: int) -> _Arrays:
-    """Every live row, in scan order again, in new arrays with ``room`` rows to spare (no SQL).
+def _merged(index: _KindIndex, room: int, created: np.dtype) -> _Arrays:
+    """Every live row, in scan order again, in new arrays with ``room`` rows to spare (no SQL),
+    their stamps held as ``created`` (the same dtype, or bytes for stamps of another form).
 
     The added rows' fractional ranks already order them among the loaded ones,
     so one argsort of the ranks is the whole merge.
     """
     a = index.arrays
     live = np.flatnonzero(a.alive[: a.n])
-    live = live[np.argsort(a.rank[live], kind="stable")]
+    live = live[np.argsort(_ranks(a, live), kind="stable")]
     m = len(live)
-    b = _empty(index.nbits, m + room + MERGE_ADDED, max(width, a.created.dtype.itemsize))
+    b = _empty(index.nbits, m + room + MERGE_ADDED, created, {c: a.codes[c].dtype for c in _COLUMNS})
     b.bits[:m] = a.bits[live]
     b.ids[:m] = a.ids[live]
-    b.created[:m] = a.created[live]
+    if created == a.created.dtype or a.created.dtype != _STAMP:
+        b.created[:m] = a.created[live]
+    else:
+        b.created[:m] = _as_bytes(a.created[live], created)
     for column in _COLUMNS:
         b.codes[column][:m] = a.codes[column][live]
     b.slot[:m] = a.slot[live]
-    b.rank[:m] = np.arange(m, dtype=np.float64)
     b.alive[:m] = True
     b.n = b.loaded = m
+    b.added = np.zeros(len(b.ids) - m, dtype=np.float64)
     return b
 
 
