@@ -62,7 +62,18 @@ def sqlite_heap() -> int | None:
 class _Mallinfo2(ctypes.Structure):
     _fields_ = [
         (name, ctypes.c_size_t)
-        for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")
+        for name in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
     ]
 
 
@@ -74,7 +85,9 @@ def c_heap() -> str:
         fn = ctypes.CDLL("libc.so.6").mallinfo2
         fn.restype = _Mallinfo2
         m = fn()
-        parts.append(f"malloc in use {m.uordblks / MB:.1f}, free kept {m.fordblks / MB:.1f}, mmapped {m.hblkhd / MB:.1f}")
+        parts.append(
+            f"malloc in use {m.uordblks / MB:.1f}, free kept {m.fordblks / MB:.1f}, mmapped {m.hblkhd / MB:.1f}"
+        )
     except (OSError, AttributeError):
         pass
     import tempfile
@@ -159,7 +172,9 @@ def main() -> None:
     parser.add_argument("--recalls", type=int, default=100)
     parser.add_argument("--stores", type=int, default=50)
     parser.add_argument("--seed", type=int, default=7)
-    parser.add_argument("--trace", action="store_true", help="also show where Python allocations grew (tracemalloc: slower)")
+    parser.add_argument(
+        "--trace", action="store_true", help="also show where Python allocations grew (tracemalloc: slower)"
+    )
     args = parser.parse_args()
     if args.trace:
         import tracemalloc

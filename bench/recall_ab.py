@@ -35,7 +35,6 @@ import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
 
 from harness_python import ensure_harness_python
 
@@ -217,8 +216,10 @@ async def run(args: argparse.Namespace) -> None:
                     for task in sorted(Path(f"/proc/{pid}/task").iterdir()):
                         stat = (task / "stat").read_text()
                         fields = stat.rsplit(")", 1)[1].split()
-                        print(f"  [{name}] thread {task.name} {stat[stat.index('(') + 1 : stat.rindex(')')]}: "
-                              f"CPU {(int(fields[11]) + int(fields[12])) * TICK_MS:.0f} ms")
+                        print(
+                            f"  [{name}] thread {task.name} {stat[stat.index('(') + 1 : stat.rindex(')')]}: "
+                            f"CPU {(int(fields[11]) + int(fields[12])) * TICK_MS:.0f} ms"
+                        )
             print(f"\nload {os.getloadavg()[0]:.2f}, {time.strftime('%H:%M:%S', time.gmtime())} UTC")
             for phase in ("recall", "store", "hop"):
                 print(f"\n{phase}: arm  wall p50 / p95 / mean ms   client CPU   server CPU ms per call (by thread)")

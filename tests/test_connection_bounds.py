@@ -39,7 +39,11 @@ def test_the_serving_cache_is_smaller_where_the_process_holds_the_vector_index(t
     from cpersona.storage.migrate import open_database_and_upgrade
 
     settings = load_settings(
-        {"CPERSONA_DB_PATH": str(tmp_path / "c.db"), "CPERSONA_MAX_MEMORIES": "10000", "CPERSONA_VECTOR_REACH": str(reach)}
+        {
+            "CPERSONA_DB_PATH": str(tmp_path / "c.db"),
+            "CPERSONA_MAX_MEMORIES": "10000",
+            "CPERSONA_VECTOR_REACH": str(reach),
+        }
     )
     db = open_database_and_upgrade(settings)
     try:

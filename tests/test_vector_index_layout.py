@@ -55,7 +55,9 @@ def test_stamps_as_digits_keep_the_text_and_its_order():
 def test_stamps_of_other_forms_after_the_load_keep_the_window_exact(two):  # spec VEC-2, VEC-7
     writer, reader = two
     rng = np.random.default_rng(11)
-    add_memories(writer, *({"content": f"r{i}", "embedding": rng_vector(rng), "created_at": stamp(i)} for i in range(120)))
+    add_memories(
+        writer, *({"content": f"r{i}", "embedding": rng_vector(rng), "created_at": stamp(i)} for i in range(120))
+    )
     backend = SqliteSearch(reader)
     same_as_exact(backend)  # loads the copy: SQLite's own stamps only
     # ISO stamps with a T and an offset, fractions, an empty one: they sort among the others as text
@@ -66,8 +68,12 @@ def test_stamps_of_other_forms_after_the_load_keep_the_window_exact(two):  # spe
         stamp(200).replace(" ", "T"),
         stamp(45) + ".5",
     ]
-    add_memories(writer, *({"content": f"o{i}", "embedding": rng_vector(rng), "created_at": s} for i, s in enumerate(others)))
-    add_memories(writer, *({"content": f"s{i}", "embedding": rng_vector(rng), "created_at": stamp(3 * i)} for i in range(40)))
+    add_memories(
+        writer, *({"content": f"o{i}", "embedding": rng_vector(rng), "created_at": s} for i, s in enumerate(others))
+    )
+    add_memories(
+        writer, *({"content": f"s{i}", "embedding": rng_vector(rng), "created_at": stamp(3 * i)} for i in range(40))
+    )
     same_as_exact(backend)
     assert loads(reader) == 1  # applied from the change log, not loaded again
 
@@ -87,7 +93,9 @@ def test_more_agents_than_a_byte_of_codes_keeps_each_scope_its_own(two, monkeypa
     rng = np.random.default_rng(13)
     rows = []
     for i in range(300 * 3):
-        rows.append({"agent_id": f"agent{i % 300}", "content": f"t{i}", "embedding": rng_vector(rng), "created_at": stamp(i)})
+        rows.append(
+            {"agent_id": f"agent{i % 300}", "content": f"t{i}", "embedding": rng_vector(rng), "created_at": stamp(i)}
+        )
     ids = add_memories(writer, *rows)
     owner = {row_id: row["agent_id"] for row_id, row in zip(ids, rows)}
     backend = SqliteSearch(reader)
@@ -99,7 +107,10 @@ def test_more_agents_than_a_byte_of_codes_keeps_each_scope_its_own(two, monkeypa
         assert len(copy) == 3 and {owner[i] for _, i in copy} == {agent}
         assert copy == backend._vector_scan("mem", where, dict(params), q)
     # and the same once more agents arrive after the load (the codes widen in place)
-    more = [{"agent_id": f"late{i}", "content": f"l{i}", "embedding": rng_vector(rng), "created_at": stamp(5000 + i)} for i in range(70000 // 1000)]
+    more = [
+        {"agent_id": f"late{i}", "content": f"l{i}", "embedding": rng_vector(rng), "created_at": stamp(5000 + i)}
+        for i in range(70000 // 1000)
+    ]
     add_memories(writer, *more)
     same_as_exact(backend, agent="late3")
     same_as_exact(backend, agent="agent256", seeds=range(1))
@@ -138,5 +149,8 @@ def test_a_far_list_found_block_by_block_gets_the_walks_candidates(two, monkeypa
             assert copy == walked and len(copy) == 5, (window, seed)
         add_memories(
             writer,
-            *({"content": f"late{window[0]}-{i}", "embedding": rng_vector(rng), "created_at": stamp(3 * i)} for i in range(90)),
+            *(
+                {"content": f"late{window[0]}-{i}", "embedding": rng_vector(rng), "created_at": stamp(3 * i)}
+                for i in range(90)
+            ),
         )

@@ -474,7 +474,14 @@ def _hamming(bits: np.ndarray, idx: np.ndarray, query: np.ndarray, n: int) -> np
 
 
 def _nearest_in_blocks(
-    a: _Arrays, codes: dict[str, _Codes], scope: Scope, source_id: str, query: np.ndarray, n: int, rank: float | None, k: int
+    a: _Arrays,
+    codes: dict[str, _Codes],
+    scope: Scope,
+    source_id: str,
+    query: np.ndarray,
+    n: int,
+    rank: float | None,
+    k: int,
 ) -> np.ndarray:
     """Rows [0, n) in scope (ranked at most ``rank``, if given) nearest ``query``: the ``k`` that
     ``_nearest`` would pick over all of them, found a block at a time.
@@ -642,9 +649,7 @@ def _code_type(count: int) -> np.dtype:
     return next(t for t in _CODE_TYPES if count - 1 <= np.iinfo(t).max)
 
 
-def _empty(
-    nbits: int, capacity: int, created: np.dtype = _STAMP, codes: dict[str, np.dtype] | None = None
-) -> _Arrays:
+def _empty(nbits: int, capacity: int, created: np.dtype = _STAMP, codes: dict[str, np.dtype] | None = None) -> _Arrays:
     capacity = max(capacity, 1024)
     return _Arrays(
         0,

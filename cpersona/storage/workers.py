@@ -144,4 +144,3 @@ def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | Non
         future.set_exception(error)
     else:
         future.set_result(result)
-
