@@ -69,7 +69,7 @@ def diff(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
 
 PROFILE_HOOK = """
 import atexit, cProfile, marshal, os, signal, threading, time
-_out = os.environ.get("CPERSONA_AB_PROFILE")
+_out = os.environ.get("CPERSONA_BENCH_AB_PROFILE")
 if _out:
     # Thread CPU, not wall: the machine is shared. Everything starts at SIGUSR1 (the driver sends it
     # after the warm-up), so start-up and first-call imports stay out: the event loop's thread is
@@ -167,7 +167,7 @@ async def run(args: argparse.Namespace) -> None:
                     env = {**base_env, "PYTHONPATH": tree, "CPERSONA_DB_PATH": str(db)}
                     if args.profile_dir:
                         env["PYTHONPATH"] = f"{profile_hook(work)}:{tree}"
-                        env["CPERSONA_AB_PROFILE"] = str(Path(args.profile_dir).resolve() / name)
+                        env["CPERSONA_BENCH_AB_PROFILE"] = str(Path(args.profile_dir).resolve() / name)
                     server = await stack.enter_async_context(start_server("ours", env))
                 servers.append((name, server, server_pid(server)))
             # Warm every server: first calls import and fill caches.
@@ -251,7 +251,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--threads", action="store_true", help="list each server thread's CPU at the end")
     parser.add_argument("--seed", type=int, default=7)
-    parser.add_argument("--profile-dir", default="", help="our arms write a cProfile here (CPERSONA_HOP_PROFILE)")
+    parser.add_argument("--profile-dir", default="", help="our arms write a cProfile here (CPERSONA_BENCH_AB_PROFILE)")
     asyncio.run(run(parser.parse_args()))
 
 
