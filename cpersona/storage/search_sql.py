@@ -254,13 +254,16 @@ class SqlSearch(ABC):
                 if kind == "mem" and source_id:
                     by_source, source_params = type(self).source_filter(source_id, alias)
                     where, params = f"{where} AND {by_source}", {**params, **source_params}
-                sql = text(
-                    f"SELECT {columns} FROM {table} {alias} {self.by_id_hint} WHERE {alias}.id IN :ids AND {where}"
-                ).bindparams(bindparam("ids", expanding=True))
-                for row in session.execute(sql, {**params, "ids": ids}):
+                head = f"SELECT {columns} FROM {table} {alias} {self.by_id_hint} WHERE {alias}.id IN"
+                for row in self._rows_by_id(session, head, f"AND {where}", params, ids):
                     record = build(row)
                     found[record.key] = record
         return found
+
+    def _rows_by_id(self, session: Any, head: str, tail: str, params: dict[str, Any], ids: list[int]) -> Iterable[Any]:
+        """``head (ids) tail`` executed; a backend may read it off its driver instead."""
+        sql = text(f"{head} :ids {tail}").bindparams(bindparam("ids", expanding=True))
+        return session.execute(sql, {**params, "ids": ids})
 
     def memory_span(self, scope: Scope, *, date_shaped_only: bool) -> tuple[datetime | None, datetime | None]:
         from cpersona.storage import dialect  # dialect imports the backends: resolved at call time

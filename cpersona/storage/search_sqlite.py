@@ -649,8 +649,8 @@ class SqliteSearch(SqlSearch):
         rows = self._run(f"{kind} vector re-rank", statement, {**params, **extra})
         return [(float(r.cosine), r.id) for r in rows or []]
 
-    def fetch(self, scope: Scope, keys: Iterable[RowKey], *, source_id: str = "") -> dict[RowKey, Record]:
-        """:meth:`SqlSearch.fetch`'s statements, read off the driver's cursor (:meth:`_rows`).
+    def _rows_by_id(self, session: Any, head: str, tail: str, params: dict[str, Any], ids: list[int]) -> Iterable[Any]:
+        """:meth:`SqlSearch.fetch`'s statement read off the driver's cursor (:meth:`_rows`).
 
         The same SQL, one ``:i<n>`` per id where SQLAlchemy's expanding IN rendered
         one ``?`` each, so the plan and the row order are the ones it had. Every
@@ -658,32 +658,10 @@ class SqliteSearch(SqlSearch):
         SQLAlchemy's path (expanding the IN, result metadata, Row objects) was
         half of a call: 0.60 -> 0.30 ms at 100k rows, 10-28 ids (docs/benchmarks.md).
         """
-        wanted: dict[str, list[int]] = {"mem": [], "ep": []}
-        for kind, row_id in keys:
-            wanted[kind].append(int(row_id))
-        found: dict[RowKey, Record] = {}
-        with self.db.read() as session:
-            for kind, ids in wanted.items():
-                if not ids:
-                    continue
-                alias, table, columns, build = (
-                    ("m", "memories", MEMORY_COLUMNS, memory_record)
-                    if kind == "mem"
-                    else ("e", "episodes", EPISODE_COLUMNS, episode_record)
-                )
-                where, params = sql_fragment(scope, alias)
-                if kind == "mem" and source_id:
-                    by_source, source_params = type(self).source_filter(source_id, alias)
-                    where, params = f"{where} AND {by_source}", {**params, **source_params}
-                marks = ", ".join(f":i{n}" for n in range(len(ids)))
-                sql = text(
-                    f"SELECT {columns} FROM {table} {alias} {self.by_id_hint} WHERE {alias}.id IN ({marks}) AND {where}"
-                )
-                params.update({f"i{n}": i for n, i in enumerate(ids)})
-                for row in self._rows(session, sql, params):
-                    record = build(row)
-                    found[record.key] = record
-        return found
+        marks = ", ".join(f":i{n}" for n in range(len(ids)))
+        return self._rows(
+            session, text(f"{head} ({marks}) {tail}"), {**params, **{f"i{n}": i for n, i in enumerate(ids)}}
+        )
 
     # -- listings and scope facts -----------------------------------------------
 
