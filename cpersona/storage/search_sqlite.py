@@ -431,6 +431,31 @@ class SqliteSearch(SqlSearch):
         rows = self._run(what, search.joined, {**params, "match": match, "depth": depth})
         return None if rows is None else [(r, r.rank) for r in rows]
 
+    def _bound_snapshot(
+        self, what: str, search: _FtsSearch, body: Callable[[Any, Any, tuple[Any, Any], int], list[Any] | None]
+    ) -> list[Any] | None:
+        """``body(session, fts, state, total)`` in one snapshot under the statement deadline; None when
+        the index's row count cannot be read or a statement fails (the caller ranks in full).
+
+        Both splits (:meth:`_pruned_probe`, :meth:`_capped_probe`) prove their bound from
+        counts and a row total that must be the ones their pruned statement sees, so the
+        index's state (its totals and structure records, :class:`_CountMemo`) is read
+        first in the same read transaction.
+        """
+        fts = search.fts
+        with self.db.read() as session:
+            dbapi = session.connection().connection.driver_connection
+            try:
+                with _deadline(dbapi, STATEMENT_DEADLINE_SECONDS):
+                    _, totals, structure = self._rows(session, _index_state(fts, search.table), {})[0]
+                    total = bm25_bound.total_rows(totals)
+                    if total is None:
+                        return None
+                    return body(session, fts, (totals, structure), total)
+            except DBAPIError as exc:
+                log.warning("%s pruned search failed, ranked in full: %s", what, exc.orig)
+                return None
+
     def _pruned_probe(
         self, what: str, search: _FtsSearch, params: dict[str, Any], terms: list[str], probe: int
     ) -> list[Any] | None:
@@ -443,44 +468,29 @@ class SqliteSearch(SqlSearch):
         """
         if search.pruned is None or len(terms) < 2:
             return None
-        fts = search.fts
-        with self.db.read() as session:
-            dbapi = session.connection().connection.driver_connection
-            try:
-                with _deadline(dbapi, STATEMENT_DEADLINE_SECONDS):
-                    _, totals, structure = self._rows(session, _index_state(fts, search.table), {})[0]
-                    total = bm25_bound.total_rows(totals)
-                    if total is None:
-                        return None
-                    memo = _memo(self.db, fts, (totals, structure))
-                    keys = {t: PHRASE_KEY + t for t in terms}
-                    missing = sorted({k for k in keys.values() if k not in memo.counts})
-                    known = memo.counts
-                    if missing:
-                        counts = ", ".join(
-                            f"(SELECT count(*) FROM {fts} WHERE {fts} MATCH :p{i})" for i in range(len(missing))
-                        )
-                        values = {f"p{i}": fts5_match([k[len(PHRASE_KEY) :]]) for i, k in enumerate(missing)}
-                        found = dict(
-                            zip(missing, (int(n) for n in self._rows(session, text(f"SELECT {counts}"), values)[0]))
-                        )
-                        memo.remember(found)
-                        known = {**known, **found}
-                    plan = bm25_bound.split(terms, {t: known[k] for t, k in keys.items()}, total)
-                    if plan is None:
-                        return None
-                    rare, bound = plan
-                    rows = self._rows(
-                        session,
-                        search.pruned,
-                        {**params, "match": fts5_match(terms), "rare": fts5_match(rare), "probe": probe},
-                    )
-            except DBAPIError as exc:
-                log.warning("%s pruned search failed, ranked in full: %s", what, exc.orig)
+
+        def body(session: Any, fts: str, state: tuple[Any, Any], total: int) -> list[Any] | None:
+            memo = _memo(self.db, fts, state)
+            keys = {t: PHRASE_KEY + t for t in terms}
+            missing = sorted({k for k in keys.values() if k not in memo.counts})
+            known = memo.counts
+            if missing:
+                counts = ", ".join(f"(SELECT count(*) FROM {fts} WHERE {fts} MATCH :p{i})" for i in range(len(missing)))
+                values = {f"p{i}": fts5_match([k[len(PHRASE_KEY) :]]) for i, k in enumerate(missing)}
+                found = dict(zip(missing, (int(n) for n in self._rows(session, text(f"SELECT {counts}"), values)[0])))
+                memo.remember(found)
+                known = {**known, **found}
+            plan = bm25_bound.split(terms, {t: known[k] for t, k in keys.items()}, total)
+            if plan is None:
                 return None
-        if len(rows) < probe or -float(rows[-1].rank) < bound:
-            return None
-        return rows
+            rare, bound = plan
+            values = {**params, "match": fts5_match(terms), "rare": fts5_match(rare), "probe": probe}
+            rows = self._rows(session, search.pruned, values)
+            if len(rows) < probe or -float(rows[-1].rank) < bound:
+                return None
+            return rows
+
+        return self._bound_snapshot(what, search, body)
 
     def _capped_probe(
         self, what: str, search: _FtsSearch, params: dict[str, Any], terms: list[str], probe: int, upper: dict[str, int]
@@ -499,41 +509,35 @@ class SqliteSearch(SqlSearch):
         """
         if search.pruned is None or len(terms) < 2 or not upper:
             return None
-        fts = search.fts
-        with self.db.read() as session:
-            dbapi = session.connection().connection.driver_connection
-            try:
-                with _deadline(dbapi, STATEMENT_DEADLINE_SECONDS):
-                    _, totals, structure = self._rows(session, _index_state(fts, search.table), {})[0]
-                    total = bm25_bound.total_rows(totals)
-                    plan = None if total is None else bm25_bound.split_by_upper(terms, upper, total)
-                    if plan is None:
-                        return None
-                    rare, common = plan
-                    values = {**params, "match": fts5_match(terms), "rare": fts5_match(rare), "probe": probe}
-                    rows = self._rows(session, search.pruned, values)
-                    if len(rows) < probe:
-                        return None
-                    best = -float(rows[-1].rank)
-                    floors = bm25_bound.count_floors([upper[t] for t in common], total, best)
-                    if floors is None:
-                        return None
-                    memo = _memo(self.db, fts, (totals, structure))
-                    for term, floor in zip(common, floors):
-                        known = memo.counts.get(FLOOR_KEY + term, 0)  # the largest capped count read at this state
-                        if known < floor:
-                            capped = text(f"SELECT count(*) FROM (SELECT 1 FROM {fts} WHERE {fts} MATCH :p LIMIT :cap)")
-                            found = self._rows(session, capped, {"p": fts5_match([term]), "cap": floor})[0][0]
-                            known = max(known, int(found))
-                            memo.remember({FLOOR_KEY + term: known})
-                        if known < floor:
-                            return None
-            except DBAPIError as exc:
-                log.warning("%s pruned search failed, ranked in full: %s", what, exc.orig)
+
+        def body(session: Any, fts: str, state: tuple[Any, Any], total: int) -> list[Any] | None:
+            plan = bm25_bound.split_by_upper(terms, upper, total)
+            if plan is None:
                 return None
-        if best < bm25_bound.bound_from_floors(floors, total):
-            return None
-        return rows
+            rare, common = plan
+            values = {**params, "match": fts5_match(terms), "rare": fts5_match(rare), "probe": probe}
+            rows = self._rows(session, search.pruned, values)
+            if len(rows) < probe:
+                return None
+            best = -float(rows[-1].rank)
+            floors = bm25_bound.count_floors([upper[t] for t in common], total, best)
+            if floors is None:
+                return None
+            memo = _memo(self.db, fts, state)
+            capped = text(f"SELECT count(*) FROM (SELECT 1 FROM {fts} WHERE {fts} MATCH :p LIMIT :cap)")
+            for term, floor in zip(common, floors):
+                known = memo.counts.get(FLOOR_KEY + term, 0)  # the largest capped count read at this state
+                if known < floor:
+                    found = self._rows(session, capped, {"p": fts5_match([term]), "cap": floor})[0][0]
+                    known = max(known, int(found))
+                    memo.remember({FLOOR_KEY + term: known})
+                if known < floor:
+                    return None
+            if best < bm25_bound.bound_from_floors(floors, total):
+                return None
+            return rows
+
+        return self._bound_snapshot(what, search, body)
 
     def keyword_episodes(self, scope: Scope, query: str, depth: int, *, phrases: Sequence[str] = ()) -> list[Hit]:
         terms = query_terms(query)
