@@ -132,3 +132,18 @@ def test_the_floors_keep_the_bound_under_the_score_to_beat():
     assert bm25_bound.count_floors([500], 100_000, 7.0) is None  # a term that rare weighs more than 7 alone
     two = bm25_bound.count_floors([30_000, 20_000], 100_000, 6.0)
     assert two is not None and bm25_bound.bound_from_floors(two, 100_000) <= 6.0
+
+
+def test_a_loose_upper_bound_is_caught_by_the_capped_count(db):
+    # "apple"'s trigrams (app, ppl, ple) are each in hundreds of rows that do not hold the word,
+    # so its upper bound calls it common while five rows hold it: rare, heavily weighted, and
+    # those short rows lead. The capped count falls short of the floor the bound needs, so the
+    # split is not shown and the whole statement answers.
+    store(db, [f"zebra {i}" for i in range(20)])
+    store(db, [f"app ppl ple {i}" for i in range(400)] + [f"apple {i}" for i in range(5)])
+    store(db, [f"pear {i}" for i in range(600)])
+    bounded, full, ran = answers(db, "zebra apple")
+    assert ran[:2] == ["pruned", "floor"]  # split on the upper bound, then tested
+    assert bounded == full
+    texts = [h.record.text for h in SqliteSearch(db).keyword_memories(SCOPE, "zebra apple", 10).hits]
+    assert texts[0].startswith("apple ")  # a row only the (truly rare) common-looking term holds leads
