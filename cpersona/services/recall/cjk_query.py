@@ -75,9 +75,17 @@ def _script(ch: str) -> str:
     return "l" if ch.isalnum() else " "
 
 
+# The characters _script reads as kana or kanji ("h", "k", "c"), as one class: every recall
+# asks applies() twice, and the loop over _script cost ~20 µs on an English question.
+_KANA_OR_KANJI = re.compile(
+    "[\u3041-\u309f\u30a0-\u30fa\u30fc-\u30ff\u31f0-\u31ff\uff66-\uff9f"
+    "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\u3005\u3006]"
+)
+
+
 def applies(query: str) -> bool:
     """Whether ``query`` holds kana or kanji, so this reading serves it."""
-    return any(_script(ch) in "hkc" for ch in query[:MAX_QUERY_CHARS])
+    return _KANA_OR_KANJI.search(query[:MAX_QUERY_CHARS]) is not None
 
 
 _ASCII_UPPER = re.compile("[A-Z]+")
