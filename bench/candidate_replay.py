@@ -65,7 +65,7 @@ from cpersona.storage.search_words import SHORT_FUNCTION_WORDS  # noqa: E402
 
 LIMIT = 10
 RRF_K = 60
-CACHE = Path(__file__).resolve().parent / ".cache" / "candidate-replay-minilm-v3.npz"
+CACHE = Path(__file__).resolve().parent / ".cache" / "candidate-replay-minilm-v4.npz"
 SENTENCE_END = next(p for p in BOUNDARY_CLASSES if p.pattern.startswith("[。"))  # the sentence class
 _WORD = re.compile(r"\w+(?:'\w+)?")
 _LABEL = re.compile(r"[^:\n]{1,40}: ")  # a chat turn's speaker, as LoCoMo turns are stored
@@ -74,6 +74,12 @@ _LABEL = re.compile(r"[^:\n]{1,40}: ")  # a chat turn's speaker, as LoCoMo turns
 def content_words(question: str) -> str:
     """The question without function words (the word channel's list), or the question when nothing is left."""
     kept = [w for w in _WORD.findall(question) if w.lower() not in FUNCTION_WORDS | SHORT_FUNCTION_WORDS]
+    return " ".join(kept) or question
+
+
+def nameless(question: str, speakers: set[str]) -> str:
+    """The question without the conversation's speaker names (a possessive 's too), or the question when nothing is left."""
+    kept = [w for w in _WORD.findall(question) if re.sub(r"'s$", "", w).lower() not in speakers]
     return " ".join(kept) or question
 
 
@@ -137,7 +143,7 @@ def embeddings(cache: Path) -> dict[str, dict[str, Any]]:
     """Per conversation: turn ids and vectors, sentence vectors and their turn, question vectors
     (as asked, ``Q``, and on content words only, ``W``)."""
     conversations = load_conversations(DEFAULT_DATA_DIR)
-    names = ("T", "Q", "W", "S", "L", "owner")
+    names = ("T", "Q", "W", "N", "M", "S", "L", "owner")
     if cache.exists():
         stored = np.load(cache, allow_pickle=False)
         return {
@@ -159,11 +165,14 @@ def embeddings(cache: Path) -> dict[str, dict[str, Any]]:
     out, arrays = {}, {}
     for c in conversations:
         questions = [q.question for q in c.questions]
+        speakers = {t.speaker.lower() for t in c.turns}
         split = [(j, piece) for j, t in enumerate(c.turns) for piece in sentences(t.content)]
         item = {
             "ids": [t.dia_id for t in c.turns], "questions": questions,
             "T": embed([t.content for t in c.turns], False), "Q": embed(questions, True),
             "W": embed([content_words(q) for q in questions], True),
+            "N": embed([nameless(q, speakers) for q in questions], True),
+            "M": embed([nameless(content_words(q), speakers) for q in questions], True),
             "S": embed([piece for _, piece in split], False), "owner": np.array([j for j, _ in split]),
             "L": embed([piece for t in c.turns for piece in labelled(t.content)], False),
         }  # fmt: skip
@@ -361,13 +370,18 @@ def variants(questions, vectors, keys, convs) -> None:
     print("  labelled = the same, each sentence under the turn's speaker label; best labelled = max(turn, best")
     print("  labelled sentence); query: asked, both = asked + content words; alpha: session context")
     kinds = ("turn", "sentences", "labelled", "best labelled")
-    for passage, query, alpha in itertools.product(kinds, ("asked", "both"), (0.0, 0.15)):
+    queries = ("asked", "both", "nameless", "asked+nameless", "nameless words")
+    for passage, query, alpha in itertools.product(kinds, queries, (0.0, 0.15)):
         alone: dict[str, list] = defaultdict(list)
         nears = {}
         for q in questions:
             c, v = q["conversation"], vectors[q["conversation"]]
             asked, words = v["Q"][q["_index"]], v["W"][q["_index"]]
-            vec = asked if query == "asked" else (asked + words) / np.linalg.norm(asked + words)
+            vec = {
+                "asked": asked, "both": asked + words, "nameless": v["N"][q["_index"]],
+                "asked+nameless": asked + v["N"][q["_index"]], "nameless words": v["M"][q["_index"]],
+            }[query]  # fmt: skip
+            vec = vec / np.linalg.norm(vec)
             if passage == "best labelled":
                 cosines = v["T"] @ vec
                 np.maximum.at(cosines, v["owner"], v["L"] @ vec)
@@ -397,6 +411,9 @@ def variants(questions, vectors, keys, convs) -> None:
         "seats only (today's near list)": lambda r: r[:3] == ("turn", "asked", 0.0),
         "one stored vector per row (turn, sentences, labelled; asked; no context)": lambda r: (
             r[1:3] == ("asked", 0.0) and r[0] != "best labelled"
+        ),
+        "labelled rows, query as asked or without speaker names": lambda r: (
+            r[0] == "labelled" and r[2] == 0.0 and r[1] in ("asked", "nameless", "asked+nameless", "nameless words")
         ),
         "every variant": lambda r: True,
     }
