@@ -96,6 +96,34 @@ def watch_statements(engine, totals) -> None:
         totals[shape][1] += elapsed
 
 
+VECTOR_STAGES = {"vector exact scan", "vector near (held vectors)", "vector coarse scan"}
+KEYWORD_STAGES = {"trigram memories", "trigram episodes", "keyword budget counts", "word memories", "word episodes"}
+
+
+def print_slowest(walls: list[float], per_recall: list[dict[str, float]]) -> None:
+    """Wall split of the slowest tenth of recalls against all of them: is the tail the vector side or the keyword side?"""
+    order = sorted(range(len(walls)), key=lambda i: -walls[i])
+    tail = order[: max(1, len(walls) // 10)]
+
+    def split(indices: list[int]) -> tuple[float, float, float, float]:
+        n = len(indices)
+        wall = sum(walls[i] for i in indices) / n
+        vector = sum(v for i in indices for k, v in per_recall[i].items() if k in VECTOR_STAGES) / n
+        keyword = sum(v for i in indices for k, v in per_recall[i].items() if k in KEYWORD_STAGES) / n
+        timed = sum(v for i in indices for v in per_recall[i].values()) / n
+        return wall, vector, keyword, timed - vector - keyword
+
+    for name, indices in (("all recalls", list(range(len(walls)))), ("slowest 10%", tail)):
+        wall, vector, keyword, other = split(indices)
+        print(
+            f"  {name:12s} wall {wall:6.1f} ms: vector {vector:5.1f}, keyword {keyword:5.1f}, "
+            f"fetch/counts {other:5.1f}, rest {wall - vector - keyword - other:5.1f}"
+        )
+    for i in tail:
+        stages = ", ".join(f"{k} {v:.1f}" for k, v in sorted(per_recall[i].items(), key=lambda kv: -kv[1])[:3])
+        print(f"    {walls[i]:6.1f} ms: {stages}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("db")
@@ -160,11 +188,14 @@ def main() -> None:
             walls, cpus = [], []
             if profile:
                 profile.enable()
+            per_recall: list[dict[str, float]] = []
             for arguments in queries:
+                before = dict(spent)
                 cpu, started = time.thread_time(), time.perf_counter()
                 answer = recall(app, **arguments)
                 walls.append((time.perf_counter() - started) * 1000)
                 cpus.append((time.thread_time() - cpu) * 1000)
+                per_recall.append({k: (v - before.get(k, 0.0)) * 1000 for k, v in spent.items()})
                 assert "messages" in answer, answer
             if profile:
                 profile.disable()
@@ -188,6 +219,7 @@ def main() -> None:
             print(
                 f"  {label:38s} {rest / n:7.2f} ms {rest / total:7.1%} {rest_cpu / n:6.2f} ms {rest_cpu / total_cpu:7.1%}"
             )
+            print_slowest(walls, per_recall)
             if args.statements:
                 print(f"  {'statement (first words)':90s} {'per recall':>10s} {'mean ms':>8s} {'ms/recall':>9s}")
                 for shape, (count, seconds) in sorted(statements.items(), key=lambda kv: -kv[1][1]):
