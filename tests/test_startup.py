@@ -92,6 +92,7 @@ NOT_ON_A_STDIO_START = (
     "sqlite_vec",
     "sqlite3",
     "sqlalchemy.dialects.postgresql",
+    "mcp_types.methods",  # the per-version surfaces: only a method the stdio session does not serve needs them
 )
 
 

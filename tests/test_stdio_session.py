@@ -59,6 +59,8 @@ BEFORE_INITIALIZE = [
     ('{"jsonrpc":"2.0","id":"p0","method":"ping"}', "p0"),  # ping is answered before initialize
     ('{"jsonrpc":"2.0","id":"d","method":"server/discover","params":{%s}}' % ENVELOPE, "d"),
     ('{"jsonrpc":"2.0","id":"d2","method":"server/discover"}', "d2"),
+    ('{"jsonrpc":"2.0","method":"notifications/initialized","params":{"_meta":5}}', None),  # malformed: dropped
+    ('{"jsonrpc":"2.0","id":"early2","method":"tools/list"}', "early2"),  # so the gate is still shut
 ]
 AFTER_INITIALIZE = [
     ('{"jsonrpc":"2.0","method":"notifications/initialized"}', None),
@@ -93,7 +95,28 @@ AFTER_INITIALIZE = [
     ('{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":999}}', None),
     ('{"jsonrpc":"2.0","id":23,"method":"initialize","params":{}}', 23),  # invalid params
     (_call(24, "recall", '{"agent_id":"a","query":"' + "x" * 1_100_000 + '"}'), 24),  # over-long
+    ('{"jsonrpc":"2.0","id":26,"method":"tools/call","params":{"name":5}}', 26),
+    ('{"jsonrpc":"2.0","id":27,"method":"tools/call","params":{"name":"recall","arguments":[1]}}', 27),
+    ('{"jsonrpc":"2.0","id":28,"method":"ping","params":{"_meta":5}}', 28),
+    ('{"jsonrpc":"2.0","id":29,"method":"tools/list","params":{"cursor":5}}', 29),
+    (
+        '{"jsonrpc":"2.0","id":30,"method":"tools/call","params":{"name":"recall",'
+        '"arguments":{"agent_id":"a","query":"hello"},"_meta":{"progressToken":"t"},"task":{"ttl":1000}}}',
+        30,
+    ),
+    (
+        '{"jsonrpc":"2.0","id":31,"method":"initialize","params":{"protocolVersion":5,"capabilities":{},'
+        '"clientInfo":{"name":"t","version":"0"}}}',
+        31,
+    ),
+    (
+        '{"jsonrpc":"2.0","id":32,"method":"initialize","params":{"protocolVersion":"2025-03-26",'
+        '"clientInfo":{"name":"t","version":"0"}}}',
+        32,
+    ),
+    ('{"jsonrpc":"2.0","id":"7","method":"ping"}', "7"),
     (_initialize("2025-06-18", 25), 25),  # a second initialize negotiates again
+    ('{"jsonrpc":"2.0","id":33,"method":"tools/list"}', 33),
 ]
 TIMESTAMP = re.compile(rb'(\\"timestamp\\": \\"|"timestamp":")[^"\\]*')
 
@@ -165,6 +188,41 @@ def test_the_session_answers_every_line_as_the_sdk_session(tmp_path: Path, versi
         assert mine == theirs, line[:200]
     negotiated = json.loads(ours[len(BEFORE_INITIALIZE)][0])["result"]["protocolVersion"]
     assert negotiated == (version if version in VERSIONS[:4] else "2025-11-25")
+
+
+def test_the_served_answers_need_no_per_version_sieve(app) -> None:
+    # The session answers initialize, ping, tools/list and tools/call as dumped,
+    # without mcp_types.methods (cpersona.mcp.stdio_session._shaped): that holds
+    # only while every handshake version defines them and the sieve changes none.
+    import mcp_types as types
+    import mcp_types.methods as methods
+    from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
+
+    from cpersona.mcp.stdio_session import _SERVED, StdioSession, _shaped
+    from cpersona.mcp.surface import ToolSurface
+
+    surface = ToolSurface(app)
+    session = StdioSession(surface, write=None)  # type: ignore[arg-type]
+
+    async def answers() -> dict[str, list[types.Result]]:
+        stored = await surface.call_tool("store", {"agent_id": "a", "content": "one"})
+        refused = await surface.call_tool("recall", {"agent_id": 1})
+        return {
+            "initialize": [session._initialize_result(v) for v in HANDSHAKE_PROTOCOL_VERSIONS],
+            "ping": [types.EmptyResult()],
+            "tools/list": [await surface.list_tools()],
+            "tools/call": [stored, refused, await surface.call_tool("recall", {"agent_id": "a", "query": "one"})],
+        }
+
+    results = anyio.run(answers)
+    assert set(results) == _SERVED
+    for version in HANDSHAKE_PROTOCOL_VERSIONS:
+        assert {m for m, v in methods.CLIENT_REQUESTS if v == version} >= _SERVED
+        for method, shown in results.items():
+            for result in shown:
+                dumped = result.model_dump(by_alias=True, mode="json", exclude_none=True)
+                sieved = methods.serialize_server_result(method, version, dumped)
+                assert json.dumps(_shaped(result)) == json.dumps(sieved), (method, version)  # members in order too
 
 
 @pytest.mark.anyio

@@ -16,12 +16,14 @@ same bytes as the SDK's ``Server.run`` over ``stdio_server`` did
     notifications/initialized   opens the gate, as an answered initialize does
     ping                   answered before initialize too
     tools/list, tools/call the tool surface (cpersona.mcp.surface), concurrently;
-                           results sieved per negotiated version by mcp_types
+                           every handshake version has the same (2025-11-25 era)
+                           shapes for these, so the answers are the same bytes
     notifications/cancelled     the request's task is cancelled, never answered
-    spec methods           validated per version (mcp_types.methods): a method
-                           the version lacks or this server does not serve is
-                           "Method not found", malformed params "Invalid request
-                           parameters", a request before initialize too
+    other methods          a spec method is validated against the negotiated
+                           version (mcp_types.methods): malformed params are
+                           "Invalid request parameters", else "Method not found"
+                           (this server serves no other method); a served method
+                           before initialize is "Invalid request parameters" too
     server/discover        "Method not found" (the handshake versions lack it), or
                            "Invalid request" with the 2026-07-28 envelope: what
                            the SDK answers on a handshake connection. The SDK
@@ -54,7 +56,6 @@ from typing import Any
 import anyio
 import anyio.abc
 import mcp_types as types
-import mcp_types.methods as methods
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, LATEST_HANDSHAKE_VERSION
 from pydantic import BaseModel, ValidationError
 
@@ -67,6 +68,9 @@ log = logging.getLogger(__name__)
 
 _ENVELOPE_REFUSED = "this connection serves the handshake protocol era; requests carrying the 2026-07-28 envelope are not accepted on it"
 _SHUTDOWN_WRITE_SECONDS = 1.0
+# What this session serves; every other method is answered by _unserved. The
+# handshake versions all define these four (mcp_types.methods.CLIENT_REQUESTS).
+_SERVED = frozenset({"initialize", "ping", "tools/list", "tools/call"})
 
 Write = Callable[[str], Awaitable[None]]
 
@@ -196,14 +200,14 @@ class StdioSession:
                 if entry is not None:
                     entry.cancelled = True
                     entry.scope.cancel()
-        if method in methods.SPEC_CLIENT_NOTIFICATION_METHODS:
-            try:
-                methods.validate_client_notification(method, self.version, params)
-            except (KeyError, ValidationError):
-                log.debug("dropped %r: not defined at %s or malformed", method, self.version)
-                return
         if method == "notifications/initialized":
+            try:
+                types.InitializedNotification.model_validate(_body(method, params), by_name=False)
+            except ValidationError:
+                log.warning("dropped %r: malformed params", method)
+                return
             self.initialized = True
+        # Any other notification has no handler here: nothing to do, as in the SDK.
 
     # --- one request ---------------------------------------------------------------
 
@@ -240,11 +244,8 @@ class StdioSession:
         if method != "initialize" and _has_envelope(params):
             raise RpcError(types.INVALID_REQUEST, _ENVELOPE_REFUSED)
         version = self.version
-        if method in methods.SPEC_CLIENT_METHODS:
-            try:
-                methods.validate_client_request(method, version, params)
-            except KeyError:
-                raise _not_found(method) from None
+        if method not in _SERVED:
+            raise _unserved(method, version, params)
         if method == "initialize":
             init = types.InitializeRequestParams.model_validate(params or {}, by_name=False)
             negotiated = (
@@ -252,7 +253,7 @@ class StdioSession:
                 if init.protocol_version in HANDSHAKE_PROTOCOL_VERSIONS
                 else LATEST_HANDSHAKE_VERSION
             )
-            result = _shaped(method, version, self._initialize_result(negotiated))
+            result = _shaped(self._initialize_result(negotiated))
             self.client_params, self.version = init, negotiated
             return result
         handler = self._handlers.get(method)
@@ -261,7 +262,7 @@ class StdioSession:
         if not (self.initialized or self.client_params is not None) and method != "ping":
             raise _invalid_params()
         typed = handler.params_type.model_validate({} if params is None else params, by_name=False)
-        return _shaped(method, version, await handler.run(typed))
+        return _shaped(await handler.run(typed))
 
     def _initialize_result(self, negotiated: str) -> types.InitializeResult:
         return types.InitializeResult(
@@ -313,16 +314,70 @@ class StdioSession:
                 await self._idle.wait()
 
 
-def _shaped(method: str, version: str, result: BaseModel) -> dict[str, Any]:
-    """The result as the negotiated version's surface has it (fields it lacks dropped)."""
+def _shaped(result: BaseModel) -> dict[str, Any]:
+    """The result as the SDK's per-version sieve writes it, without importing the sieve.
+
+    Every handshake version shares the 2025-11-25 schema era (mcp_types.methods).
+    Against the version-free models we build answers with, its sieve does two
+    things to these four methods' answers: it drops the 2026-07-28 members
+    (``resultType``, the cache hints) and dumps members in the order of their
+    wire names, while free-form objects (a tool's input schema, an answer's
+    structured content, ``_meta``) keep theirs. tests/test_stdio_session.py
+    holds this to the sieve itself (each kind of answer at every version gives
+    the same text) and to the SDK's session (the same bytes).
+    """
     dumped = result.model_dump(by_alias=True, mode="json", exclude_none=True)
-    if method not in methods.SPEC_CLIENT_METHODS:
-        return dumped
-    try:
-        return methods.serialize_server_result(method, version, dumped)
-    except ValidationError:
-        log.exception("the answer to %r does not fit the %s protocol", method, version)
-        raise RpcError(types.INTERNAL_ERROR, "Handler returned an invalid result") from None
+    return _in_wire_order({k: v for k, v in dumped.items() if k not in _MODERN_ONLY})
+
+
+_MODERN_ONLY = frozenset({"resultType", "ttlMs", "cacheScope"})
+_FREE_FORM = frozenset({"structuredContent", "_meta", "experimental"})
+_SCHEMAS = frozenset({"inputSchema", "outputSchema"})
+# The 2025-11-25 schema model's own members; a schema's other keywords follow them
+# as they are, and each property's schema is free-form.
+_SCHEMA_MEMBERS = ("$schema", "properties", "required", "type")
+
+
+def _in_wire_order(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _member(k, value[k]) for k in sorted(value)}
+    if isinstance(value, list):
+        return [_in_wire_order(item) for item in value]
+    return value
+
+
+def _member(key: str, value: Any) -> Any:
+    if key in _FREE_FORM or not isinstance(value, (dict, list)):
+        return value
+    if key in _SCHEMAS and isinstance(value, dict):
+        members = {k: value[k] for k in _SCHEMA_MEMBERS if k in value}
+        return {**members, **{k: v for k, v in value.items() if k not in members}}
+    return _in_wire_order(value)
+
+
+def _unserved(method: str, version: str, params: Mapping[str, Any] | None) -> RpcError:
+    """The error for a method this session does not serve, as the SDK words it.
+
+    A spec method is validated against the negotiated version's surface first
+    (malformed params are "Invalid request parameters" even with no handler).
+    The per-version surfaces (``mcp_types.methods``) cost about as much CPU to
+    import as ``mcp_types`` itself, and 6 MiB, for nothing the four methods
+    served need, so only a client asking for another method pays for them.
+    """
+    import mcp_types.methods as methods
+
+    if method in methods.SPEC_CLIENT_METHODS:
+        try:
+            methods.validate_client_request(method, version, params)
+        except KeyError:
+            pass
+        except ValidationError:
+            return _invalid_params()
+    return _not_found(method)
+
+
+def _body(method: str, params: Mapping[str, Any] | None) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "method": method, **({"params": params} if params is not None else {})}
 
 
 def _error_data(method: str, exc: Exception) -> types.ErrorData:
