@@ -180,6 +180,11 @@ def _fail(message: str, status: int) -> int:
     return status
 
 
+# Which session serves stdio: ours on the SDK's wire types ("narrow"), or the
+# SDK's own ("sdk"), which only tests select, to compare the two's answers.
+STDIO_SESSION = "narrow"
+
+
 def serve(args: argparse.Namespace) -> int:
     """Serve until stdin closes (stdio) or the server is interrupted, then leave at once.
 
@@ -258,7 +263,7 @@ def _serve(args: argparse.Namespace) -> int:
     except (MigrationError, OSError) as exc:
         return _fail(f"cannot open the database {settings.db_file}: {exc}", EXIT_START_FAILED)
 
-    from cpersona.mcp.server import build_server
+    from cpersona.mcp.surface import ToolSurface
     from cpersona.services.app import App
     from cpersona.background import BackgroundWork
 
@@ -273,7 +278,11 @@ def _serve(args: argparse.Namespace) -> int:
     app = App(db=db, settings=settings, embedder=embedder, remote_callers=http)
     background = BackgroundWork(app)
     background.prepare()
-    server = build_server(app, gates=gates)
+    surface = ToolSurface(app, gates=gates)
+    if http:
+        from cpersona.mcp.server import sdk_server
+
+        server = sdk_server(surface)
     _collector_on()
     try:
         log.info(
@@ -305,9 +314,15 @@ def _serve(args: argparse.Namespace) -> int:
         else:
             import anyio
 
-            from cpersona.mcp.stdio import serve_stdio
+            if STDIO_SESSION == "sdk":  # tests/stdio_sdk_server.py: the SDK's session, to compare answers with
+                from cpersona.mcp.server import sdk_server
+                from cpersona.mcp.stdio import serve_stdio as serve_sdk
 
-            anyio.run(serve_stdio, server, background.start_in_thread)
+                anyio.run(serve_sdk, sdk_server(surface), background.start_in_thread)
+            else:
+                from cpersona.mcp.stdio_session import serve_stdio
+
+                anyio.run(serve_stdio, surface, background.start_in_thread)
     except KeyboardInterrupt:
         pass
     finally:

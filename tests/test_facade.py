@@ -23,7 +23,7 @@ from cpersona.mcp.gates import GateChain, ToolCall
 from cpersona.mcp.pause_gate import PassThrough
 from cpersona.mcp.registry import READ_ONLY, Annotations, Registry, ToolSpec, by_keywords, keyword_tool
 from cpersona.mcp.server import SERVER_NAME, build_server, declaration, instructions
-from cpersona.mcp.stdio import reparse, top_level_member
+from cpersona.mcp.stdio_lines import reparse, top_level_member
 from cpersona.mcp.tools import default_registry
 from cpersona.mcp.validation import MAX_DEPTH, MAX_TEXT_CHARS, conform, inspect_arguments, schema_violation
 from cpersona.services.requests import keyword_request

@@ -92,6 +92,7 @@ NOT_ON_A_STDIO_START = (
     "sqlite_vec",
     "sqlite3",
     "sqlalchemy.dialects.postgresql",
+    "mcp_types.methods",  # the per-version surfaces: only a method the stdio session does not serve needs them
 )
 
 
@@ -122,8 +123,11 @@ def test_a_stdio_start_loads_only_what_it_runs(tmp_path: Path) -> None:
     assert "cpersona.services.recall.service" in loaded  # the file is the server's, after a recall
     assert sorted(loaded & set(NOT_ON_A_STDIO_START)) == []
     third_party = _third_party(loaded)
-    assert {"mcp", "sqlalchemy", "sqlean", "pydantic_settings"} <= third_party  # the filter keeps packages
+    assert {"mcp_types", "sqlalchemy", "sqlean", "pydantic_settings"} <= third_party  # the filter keeps packages
     assert sorted(third_party - _third_party(_stack_floor(env))) == []
+    # The session is ours on the SDK's wire types: no part of the SDK package, whose
+    # __init__ loads its client, HTTP stack and cryptography (55 MiB), is imported.
+    assert sorted(name for name in loaded if name == "mcp" or name.startswith("mcp.")) == []
     # The start runs with the collector off, then freezes what it built and turns it
     # back on before serving (cli._collector_on); a start that skipped that would
     # serve with nothing frozen, and its collections would rescan the whole start.
@@ -132,13 +136,14 @@ def test_a_stdio_start_loads_only_what_it_runs(tmp_path: Path) -> None:
 
 
 # What the stack a stdio start is built on loads by itself, before cpersona's first
-# line runs: the SDK (its package __init__ brings its client and HTTP halves too),
-# SQLAlchemy Core with its SQLite dialect, pydantic-settings, SQLite (sqlean) and
-# anyio's asyncio backend. bench/startup.py measures this set alone as its
-# "stack-floor" kind (1.08x the reference's peak RSS, docs/benchmarks.md issue 16
-# ninth round): a start that loads a third-party package outside it pays more than
-# that floor for something the SDK and the storage layer did not ask for.
-STACK_FLOOR = "import mcp, sqlalchemy, sqlalchemy.dialects.sqlite, pydantic_settings, sqlean, anyio._backends._asyncio"
+# line runs: the SDK's wire types (mcp_types; not the mcp package, whose __init__
+# brings its client and HTTP halves too), SQLAlchemy Core with its SQLite dialect,
+# pydantic-settings, SQLite (sqlean) and anyio's asyncio backend. A start that
+# loads a third-party package outside it pays for something the wire types and
+# the storage layer did not ask for (docs/benchmarks.md issue 16).
+STACK_FLOOR = (
+    "import mcp_types, sqlalchemy, sqlalchemy.dialects.sqlite, pydantic_settings, sqlean, anyio._backends._asyncio"
+)
 
 
 def _stack_floor(env: dict[str, str]) -> set[str]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import mcp.types as types
+import mcp_types as types
 
 from cpersona.mcp.dispatch import Outcome
 from cpersona.mcp.validation import has_lone_surrogate

@@ -23,30 +23,22 @@ error whose id is null when none is there.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
-import re
 from collections.abc import Callable
-from json.decoder import scanstring
 from types import TracebackType
 from typing import Any
 
 import anyio
 import mcp.types as types
-import pydantic
 from mcp.server import Server
 from mcp.server.stdio import stdio_server
 from mcp.shared.message import SessionMessage
 
-from cpersona.mcp.dispatch import input_error
-from cpersona.mcp.results import replace_lone_surrogates, to_result
+from cpersona.mcp.stdio_lines import overlong_reason, reason, reparse, unparsed_line, unreadable_reply
 from cpersona.mcp.stdio_pipes import CLOSE_DRAIN_SECONDS, OverlongLine, pipe_stdio
 from cpersona.mcp.stdio_thread import thread_stdin
-from cpersona.mcp.validation import MAX_REQUEST_BYTES
 
 log = logging.getLogger(__name__)
-
-_NUMBER = re.compile(r"-?[0-9]+(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
 
 
 async def serve_stdio(server: Server[Any], after_first_answer: Callable[[], None] | None = None) -> None:
@@ -141,7 +133,7 @@ class SecondChanceReader:
                 if isinstance(self._write, AnswerTracker):
                     self._write.expect(item.message)
                 return item
-            line = _unparsed_line(item)
+            line = unparsed_line(item)
             if line is None:
                 return item
             message = reparse(line)
@@ -152,38 +144,16 @@ class SecondChanceReader:
             await self._answer_unreadable(line, item)
 
     async def _answer_unreadable(self, line: str, exc: Exception) -> None:
-        await self._answer(line, _reason(exc))
+        await self._answer(line, reason(exc))
 
     async def answer_overlong(self, line: OverlongLine) -> None:
         """Answer a line the pipe reader refused for its length (only its head was kept)."""
-        await self._answer(
-            line.head,
-            f"it is at least {line.length} bytes long, more than the largest request any "
-            f"tool can accept ({MAX_REQUEST_BYTES} bytes), so it was not read",
-            null_id=True,
-        )
+        await self._answer(line.head, overlong_reason(line), null_id=True)
 
-    async def _answer(self, line: str, reason: str, null_id: bool = False) -> None:
-        request_id = top_level_member(line, "id")
-        method = top_level_member(line, "method")
-        if not isinstance(request_id, (int, str)) or isinstance(request_id, bool):
-            if not null_id:
-                log.warning("dropped an unreadable line without a request id (%d characters)", len(line))
-                return
-            request_id, method = None, None  # JSON-RPC: a parse error whose id could not be found has id null
-        log.warning("answered unreadable request %r (%s): %s", request_id, method, reason)
-        if method == "tools/call":
-            result = to_result(input_error(f"the request could not be read: {reason}"))
-            reply: types.JSONRPCResponse | types.JSONRPCError = types.JSONRPCResponse(
-                jsonrpc="2.0", id=request_id, result=result.model_dump(by_alias=True, exclude_none=True, mode="json")
-            )
-        else:
-            reply = types.JSONRPCError(
-                jsonrpc="2.0",
-                id=request_id,
-                error=types.ErrorData(code=types.PARSE_ERROR, message=f"the request could not be read: {reason}"),
-            )
-        await self._write.send(SessionMessage(reply))
+    async def _answer(self, line: str, why: str, null_id: bool = False) -> None:
+        reply = unreadable_reply(line, why, null_id)
+        if reply is not None:
+            await self._write.send(SessionMessage(reply))
 
     def __aiter__(self) -> SecondChanceReader:
         return self
@@ -204,92 +174,3 @@ class SecondChanceReader:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         await self.aclose()
-
-
-def _unparsed_line(exc: Exception) -> str | None:
-    """The raw line behind a JSON syntax failure of the SDK's parser, else None."""
-    if not isinstance(exc, pydantic.ValidationError):
-        return None
-    for error in exc.errors():
-        if error.get("type") == "json_invalid" and isinstance(error.get("input"), str):
-            return error["input"]
-    return None
-
-
-def _reason(exc: Exception) -> str:
-    if isinstance(exc, pydantic.ValidationError):
-        msg = exc.errors()[0].get("msg", "")
-        if "recursion limit" in msg:
-            return "it is nested too deeply"
-        return msg
-    return type(exc).__name__
-
-
-def reparse(line: str) -> types.JSONRPCMessage | None:
-    """Parse with Python's json and validate as JSON-RPC; None if either fails.
-
-    Lone surrogates may stay only inside a tool call's arguments, where the call
-    path refuses them without echoing them. Anywhere else (a method name, a
-    cursor) the SDK might echo one back, and its UTF-8 writer would then fail and
-    take the whole connection down, so there they become U+FFFD.
-    """
-    try:
-        raw = _surrogates_only_in_arguments(json.loads(line))
-        return types.jsonrpc_message_adapter.validate_python(raw, by_name=False)
-    except (ValueError, RecursionError, pydantic.ValidationError):
-        return None
-
-
-def _surrogates_only_in_arguments(raw: Any) -> Any:
-    params = raw.get("params") if isinstance(raw, dict) else None
-    if isinstance(params, dict) and raw.get("method") == "tools/call" and "arguments" in params:
-        envelope = replace_lone_surrogates({**raw, "params": {k: v for k, v in params.items() if k != "arguments"}})
-        envelope["params"]["arguments"] = params["arguments"]
-        return envelope
-    return replace_lone_surrogates(raw)
-
-
-def top_level_member(line: str, wanted: str) -> Any:
-    """The string or number value of key ``wanted`` in the outermost object of ``line``.
-
-    A flat scan that tracks depth instead of parsing, so any nesting costs one
-    pass. Returns None when the key is absent or its value is not a scalar.
-    """
-    depth = 0
-    key: str | None = None
-    awaiting_value = False
-    pos, end = 0, len(line)
-    while pos < end:
-        char = line[pos]
-        if char == '"':
-            try:
-                text, pos = scanstring(line, pos + 1, False)
-            except ValueError:
-                return None
-            if depth == 1:
-                if awaiting_value:
-                    if key == wanted:
-                        return text
-                    awaiting_value = False
-                else:
-                    key = text
-            continue
-        if char in "{[":
-            depth += 1
-            awaiting_value = False if depth > 1 else awaiting_value
-        elif char in "}]":
-            depth -= 1
-        elif depth == 1 and char == ":":
-            awaiting_value = True
-        elif depth == 1 and char == ",":
-            key, awaiting_value = None, False
-        elif depth == 1 and awaiting_value and char in "-0123456789":
-            match = _NUMBER.match(line, pos)
-            if match and key == wanted:
-                number = match.group()
-                return int(number) if re.fullmatch(r"-?[0-9]+", number) else float(number)
-            awaiting_value = False
-            pos = match.end() if match else pos + 1
-            continue
-        pos += 1
-    return None

@@ -19,8 +19,10 @@ import asyncio
 import io
 import os
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+
+import anyio.to_thread
 
 from cpersona.mcp.stdio_pipes import MAX_PENDING_LINES, _claim, _restore
 
@@ -81,3 +83,28 @@ async def thread_stdin() -> AsyncIterator[ThreadStdin]:
     finally:
         # The private descriptor stays open: the thread may still be blocked on it.
         _restore(0, private, blocking)
+
+
+@asynccontextmanager
+async def thread_stdout() -> AsyncIterator[Callable[[str], Awaitable[None]]]:
+    """A ``write(text)`` for stdout the event loop cannot watch, each write a worker-thread hop.
+
+    As the SDK's transport does, fd 1 points at stderr while serving (a stray
+    ``print`` misses the wire) and the answers go to a private copy of it.
+    """
+    blocking = os.get_blocking(1)
+    private = _claim(1, os.dup(2))
+    out = os.fdopen(private, "wb", closefd=False)
+
+    def write_all(data: bytes) -> None:
+        out.write(data)
+        out.flush()
+
+    async def write(text: str) -> None:
+        await anyio.to_thread.run_sync(write_all, text.encode("utf-8"))  # strict, as the SDK's writer
+
+    try:
+        yield write
+    finally:
+        _restore(1, private, blocking)
+        os.close(private)
