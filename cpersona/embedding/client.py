@@ -263,6 +263,39 @@ class Embedder:
         self._cache.put(text, blob)
         return QueryEmbedding(np.frombuffer(blob, dtype=FLOAT32), blob, outcome)
 
+    def embed_query_sum(self, texts: Sequence[str]) -> QueryEmbedding:
+        """The unit-length sum of the texts' unit query vectors, from ONE request (issue 14).
+
+        A recall embeds its query as asked and without the scope's speaker names
+        (services/recall/nameless.py); both go in one request so the second costs
+        no round trip. Cached under the texts joined by NUL, which no text holds.
+        One text is :meth:`embed_query`.
+        """
+        if len(texts) == 1:
+            return self.embed_query(texts[0])
+        if not texts or not all(isinstance(text, str) for text in texts):
+            return QueryEmbedding(None, None, EmbedOutcome(False, False, error="text is not a string"))
+        import numpy as np
+
+        key = "\x00".join(texts)
+        cached = self._cache.get(key)
+        if cached is not None:
+            return QueryEmbedding(
+                np.frombuffer(cached, dtype=FLOAT32), cached, EmbedOutcome(True, False, from_cache=True)
+            )
+        vectors, outcome = self._call(list(texts), self.timeout_secs, query=True)
+        if vectors is None:
+            return QueryEmbedding(None, None, outcome)
+        total = np.zeros_like(vectors[0], dtype=np.float64)
+        for vector in vectors:
+            norm = float(np.linalg.norm(vector))
+            if norm > 0.0:
+                total += vector / norm
+        norm = float(np.linalg.norm(total))
+        blob = (total / norm if norm > 0.0 else total).astype(FLOAT32).tobytes()
+        self._cache.put(key, blob)
+        return QueryEmbedding(np.frombuffer(blob, dtype=FLOAT32), blob, outcome)
+
     def embed_many(self, texts: Sequence[str], batch_size: int = MAX_VECTORS) -> list[bytes | None]:
         """Blobs aligned with ``texts`` (None where no vector), ≤ 512 texts per request.
 

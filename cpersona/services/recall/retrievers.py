@@ -143,7 +143,9 @@ def retrieve(app: App, backend: SearchBackend, query: Query, depth: int, exclude
         # EMB-6: the remote index's answer replaces the local scan, and no far list is read.
         found.query_embedded = True
         found.add("vector", remote, excluded)
-    elif (vector := embed_query(app, query.text, measure=query.measure)) is not None:
+    elif (
+        vector := embed_query(app, query.text, measure=query.measure, second=second_text(app, backend, query))
+    ) is not None:
         found.query_embedded, found.query_vector = True, vector
         vector_lists(app, backend, query, depth, vector, excluded, found)
     add_lexical_lists(
@@ -164,7 +166,22 @@ def retrieve(app: App, backend: SearchBackend, query: Query, depth: int, exclude
 # -- the vector channel ----------------------------------------------------------------
 
 
-def embed_query(app: App, text: str, *, measure: bool = True) -> bytes | None:
+def second_text(app: App, backend: SearchBackend, query: Query) -> str | None:
+    """The query without the scope's speaker names, when one occurs in it (issue 14; nameless.py)."""
+    if app.embedder is None:
+        return None
+    from cpersona.services.recall.nameless import NAME_SCAN, nameless, speaker_names
+
+    head = query.text[:MAX_QUERY_CHARS]
+    if not any(ch.isupper() for ch in head):  # a name is capitalised where it is stored; skip the read
+        names: frozenset[str] = frozenset()
+    else:
+        rows = backend.recent_texts(query.scope, NAME_SCAN, source_id=query.source_id)
+        names = speaker_names([text for _, text in rows])
+    return nameless(head, names)
+
+
+def embed_query(app: App, text: str, *, measure: bool = True, second: str | None = None) -> bytes | None:
     """The query's vector for this recall (VEC-1), or None when there is none.
 
     With ``measure`` the outcome feeds the advisory's health state (ADV-2)
@@ -174,7 +191,8 @@ def embed_query(app: App, text: str, *, measure: bool = True) -> bytes | None:
     if app.embedder is None:
         return None
     try:
-        result = app.embedder.embed_query(text[:MAX_QUERY_CHARS])
+        head = text[:MAX_QUERY_CHARS]
+        result = app.embedder.embed_query(head) if second is None else app.embedder.embed_query_sum([head, second])
     except Exception:  # noqa: BLE001 - the client never raises by contract; be safe anyway
         log.warning("query embedding failed unexpectedly; recall continues without vectors", exc_info=True)
         return None

@@ -1,0 +1,54 @@
+"""The query without the scope's speaker names: a recall's second query text (issue 14).
+
+A chat turn is stored as ``"<speaker>: <text>"`` (bench/locomo.py, and any
+importer of chat logs). A question names the speaker ("What did Caroline
+research?"), and every turn of that speaker carries the name, so the name pulls
+the query vector towards all of them alike. The vector channel embeds the query
+as asked and with the names removed, and searches with the sum of the two unit
+vectors (Session 9, docs/benchmarks.md: chosen in every leave-one-conversation-out
+fold of LoCoMo dev with no tuned constant).
+
+The names are the speaker labels of the scope's newest memories: a bounded read
+(``NAME_SCAN`` rows, at most ``MAX_NAMES`` names), the same for every recall of
+the same stored rows, so the result is deterministic. When no name occurs in the
+query there is no second text and the recall is as before.
+"""
+
+from __future__ import annotations
+
+import re
+
+# How many of the newest memories are read for speaker labels: a chat's speakers
+# recur on every few turns, so a couple of hundred rows see them all.
+NAME_SCAN = 200
+# At most this many names: a scope of many speakers is not a two-party chat.
+MAX_NAMES = 16
+# A label is a line's head before ": ": 1-3 capitalised words (a name, not a sentence).
+_LABEL = re.compile(r"^([A-Z][\w'.-]{0,29}(?: [A-Z][\w'.-]{0,29}){0,2}): ", re.MULTILINE)
+_WORD = re.compile(r"\w+(?:'\w+)?")
+_POSSESSIVE = re.compile(r"'s$", re.IGNORECASE)
+
+
+def speaker_names(texts: list[str]) -> frozenset[str]:
+    """The lowercased words of the speaker labels in ``texts`` (first seen first, ≤ MAX_NAMES labels)."""
+    labels: list[str] = []
+    for text in texts:
+        for match in _LABEL.finditer(text):
+            label = match.group(1)
+            if label not in labels:
+                labels.append(label)
+                if len(labels) >= MAX_NAMES:
+                    return frozenset(w.lower() for lab in labels for w in lab.split())
+    return frozenset(w.lower() for lab in labels for w in lab.split())
+
+
+def nameless(query: str, names: frozenset[str]) -> str | None:
+    """The query's words without the names (and their possessive 's), or None when
+    no name occurs in it or nothing else is left."""
+    if not names:
+        return None
+    words = _WORD.findall(query)
+    kept = [w for w in words if _POSSESSIVE.sub("", w).lower() not in names]
+    if len(kept) == len(words) or not kept:
+        return None
+    return " ".join(kept)
