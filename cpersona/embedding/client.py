@@ -46,7 +46,7 @@ from cpersona.embedding.validate import (
     vectors_from_api,
     vectors_from_http,
 )
-from cpersona.embedding.vectors import FLOAT32
+from cpersona.embedding.vectors import FLOAT32, l2_normalised
 
 if TYPE_CHECKING:
     import httpx
@@ -250,18 +250,7 @@ class Embedder:
         """One text with the outcome the advisory needs (cache hit, attempted, error)."""
         if not isinstance(text, str):
             return QueryEmbedding(None, None, EmbedOutcome(False, False, error="text is not a string"))
-        import numpy as np
-
-        cached = self._cache.get(text)
-        if cached is not None:
-            vector = np.frombuffer(cached, dtype=FLOAT32)
-            return QueryEmbedding(vector, cached, EmbedOutcome(True, False, from_cache=True))
-        vectors, outcome = self._call([text], self.timeout_secs, query=True)
-        if vectors is None:
-            return QueryEmbedding(None, None, outcome)
-        blob = vectors[0].tobytes()
-        self._cache.put(text, blob)
-        return QueryEmbedding(np.frombuffer(blob, dtype=FLOAT32), blob, outcome)
+        return self._cached_query(text, [text], lambda vectors: vectors[0])
 
     def embed_query_sum(self, texts: Sequence[str]) -> QueryEmbedding:
         """The unit-length sum of the texts' unit query vectors, from ONE request (issue 14).
@@ -275,24 +264,20 @@ class Embedder:
             return self.embed_query(texts[0])
         if not texts or not all(isinstance(text, str) for text in texts):
             return QueryEmbedding(None, None, EmbedOutcome(False, False, error="text is not a string"))
+        return self._cached_query("\x00".join(texts), list(texts), _unit_sum)
+
+    def _cached_query(self, key: str, texts: list[str], combine: Callable[[list[Any]], Any]) -> QueryEmbedding:
+        """The cache entry under ``key``, else ``combine`` of the texts' vectors from one request, cached."""
         import numpy as np
 
-        key = "\x00".join(texts)
         cached = self._cache.get(key)
         if cached is not None:
-            return QueryEmbedding(
-                np.frombuffer(cached, dtype=FLOAT32), cached, EmbedOutcome(True, False, from_cache=True)
-            )
-        vectors, outcome = self._call(list(texts), self.timeout_secs, query=True)
+            vector = np.frombuffer(cached, dtype=FLOAT32)
+            return QueryEmbedding(vector, cached, EmbedOutcome(True, False, from_cache=True))
+        vectors, outcome = self._call(texts, self.timeout_secs, query=True)
         if vectors is None:
             return QueryEmbedding(None, None, outcome)
-        total = np.zeros_like(vectors[0], dtype=np.float64)
-        for vector in vectors:
-            norm = float(np.linalg.norm(vector))
-            if norm > 0.0:
-                total += vector / norm
-        norm = float(np.linalg.norm(total))
-        blob = (total / norm if norm > 0.0 else total).astype(FLOAT32).tobytes()
+        blob = combine(vectors).tobytes()
         self._cache.put(key, blob)
         return QueryEmbedding(np.frombuffer(blob, dtype=FLOAT32), blob, outcome)
 
@@ -544,3 +529,8 @@ def build_embedder(settings: Any, *, transport: httpx.BaseTransport | None = Non
         cache_ttl=float(_setting(settings, "embedding_cache_ttl", 300)),
         transport=transport,
     )
+
+
+def _unit_sum(vectors: list[Any]) -> Any:
+    """The unit-length sum of the vectors' unit vectors, as float32."""
+    return l2_normalised(sum(l2_normalised(vector) for vector in vectors)).astype(FLOAT32)

@@ -31,15 +31,15 @@ _POSSESSIVE = re.compile(r"'s$", re.IGNORECASE)
 
 def speaker_names(texts: list[str]) -> frozenset[str]:
     """The lowercased words of the speaker labels in ``texts`` (first seen first, ≤ MAX_NAMES labels)."""
-    labels: list[str] = []
+    labels: dict[str, None] = {}  # insertion-ordered: the first MAX_NAMES labels seen
     for text in texts:
         for match in _LABEL.finditer(text):
-            label = match.group(1)
-            if label not in labels:
-                labels.append(label)
-                if len(labels) >= MAX_NAMES:
-                    return frozenset(w.lower() for lab in labels for w in lab.split())
-    return frozenset(w.lower() for lab in labels for w in lab.split())
+            labels.setdefault(match.group(1))
+            if len(labels) >= MAX_NAMES:
+                break
+        if len(labels) >= MAX_NAMES:
+            break
+    return frozenset(word.lower() for label in labels for word in label.split())
 
 
 def nameless(query: str, names: frozenset[str]) -> str | None:
