@@ -41,6 +41,7 @@ from cpersona.services.recall.retrievers import (  # noqa: E402
     nearest,
     retrieve,
     search_backend,
+    second_text,
 )
 from cpersona.services.recall.service import depth_for, parse_request, run_recall  # noqa: E402
 from cpersona.services.records.episodes import archive_episode  # noqa: E402
@@ -56,7 +57,10 @@ def raw_lists(app: App, backend, req, depth: int) -> dict[str, list]:
     query = req.retriever_query()
     out: dict[str, list] = {}
     with app.db.snapshot():
-        vector = embed_query(app, query.text, measure=False) if app.embedder is not None else None
+        # The query vector recall searches with: as asked, plus the query without the
+        # scope's speaker names when one occurs in it (services/recall/nameless.py).
+        second = second_text(app, backend, query) if app.embedder is not None else None
+        vector = embed_query(app, query.text, measure=False, second=second) if app.embedder is not None else None
         if vector is not None:
             window = (0, app.settings.max_memories)
             out["vector"] = nearest(backend, query, vector, depth, arm_threshold(app, query.agent_id), window)

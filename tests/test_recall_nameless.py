@@ -3,7 +3,8 @@ against the real local HTTP embedding server of tests/embed_server.py.
 
 A recall whose query names a stored speaker ("Caroline: ..." turns) sends ONE
 request with two texts, the query and the query without the name, and searches
-with the unit sum of their unit vectors; a query naming nobody, or a scope whose
+with the unit sum of their unit vectors (the nameless one weighted
+nameless.WEIGHT); a query naming nobody, or a scope whose
 rows carry no speaker label, sends the query alone, as before.
 """
 
@@ -14,7 +15,7 @@ import math
 import numpy as np
 import pytest
 from cpersona.embedding.client import build_embedder
-from cpersona.services.recall.nameless import MAX_NAMES, nameless, speaker_names
+from cpersona.services.recall.nameless import MAX_NAMES, WEIGHT, nameless, speaker_names
 from cpersona.services.recall.service import recall
 from cpersona.services.records.memories import store
 
@@ -95,3 +96,35 @@ def test_names_are_bounded_and_first_seen_first():
     assert nameless("what did Speaker3 say", names) == "what did say"
     assert nameless("what did anyone say", names) is None
     assert nameless("Speaker3", names) is None  # nothing left but the name: no second text
+
+
+def test_a_weighted_sum_scales_each_unit_vector_and_is_cached_apart(embed_server, db):
+    app = make_app(db, EMBEDDING_MODE="http", EMBEDDING_URL=embed_server.url, DEGRADED_ADVISORY="false")
+    embedder = build_embedder(app.settings)
+    texts = ["What did Caroline research?", "What did research"]
+    try:
+        plain = embedder.embed_query_sum(texts)
+        weighted = embedder.embed_query_sum(texts, (1.0, 2.0))
+    finally:
+        embedder.close()
+    a, b = (np.array(embed_text(t, embed_server.dimension)) for t in texts)
+    want = a / np.linalg.norm(a) + 2.0 * b / np.linalg.norm(b)
+    want /= np.linalg.norm(want)
+    assert weighted.outcome.ok and not weighted.outcome.from_cache  # not the unweighted entry
+    assert np.allclose(weighted.vector, want, atol=1e-6) and not np.allclose(plain.vector, want, atol=1e-4)
+
+
+def test_recall_searches_with_the_nameless_text_weighted(db, embed_server):
+    """The vector recall searched with is the weighted sum: asking for it afterwards hits the cache."""
+    app = make_app(db, EMBEDDING_MODE="http", EMBEDDING_URL=embed_server.url, DEGRADED_ADVISORY="false")
+    app.embedder = build_embedder(app.settings)
+    try:
+        for text in TURNS:
+            store(app, agent_id="a", content=text, timestamp="2026-06-02T00:00:00+00:00")
+        recall(app, agent_id="a", query="What did Caroline research?", limit=5)
+        sent = len(embed_server.embed_requests())
+        again = app.embedder.embed_query_sum(["What did Caroline research?", "What did research"], (1.0, WEIGHT))
+    finally:
+        app.embedder.close()
+    assert WEIGHT == 2.0
+    assert again.outcome.from_cache and len(embed_server.embed_requests()) == sent

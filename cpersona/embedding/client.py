@@ -252,19 +252,26 @@ class Embedder:
             return QueryEmbedding(None, None, EmbedOutcome(False, False, error="text is not a string"))
         return self._cached_query(text, [text], lambda vectors: vectors[0])
 
-    def embed_query_sum(self, texts: Sequence[str]) -> QueryEmbedding:
-        """The unit-length sum of the texts' unit query vectors, from ONE request (issue 14).
+    def embed_query_sum(self, texts: Sequence[str], weights: Sequence[float] | None = None) -> QueryEmbedding:
+        """The unit-length weighted sum of the texts' unit query vectors, from ONE request (issue 14).
 
         A recall embeds its query as asked and without the scope's speaker names
         (services/recall/nameless.py); both go in one request so the second costs
-        no round trip. Cached under the texts joined by NUL, which no text holds.
-        One text is :meth:`embed_query`.
+        no round trip. ``weights`` (one per text, default all 1) scale each unit
+        vector before the sum. Cached under the texts joined by NUL, which no text
+        holds, and the weights when any is not 1. One text is :meth:`embed_query`.
         """
         if len(texts) == 1:
             return self.embed_query(texts[0])
         if not texts or not all(isinstance(text, str) for text in texts):
             return QueryEmbedding(None, None, EmbedOutcome(False, False, error="text is not a string"))
-        return self._cached_query("\x00".join(texts), list(texts), _unit_sum)
+        scale = tuple(float(w) for w in weights) if weights is not None else (1.0,) * len(texts)
+        if len(scale) != len(texts):
+            return QueryEmbedding(None, None, EmbedOutcome(False, False, error="one weight per text"))
+        key = "\x00".join(texts)
+        if any(w != 1.0 for w in scale):
+            key += "\x00" + ",".join(repr(w) for w in scale)  # a weighted sum is another vector
+        return self._cached_query(key, list(texts), lambda vectors: _unit_sum(vectors, scale))
 
     def _cached_query(self, key: str, texts: list[str], combine: Callable[[list[Any]], Any]) -> QueryEmbedding:
         """The cache entry under ``key``, else ``combine`` of the texts' vectors from one request, cached."""
@@ -531,6 +538,6 @@ def build_embedder(settings: Any, *, transport: httpx.BaseTransport | None = Non
     )
 
 
-def _unit_sum(vectors: list[Any]) -> Any:
-    """The unit-length sum of the vectors' unit vectors, as float32."""
-    return l2_normalised(sum(l2_normalised(vector) for vector in vectors)).astype(FLOAT32)
+def _unit_sum(vectors: list[Any], weights: Sequence[float]) -> Any:
+    """The unit-length sum of the vectors' unit vectors, each times its weight, as float32."""
+    return l2_normalised(sum(w * l2_normalised(vector) for w, vector in zip(weights, vectors))).astype(FLOAT32)

@@ -4,9 +4,10 @@ A chat turn is stored as ``"<speaker>: <text>"`` (bench/locomo.py, and any
 importer of chat logs). A question names the speaker ("What did Caroline
 research?"), and every turn of that speaker carries the name, so the name pulls
 the query vector towards all of them alike. The vector channel embeds the query
-as asked and with the names removed, and searches with the sum of the two unit
-vectors (Session 9, docs/benchmarks.md: chosen in every leave-one-conversation-out
-fold of LoCoMo dev with no tuned constant).
+as asked and with the names removed, and searches with the unit vector of the
+query plus ``WEIGHT`` times that of the query without the names, scaled to unit
+length (Session 9 and the ninth pass of issue 14, docs/benchmarks.md: the sum, then
+its weight, each chosen in every leave-one-conversation-out fold of LoCoMo dev).
 
 The names are the speaker labels of the scope's newest memories: a bounded read
 (``NAME_SCAN`` rows, at most ``MAX_NAMES`` names), the same for every recall of
@@ -24,6 +25,11 @@ NAME_SCAN = 200
 # At most this many names: a scope of many speakers is not a two-party chat.
 MAX_NAMES = 16
 # A label is a line's head before ": ": 1-3 capitalised words (a name, not a sentence).
+# The nameless text's unit vector counts this many times the query's in the sum
+# (docs/benchmarks.md, "Issue 14, ninth pass": chosen in every leave-one-conversation-out
+# fold of LoCoMo dev among 0-3; the name pulls the query towards every turn of that
+# speaker, so the query without it is the better guide to which of them answers).
+WEIGHT = 2.0
 _LABEL = re.compile(r"^([A-Z][\w'.-]{0,29}(?: [A-Z][\w'.-]{0,29}){0,2}): ", re.MULTILINE)
 _WORD = re.compile(r"\w+(?:'\w+)?")
 _POSSESSIVE = re.compile(r"'s$", re.IGNORECASE)

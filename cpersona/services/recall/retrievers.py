@@ -192,7 +192,12 @@ def embed_query(app: App, text: str, *, measure: bool = True, second: str | None
         return None
     try:
         head = text[:MAX_QUERY_CHARS]
-        result = app.embedder.embed_query(head) if second is None else app.embedder.embed_query_sum([head, second])
+        if second is None:
+            result = app.embedder.embed_query(head)
+        else:
+            from cpersona.services.recall.nameless import WEIGHT
+
+            result = app.embedder.embed_query_sum([head, second], (1.0, WEIGHT))
     except Exception:  # noqa: BLE001 - the client never raises by contract; be safe anyway
         log.warning("query embedding failed unexpectedly; recall continues without vectors", exc_info=True)
         return None
