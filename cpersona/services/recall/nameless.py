@@ -24,12 +24,12 @@ import re
 NAME_SCAN = 200
 # At most this many names: a scope of many speakers is not a two-party chat.
 MAX_NAMES = 16
-# A label is a line's head before ": ": 1-3 capitalised words (a name, not a sentence).
 # The nameless text's unit vector counts this many times the query's in the sum
 # (docs/benchmarks.md, "Issue 14, ninth pass": chosen in every leave-one-conversation-out
 # fold of LoCoMo dev among 0-3; the name pulls the query towards every turn of that
 # speaker, so the query without it is the better guide to which of them answers).
 WEIGHT = 2.0
+# A label is a line's head before ": ": 1-3 capitalised words (a name, not a sentence).
 _LABEL = re.compile(r"^([A-Z][\w'.-]{0,29}(?: [A-Z][\w'.-]{0,29}){0,2}): ", re.MULTILINE)
 _WORD = re.compile(r"\w+(?:'\w+)?")
 _POSSESSIVE = re.compile(r"'s$", re.IGNORECASE)
