@@ -55,12 +55,13 @@ V13_REVISION = "0001_v13"
 WORD_REVISION = "0006_word_index"
 COARSE_REVISION = "0007_coarse_index"
 COARSE_LOG_REVISION = "0008_coarse_change_log"
+VECTOR_LOG_REVISION = "0009_vector_change_log"
 # The newest revision this build ships. A database already stamped with it is
 # opened without loading Alembic at all (the common start: Alembic's import and
 # its script directory cost more than everything else the start does). Checked
 # against the migration scripts by tests/test_startup.py: a new revision must
 # move it, or that test fails.
-HEAD_REVISION = COARSE_LOG_REVISION
+HEAD_REVISION = VECTOR_LOG_REVISION
 # The module holding the v13 DDL, imported directly for the same reason.
 V13_MODULE = "cpersona.migrations.versions.0001_v13_base"
 WORD_MODULE = "cpersona.migrations.versions.0006_word_index"
@@ -158,11 +159,16 @@ def include_object_for(dialect: str):
         return None
 
     from cpersona.storage.search_words_postgres import WORD_VECTOR_COLUMN
+    from cpersona.storage.vector_near_postgres import CHANGE_LOG, CHANGE_STATE
     from cpersona.storage.vectors_postgres import VECTOR_COLUMN, is_vector_index
 
     def include_object(obj, name, type_, reflected, compare_to):
         # Derived columns and their indexes, outside the history (vectors_postgres, search_words_postgres).
         if type_ == "column" and name in (VECTOR_COLUMN, WORD_VECTOR_COLUMN):
+            return False
+        # Revision 0009's change log (raw DDL, PostgreSQL only: vector_near_postgres), as the
+        # SQLite coarse tables are not modelled either.
+        if type_ == "table" and name in (CHANGE_LOG, CHANGE_STATE):
             return False
         return not (type_ == "index" and (name in PG_UNMODELLED_INDEXES or is_vector_index(name)))
 

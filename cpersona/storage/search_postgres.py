@@ -51,7 +51,14 @@ from cpersona.storage import search_postgres_levels as levels
 from cpersona.storage import search_sqlite
 from cpersona.storage.search_postgres_levels import WALK_EXAMINED
 from cpersona.storage.search_sqlite import STATEMENT_DEADLINE_SECONDS, within_budget
-from cpersona.storage.vectors_postgres import hnsw_scan, hnsw_widths, numpy_scan, pgvector_scan, pgvector_serves
+from cpersona.storage.vectors_postgres import (
+    hnsw_scan,
+    hnsw_widths,
+    numpy_scan,
+    pgvector_scan,
+    pgvector_serves,
+    vector_text,
+)
 
 log = logging.getLogger(__name__)
 
@@ -423,6 +430,42 @@ class PostgresSearch(SqlSearch):
         return dict(zip(terms, estimates[1:]))
 
     # -- vector arm (spec §5.6): pgvector, or numpy over the same window ---------------
+
+    # The near window from vectors this process holds (vector_near_postgres); off: the exact scan in SQL.
+    held_near = True
+
+    def _near_scan(
+        self, kind: Kind, scope: Scope, source_id: str, where: str, params: dict[str, Any], query: bytes
+    ) -> list[tuple[float, int]] | None:
+        """The near window's candidates from this process's copy, re-ranked in SQL by pgvector
+        (the exact scan's cosine and order); None where the copy cannot answer exactly."""
+        if not self.held_near or source_id:
+            return None
+        if self._pgvector is None:
+            self._pgvector = pgvector_serves(self.db)
+        if not self._pgvector:
+            return None
+        from cpersona.storage import vector_near_postgres as near  # numpy: there is a query vector
+
+        index = near.for_database(self.db)
+        if index.logged is False:
+            return None
+        stop, depth = int(params["start"]) + int(params["span"]), int(params["depth"])
+        try:
+            with self.db.read() as session:
+                with_deadline(session)
+                ids = index.near(session, kind, scope, query, stop, depth, float(params["threshold"]))
+                if ids is None:
+                    return None
+                if not ids:
+                    return []
+                rows = session.execute(
+                    near.rerank_statement(kind, where), {**params, "ids": ids, "qv": vector_text(query)}
+                ).all()
+        except DBAPIError as exc:
+            log.warning("%s held near window unavailable, scanned in SQL: %s", kind, exc.orig)
+            return None
+        return [(float(r.cosine), r.id) for r in rows]
 
     def _vector_scan(self, kind: Kind, where: str, params: dict[str, Any], query: bytes) -> list[tuple[float, int]]:
         if self._pgvector is None:
