@@ -370,6 +370,36 @@ def test_a_write_that_loses_the_race_to_the_content_index_is_skipped_without_id(
     assert len(rows(db)) == 2
 
 
+def test_a_unique_refusal_outside_memories_is_a_fault_not_a_duplicate(app, db):  # spec DD-5, ST-13
+    # A trigger's unique clash on another table (a change log, a user's audit
+    # table) is not a lost dedup race: "skipped, duplicate" would drop the memory
+    # while telling the caller it was already stored.
+    with db.write_connection() as conn:
+        conn.exec_driver_sql("CREATE TABLE side_log (k integer PRIMARY KEY)")
+        conn.exec_driver_sql("INSERT INTO side_log VALUES (1)")
+        if db.is_sqlite:
+            conn.exec_driver_sql(
+                "CREATE TRIGGER side_log_clash AFTER INSERT ON memories WHEN new.content = 'clash' "
+                "BEGIN INSERT INTO side_log VALUES (1); END"
+            )
+        else:
+            conn.exec_driver_sql(
+                "CREATE FUNCTION side_log_clash() RETURNS trigger LANGUAGE plpgsql AS "
+                "$$ BEGIN INSERT INTO side_log VALUES (1); RETURN NULL; END $$"
+            )
+            conn.exec_driver_sql(
+                "CREATE TRIGGER side_log_clash AFTER INSERT ON memories FOR EACH ROW "
+                "WHEN (NEW.content = 'clash') EXECUTE FUNCTION side_log_clash()"
+            )
+    try:
+        answer = store(app, agent_id="a", content="clash")
+    except Exception as exc:  # noqa: BLE001 - the service may raise; the facade answers it
+        answer = {"ok": False, "error": str(exc)}
+    assert answer["ok"] is False, answer
+    assert rows(db) == []
+    assert store(app, agent_id="a", content="fine")["result"] == "stored"
+
+
 def test_unique_indexes_are_exact_bucket(app, db, monkeypatch):  # spec DD-5
     monkeypatch.setattr(memories, "_probe", lambda session, request: memories._PROCEED)
     store(app, agent_id="a", content="x", id="m")

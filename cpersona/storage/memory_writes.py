@@ -108,8 +108,10 @@ def insert_memory(conn: Connection, values: dict[str, Any]) -> int | None:
     try:
         with conn.begin_nested():
             result = conn.execute(statement, values)
-    except IntegrityError:
-        return None
+    except IntegrityError as exc:
+        if refused_by_memories_unique_index(exc.orig):
+            return None
+        raise
     return result.inserted_primary_key[0] if statement is _INSERT_MEMORY else result.scalar_one()
 
 
@@ -124,10 +126,28 @@ def _insert_sqlite(conn: Connection, values: dict[str, Any]) -> int | None:
     dbapi = conn.connection.driver_connection
     try:
         return dbapi.execute(statement, values).lastrowid
-    except conn.dialect.dbapi.IntegrityError:
-        return None
+    except conn.dialect.dbapi.IntegrityError as exc:
+        if refused_by_memories_unique_index(exc):
+            return None
+        raise DBAPIError.instance(statement, values, exc, conn.dialect.dbapi.Error, hide_parameters=True) from exc
     except conn.dialect.dbapi.Error as exc:
         raise DBAPIError.instance(statement, values, exc, conn.dialect.dbapi.Error, hide_parameters=True) from exc
+
+
+def refused_by_memories_unique_index(error: BaseException | None) -> bool:
+    """Whether a driver's integrity error is one of ``memories``' own unique indexes refusing the row.
+
+    Only that is a lost dedup race (DD-5). Any other refusal inside the insert
+    (a NOT NULL or CHECK, or a unique key of a table a trigger writes, such as
+    a change log) is a fault: answering it "skipped, duplicate" would drop the
+    memory while telling the caller it was already stored.
+    """
+    diag = getattr(error, "diag", None)
+    if diag is not None:  # psycopg: the server names the violated constraint's table
+        return getattr(error, "sqlstate", None) == "23505" and diag.table_name == "memories"
+    message = str(error)
+    # SQLite names the columns of a plain index ("memories.agent_id, ...") and an expression index by name.
+    return message.startswith("UNIQUE constraint failed: memories.") or "index 'idx_memories_" in message
 
 
 @lru_cache(maxsize=8)
