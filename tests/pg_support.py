@@ -80,6 +80,7 @@ SELECT md5(string_agg(x, ',' ORDER BY x)) FROM (
 
 # Rows the migrations themselves write; everything else is test data.
 _KEPT_TABLES = ("alembic_version", "schema_version")
+_CHANGE_LOG_TABLES = ("vector_changes", "vector_change_state")
 
 
 class PgSessionDatabase:
@@ -159,8 +160,14 @@ class PgSessionDatabase:
                 }
         finally:
             engine.dispose()
+        # Revision 0009's change log last: emptying memories / episodes writes to it, and a
+        # sequence restarted under rows left there would collide with the next entry.
+        # Its state row stays, reset, as the revision left it.
+        logs = [t for t in tables if t in _CHANGE_LOG_TABLES]
         self._reset_sql = "; ".join(
-            [f'DELETE FROM "{t}"' for t in tables if t != "alembic_version"]
+            [f'DELETE FROM "{t}"' for t in tables if t != "alembic_version" and t not in logs]
+            + [f'DELETE FROM "{t}"' for t in logs if t == "vector_changes"]
+            + [f"UPDATE \"{t}\" SET pruned = '0'" for t in logs if t == "vector_change_state"]
             + [f'ALTER SEQUENCE "{s}" RESTART' for s in sequences]
         )
 
