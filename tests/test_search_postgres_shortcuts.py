@@ -20,7 +20,7 @@ from cpersona.storage.engine import open_postgres
 from cpersona.storage.migrate import upgrade
 from cpersona.storage.models import Memory
 from cpersona.storage.scope import Scope
-from cpersona.storage.search_postgres_levels import Level, lookup_costs, lower, pieces, plan
+from cpersona.storage.search_postgres_levels import Level, floor_worth_trying, lookup_costs, lower, pieces, plan
 from cpersona.storage.search_words_postgres import PostgresWordSearch
 from pg_support import fresh_pg_url
 
@@ -49,6 +49,7 @@ def _texts() -> list[tuple[str, str]]:
     rows += [("a", f"a zeppelin sighting {i}") for i in range(20)]
     rows += [("a", f"dormouse {i} alone") for i in range(6)]
     rows += [("a", f"dormouse weather {i}") for i in range(3)]
+    rows += [("a", f"dormous weather {i}") for i in range(12)]  # one term short, word_similarity 0.83
     return rows
 
 
@@ -95,15 +96,18 @@ def _answer(db, query: str, depth: int, *, full: bool = False, scope: str = "a")
             sent.append(f"tiered:{head.count('ILIKE')}:{'and' if ') AND (' in head else 'or'}")
 
     real_plan, real_examined = search_postgres_levels.plan, search_postgres.WALK_EXAMINED
+    real_floors = search_postgres_levels.SIMILARITY_FLOORS
     if full:
         search_postgres_levels.plan = lambda *args, **kwargs: None
         search_postgres.WALK_EXAMINED = 0
+        search_postgres_levels.SIMILARITY_FLOORS = ()
     event.listen(db.engine, "before_cursor_execute", before)
     try:
         hits = PostgresWordSearch(db).keyword_memories(Scope(scope), query, depth).hits
     finally:
         event.remove(db.engine, "before_cursor_execute", before)
         search_postgres_levels.plan, search_postgres.WALK_EXAMINED = real_plan, real_examined
+        search_postgres_levels.SIMILARITY_FLOORS = real_floors
     return [(h.record.id, h.raw) for h in hits], sent
 
 
@@ -161,6 +165,27 @@ def test_two_terms_try_the_rows_holding_both_first(pg):
     assert _same_as_full(pg, "weather report", 10) == ["tiered:2:and"]
     # 3 rows hold both: too few for 10, so the full statement ranks them with the rest.
     assert _same_as_full(pg, "dormouse weather", 10) == ["tiered:2:and", "tiered:2:or"]
+
+
+def test_two_terms_few_holding_both_take_the_rows_above_a_similarity_floor_first(pg, over_budget, monkeypatch):
+    # weather's ~1,570 rows over the (lowered) gate: 3 rows hold both terms, 12 "dormous weather"
+    # rows reach similarity 0.7, so the first floor fills 10 and the full statement never runs.
+    monkeypatch.setattr(search_postgres_levels, "FLOOR_MIN_ROWS", 1000)
+    assert _same_as_full(pg, "dormouse weather", 10) == ["tiered:2:and", "tiered:4:and"]
+    # 20 rows: both floors find 15, too few, so the full statement ranks the rest of weather's rows.
+    sent = _same_as_full(pg, "dormouse weather", 20)
+    assert sent == ["tiered:2:and", "tiered:4:and", "tiered:4:and", "tiered:2:or"]
+    # Estimated under the gate (the default 2,000 rows): no floor is tried.
+    monkeypatch.setattr(search_postgres_levels, "FLOOR_MIN_ROWS", 2000)
+    assert _same_as_full(pg, "dormouse weather", 10) == ["tiered:2:and", "tiered:2:or"]
+
+
+def test_a_floor_is_tried_only_where_the_terms_can_make_up_its_share_of_the_question():
+    counts = {"gina's": 3000, "store": 3000}
+    assert floor_worth_trying(["make", "parks"], {"make": 7000, "parks": 5}, "make parks")
+    assert not floor_worth_trying(["make", "parks"], {"make": 700, "parks": 5}, "make parks")
+    assert not floor_worth_trying(["gina's", "store"], counts, "How is Gina's store doing?")
+    assert not floor_worth_trying(["make", "parks"], {}, "make parks")  # under the budget: no estimates
 
 
 def _narrow(sent: list[str]) -> list[bool]:

@@ -226,6 +226,7 @@ INDEXED_SETTINGS = text(
     f"SELECT set_config('statement_timeout', '{int(STATEMENT_DEADLINE_SECONDS * 1000)}', true),"
     " set_config('enable_seqscan', 'off', true)"
 )
+SIMILARITY_FLOOR = text("SELECT set_config('pg_trgm.word_similarity_threshold', :floor, true)")
 SEQSCAN_BACK = text("SELECT set_config('enable_seqscan', 'on', true)")
 
 _DEADLINE_KEY = "cpersona_deadline_for"
@@ -386,7 +387,30 @@ class PostgresSearch(SqlSearch):
                 if cut is None or cut < 2 or level.every:
                     break
                 level = levels.lower(terms, counts, cut)
+        if len(terms) == 2 and levels.floor_worth_trying(terms, counts, params["q"]):
+            if (rows := self._similar_first(what, arm, params, found, _count_of(counted), depth)) is not None:
+                return rows
         return self._run(what, tiered_statement(arm, " OR ".join(found), _count_of(counted)), params, indexed=True)
+
+    def _similar_first(
+        self, what: str, arm: Arm, params: dict[str, Any], found: list[str], matched: str, depth: int
+    ) -> list[Any] | None:
+        """Two terms, fewer than ``depth`` rows holding both: the rows whose ``word_similarity`` reaches a floor first.
+
+        See :data:`~cpersona.storage.search_postgres_levels.SIMILARITY_FLOORS`.
+        The candidates are the rows holding both terms (the whole tier
+        above one term) and the rows holding a term whose similarity is at
+        least the floor (``%>``, which the pg_trgm GIN index answers). When
+        they fill ``depth`` rows, every row left out scores below each row
+        kept one term short, so the rows are the full statement's; else None.
+        """
+        every = " AND ".join(found)
+        narrow = f"(({every}) OR (({' OR '.join(found)}) AND {arm.similarity_of} %> :q))"
+        for floor in levels.SIMILARITY_FLOORS:
+            rows = self._run(what, tiered_statement(arm, narrow, matched), params, indexed=True, similarity=floor)
+            if rows is not None and len(rows) >= depth:
+                return rows
+        return None
 
     def _term_counts(self, table: str, columns: tuple[str, ...], terms: list[str]) -> dict[str, int]:
         """The planner's estimate of the rows each term's ILIKE matches over the whole table, for the budget.
@@ -496,15 +520,20 @@ class PostgresSearch(SqlSearch):
 
     # -- execution ----------------------------------------------------------------
 
-    def _run(self, what: str, sql: Any, params: dict[str, Any], *, indexed: bool = False) -> list[Any] | None:
+    def _run(
+        self, what: str, sql: Any, params: dict[str, Any], *, indexed: bool = False, similarity: float | None = None
+    ) -> list[Any] | None:
         """Rows of one search statement, or None when it failed or overran.
 
         ``indexed``: the statement's candidates come from an index
-        (:data:`INDEXED_SETTINGS`).
+        (:data:`INDEXED_SETTINGS`). ``similarity``: the floor of pg_trgm's
+        ``%>`` for this transaction (:meth:`_similar_first`).
         """
         with self.db.read() as session:
             try:
                 with_deadline(session, indexed=indexed)
+                if similarity is not None:
+                    session.execute(SIMILARITY_FLOOR, {"floor": str(similarity)})
                 rows = list(session.execute(sql, params))
                 if indexed:
                     session.execute(SEQSCAN_BACK)

@@ -43,6 +43,41 @@ from dataclasses import dataclass
 WALK_EXAMINED = 2_000
 
 
+# Two terms and fewer than ``depth`` rows holding both: the rest of
+# the answer is the rows one term short with the best ``word_similarity``, and
+# the full statement scores every row holding a term (~50 µs each: "make
+# parks", 6,491 rows, 418 ms at 54k rows). The rows whose similarity reaches a
+# floor are found first, through the GIN index (pg_trgm's ``%>``, which needs
+# that share of the question's trigrams in the row); when they fill the answer,
+# no row below the floor can enter it. Tried high to low, then the full
+# statement. (At 54k rows, psql: "transformative one" 5.6 ms at 0.7, "friends
+# local" 43 ms at 0.7, "make parks" 26 ms at 0.7 (too few) + 85 ms at 0.6, where
+# the full statements took 311-630, 104-134 and 370-568 ms.)
+SIMILARITY_FLOORS = (0.7, 0.6)
+# A floor's ``%>`` lookup is lossy: its recheck computes ``word_similarity`` for
+# every row holding the floor's share of the question's trigrams, which can cost
+# more than the full statement (a question of many function words, shared
+# stems). So a floor is tried only where the planner reckons the full statement
+# reads this many rows or more, and where the terms' trigrams can make up the
+# lowest floor's share of the question's. (58 calls of the bench mix at 54k
+# rows: 3 pass the gate, 925 -> 340 ms over them; ungated, 18 did, no net gain.)
+FLOOR_MIN_ROWS = 2_000
+_WORD = re.compile(r"[^\W_]+")
+
+
+def floor_worth_trying(terms: list[str], counts: dict[str, int], query: str) -> bool:
+    """Whether :data:`SIMILARITY_FLOORS` may save work for these terms (it never changes the rows).
+
+    A word of ``n`` letters has about ``n + 1`` trigrams (pg_trgm pads it);
+    ``counts`` are the planner's estimates ({} under the keyword budget: no floor).
+    """
+    if not SIMILARITY_FLOORS or sum(counts.get(t, 0) for t in terms) < FLOOR_MIN_ROWS:
+        return False
+    held = sum(len(w) + 1 for t in terms for w in _WORD.findall(t))
+    every = sum(len(w) + 1 for w in _WORD.findall(query))
+    return every > 0 and held >= min(SIMILARITY_FLOORS) * every
+
+
 @dataclass(frozen=True)
 class Level:
     """Candidates for rows holding at least ``needed`` of the terms."""
