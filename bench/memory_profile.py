@@ -117,7 +117,7 @@ def c_heap() -> str:
 def index_bytes(db) -> dict[str, int]:
     from cpersona.storage import vector_index_sqlite as vi
 
-    found = vi._INDEXES.get(db)
+    found = vi._INDEXES.peek(db)
     out: dict[str, int] = {}
     if found is None:
         return out

@@ -35,13 +35,13 @@ from __future__ import annotations
 
 import json
 import threading
-import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from cpersona.storage import coarse_sqlite
+from cpersona.storage.per_database import PerDatabase
 from cpersona.storage.scope import Scope
 
 _TABLES = {"mem": "memories_coarse", "ep": "episodes_coarse"}
@@ -756,17 +756,12 @@ def _merged(index: _KindIndex, room: int, created: np.dtype) -> _Arrays:
     return b
 
 
-_INDEXES: weakref.WeakKeyDictionary[Any, ProcessIndex] = weakref.WeakKeyDictionary()
-_INDEXES_LOCK = threading.Lock()
+_INDEXES: PerDatabase[ProcessIndex] = PerDatabase(ProcessIndex)
 
 
 def for_database(db: Any) -> ProcessIndex:
     """The one process-held index of ``db`` (created empty; loaded at its first scan)."""
-    with _INDEXES_LOCK:
-        found = _INDEXES.get(db)
-        if found is None:
-            found = _INDEXES[db] = ProcessIndex()
-        return found
+    return _INDEXES.get(db)
 
 
 def warm_database(db: Any) -> None:

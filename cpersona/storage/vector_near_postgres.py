@@ -40,7 +40,6 @@ while the change log exists.
 from __future__ import annotations
 
 import threading
-import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,6 +47,7 @@ import numpy as np
 from sqlalchemy import BigInteger, text
 from sqlalchemy.dialects.postgresql.base import ischema_names
 
+from cpersona.storage.per_database import PerDatabase
 from cpersona.storage.scope import Scope
 
 # The drift check reflects the log table before leaving it out; without a name for xid8 it warns.
@@ -432,16 +432,12 @@ def _newest(held: _Held, scope: Scope, stop: int) -> np.ndarray:
     return rows[-stop:] if len(rows) > stop else rows
 
 
-_indexes: weakref.WeakKeyDictionary[Any, NearIndex] = weakref.WeakKeyDictionary()
-_made = threading.Lock()
+_INDEXES: PerDatabase[NearIndex] = PerDatabase(NearIndex)
 
 
 def for_database(db: Any) -> NearIndex:
-    with _made:
-        index = _indexes.get(db)
-        if index is None:
-            index = _indexes[db] = NearIndex()
-        return index
+    """The one process-held near window of ``db`` (created empty; loaded at its first recall)."""
+    return _INDEXES.get(db)
 
 
 def rerank_statement(kind: str, where: str) -> Any:
